@@ -1,0 +1,1 @@
+//! e2e test support (the suite lands with the controller issue).

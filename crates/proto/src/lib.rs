@@ -1,0 +1,75 @@
+//! The Sluice snapshot wire format.
+//!
+//! These are *wire* types: the dataplane converts them into validated internal types
+//! before use. They serialize to JSON/YAML with the canonical protobuf JSON mapping
+//! (via `pbjson`), which is what golden files and `/snapshot` show.
+
+#![forbid(unsafe_code)]
+
+/// Generated protobuf messages of package `sluice.v1`.
+#[allow(clippy::all, missing_docs)]
+pub mod v1 {
+    include!(concat!(env!("OUT_DIR"), "/sluice.v1.rs"));
+    include!(concat!(env!("OUT_DIR"), "/sluice.v1.serde.rs"));
+}
+
+pub use v1::Snapshot;
+
+use prost::Message;
+use sha2::{Digest, Sha256};
+
+/// Content hash of a snapshot: hex SHA-256 of its encoding with `version = 0` and
+/// `hash = ""`, so two producers that see the same inputs get the same hash no matter
+/// which version numbers they assign.
+pub fn content_hash(snapshot: &Snapshot) -> String {
+    let mut body = snapshot.clone();
+    body.version = 0;
+    body.hash.clear();
+    hex::encode(Sha256::digest(body.encode_to_vec()))
+}
+
+/// Sets `version` and the content `hash` of a snapshot.
+pub fn seal(mut snapshot: Snapshot, version: u64) -> Snapshot {
+    snapshot.hash = content_hash(&snapshot);
+    snapshot.version = version;
+    snapshot
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use v1::{Backend, Route};
+
+    fn snap(path: &str) -> Snapshot {
+        Snapshot {
+            routes: vec![Route {
+                id: "default/r/rule1".into(),
+                paths: vec![path.into()],
+                backends: vec![Backend { upstream_id: "default/svc:80".into(), weight: 100 }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn hash_ignores_version_but_not_content() {
+        let a = seal(snap("/a"), 1);
+        let b = seal(snap("/a"), 7);
+        let c = seal(snap("/b"), 1);
+        assert_eq!(a.hash, b.hash);
+        assert_ne!(a.hash, c.hash);
+        assert_eq!(a.hash.len(), 64);
+    }
+
+    #[test]
+    fn json_mapping_uses_enum_names() {
+        let up = v1::Upstream {
+            id: "default/svc:80".into(),
+            load_balancer: v1::LoadBalancer::Chash as i32,
+            ..Default::default()
+        };
+        let json = serde_json::to_string(&up).unwrap_or_default();
+        assert!(json.contains("LOAD_BALANCER_CHASH"), "{json}");
+    }
+}

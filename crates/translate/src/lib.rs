@@ -1,0 +1,1 @@
+//! Translation from cluster state to snapshot (placeholder).
