@@ -1,0 +1,172 @@
+//! nginx configurations for the upstream origin and the baseline proxy.
+//!
+//! Both run with `daemon off; master_process on;` so the harness owns the
+//! master and the CPU of the worker is found below it, and with every path
+//! (pid, error log, temp dirs) inside a private prefix directory.
+
+use std::path::Path;
+use std::process::Command;
+
+/// The part shared by both configurations.
+fn head(prefix: &Path) -> String {
+    let p = prefix.display();
+    format!(
+        "worker_processes 1;
+daemon off;
+master_process on;
+pid {p}/nginx.pid;
+error_log {p}/error.log warn;
+
+events {{
+    worker_connections 10240;
+}}
+"
+    )
+}
+
+/// Temp paths inside the prefix so nginx never touches /var/lib/nginx.
+fn temp_paths(prefix: &Path) -> String {
+    let p = prefix.display();
+    format!(
+        "    client_body_temp_path {p}/client_body;
+    proxy_temp_path {p}/proxy;
+    fastcgi_temp_path {p}/fastcgi;
+    uwsgi_temp_path {p}/uwsgi;
+    scgi_temp_path {p}/scgi;
+"
+    )
+}
+
+/// The origin: answers every request with `200 hello world\n`, on 127.0.0.1:`port`.
+pub fn upstream_conf(prefix: &Path, port: u16) -> String {
+    format!(
+        "{head}
+http {{
+    access_log off;
+{temp}
+    server {{
+        listen 127.0.0.1:{port};
+        default_type text/plain;
+        location / {{
+            return 200 \"hello world\\n\";
+        }}
+    }}
+}}
+",
+        head = head(prefix),
+        temp = temp_paths(prefix),
+    )
+}
+
+/// The baseline proxy: `proxy_pass` to an upstream block with `keepalive 320`
+/// and HTTP/1.1 without a `Connection` header (so upstream connections are
+/// reused), listening on 127.0.0.1:`listen_port`.
+pub fn proxy_conf(prefix: &Path, listen_port: u16, upstream_port: u16) -> String {
+    format!(
+        "{head}
+http {{
+    access_log off;
+{temp}
+    upstream backend {{
+        server 127.0.0.1:{upstream_port};
+        keepalive 320;
+    }}
+
+    server {{
+        listen 127.0.0.1:{listen_port};
+        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }}
+    }}
+}}
+",
+        head = head(prefix),
+        temp = temp_paths(prefix),
+    )
+}
+
+/// The nginx command line for a config written to `prefix/nginx.conf`.
+/// `-e` keeps even the earliest startup messages out of /var/log/nginx.
+pub fn args(prefix: &Path) -> Vec<String> {
+    vec![
+        "-p".into(),
+        prefix.display().to_string(),
+        "-c".into(),
+        prefix.join("nginx.conf").display().to_string(),
+        "-e".into(),
+        prefix.join("error.log").display().to_string(),
+    ]
+}
+
+/// `nginx -v` output without the `nginx version: ` prefix, e.g. `nginx/1.22.1`.
+pub fn version(nginx: &Path) -> Option<String> {
+    let out = Command::new(nginx).arg("-v").output().ok()?;
+    // nginx prints its version on stderr.
+    let text =
+        String::from_utf8_lossy(&out.stderr).to_string() + &String::from_utf8_lossy(&out.stdout);
+    parse_version(&text)
+}
+
+/// Extracts `nginx/1.22.1` from `nginx version: nginx/1.22.1`.
+pub fn parse_version(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.trim().strip_prefix("nginx version:"))
+        .map(|v| v.trim().to_owned())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    #[test]
+    fn proxy_conf_has_the_baseline_settings() {
+        let c = proxy_conf(&PathBuf::from("/tmp/x"), 9081, 1980);
+        for needle in [
+            "worker_processes 1;",
+            "daemon off;",
+            "master_process on;",
+            "access_log off;",
+            "pid /tmp/x/nginx.pid;",
+            "server 127.0.0.1:1980;",
+            "keepalive 320;",
+            "listen 127.0.0.1:9081;",
+            "proxy_pass http://backend;",
+            "proxy_http_version 1.1;",
+            "proxy_set_header Connection \"\";",
+        ] {
+            assert!(c.contains(needle), "missing {needle:?} in\n{c}");
+        }
+        assert!(!c.contains("0.0.0.0"), "must listen on loopback only");
+    }
+
+    #[test]
+    fn upstream_conf_answers_hello_world() {
+        let c = upstream_conf(&PathBuf::from("/tmp/u"), 1980);
+        assert!(c.contains("listen 127.0.0.1:1980;"));
+        assert!(c.contains("return 200 \"hello world\\n\";"));
+        assert!(c.contains("client_body_temp_path /tmp/u/client_body;"));
+    }
+
+    #[test]
+    fn braces_balance() {
+        for c in [
+            proxy_conf(&PathBuf::from("/p"), 1, 2),
+            upstream_conf(&PathBuf::from("/p"), 1),
+        ] {
+            assert_eq!(c.matches('{').count(), c.matches('}').count(), "{c}");
+        }
+    }
+
+    #[test]
+    fn version_line() {
+        assert_eq!(
+            parse_version("nginx version: nginx/1.22.1\n").as_deref(),
+            Some("nginx/1.22.1")
+        );
+        assert_eq!(parse_version("bash: nginx: command not found"), None);
+    }
+}

@@ -1,0 +1,260 @@
+//! CPU time and peak memory of a process tree, read from `/proc`.
+
+use std::collections::BTreeMap;
+use std::process::Command;
+
+use crate::error::BenchError;
+
+/// The fields of `/proc/<pid>/stat` the harness uses. Times are in clock ticks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProcStat {
+    /// Process id (field 1).
+    pub pid: u32,
+    /// Executable name without the parentheses (field 2); may contain spaces.
+    pub comm: String,
+    /// State letter (field 3): R, S, D, Z (zombie), ...
+    pub state: char,
+    /// Parent process id (field 4).
+    pub ppid: u32,
+    /// Process group id (field 5).
+    pub pgrp: u32,
+    /// User-mode CPU time (field 14).
+    pub utime: u64,
+    /// Kernel-mode CPU time (field 15).
+    pub stime: u64,
+    /// User time of waited-for children (field 16).
+    pub cutime: u64,
+    /// Kernel time of waited-for children (field 17).
+    pub cstime: u64,
+}
+
+impl ProcStat {
+    /// CPU ticks of the process itself plus its already reaped children, so a
+    /// worker that exits during a measurement is still counted via its parent.
+    pub fn total_ticks(&self) -> u64 {
+        self.utime + self.stime + self.cutime + self.cstime
+    }
+}
+
+/// Parses the single line of `/proc/<pid>/stat`. The command name sits in
+/// parentheses and may itself contain spaces and `)`, so fields are counted
+/// from the last `)`.
+pub fn parse_stat(content: &str) -> Result<ProcStat, BenchError> {
+    let bad = |why: &str| BenchError::ProcFormat(format!("{why} in stat line {content:?}"));
+    let open = content.find('(').ok_or_else(|| bad("no '('"))?;
+    let close = content.rfind(')').ok_or_else(|| bad("no ')'"))?;
+    if close < open {
+        return Err(bad("')' before '('"));
+    }
+    let pid = content[..open].trim().parse().map_err(|_| bad("bad pid"))?;
+    let comm = content[open + 1..close].to_owned();
+    // Field 3 (state) is rest[0], so field N is rest[N - 3].
+    let rest: Vec<&str> = content[close + 1..].split_whitespace().collect();
+    let field = |n: usize| -> Result<u64, BenchError> {
+        rest.get(n - 3)
+            .ok_or_else(|| bad(&format!("missing field {n}")))?
+            .parse()
+            .map_err(|_| bad(&format!("non-numeric field {n}")))
+    };
+    let state = rest
+        .first()
+        .and_then(|s| s.chars().next())
+        .ok_or_else(|| bad("missing state"))?;
+    let ppid = u32::try_from(field(4)?).map_err(|_| bad("ppid out of range"))?;
+    let pgrp = u32::try_from(field(5)?).map_err(|_| bad("pgrp out of range"))?;
+    Ok(ProcStat {
+        pid,
+        comm,
+        state,
+        ppid,
+        pgrp,
+        utime: field(14)?,
+        stime: field(15)?,
+        cutime: field(16)?,
+        cstime: field(17)?,
+    })
+}
+
+/// Reads `VmHWM` (peak resident set size) in KiB from the text of `/proc/<pid>/status`.
+pub fn parse_vm_hwm_kib(status: &str) -> Option<u64> {
+    status.lines().find_map(|line| {
+        let value = line.strip_prefix("VmHWM:")?;
+        let mut parts = value.split_whitespace();
+        let n: u64 = parts.next()?.parse().ok()?;
+        match parts.next() {
+            Some("kB") | None => Some(n),
+            _ => None,
+        }
+    })
+}
+
+/// Returns `root` and every process below it, given a snapshot of all processes.
+pub fn tree_members(root: u32, all: &[ProcStat]) -> Vec<u32> {
+    let mut children: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for p in all {
+        children.entry(p.ppid).or_default().push(p.pid);
+    }
+    let mut out = vec![root];
+    let mut i = 0;
+    while let Some(&pid) = out.get(i) {
+        if let Some(kids) = children.get(&pid) {
+            for &k in kids {
+                // NB: pid reuse could in theory create a cycle; never visit twice.
+                if !out.contains(&k) {
+                    out.push(k);
+                }
+            }
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Reads the stat line of every process currently visible in `/proc`.
+/// Processes that vanish while being read are skipped.
+pub fn all_processes() -> Vec<ProcStat> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    dir.filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("stat")).ok())
+        .filter_map(|s| parse_stat(&s).ok())
+        .collect()
+}
+
+/// True while any non-zombie process belongs to process group `pgid`.
+pub fn group_alive(pgid: u32) -> bool {
+    all_processes()
+        .iter()
+        .any(|p| p.pgrp == pgid && p.state != 'Z')
+}
+
+/// Total CPU ticks (user + system, including reaped children) of `root` and
+/// all its live descendants, e.g. an nginx master and its workers.
+pub fn tree_cpu_ticks(root: u32) -> u64 {
+    let all = all_processes();
+    let members = tree_members(root, &all);
+    all.iter()
+        .filter(|p| members.contains(&p.pid))
+        .map(ProcStat::total_ticks)
+        .sum()
+}
+
+/// Sum of `VmHWM` over `root` and its live descendants, in KiB.
+pub fn tree_peak_rss_kib(root: u32) -> u64 {
+    let all = all_processes();
+    tree_members(root, &all)
+        .iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/status")).ok())
+        .filter_map(|s| parse_vm_hwm_kib(&s))
+        .sum()
+}
+
+/// Clock ticks per second (`getconf CLK_TCK`); 100 — the Linux value on every
+/// common architecture — if getconf is unavailable.
+pub fn clock_ticks_per_sec() -> u64 {
+    Command::new("getconf")
+        .arg("CLK_TCK")
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+        .filter(|&t: &u64| t > 0)
+        .unwrap_or(100)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    // A real nginx worker line (fields 1..=52).
+    const NGINX_WORKER: &str = "4242 (nginx) S 4241 4241 4241 0 -1 4194624 300 0 0 0 \
+        731 269 5 7 20 0 1 0 123456 12345678 900 18446744073709551615 1 1 0 0 0 0 0 \
+        1073745920 402745863 0 0 0 17 0 0 0 0 0 0 0 0 0 0 0 0 0 0\n";
+
+    #[test]
+    fn parses_plain_stat_line() {
+        let s = parse_stat(NGINX_WORKER).unwrap();
+        assert_eq!(s.pid, 4242);
+        assert_eq!(s.comm, "nginx");
+        assert_eq!(s.state, 'S');
+        assert_eq!(s.ppid, 4241);
+        assert_eq!(s.pgrp, 4241);
+        assert_eq!((s.utime, s.stime, s.cutime, s.cstime), (731, 269, 5, 7));
+        assert_eq!(s.total_ticks(), 1012);
+    }
+
+    #[test]
+    fn comm_with_spaces_and_parens() {
+        let line = NGINX_WORKER.replace("(nginx)", "(tokio (rt) w 1)");
+        let s = parse_stat(&line).unwrap();
+        assert_eq!(s.comm, "tokio (rt) w 1");
+        assert_eq!(s.ppid, 4241);
+        assert_eq!(s.utime, 731);
+        assert_eq!(s.stime, 269);
+    }
+
+    #[test]
+    fn truncated_line_is_an_error() {
+        assert!(parse_stat("12 (x) S 1 2 3").is_err());
+        assert!(parse_stat("garbage").is_err());
+        assert!(parse_stat("").is_err());
+    }
+
+    #[test]
+    fn reads_own_stat() {
+        let own = std::fs::read_to_string("/proc/self/stat").unwrap();
+        let s = parse_stat(&own).unwrap();
+        assert_eq!(s.pid, std::process::id());
+    }
+
+    #[test]
+    fn vm_hwm() {
+        let status = "Name:\tnginx\nVmPeak:\t  20000 kB\nVmHWM:\t    5124 kB\nVmRSS:\t 5000 kB\n";
+        assert_eq!(parse_vm_hwm_kib(status), Some(5124));
+        assert_eq!(parse_vm_hwm_kib("Name:\tkthreadd\n"), None);
+        assert_eq!(parse_vm_hwm_kib("VmHWM:\t 12 MB\n"), None);
+    }
+
+    fn stat(pid: u32, ppid: u32) -> ProcStat {
+        ProcStat {
+            pid,
+            comm: "x".into(),
+            state: 'S',
+            ppid,
+            pgrp: 0,
+            utime: 0,
+            stime: 0,
+            cutime: 0,
+            cstime: 0,
+        }
+    }
+
+    #[test]
+    fn tree_includes_grandchildren_but_not_siblings() {
+        let all = vec![
+            stat(1, 0),
+            stat(10, 1),
+            stat(11, 10),
+            stat(12, 10),
+            stat(13, 11),
+            stat(20, 1),
+        ];
+        let mut t = tree_members(10, &all);
+        t.sort_unstable();
+        assert_eq!(t, vec![10, 11, 12, 13]);
+        assert_eq!(tree_members(99, &all), vec![99]);
+    }
+
+    #[test]
+    fn clock_ticks_is_positive() {
+        assert!(clock_ticks_per_sec() > 0);
+    }
+}

@@ -1,0 +1,506 @@
+//! The `proxy` command: start the upstream, then each proxy in turn, load it
+//! with wrk, measure, stop it, and write the result files.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime};
+
+use crate::duration::wrk_duration_arg;
+use crate::error::BenchError;
+use crate::machine;
+use crate::nginx;
+use crate::probe;
+use crate::process::{self, ProcessGuard, TempDir};
+use crate::procfs;
+use crate::report::{self, BenchResult, Metrics, ProxyRun, RunParams};
+use crate::sluice;
+use crate::wrk::{self, WrkReport};
+
+/// The upstream port fixed by the scenario YAML (Service/EndpointSlice port).
+pub const UPSTREAM_PORT: u16 = 1980;
+/// The benchmarked path.
+pub const PATH: &str = "/hello";
+/// wrk `-t`, as in the APISIX benchmark.
+pub const WRK_THREADS: u32 = 1;
+/// wrk `-c`, as in the APISIX benchmark.
+pub const WRK_CONNECTIONS: u32 = 64;
+
+/// Which proxies a run measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Only {
+    /// Only the nginx baseline.
+    Nginx,
+    /// Only sluice (no ratios then).
+    Sluice,
+}
+
+/// Options of the `proxy` command.
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// 1 (pure proxy) or 2 (limit-count + prometheus).
+    pub scenario: u8,
+    /// Measured wrk run length.
+    pub duration: Duration,
+    /// Warm-up wrk run before each measurement; zero disables it.
+    pub warmup: Duration,
+    /// A prebuilt dataplane binary; `None` builds it with cargo.
+    pub sluice_bin: Option<PathBuf>,
+    /// Restrict the run to one proxy; `None` runs both.
+    pub only: Option<Only>,
+    /// The cargo workspace root (for the build, the scenario YAML and git).
+    pub workspace: PathBuf,
+    /// Where result files go (default `<workspace>/bench/results`).
+    pub results_dir: PathBuf,
+    /// How long a proxy may take to serve its first correct response.
+    pub ready_timeout: Duration,
+}
+
+/// Paths of the files a run wrote.
+#[derive(Debug, Clone)]
+pub struct Written {
+    /// The timestamped JSON file.
+    pub json: PathBuf,
+    /// The timestamped markdown file.
+    pub markdown: PathBuf,
+}
+
+/// External programs the harness drives.
+struct Tools {
+    nginx: PathBuf,
+    wrk: PathBuf,
+}
+
+fn require(program: &'static str) -> Result<PathBuf, BenchError> {
+    process::find_on_path(program).ok_or(BenchError::MissingTool { program })
+}
+
+/// Parses a kernel CPU list such as `0-3,8,10-11` into CPU numbers.
+pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
+    let mut cpus = Vec::new();
+    for part in text.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+                if a > b {
+                    return None;
+                }
+                cpus.extend(a..=b);
+            }
+            None => cpus.push(part.trim().parse().ok()?),
+        }
+    }
+    (!cpus.is_empty()).then_some(cpus)
+}
+
+/// The CPUs this process may run on (`Cpus_allowed_list` in /proc/self/status).
+fn allowed_cpus() -> Vec<usize> {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .and_then(parse_cpu_list)
+        })
+        .unwrap_or_default()
+}
+
+/// Picks (proxy CPU, wrk CPU): the first two allowed CPUs, as in the APISIX
+/// 2-core benchmark. `None` when fewer than two are available.
+pub fn pick_cpus(allowed: &[usize]) -> Option<(usize, usize)> {
+    match allowed {
+        [a, b, ..] => Some((*a, *b)),
+        _ => None,
+    }
+}
+
+/// A command pinned to `cpu` with taskset (which execs, so the pid stays the program's).
+fn pinned(cpu: Option<usize>, program: &Path, args: &[String]) -> Command {
+    match cpu {
+        Some(cpu) => {
+            let mut c = Command::new("taskset");
+            c.arg("-c").arg(cpu.to_string()).arg(program).args(args);
+            c
+        }
+        None => {
+            let mut c = Command::new(program);
+            c.args(args);
+            c
+        }
+    }
+}
+
+fn write_file(path: &Path, text: &str) -> Result<(), BenchError> {
+    std::fs::write(path, text).map_err(|e| BenchError::io("write", path, e))
+}
+
+/// Everything fixed for the whole run.
+struct Bench<'a> {
+    opts: &'a ProxyOptions,
+    tools: Tools,
+    proxy_cpu: Option<usize>,
+    wrk_cpu: Option<usize>,
+    clk_tck: u64,
+}
+
+impl Bench<'_> {
+    /// Starts nginx with `conf` in its own prefix and waits until `port` serves hello.
+    fn start_nginx(
+        &self,
+        what: &str,
+        dir: &TempDir,
+        conf: &str,
+        port: u16,
+    ) -> Result<ProcessGuard, BenchError> {
+        write_file(&dir.path().join("nginx.conf"), conf)?;
+        let cmd = pinned(self.proxy_cpu, &self.tools.nginx, &nginx::args(dir.path()));
+        let mut guard = ProcessGuard::spawn(what, cmd, &dir.path().join("stdout.log"))?;
+        let ready = probe::wait_for_hello(port, PATH, self.opts.ready_timeout, || {
+            match guard.try_exit_status() {
+                Some(status) => Err(format!("exited with {status}")),
+                None => Ok(()),
+            }
+        });
+        if let Err(detail) = ready {
+            let log = std::fs::read_to_string(dir.path().join("error.log")).unwrap_or_default();
+            let lines: Vec<&str> = log.lines().collect();
+            let tail = lines[lines.len().saturating_sub(10)..].join("\n");
+            return Err(BenchError::NotReady {
+                what: what.into(),
+                detail: format!("{detail}\n{tail}\n{}", guard.log_tail(10)),
+            });
+        }
+        Ok(guard)
+    }
+
+    /// Runs wrk once against `port` and parses its report.
+    fn run_wrk(
+        &self,
+        dir: &Path,
+        port: u16,
+        duration: Duration,
+        label: &str,
+    ) -> Result<WrkReport, BenchError> {
+        let args = vec![
+            format!("-t{WRK_THREADS}"),
+            format!("-c{WRK_CONNECTIONS}"),
+            format!("-d{}", wrk_duration_arg(duration)),
+            "--latency".into(),
+            format!("http://127.0.0.1:{port}{PATH}"),
+        ];
+        let cmd = pinned(self.wrk_cpu, &self.tools.wrk, &args);
+        let log = dir.join(format!("wrk-{label}.log"));
+        let mut guard = ProcessGuard::spawn(&format!("wrk ({label})"), cmd, &log)?;
+        let status = guard
+            .wait_timeout(duration + Duration::from_secs(30))
+            .ok_or_else(|| BenchError::Wrk(format!("{label}: wrk did not finish in time")))?;
+        if !status.success() {
+            return Err(BenchError::Wrk(format!(
+                "{label}: exited with {status}: {}",
+                guard.log_tail(5)
+            )));
+        }
+        wrk::parse_wrk_output(&guard.log_text())
+    }
+
+    /// Warm-up, then a measured wrk run with CPU sampled around it.
+    fn measure(
+        &self,
+        dir: &Path,
+        proxy: &ProcessGuard,
+        upstream: &ProcessGuard,
+        port: u16,
+    ) -> Result<Metrics, BenchError> {
+        let opts = self.opts;
+        if !opts.warmup.is_zero() {
+            eprintln!("sluice-bench: {}: warm-up {:?}", proxy.name(), opts.warmup);
+            let w = self.run_wrk(dir, port, opts.warmup, "warmup")?;
+            if w.has_errors() {
+                eprintln!(
+                    "sluice-bench: {}: warning: warm-up saw {} non-2xx and {} socket errors",
+                    proxy.name(),
+                    w.non_2xx_3xx,
+                    w.socket_errors.total()
+                );
+            }
+        }
+        eprintln!(
+            "sluice-bench: {}: measuring {:?}",
+            proxy.name(),
+            opts.duration
+        );
+        let proxy_before = procfs::tree_cpu_ticks(proxy.pid());
+        let upstream_before = procfs::tree_cpu_ticks(upstream.pid());
+        let report = self.run_wrk(dir, port, opts.duration, "measure")?;
+        let proxy_after = procfs::tree_cpu_ticks(proxy.pid());
+        let upstream_after = procfs::tree_cpu_ticks(upstream.pid());
+        let peak_rss_kib = procfs::tree_peak_rss_kib(proxy.pid());
+        let secs = |a: u64, b: u64| b.saturating_sub(a) as f64 / self.clk_tck as f64;
+        let m = Metrics::new(
+            report,
+            secs(proxy_before, proxy_after),
+            peak_rss_kib,
+            secs(upstream_before, upstream_after),
+        );
+        if m.errors_flagged {
+            eprintln!(
+                "sluice-bench: {}: WARNING: {} non-2xx/3xx responses and {} socket errors in the measured run",
+                proxy.name(),
+                m.wrk.non_2xx_3xx,
+                m.wrk.socket_errors.total()
+            );
+        }
+        Ok(m)
+    }
+}
+
+/// Resolves the dataplane binary: the given path, or a fresh release build.
+fn sluice_binary(opts: &ProxyOptions) -> Result<PathBuf, BenchError> {
+    let config = sluice::scenario_config(&opts.workspace, opts.scenario);
+    if !config.is_file() {
+        return Err(BenchError::SluiceUnavailable(format!(
+            "scenario file {} is missing",
+            config.display()
+        )));
+    }
+    match &opts.sluice_bin {
+        Some(p) => sluice::check_given_binary(p),
+        None => sluice::build_release(&opts.workspace),
+    }
+}
+
+/// Starts sluice and waits until it proxies hello; a failure is a skip reason.
+fn start_sluice(
+    opts: &ProxyOptions,
+    bin: &Path,
+    cpu: Option<usize>,
+    dir: &TempDir,
+    port: u16,
+) -> Result<ProcessGuard, String> {
+    let admin = probe::free_port().map_err(|e| format!("no free admin port: {e}"))?;
+    let config = sluice::scenario_config(&opts.workspace, opts.scenario);
+    let cmd = pinned(cpu, bin, &sluice::args(&config, port, admin));
+    let mut guard = ProcessGuard::spawn("sluice", cmd, &dir.path().join("sluice.log"))
+        .map_err(|e| e.to_string())?;
+    let ready = probe::wait_for_hello(port, PATH, opts.ready_timeout, || {
+        match guard.try_exit_status() {
+            Some(status) => Err(format!(
+                "sluice-dataplane exited with {status} before serving"
+            )),
+            None => Ok(()),
+        }
+    });
+    match ready {
+        Ok(()) => Ok(guard),
+        Err(detail) => {
+            let tail = guard.log_tail(8);
+            Err(if tail.is_empty() {
+                detail
+            } else {
+                format!("{detail}; last log lines: {}", tail.replace('\n', " ⏎ "))
+            })
+        }
+    }
+}
+
+/// Runs the benchmark and writes the result files; returns the result and
+/// where it was written.
+pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), BenchError> {
+    if !matches!(opts.scenario, 1 | 2) {
+        return Err(BenchError::Usage(format!(
+            "unknown scenario {}; use 1 or 2",
+            opts.scenario
+        )));
+    }
+    let tools = Tools {
+        nginx: require("nginx")?,
+        wrk: require("wrk")?,
+    };
+    require("kill")?;
+    let cpus = pick_cpus(&allowed_cpus());
+    if cpus.is_some() {
+        require("taskset")?;
+    } else {
+        eprintln!("sluice-bench: warning: fewer than 2 CPUs available, running without pinning");
+    }
+    let (proxy_cpu, wrk_cpu) = (cpus.map(|c| c.0), cpus.map(|c| c.1));
+    if probe::port_in_use(UPSTREAM_PORT) {
+        return Err(BenchError::PortInUse {
+            port: UPSTREAM_PORT,
+        });
+    }
+    std::fs::create_dir_all(&opts.results_dir)
+        .map_err(|e| BenchError::io("create dir", &opts.results_dir, e))?;
+
+    let started = SystemTime::now();
+    let clk_tck = procfs::clock_ticks_per_sec();
+
+    // Resolve sluice before starting anything, so a long build does not sit
+    // between the upstream start and the measurements.
+    let sluice_bin = match opts.only {
+        Some(Only::Nginx) => None,
+        _ => Some(sluice_binary(opts).map_err(|e| e.to_string())),
+    };
+
+    let bench = Bench {
+        opts,
+        tools,
+        proxy_cpu,
+        wrk_cpu,
+        clk_tck,
+    };
+    let upstream_dir = TempDir::new("upstream")?;
+    let upstream = bench.start_nginx(
+        "upstream nginx",
+        &upstream_dir,
+        &nginx::upstream_conf(upstream_dir.path(), UPSTREAM_PORT),
+        UPSTREAM_PORT,
+    )?;
+
+    let mut runs = Vec::new();
+    if opts.only != Some(Only::Sluice) {
+        let dir = TempDir::new("nginx")?;
+        let port = probe::free_port().map_err(|e| BenchError::io("bind", "127.0.0.1:0", e))?;
+        let proxy = bench.start_nginx(
+            "proxy nginx",
+            &dir,
+            &nginx::proxy_conf(dir.path(), port, UPSTREAM_PORT),
+            port,
+        )?;
+        let m = bench.measure(dir.path(), &proxy, &upstream, port)?;
+        drop(proxy);
+        runs.push(ProxyRun {
+            proxy: "nginx".into(),
+            skipped: None,
+            metrics: Some(m),
+        });
+    }
+    if let Some(bin) = sluice_bin {
+        let outcome = bin.and_then(|bin| {
+            let dir = TempDir::new("sluice").map_err(|e| e.to_string())?;
+            let port = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
+            let proxy = start_sluice(opts, &bin, proxy_cpu, &dir, port)?;
+            bench
+                .measure(dir.path(), &proxy, &upstream, port)
+                .map_err(|e| e.to_string())
+        });
+        match outcome {
+            Ok(m) => runs.push(ProxyRun {
+                proxy: "sluice".into(),
+                skipped: None,
+                metrics: Some(m),
+            }),
+            Err(reason) => {
+                eprintln!("sluice-bench: SKIPPING sluice: {reason}");
+                runs.push(ProxyRun {
+                    proxy: "sluice".into(),
+                    skipped: Some(reason),
+                    metrics: None,
+                });
+            }
+        }
+    }
+    drop(upstream);
+    drop(upstream_dir);
+
+    if runs.iter().all(|r| r.metrics.is_none()) {
+        let reasons: Vec<String> = runs.iter().filter_map(|r| r.skipped.clone()).collect();
+        return Err(BenchError::Usage(format!(
+            "nothing was measured: {}",
+            reasons.join("; ")
+        )));
+    }
+
+    let nginx_version = nginx::version(&bench.tools.nginx).unwrap_or_else(|| "unknown".into());
+    let wrk_version = machine::wrk_version(&bench.tools.wrk);
+    let mut result = BenchResult {
+        schema_version: report::SCHEMA_VERSION,
+        scenario: opts.scenario,
+        timestamp: machine::timestamp_utc(started),
+        machine: machine::collect(&opts.workspace, nginx_version, wrk_version),
+        params: RunParams {
+            duration_s: opts.duration.as_secs_f64().ceil(),
+            warmup_s: if opts.warmup.is_zero() {
+                0.0
+            } else {
+                opts.warmup.as_secs_f64().ceil()
+            },
+            threads: WRK_THREADS,
+            connections: WRK_CONNECTIONS,
+            path: PATH.into(),
+            proxy_cpu,
+            wrk_cpu,
+            clk_tck,
+        },
+        runs,
+        ratios: None,
+        plugin_cost: None,
+    };
+    result.ratios = result.compute_ratios();
+    if opts.scenario == 2 {
+        let name = latest_name(1, &result.machine.arch, "json");
+        if let Ok(reference) = BenchResult::load(&opts.results_dir.join(&name)) {
+            result.plugin_cost = result.plugin_cost_against(&reference, &name);
+        }
+    }
+    let written = write_results(&result, &opts.results_dir)?;
+    Ok((result, written))
+}
+
+/// `latest-<scenario>-<arch>.<ext>`.
+pub fn latest_name(scenario: u8, arch: &str, ext: &str) -> String {
+    format!("latest-{scenario}-{arch}.{ext}")
+}
+
+/// Writes `<scenario>-<arch>-<timestamp>.{json,md}` and the `latest-*` copies.
+pub fn write_results(result: &BenchResult, dir: &Path) -> Result<Written, BenchError> {
+    let stem = format!(
+        "{}-{}-{}",
+        result.scenario, result.machine.arch, result.timestamp
+    );
+    let json = result.to_json()? + "\n";
+    let md = report::render_markdown(result);
+    let written = Written {
+        json: dir.join(format!("{stem}.json")),
+        markdown: dir.join(format!("{stem}.md")),
+    };
+    write_file(&written.json, &json)?;
+    write_file(&written.markdown, &md)?;
+    write_file(
+        &dir.join(latest_name(result.scenario, &result.machine.arch, "json")),
+        &json,
+    )?;
+    write_file(
+        &dir.join(latest_name(result.scenario, &result.machine.arch, "md")),
+        &md,
+    )?;
+    Ok(written)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-1\n"), Some(vec![0, 1]));
+        assert_eq!(parse_cpu_list("0,2-4,7"), Some(vec![0, 2, 3, 4, 7]));
+        assert_eq!(parse_cpu_list("3"), Some(vec![3]));
+        assert_eq!(parse_cpu_list(""), None);
+        assert_eq!(parse_cpu_list("4-2"), None);
+        assert_eq!(parse_cpu_list("a-b"), None);
+    }
+
+    #[test]
+    fn cpu_choice() {
+        assert_eq!(pick_cpus(&[0, 1]), Some((0, 1)));
+        assert_eq!(pick_cpus(&[2, 5, 6]), Some((2, 5)));
+        assert_eq!(pick_cpus(&[0]), None);
+        assert_eq!(pick_cpus(&[]), None);
+    }
+
+    #[test]
+    fn file_names() {
+        assert_eq!(latest_name(2, "aarch64", "md"), "latest-2-aarch64.md");
+    }
+}

@@ -1,0 +1,90 @@
+//! The scenario YAML files say what the brief and the harness expect:
+//! route, Service and EndpointSlice agree on port 1980, and scenario 2 is
+//! scenario 1 plus exactly the two APISIX benchmark plugins.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sluice_bench::runner::{PATH, UPSTREAM_PORT};
+use sluice_bench::sluice::scenario_config;
+
+fn docs(scenario: u8) -> Vec<Value> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let text = std::fs::read_to_string(scenario_config(root, scenario)).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .collect()
+}
+
+fn by_kind<'a>(docs: &'a [Value], api: &str, kind: &str) -> &'a Value {
+    let found: Vec<&Value> = docs
+        .iter()
+        .filter(|d| d["apiVersion"] == api && d["kind"] == kind)
+        .collect();
+    assert_eq!(found.len(), 1, "expected one {api} {kind}");
+    found[0]
+}
+
+fn check_common(docs: &[Value]) {
+    assert_eq!(docs.len(), 3);
+    for d in docs {
+        assert_eq!(d["metadata"]["namespace"], "default", "{d}");
+    }
+    let route = by_kind(docs, "apisix.apache.org/v2", "ApisixRoute");
+    assert_eq!(route["metadata"]["name"], "hello");
+    let rules = route["spec"]["http"].as_array().unwrap();
+    assert_eq!(rules.len(), 1);
+    assert_eq!(rules[0]["name"], "r1");
+    assert_eq!(rules[0]["match"]["paths"], json!([PATH]));
+    assert_eq!(
+        rules[0]["backends"],
+        json!([{"serviceName": "upstream", "servicePort": UPSTREAM_PORT}])
+    );
+
+    let svc = by_kind(docs, "v1", "Service");
+    assert_eq!(svc["metadata"]["name"], "upstream");
+    let port = &svc["spec"]["ports"][0];
+    assert_eq!(port["port"], UPSTREAM_PORT);
+    assert_eq!(port["targetPort"], UPSTREAM_PORT);
+
+    let slice = by_kind(docs, "discovery.k8s.io/v1", "EndpointSlice");
+    assert_eq!(slice["metadata"]["labels"]["kubernetes.io/service-name"], "upstream");
+    assert_eq!(slice["endpoints"][0]["addresses"], json!(["127.0.0.1"]));
+    assert_eq!(slice["endpoints"][0]["conditions"]["ready"], true);
+    assert_eq!(slice["ports"][0]["port"], UPSTREAM_PORT);
+    // Service and slice port names must match for the port to resolve.
+    assert_eq!(slice["ports"][0]["name"], port["name"]);
+}
+
+#[test]
+fn scenario1_is_a_plain_route() {
+    let d = docs(1);
+    check_common(&d);
+    let route = by_kind(&d, "apisix.apache.org/v2", "ApisixRoute");
+    assert!(route["spec"]["http"][0].get("plugins").is_none());
+}
+
+#[test]
+fn scenario2_adds_limit_count_and_prometheus() {
+    let d = docs(2);
+    check_common(&d);
+    let route = by_kind(&d, "apisix.apache.org/v2", "ApisixRoute");
+    let plugins = &route["spec"]["http"][0]["plugins"];
+    assert_eq!(
+        *plugins,
+        json!([
+            {"name": "limit-count", "enable": true, "config": {
+                "count": 2_000_000_000_000_u64, "time_window": 60,
+                "rejected_code": 503, "key": "remote_addr"}},
+            {"name": "prometheus", "enable": true}
+        ])
+    );
+    // Everything but the plugins is identical to scenario 1.
+    let mut without = d.clone();
+    for doc in &mut without {
+        if doc["kind"] == "ApisixRoute" {
+            doc["spec"]["http"][0].as_object_mut().unwrap().remove("plugins");
+        }
+    }
+    assert_eq!(without, docs(1));
+}
