@@ -1,0 +1,20 @@
+//! The Sluice dataplane: listeners, router, upstream pools, snapshot store, admin endpoint
+//! and the standalone (YAML file) configuration source.
+//!
+//! Request flow: [`server`] accepts → [`proxy::handle`] reads the current
+//! [`table::RouteTable`] once → [`router`] picks a route → [`upstream`] picks an endpoint and a
+//! pooled connection → the response streams back through [`body::ProxyBody`]. Errors become
+//! responses in [`error::ProxyError::into_response`] only.
+
+#![forbid(unsafe_code)]
+
+pub mod admin;
+pub mod body;
+pub mod error;
+pub mod metrics;
+pub mod proxy;
+pub mod router;
+pub mod server;
+pub mod store;
+pub mod table;
+pub mod upstream;

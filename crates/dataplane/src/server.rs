@@ -1,0 +1,122 @@
+//! Listeners and workers: `--workers N` threads, each with its own single-threaded runtime
+//! and its own `SO_REUSEPORT` listener, so workers share nothing on the accept path.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use socket2::{Domain, Protocol, Socket, Type};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+
+use crate::proxy::{ConnInfo, handle};
+use crate::store::Store;
+
+/// Limits on the downstream side.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Most open downstream connections per worker.
+    pub max_connections: usize,
+    /// Time a client may take to send a request head (slowloris guard).
+    pub header_read_timeout: Duration,
+    /// Largest request head buffer, bytes.
+    pub max_header_bytes: usize,
+    /// Most request headers.
+    pub max_headers: usize,
+}
+
+impl Default for Limits {
+    /// 10,000 connections per worker, 30 s to send a head, 64 KiB and 100 headers.
+    fn default() -> Self {
+        Limits {
+            max_connections: 10_000,
+            header_read_timeout: Duration::from_secs(30),
+            max_header_bytes: 64 * 1024,
+            max_headers: 100,
+        }
+    }
+}
+
+/// Binds `addr` with `SO_REUSEPORT`, so every worker gets a listener of its own.
+pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener> {
+    let socket = Socket::new(Domain::for_address(addr), Type::STREAM, Some(Protocol::TCP))?;
+    socket.set_reuse_address(true)?;
+    socket.set_reuse_port(true)?;
+    socket.set_nonblocking(true)?;
+    socket.bind(&addr.into())?;
+    socket.listen(4096)?;
+    Ok(socket.into())
+}
+
+/// Accepts connections on `listener` and serves them until the runtime stops.
+pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes)
+        .max_headers(limits.max_headers)
+        .writev(true);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.max_header_bytes as u32)
+        .max_concurrent_streams(1024);
+    let builder = Arc::new(builder);
+    loop {
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { return };
+        let (stream, remote) = match listener.accept().await {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: back off instead of spinning.
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().unwrap_or(remote);
+        let store = Arc::clone(&store);
+        let builder = Arc::clone(&builder);
+        tokio::spawn(async move {
+            let conn = Arc::new(ConnInfo::new(remote, local, "http"));
+            let service = service_fn(move |req| {
+                let store = Arc::clone(&store);
+                let conn = Arc::clone(&conn);
+                async move { Ok::<_, std::convert::Infallible>(handle(req, &conn, &store).await) }
+            });
+            if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await {
+                tracing::debug!(error = %e, "downstream connection ended");
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// Starts `workers` threads serving `addr`. Returns once every listener is bound, so a
+/// caller can rely on the port being open.
+pub fn spawn_workers(addr: SocketAddr, workers: usize, store: Arc<Store>, limits: Limits) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut handles = Vec::with_capacity(workers);
+    for i in 0..workers.max(1) {
+        let std_listener = bind_reuseport(addr)?;
+        let store = Arc::clone(&store);
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let handle = std::thread::Builder::new()
+            .name(format!("sluice-worker-{i}"))
+            .spawn(move || {
+                rt.block_on(async move {
+                    match TcpListener::from_std(std_listener) {
+                        Ok(listener) => serve(listener, store, limits).await,
+                        Err(e) => tracing::error!(error = %e, "worker listener failed"),
+                    }
+                });
+            })?;
+        handles.push(handle);
+    }
+    Ok(handles)
+}

@@ -1,0 +1,125 @@
+//! The live routing table, swapped atomically, plus what the admin endpoints report.
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+use serde::Serialize;
+use sluice_proto::v1;
+
+use crate::metrics::Metrics;
+use crate::table::{InvalidSnapshot, RouteTable};
+use crate::upstream::PoolRegistry;
+
+/// What `/snapshot` reports.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SnapshotState {
+    /// Version being served (0 = none yet).
+    pub version: u64,
+    /// Content hash being served.
+    pub hash: String,
+    /// Number of routes being served.
+    pub routes: usize,
+    /// Number of upstreams being served.
+    pub upstreams: usize,
+    /// The last error of a load: a rejected snapshot, or a source that could not be read.
+    pub last_error: Option<String>,
+    /// Objects left out of the snapshot being served, each with its reason.
+    pub rejected_objects: Vec<String>,
+}
+
+/// Shared dataplane state: the current table, connection pools, status and metrics.
+#[derive(Debug)]
+pub struct Store {
+    table: ArcSwap<RouteTable>,
+    snapshot: Mutex<Option<Arc<v1::Snapshot>>>,
+    state: Mutex<SnapshotState>,
+    pools: PoolRegistry,
+    metrics: Metrics,
+}
+
+impl Store {
+    /// A store serving nothing yet.
+    pub fn new() -> anyhow::Result<Self> {
+        Ok(Store {
+            table: ArcSwap::from_pointee(RouteTable::empty()?),
+            snapshot: Mutex::new(None),
+            state: Mutex::new(SnapshotState::default()),
+            pools: PoolRegistry::default(),
+            metrics: Metrics::new()?,
+        })
+    }
+
+    /// The table to serve one request with.
+    #[inline]
+    pub fn table(&self) -> Arc<RouteTable> {
+        self.table.load_full()
+    }
+
+    /// Metrics of this process.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Compiles `snapshot` and swaps it in. On error the current table keeps serving and the
+    /// error is recorded for `/snapshot`.
+    pub fn apply(&self, snapshot: v1::Snapshot, rejected_objects: Vec<String>) -> Result<(), InvalidSnapshot> {
+        match RouteTable::compile(&snapshot, &self.pools) {
+            Ok(table) => {
+                let routes = table.routes.len();
+                let upstreams = table.upstream_count;
+                self.table.store(Arc::new(table));
+                self.metrics.snapshot_version.set(i64::try_from(snapshot.version).unwrap_or(i64::MAX));
+                self.metrics.snapshot_loads.with_label_values(&["ok"]).inc();
+                let mut st = lock(&self.state);
+                st.version = snapshot.version;
+                st.hash = snapshot.hash.clone();
+                st.routes = routes;
+                st.upstreams = upstreams;
+                st.last_error = None;
+                st.rejected_objects = rejected_objects;
+                *lock(&self.snapshot) = Some(Arc::new(snapshot));
+                Ok(())
+            }
+            Err(e) => {
+                self.metrics.snapshot_loads.with_label_values(&["rejected"]).inc();
+                self.record_error(format!("snapshot v{} rejected: {e}", snapshot.version));
+                Err(e)
+            }
+        }
+    }
+
+    /// Notes that a load produced exactly the snapshot being served: clears the last error.
+    pub fn confirm_current(&self, rejected_objects: Vec<String>) {
+        let mut st = lock(&self.state);
+        st.last_error = None;
+        st.rejected_objects = rejected_objects;
+    }
+
+    /// Records a load failure that left the current table in place.
+    pub fn record_error(&self, message: String) {
+        tracing::error!(error = %message, "configuration not applied; the last good snapshot keeps serving");
+        lock(&self.state).last_error = Some(message);
+    }
+
+    /// What `/snapshot` reports.
+    pub fn state(&self) -> SnapshotState {
+        lock(&self.state).clone()
+    }
+
+    /// The snapshot being served, if any.
+    pub fn snapshot(&self) -> Option<Arc<v1::Snapshot>> {
+        lock(&self.snapshot).clone()
+    }
+
+    /// Whether a snapshot has been loaded.
+    pub fn ready(&self) -> bool {
+        lock(&self.snapshot).is_some()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}

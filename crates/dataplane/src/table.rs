@@ -1,0 +1,169 @@
+//! A snapshot compiled for serving: the router index plus the routes' upstreams, built off
+//! the request path and swapped in whole.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sluice_proto::v1;
+
+use crate::router::{InvalidRoute, Router};
+use crate::upstream::{PoolRegistry, Timeouts, Upstream, WeightedSequence};
+
+/// Why a snapshot could not be compiled. The snapshot is then rejected whole and the
+/// previous one keeps serving.
+#[derive(Debug, thiserror::Error)]
+pub enum InvalidSnapshot {
+    /// A route's match rules are invalid.
+    #[error(transparent)]
+    Route(#[from] InvalidRoute),
+    /// A route names an upstream the snapshot does not carry.
+    #[error("route {route}: backends[{index}].upstream_id: unknown upstream `{upstream}`")]
+    UnknownUpstream {
+        /// Route id.
+        route: String,
+        /// Index in `backends`.
+        index: usize,
+        /// The missing upstream id.
+        upstream: String,
+    },
+    /// A route has no backend with a non-zero weight.
+    #[error("route {0}: backends: no backend with a non-zero weight")]
+    NoBackend(String),
+    /// An endpoint is malformed.
+    #[error("upstream {upstream}: endpoints[{index}]: {reason}")]
+    Endpoint {
+        /// Upstream id.
+        upstream: String,
+        /// Index in `endpoints`.
+        index: usize,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// A route ready to serve.
+#[derive(Debug)]
+pub struct CompiledRoute {
+    /// Stable route id (`namespace/name/rule`).
+    pub id: String,
+    /// Upstreams of the weighted split.
+    pub backends: Vec<Arc<Upstream>>,
+    split: Option<WeightedSequence>,
+    /// Timeouts of the route.
+    pub timeouts: Timeouts,
+    /// Whether WebSocket upgrades are allowed.
+    pub websocket: bool,
+}
+
+impl CompiledRoute {
+    /// The upstream for the next request, by the route's weighted split.
+    #[inline]
+    pub fn pick_backend(&self) -> Option<&Arc<Upstream>> {
+        match self.backends.len() {
+            1 => self.backends.first(),
+            _ => self.backends.get(self.split.as_ref()?.next()),
+        }
+    }
+}
+
+/// An immutable routing table built from one snapshot.
+#[derive(Debug)]
+pub struct RouteTable {
+    /// Snapshot version.
+    pub version: u64,
+    /// Snapshot content hash.
+    pub hash: String,
+    /// The route index.
+    pub router: Router,
+    /// Routes in the order the router indexes them.
+    pub routes: Vec<CompiledRoute>,
+    /// Number of upstreams.
+    pub upstream_count: usize,
+}
+
+fn duration_or(ms: u64, default: Duration) -> Duration {
+    if ms == 0 { default } else { Duration::from_millis(ms) }
+}
+
+fn timeouts(t: Option<&v1::Timeouts>, base: Timeouts) -> Timeouts {
+    match t {
+        None => base,
+        Some(t) => Timeouts {
+            connect: duration_or(t.connect_ms, base.connect),
+            send: duration_or(t.send_ms, base.send),
+            read: duration_or(t.read_ms, base.read),
+        },
+    }
+}
+
+impl RouteTable {
+    /// An empty table (nothing loaded yet): every request gets 404.
+    pub fn empty() -> Result<Self, InvalidSnapshot> {
+        Self::compile(&v1::Snapshot::default(), &PoolRegistry::default())
+    }
+
+    /// Validates and compiles `snapshot`. Connection pools are taken from `pools`, so
+    /// endpoints that stay keep their warm connections.
+    pub fn compile(snapshot: &v1::Snapshot, pools: &PoolRegistry) -> Result<Self, InvalidSnapshot> {
+        let router = Router::new(&snapshot.routes)?;
+        let mut upstreams: HashMap<&str, Arc<Upstream>> = HashMap::with_capacity(snapshot.upstreams.len());
+        for up in &snapshot.upstreams {
+            let mut endpoints = Vec::with_capacity(up.endpoints.len());
+            for (index, ep) in up.endpoints.iter().enumerate() {
+                if ep.host.is_empty() || ep.port == 0 || ep.port > u32::from(u16::MAX) {
+                    return Err(InvalidSnapshot::Endpoint {
+                        upstream: up.id.clone(),
+                        index,
+                        reason: format!("invalid address `{}:{}`", ep.host, ep.port),
+                    });
+                }
+                let address = if ep.host.contains(':') {
+                    format!("[{}]:{}", ep.host, ep.port)
+                } else {
+                    format!("{}:{}", ep.host, ep.port)
+                };
+                endpoints.push((address, ep.weight));
+            }
+            let t = up.timeout.as_ref().map(|t| timeouts(Some(t), Timeouts::default()));
+            upstreams.insert(&up.id, Arc::new(Upstream::new(up.id.clone(), endpoints, t, pools)));
+        }
+        let mut routes = Vec::with_capacity(snapshot.routes.len());
+        for r in &snapshot.routes {
+            let mut backends = Vec::with_capacity(r.backends.len());
+            let mut weights = Vec::with_capacity(r.backends.len());
+            for (index, b) in r.backends.iter().enumerate() {
+                let up = upstreams.get(b.upstream_id.as_str()).ok_or_else(|| {
+                    InvalidSnapshot::UnknownUpstream {
+                        route: r.id.clone(),
+                        index,
+                        upstream: b.upstream_id.clone(),
+                    }
+                })?;
+                if b.weight > 0 {
+                    backends.push(Arc::clone(up));
+                    weights.push(b.weight);
+                }
+            }
+            if backends.is_empty() {
+                return Err(InvalidSnapshot::NoBackend(r.id.clone()));
+            }
+            routes.push(CompiledRoute {
+                id: r.id.clone(),
+                split: WeightedSequence::new(&weights),
+                backends,
+                timeouts: timeouts(r.timeout.as_ref(), Timeouts::default()),
+                websocket: r.websocket,
+            });
+        }
+        pools.prune();
+        Ok(RouteTable {
+            version: snapshot.version,
+            hash: snapshot.hash.clone(),
+            router,
+            routes,
+            upstream_count: upstreams.len(),
+        })
+    }
+}
+

@@ -1,0 +1,93 @@
+//! In-process harness: a dataplane serving on a loopback port, plus a tiny HTTP client.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use sluice_dataplane::server::{self, Limits};
+use sluice_dataplane::store::Store;
+use sluice_proto::v1;
+
+/// A dataplane serving on a loopback port.
+pub struct Dataplane {
+    pub addr: SocketAddr,
+    pub store: Arc<Store>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Dataplane {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn dataplane() -> Dataplane {
+    let store = Arc::new(Store::new().unwrap());
+    let std_listener = server::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(server::serve(listener, Arc::clone(&store), Limits::default()));
+    Dataplane { addr, store, task }
+}
+
+/// A response as a client sees it.
+#[derive(Debug)]
+pub struct Resp {
+    pub status: StatusCode,
+    pub headers: http::HeaderMap,
+    pub body: Bytes,
+}
+
+impl Resp {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+    }
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+}
+
+/// Sends one HTTP/1.1 request on a new connection.
+pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Resp {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    tokio::spawn(conn);
+    let resp = sender.send_request(req).await.unwrap();
+    let (parts, body) = resp.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    Resp { status: parts.status, headers: parts.headers, body }
+}
+
+pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Resp {
+    let req = Request::get(path).header("host", host).body(Full::new(Bytes::new())).unwrap();
+    send(addr, req).await
+}
+
+/// Snapshot builders.
+pub fn route(id: &str, paths: &[&str], upstream: &str) -> v1::Route {
+    v1::Route {
+        id: id.into(),
+        paths: paths.iter().map(|p| p.to_string()).collect(),
+        backends: vec![v1::Backend { upstream_id: upstream.into(), weight: 100 }],
+        ..Default::default()
+    }
+}
+
+pub fn upstream(id: &str, endpoints: &[(SocketAddr, u32)]) -> v1::Upstream {
+    v1::Upstream {
+        id: id.into(),
+        endpoints: endpoints
+            .iter()
+            .map(|(a, w)| v1::Endpoint { host: a.ip().to_string(), port: a.port() as u32, weight: *w })
+            .collect(),
+        ..Default::default()
+    }
+}
+
+pub fn snapshot(version: u64, routes: Vec<v1::Route>, upstreams: Vec<v1::Upstream>) -> v1::Snapshot {
+    sluice_proto::seal(v1::Snapshot { routes, upstreams, ..Default::default() }, version)
+}
