@@ -65,7 +65,7 @@ fn default_true() -> bool {
 }
 
 /// Reference to a Secret by name and namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ApisixSecret {
     /// Secret name.

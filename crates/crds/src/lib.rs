@@ -7,16 +7,25 @@
 //! names the value. The crate has no client or network code: dataplanes use it in standalone
 //! mode without Kubernetes.
 #![forbid(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod common;
+pub mod consumer;
 pub mod duration;
+pub mod global_rule;
+pub mod plugin_config;
 pub mod route;
 mod schema;
+pub mod tls;
 pub mod upstream;
 
 pub use common::*;
+pub use consumer::*;
 pub use duration::{DURATION_PATTERN, DurationError, parse_duration};
+pub use global_rule::*;
+pub use plugin_config::*;
 pub use route::*;
+pub use tls::*;
 pub use upstream::*;
 
 /// API group of every kind in this crate.
@@ -49,7 +58,14 @@ pub enum CrdError {
 
 /// The `CustomResourceDefinition`s of all six kinds, in a fixed order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
-    vec![ApisixRoute::crd(), ApisixUpstream::crd()]
+    vec![
+        ApisixRoute::crd(),
+        ApisixUpstream::crd(),
+        ApisixTls::crd(),
+        ApisixPluginConfig::crd(),
+        ApisixConsumer::crd(),
+        ApisixGlobalRule::crd(),
+    ]
 }
 
 /// All CRDs as one multi-document YAML file, as committed at

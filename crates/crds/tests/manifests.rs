@@ -341,3 +341,139 @@ fn endpoints_is_accepted_as_a_spelling_of_endpoint() {
     .to_string();
     assert!(err.contains("pods"), "{err}");
 }
+
+#[test]
+fn apisix_tls_documentation_manifests_parse() {
+    let tls: Vec<ApisixTls> = parse_all("apisixtls.yaml", "ApisixTls");
+    assert_eq!(tls.len(), 2);
+    assert_eq!(tls[0].spec.hosts, ["httpbin.org", "*.httpbin.org"]);
+    assert_eq!(tls[0].spec.secret.name, "httpbin-cert");
+    assert_eq!(tls[0].spec.secret.namespace, "default");
+    assert_eq!(tls[0].spec.client, None);
+    let client = tls[1].spec.client.as_ref().unwrap();
+    assert_eq!(client.ca_secret.name, "client-ca-secret");
+    assert_eq!(client.depth, Some(10));
+    assert_eq!(client.skip_mtls_uri_regex, ["/healthz", "^/public/.*"]);
+}
+
+#[test]
+fn apisix_consumer_documentation_manifests_parse() {
+    let cs: Vec<ApisixConsumer> = parse_all("apisixconsumer.yaml", "ApisixConsumer");
+    assert_eq!(cs.len(), 7);
+    let kinds: Vec<Vec<AuthType>> = cs.iter().map(|c| c.spec.auth_parameter.kinds()).collect();
+    assert_eq!(
+        kinds,
+        [
+            vec![AuthType::KeyAuth],
+            vec![AuthType::KeyAuth],
+            vec![AuthType::BasicAuth],
+            vec![AuthType::JwtAuth],
+            vec![AuthType::HmacAuth],
+            vec![AuthType::LdapAuth],
+            vec![AuthType::WolfRbac],
+        ]
+    );
+
+    let jack = &cs[0].spec;
+    let key = jack.auth_parameter.key_auth.as_ref().unwrap();
+    assert_eq!(key.value.as_ref().unwrap().key, "jack-key");
+    assert_eq!(key.secret_ref, None);
+    assert_eq!(jack.plugins[0].name, "limit-count");
+
+    let jill = cs[1].spec.auth_parameter.key_auth.as_ref().unwrap();
+    assert_eq!(jill.secret_ref.as_ref().unwrap().name, "jill-key-auth");
+    assert_eq!(jill.value, None);
+
+    let basic = cs[2].spec.auth_parameter.basic_auth.as_ref().unwrap();
+    let v = basic.value.as_ref().unwrap();
+    assert_eq!((v.username.as_str(), v.password.as_str()), ("foo", "bar"));
+
+    let jwt = cs[3]
+        .spec
+        .auth_parameter
+        .jwt_auth
+        .as_ref()
+        .unwrap()
+        .value
+        .as_ref()
+        .unwrap();
+    assert_eq!(jwt.key, "user-key");
+    assert_eq!(jwt.secret.as_deref(), Some("my-secret-key"));
+    assert_eq!(jwt.algorithm, Some(JwtAlgorithm::RS256));
+    assert!(
+        jwt.public_key
+            .as_deref()
+            .unwrap()
+            .starts_with("-----BEGIN PUBLIC KEY-----\n")
+    );
+    assert!(jwt.private_key.as_deref().unwrap().contains("PRIVATE KEY"));
+    assert_eq!(jwt.exp, Some(86400));
+    assert_eq!(jwt.base64_secret, Some(false));
+    assert_eq!(jwt.lifetime_grace_period, Some(5));
+
+    let hmac = cs[4]
+        .spec
+        .auth_parameter
+        .hmac_auth
+        .as_ref()
+        .unwrap()
+        .value
+        .as_ref()
+        .unwrap();
+    assert_eq!(hmac.key_id.as_deref(), Some("hmac-key"));
+    assert_eq!(hmac.secret_key, "hmac-secret");
+    assert_eq!(hmac.signed_headers, ["x-custom-a"]);
+
+    let ldap = cs[5]
+        .spec
+        .auth_parameter
+        .ldap_auth
+        .as_ref()
+        .unwrap()
+        .value
+        .as_ref()
+        .unwrap();
+    assert_eq!(ldap.user_dn, "cn=user01,ou=users,dc=example,dc=org");
+
+    let wolf = cs[6]
+        .spec
+        .auth_parameter
+        .wolf_rbac
+        .as_ref()
+        .unwrap()
+        .value
+        .as_ref()
+        .unwrap();
+    assert_eq!(wolf.appid.as_deref(), Some("app-a"));
+    assert_eq!(wolf.header_prefix.as_deref(), Some("X-"));
+}
+
+#[test]
+fn apisix_plugin_config_and_global_rule_manifests_parse() {
+    let pcs: Vec<ApisixPluginConfig> = parse_all("apisixpluginconfig.yaml", "ApisixPluginConfig");
+    let pc = &pcs[0];
+    assert_eq!(pc.metadata.namespace.as_deref(), Some("shared"));
+    assert_eq!(pc.spec.ingress_class_name.as_deref(), Some("apisix"));
+    assert_eq!(pc.spec.plugins.len(), 2);
+    assert_eq!(pc.spec.plugins[0].name, "cors");
+    assert_eq!(pc.spec.plugins[0].config.as_ref().unwrap()["max_age"], 3600);
+    assert!(!pc.spec.plugins[1].enable);
+
+    let grs: Vec<ApisixGlobalRule> = parse_all("apisixglobalrule.yaml", "ApisixGlobalRule");
+    let gr = &grs[0];
+    assert_eq!(gr.spec.plugins.len(), 2);
+    assert_eq!(gr.spec.plugins[0].name, "prometheus");
+    assert!(gr.spec.plugins[1].enable);
+    assert_eq!(
+        gr.spec.plugins[1].config.as_ref().unwrap()["header_name"],
+        "X-Request-Id"
+    );
+}
+
+#[test]
+fn unknown_jwt_algorithm_is_rejected_naming_the_value() {
+    let err = serde_yaml::from_str::<ApisixConsumerJwtAuthValue>("key: k\nalgorithm: HS1024\n")
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("HS1024"), "{err}");
+}
