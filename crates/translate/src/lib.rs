@@ -1,1 +1,245 @@
-//! Translation from cluster state to snapshot (placeholder).
+//! Pure, deterministic translation from cluster state to a route snapshot plus status.
+//!
+//! ```text
+//! ClusterState (ApisixRoute, ApisixUpstream, Service, EndpointSlice, Secret, ...)
+//!     │  translate(&state, &Options)
+//!     ▼
+//! Translation { snapshot: sluice_proto::v1::Snapshot, status: StatusReport }
+//! ```
+//!
+//! [`translate`] does no I/O and its output does not depend on the order of objects in the
+//! [`ClusterState`]: routes and upstreams are sorted by id, so the same input gives the same
+//! bytes (and hash) on every controller replica. The snapshot comes out with `version = 0`
+//! and an empty `hash`; the caller seals it with [`sluice_proto::seal`].
+//!
+//! Standalone mode and tests fill a [`ClusterState`] from YAML with
+//! [`ClusterState::load_yaml`].
+//!
+//! # Semantics
+//!
+//! - Each ApisixRoute `spec.http[]` rule becomes one route with id `<ns>/<name>/<rule>`.
+//!   An invalid rule (see the messages in `route.rs`; everything the dataplane router would
+//!   reject is rejected here) makes the whole object `Accepted=False` (`InvalidSpec`) and
+//!   none of its rules enter the snapshot, as APISIX does; other objects are unaffected.
+//! - `backends[]` become upstreams `<ns>/<service>:<port>[@service][#subset]` (port = the
+//!   Service port number); see [`upstream`](crate::upstream) docs in the source for how
+//!   endpoints are resolved. A missing Service or port keeps the route (with an upstream
+//!   without endpoints, so requests get 503) and sets `ResolvedRefs=False`
+//!   (`BackendNotFound`).
+//! - `upstreams[]` reference ApisixUpstreams with `externalNodes`: upstream `<ns>/<name>`.
+//! - An ApisixUpstream named after a Service applies its load balancer, scheme, retries and
+//!   timeouts (with `portLevelSettings`) to that Service's upstreams. An invalid one is
+//!   `Accepted=False` and ignored.
+//! - Fail closed: `authentication`, `plugin_config_name`, `filter_func`, Body exprs and
+//!   plugin `secretRef`s to missing Secrets reject the rule instead of serving it with less
+//!   protection than written. Plugin `secretRef`s are merged (dotted keys nest).
+//! - With `Options::ingress_class = Some(c)`, only objects whose `spec.ingressClassName` is
+//!   `c` or unset are translated; others get no status at all (another controller owns them).
+//!
+//! # Golden tests
+//!
+//! `testdata/<case>.in.yaml` holds objects as a user writes them; `<case>.out.yaml` the
+//! snapshot (canonical protobuf JSON mapping, as YAML) and the status report. A first line
+//! `# options: ingress_class=<name>` sets [`Options::ingress_class`]. Regenerate the expected
+//! files after an intended change with
+//!
+//! ```text
+//! SLUICE_UPDATE_GOLDEN=1 cargo test -p sluice-translate --test golden
+//! ```
+//!
+//! and review the diff.
+#![forbid(unsafe_code)]
+
+mod json;
+mod problems;
+mod route;
+pub mod state;
+pub mod status;
+mod upstream;
+mod validate;
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use sluice_crds::{ApisixRoute, ApisixUpstream};
+use sluice_proto::v1;
+
+pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
+pub use status::{Condition, ConditionStatus, ObjectKind, ObjectStatus, StatusReport};
+
+use problems::Problems;
+
+/// Label that ties an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// How to translate.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Options {
+    /// `None` (the default, used by standalone mode): translate every object. `Some(class)`:
+    /// only objects whose `spec.ingressClassName` is `class` or unset.
+    pub ingress_class: Option<String>,
+}
+
+/// The result of [`translate`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Translation {
+    /// Routes and upstreams sorted by id; `version = 0`, `hash` empty (seal it with
+    /// [`sluice_proto::seal`]).
+    pub snapshot: v1::Snapshot,
+    /// Conditions per object.
+    pub status: StatusReport,
+}
+
+/// Objects of the state indexed by (namespace, name), in sorted order.
+pub(crate) struct Index<'a> {
+    pub(crate) routes: BTreeMap<(&'a str, &'a str), &'a ApisixRoute>,
+    pub(crate) upstreams: BTreeMap<(&'a str, &'a str), &'a ApisixUpstream>,
+    pub(crate) services: BTreeMap<(&'a str, &'a str), &'a Service>,
+    /// Keyed by (namespace, Service name from the label); slices sorted by name.
+    pub(crate) slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
+    pub(crate) secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+}
+
+/// (namespace, name) of an object; the namespace defaults to `default`.
+fn key(meta: &ObjectMeta) -> (&str, &str) {
+    (
+        meta.namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or(state::DEFAULT_NAMESPACE),
+        meta.name.as_deref().unwrap_or_default(),
+    )
+}
+
+fn class_selected(class: Option<&str>, opts: &Options) -> bool {
+    match (&opts.ingress_class, class.filter(|c| !c.is_empty())) {
+        (None, _) | (Some(_), None) => true,
+        (Some(want), Some(have)) => want == have,
+    }
+}
+
+impl<'a> Index<'a> {
+    fn build(state: &'a ClusterState, opts: &Options) -> Self {
+        // NB: with duplicate (namespace, name) entries the later one wins, like the loader.
+        let routes = state
+            .apisix_routes
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let upstreams = state
+            .apisix_upstreams
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let services = state
+            .services
+            .iter()
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let secrets = state
+            .secrets
+            .iter()
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
+        for s in &state.endpoint_slices {
+            let svc = s
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL));
+            if let Some(svc) = svc {
+                slices
+                    .entry((key(&s.metadata).0, svc.as_str()))
+                    .or_default()
+                    .push(s);
+            }
+        }
+        for list in slices.values_mut() {
+            list.sort_by(|a, b| key(&a.metadata).cmp(&key(&b.metadata)));
+            list.dedup_by(|a, b| key(&a.metadata) == key(&b.metadata));
+        }
+        Self {
+            routes,
+            upstreams,
+            services,
+            slices,
+            secrets,
+        }
+    }
+}
+
+/// Translates the cluster state into a snapshot and a status report. Pure and deterministic.
+pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
+    let idx = Index::build(state, opts);
+    let mut status = StatusReport::default();
+
+    // ApisixUpstreams first: routes need their verdicts.
+    let mut aus = BTreeMap::new();
+    for (&(ns, name), au) in &idx.upstreams {
+        let mut problems = Problems::default();
+        let verdict = upstream::validate_object(au, ns, &idx, &mut problems);
+        let mut conditions = vec![problems.accepted()];
+        let has_service_nodes = au
+            .spec
+            .external_nodes
+            .iter()
+            .any(|n| n.type_ == Some(sluice_crds::ExternalNodeType::Service));
+        if verdict.is_ok() && has_service_nodes {
+            conditions.push(problems.resolved_refs());
+        }
+        status.objects.push(ObjectStatus {
+            kind: ObjectKind::ApisixUpstream,
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            generation: au.metadata.generation,
+            conditions,
+            routes: Vec::new(),
+        });
+        aus.insert((ns, name), verdict);
+    }
+
+    let mut routes: BTreeMap<String, v1::Route> = BTreeMap::new();
+    let mut upstreams: BTreeMap<String, v1::Upstream> = BTreeMap::new();
+    for (&(ns, name), ar) in &idx.routes {
+        let mut problems = Problems::default();
+        let out = route::translate_object(ar, ns, name, &idx, &aus, &mut problems);
+        let mut conditions = vec![problems.accepted()];
+        let mut ids = Vec::new();
+        if problems.is_valid() {
+            conditions.push(problems.resolved_refs());
+            for r in out.routes {
+                ids.push(r.id.clone());
+                routes.insert(r.id.clone(), r);
+            }
+            for u in out.upstreams {
+                // The same id always resolves to the same content, so the first one stays.
+                upstreams.entry(u.id.clone()).or_insert(u);
+            }
+        }
+        ids.sort();
+        status.objects.push(ObjectStatus {
+            kind: ObjectKind::ApisixRoute,
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            generation: ar.metadata.generation,
+            conditions,
+            routes: ids,
+        });
+    }
+    status.sort();
+
+    Translation {
+        snapshot: v1::Snapshot {
+            version: 0,
+            hash: String::new(),
+            routes: routes.into_values().collect(),
+            upstreams: upstreams.into_values().collect(),
+        },
+        status,
+    }
+}

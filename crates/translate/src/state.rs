@@ -1,0 +1,445 @@
+//! [`ClusterState`]: the inputs of translation, and the multi-document YAML loader used by
+//! standalone mode and the golden tests.
+
+use std::fmt;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use sluice_crds::{ApisixRoute, ApisixUpstream};
+
+/// Namespace of an object whose `metadata.namespace` is unset, as `kubectl apply` assumes.
+pub const DEFAULT_NAMESPACE: &str = "default";
+
+/// Everything translation looks at: plain data, no caches, no I/O.
+///
+/// The controller fills it from its reflector stores; standalone mode fills it with
+/// [`ClusterState::load_yaml`]. The order of objects in each `Vec` does not matter: translation
+/// output is the same for any order. Objects are expected to be unique per kind, namespace and
+/// name (the loader replaces an earlier definition with a later one).
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    /// `apisix.apache.org/v2` ApisixRoutes.
+    pub apisix_routes: Vec<ApisixRoute>,
+    /// `apisix.apache.org/v2` ApisixUpstreams.
+    pub apisix_upstreams: Vec<ApisixUpstream>,
+    /// `v1` Services.
+    pub services: Vec<Service>,
+    /// `discovery.k8s.io/v1` EndpointSlices.
+    pub endpoint_slices: Vec<EndpointSlice>,
+    /// `v1` Secrets (plugin `secretRef`s).
+    pub secrets: Vec<Secret>,
+    /// `networking.k8s.io/v1` Ingresses. Loaded but not translated yet.
+    pub ingresses: Vec<Ingress>,
+    /// `networking.k8s.io/v1` IngressClasses. Loaded but not used yet.
+    pub ingress_classes: Vec<IngressClass>,
+}
+
+/// The text given to [`ClusterState::load_yaml`] is not YAML at all. Nothing was loaded from
+/// it; a caller reloading configuration should keep its last good state.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: not valid YAML: {source}")]
+pub struct YamlError {
+    /// Source name given to `load_yaml` (usually a file name).
+    pub file: String,
+    /// The parser's error, with line and column.
+    #[source]
+    pub source: serde_yaml::Error,
+}
+
+/// [`ClusterState::load_file`] failed as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadFileError {
+    /// The file could not be read.
+    #[error("{file}: cannot read: {source}")]
+    Read {
+        /// The path as given.
+        file: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not YAML.
+    #[error(transparent)]
+    Yaml(#[from] YamlError),
+}
+
+/// One document that could not be loaded; the other documents of the file still are.
+///
+/// Displays as
+/// `routes.yaml: document 3 (ApisixRoute default/bad): spec.http[0].match.exprs[0].op: unknown variant ...`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DocumentError {
+    /// Source name given to `load_yaml`.
+    pub file: String,
+    /// 1-based position of the document in the file (documents are separated by `---`;
+    /// empty documents count too).
+    pub document: usize,
+    /// 0-based index in `items` when the document is a `List`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub item: Option<usize>,
+    /// `kind` of the document, when readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    /// `metadata.namespace` (or `default`), when a name was readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    /// `metadata.name`, when readable.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// Path of the offending field, e.g. `spec.http[0].match.exprs[0].op`; `None` when the
+    /// problem is the document as a whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub field: Option<String>,
+    /// What is wrong.
+    pub reason: String,
+}
+
+impl fmt::Display for DocumentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: document {}", self.file, self.document)?;
+        if let Some(item) = self.item {
+            write!(f, " item {item}")?;
+        }
+        match (&self.kind, &self.name) {
+            (Some(kind), Some(name)) => {
+                let ns = self.namespace.as_deref().unwrap_or(DEFAULT_NAMESPACE);
+                write!(f, " ({kind} {ns}/{name})")?;
+            }
+            (Some(kind), None) => write!(f, " ({kind})")?,
+            _ => {}
+        }
+        f.write_str(": ")?;
+        if let Some(field) = &self.field {
+            write!(f, "{field}: ")?;
+        }
+        f.write_str(&self.reason)
+    }
+}
+
+impl std::error::Error for DocumentError {}
+
+/// What [`ClusterState::load_yaml`] did with a file.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct LoadReport {
+    /// Number of objects added to (or replaced in) the state.
+    pub loaded: usize,
+    /// Documents that could not be loaded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<DocumentError>,
+    /// Informational lines: skipped kinds, replaced duplicates. Worth logging, not errors.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+/// Where a document sits, for messages.
+#[derive(Clone, Copy)]
+struct DocPos<'a> {
+    file: &'a str,
+    document: usize,
+    item: Option<usize>,
+}
+
+impl DocPos<'_> {
+    fn label(&self) -> String {
+        match self.item {
+            Some(item) => format!("{}: document {} item {item}", self.file, self.document),
+            None => format!("{}: document {}", self.file, self.document),
+        }
+    }
+}
+
+/// The kinds the loader understands.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum KnownKind {
+    ApisixRoute,
+    ApisixUpstream,
+    Service,
+    EndpointSlice,
+    Secret,
+    Ingress,
+    IngressClass,
+}
+
+impl KnownKind {
+    /// The kind for `apiVersion`/`kind`; `Err` with a reason for a known kind at the wrong
+    /// version, `Ok(None)` for kinds Sluice does not use.
+    fn from_type(api_version: &str, kind: &str) -> Result<Option<Self>, String> {
+        let (group, version) = match api_version.rsplit_once('/') {
+            Some((g, v)) => (g, v),
+            None => ("", api_version),
+        };
+        let (known, want_group, want_version) = match kind {
+            "ApisixRoute" => (Self::ApisixRoute, sluice_crds::GROUP, sluice_crds::VERSION),
+            "ApisixUpstream" => (
+                Self::ApisixUpstream,
+                sluice_crds::GROUP,
+                sluice_crds::VERSION,
+            ),
+            "Service" => (Self::Service, "", "v1"),
+            "Secret" => (Self::Secret, "", "v1"),
+            "EndpointSlice" => (Self::EndpointSlice, "discovery.k8s.io", "v1"),
+            "Ingress" => (Self::Ingress, "networking.k8s.io", "v1"),
+            "IngressClass" => (Self::IngressClass, "networking.k8s.io", "v1"),
+            _ => return Ok(None),
+        };
+        if group != want_group {
+            // Same kind name in another API group (e.g. a Knative `Service`): not ours.
+            return Ok(None);
+        }
+        if version != want_version {
+            let want = if want_group.is_empty() {
+                want_version.to_owned()
+            } else {
+                format!("{want_group}/{want_version}")
+            };
+            return Err(format!(
+                "apiVersion {api_version:?} is not supported for {kind}; use {want:?}"
+            ));
+        }
+        Ok(Some(known))
+    }
+}
+
+/// The object's `metadata`, defaulting the namespace; `Err` when the name is missing.
+fn fix_meta(meta: &mut ObjectMeta) -> Result<(), String> {
+    if meta.name.as_deref().is_none_or(str::is_empty) {
+        return Err("metadata.name is required".into());
+    }
+    if meta.namespace.as_deref().is_none_or(str::is_empty) {
+        meta.namespace = Some(DEFAULT_NAMESPACE.to_owned());
+    }
+    Ok(())
+}
+
+fn same_object(a: &ObjectMeta, b: &ObjectMeta) -> bool {
+    a.name == b.name && a.namespace == b.namespace
+}
+
+/// Adds `obj` to `list`, replacing an object with the same namespace and name. Returns
+/// whether one was replaced.
+fn upsert<T: Resource>(list: &mut Vec<T>, obj: T) -> bool {
+    if let Some(slot) = list.iter_mut().find(|o| same_object(o.meta(), obj.meta())) {
+        *slot = obj;
+        true
+    } else {
+        list.push(obj);
+        false
+    }
+}
+
+/// Reads `metadata.name` / `metadata.namespace` from an untyped document, for messages.
+fn untyped_name(doc: &serde_yaml::Value) -> (Option<String>, Option<String>) {
+    let meta = doc.get("metadata");
+    let get = |key: &str| {
+        meta.and_then(|m| m.get(key))
+            .and_then(serde_yaml::Value::as_str)
+            .map(str::to_owned)
+    };
+    let name = get("name");
+    let namespace = name
+        .as_ref()
+        .map(|_| get("namespace").unwrap_or_else(|| DEFAULT_NAMESPACE.to_owned()));
+    (namespace, name)
+}
+
+impl ClusterState {
+    /// An empty state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Loads every document of a (multi-document) YAML text, as `kubectl apply -f` would.
+    ///
+    /// `source` names the text in messages (usually the file name). Each document is
+    /// dispatched on `apiVersion`/`kind` and parsed on its own, so a bad document yields a
+    /// [`DocumentError`] naming the field, and the other documents still load. Kinds Sluice
+    /// does not use (Deployments, Namespaces, ...) are skipped with a note; `List` documents
+    /// are unpacked. A missing `metadata.namespace` means `default`. An object with the same
+    /// kind, namespace and name as one already loaded replaces it (with a note).
+    ///
+    /// # Errors
+    ///
+    /// [`YamlError`] when the text is not YAML at all; the state is then left unchanged.
+    pub fn load_yaml(&mut self, source: &str, text: &str) -> Result<LoadReport, YamlError> {
+        // Parse the whole stream first, so a syntax error anywhere changes nothing.
+        let mut docs = Vec::new();
+        for de in serde_yaml::Deserializer::from_str(text) {
+            let value = serde_yaml::Value::deserialize(de).map_err(|err| YamlError {
+                file: source.to_owned(),
+                source: err,
+            })?;
+            docs.push(value);
+        }
+        let mut report = LoadReport::default();
+        for (i, doc) in docs.into_iter().enumerate() {
+            let pos = DocPos {
+                file: source,
+                document: i + 1,
+                item: None,
+            };
+            self.load_document(pos, doc, &mut report);
+        }
+        Ok(report)
+    }
+
+    /// Loads one YAML file from disk with [`ClusterState::load_yaml`]; the source name is the
+    /// path as given.
+    ///
+    /// # Errors
+    ///
+    /// [`LoadFileError::Read`] when the file cannot be read, [`LoadFileError::Yaml`] when it is
+    /// not YAML; the state is then left unchanged.
+    pub fn load_file(&mut self, path: &std::path::Path) -> Result<LoadReport, LoadFileError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| LoadFileError::Read {
+            file: name.clone(),
+            source,
+        })?;
+        Ok(self.load_yaml(&name, &text)?)
+    }
+
+    fn load_document(&mut self, pos: DocPos<'_>, doc: serde_yaml::Value, report: &mut LoadReport) {
+        if doc.is_null() {
+            return; // An empty document (`---` at the end, or only comments).
+        }
+        let fail = |kind: Option<String>, field: Option<String>, reason: String| {
+            let (namespace, name) = untyped_name(&doc);
+            DocumentError {
+                file: pos.file.to_owned(),
+                document: pos.document,
+                item: pos.item,
+                kind,
+                namespace,
+                name,
+                field,
+                reason,
+            }
+        };
+        if !doc.is_mapping() {
+            report.errors.push(fail(
+                None,
+                None,
+                "expected a Kubernetes object (a mapping with apiVersion and kind)".into(),
+            ));
+            return;
+        }
+        let kind = doc.get("kind").and_then(serde_yaml::Value::as_str);
+        let api_version = doc.get("apiVersion").and_then(serde_yaml::Value::as_str);
+        let (Some(kind), Some(api_version)) = (kind, api_version) else {
+            let missing = if kind.is_none() { "kind" } else { "apiVersion" };
+            report.errors.push(fail(
+                kind.map(str::to_owned),
+                Some(missing.to_owned()),
+                "required (a string)".into(),
+            ));
+            return;
+        };
+        let kind = kind.to_owned();
+
+        if kind == "List" || kind.ends_with("List") && doc.get("items").is_some() {
+            if pos.item.is_some() {
+                report.errors.push(fail(
+                    Some(kind),
+                    None,
+                    "a List inside a List is not supported".into(),
+                ));
+                return;
+            }
+            let items = match doc.get("items") {
+                Some(serde_yaml::Value::Sequence(items)) => items.clone(),
+                Some(serde_yaml::Value::Null) | None => Vec::new(),
+                Some(_) => {
+                    report.errors.push(fail(
+                        Some(kind),
+                        Some("items".into()),
+                        "expected a list of objects".into(),
+                    ));
+                    return;
+                }
+            };
+            for (j, item) in items.into_iter().enumerate() {
+                let pos = DocPos {
+                    item: Some(j),
+                    ..pos
+                };
+                self.load_document(pos, item, report);
+            }
+            return;
+        }
+
+        let known = match KnownKind::from_type(api_version, &kind) {
+            Ok(Some(k)) => k,
+            Ok(None) => {
+                let (ns, name) = untyped_name(&doc);
+                let what = match (ns, name) {
+                    (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
+                    _ => kind.clone(),
+                };
+                report.notes.push(format!(
+                    "{}: skipped {what} ({api_version} {kind} is not used by Sluice)",
+                    pos.label()
+                ));
+                return;
+            }
+            Err(reason) => {
+                report
+                    .errors
+                    .push(fail(Some(kind), Some("apiVersion".into()), reason));
+                return;
+            }
+        };
+
+        let result = match known {
+            KnownKind::ApisixRoute => add(&doc, &mut self.apisix_routes),
+            KnownKind::ApisixUpstream => add(&doc, &mut self.apisix_upstreams),
+            KnownKind::Service => add(&doc, &mut self.services),
+            KnownKind::EndpointSlice => add(&doc, &mut self.endpoint_slices),
+            KnownKind::Secret => add(&doc, &mut self.secrets),
+            KnownKind::Ingress => add(&doc, &mut self.ingresses),
+            KnownKind::IngressClass => add(&doc, &mut self.ingress_classes),
+        };
+        match result {
+            Ok(Added { replaced, ns, name }) => {
+                report.loaded += 1;
+                if replaced {
+                    report.notes.push(format!(
+                        "{}: {kind} {ns}/{name} replaces an earlier definition",
+                        pos.label()
+                    ));
+                }
+            }
+            Err((field, reason)) => report.errors.push(fail(Some(kind), field, reason)),
+        }
+    }
+}
+
+/// An object added by [`add`].
+struct Added {
+    replaced: bool,
+    ns: String,
+    name: String,
+}
+
+/// Parses `doc` as `T`, defaults its namespace and upserts it; on failure the field path (if
+/// any) and the reason.
+fn add<T: DeserializeOwned + Resource>(
+    doc: &serde_yaml::Value,
+    list: &mut Vec<T>,
+) -> Result<Added, (Option<String>, String)> {
+    let mut obj: T = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != "." && !path.is_empty()).then_some(path);
+        (field, e.into_inner().to_string())
+    })?;
+    fix_meta(obj.meta_mut()).map_err(|r| (Some("metadata.name".to_owned()), r))?;
+    let ns = obj.meta().namespace.clone().unwrap_or_default();
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let replaced = upsert(list, obj);
+    Ok(Added { replaced, ns, name })
+}
