@@ -15,6 +15,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod router;
 pub mod server;
+pub mod standalone;
 pub mod store;
 pub mod table;
 pub mod upstream;

@@ -1,1 +1,113 @@
-fn main() {}
+//! `sluice-dataplane`: parses flags and wires the dataplane library together.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use sluice_dataplane::{admin, server, standalone, store::Store};
+
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Sluice dataplane: proxies HTTP traffic by the routes of a snapshot, taken from YAML files
+/// (standalone mode) or from the Sluice controller.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+struct Args {
+    /// Standalone mode: a YAML file or directory with ApisixRoute, ApisixUpstream, Service,
+    /// EndpointSlice and Secret documents, as for `kubectl apply`. Reloaded on change.
+    #[arg(long, value_name = "PATH", conflicts_with = "controller")]
+    standalone: Option<PathBuf>,
+    /// Controller mode: the gRPC address of sluice-controller.
+    #[arg(long, value_name = "URL")]
+    controller: Option<String>,
+    /// Plain-HTTP listener (HTTP/1.1 and h2c).
+    #[arg(long, default_value = "0.0.0.0:9080")]
+    listen_http: SocketAddr,
+    /// HTTPS listener.
+    #[arg(long, default_value = "0.0.0.0:9443")]
+    listen_https: SocketAddr,
+    /// Admin listener: /healthz, /readyz, /snapshot, /metrics.
+    #[arg(long, default_value = "127.0.0.1:9091")]
+    admin: SocketAddr,
+    /// Worker threads; each has its own runtime and listener. Default: number of CPUs.
+    #[arg(long)]
+    workers: Option<usize>,
+    /// Most open downstream connections per worker.
+    #[arg(long, default_value_t = 10_000)]
+    max_connections: usize,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
+
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logs(args.log_format);
+    let Some(path) = args.standalone.clone() else {
+        anyhow::bail!("controller mode is not available yet; run with --standalone PATH");
+    };
+    let workers = args.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let store = Arc::new(Store::new()?);
+
+    // One small runtime for the admin listener and the configuration source.
+    let control = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let admin_listener = control
+        .block_on(tokio::net::TcpListener::bind(args.admin))
+        .with_context(|| format!("binding admin listener {}", args.admin))?;
+
+    // Serve the first configuration before opening the traffic port.
+    let mut version = 1;
+    standalone::reload(&path, &store, &mut version);
+
+    let limits = server::Limits { max_connections: args.max_connections, ..Default::default() };
+    let handles = server::spawn_workers(args.listen_http, workers, Arc::clone(&store), limits)
+        .with_context(|| format!("binding {}", args.listen_http))?;
+    tracing::info!(http = %args.listen_http, admin = %args.admin, workers, source = %path.display(), "sluice-dataplane serving");
+
+    control.block_on(async move {
+        tokio::spawn(admin::serve(admin_listener, Arc::clone(&store)));
+        tokio::spawn(standalone::watch(path, store, version));
+        shutdown_signal().await;
+    });
+    tracing::info!("shutting down");
+    drop(handles);
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(s) => s,
+            Err(_) => return ctrl_c.await.unwrap_or(()),
+        };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}

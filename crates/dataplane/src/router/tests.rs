@@ -931,3 +931,28 @@ fn many_routes_each_reachable() {
         );
     }
 }
+
+#[test]
+fn router_can_be_shared_across_worker_threads() {
+    fn shared<T: Send + Sync + 'static>(_: &T) {}
+    let t = table(&[route("a").path("/")]);
+    shared(&t.router);
+    let router = std::sync::Arc::new(t.router);
+    let r2 = std::sync::Arc::clone(&router);
+    let found = std::thread::spawn(move || {
+        let (m, h) = (Method::GET, HeaderMap::new());
+        r2.lookup(&RequestInfo {
+            method: &m,
+            host: None,
+            path: "/",
+            query: None,
+            headers: &h,
+            remote_addr: "127.0.0.1:1".parse().unwrap(),
+            local_addr: "127.0.0.1:2".parse().unwrap(),
+            scheme: "http",
+        })
+    })
+    .join()
+    .unwrap();
+    assert_eq!(found, Some(0));
+}

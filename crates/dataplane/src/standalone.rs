@@ -1,0 +1,170 @@
+//! Standalone mode: the same translate pipeline as the controller, fed from YAML files
+//! (a file or a directory of `*.yaml`/`*.yml`), reloaded when they change.
+//!
+//! - A file that is not YAML leaves the last good configuration live.
+//! - A document that is YAML but not a valid object is left out; the others load.
+//! - An object that translation rejects is left out with a message naming its field.
+//!
+//! Changes are found by polling file metadata every 250 ms, which also works for editors that
+//! replace files and for ConfigMap volumes that swap symlinks.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use sluice_translate::status::ConditionStatus;
+use sluice_translate::{ClusterState, Options, translate};
+
+use crate::store::Store;
+
+/// How often the source is checked for changes.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Why a configuration source could not be read as a whole.
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    /// A file or directory could not be read.
+    #[error("{path}: {source}")]
+    Io {
+        /// The path.
+        path: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A file is not valid YAML.
+    #[error("{0}")]
+    Yaml(String),
+}
+
+/// The outcome of reading the configuration files once.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    /// Objects read.
+    pub state: ClusterState,
+    /// Documents left out, each with file, object, field and reason.
+    pub rejected: Vec<String>,
+}
+
+/// Lists the YAML files of `path` (itself if a file), sorted, skipping hidden entries.
+pub fn list_files(path: &Path) -> Result<Vec<PathBuf>, SourceError> {
+    let io = |source| SourceError::Io { path: path.display().to_string(), source };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.is_file() {
+        return Ok(vec![path.to_path_buf()]);
+    }
+    let mut files = Vec::new();
+    let mut dirs = vec![path.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| SourceError::Io { path: dir.display().to_string(), source })?;
+        for entry in entries.flatten() {
+            let p = entry.path();
+            let name = entry.file_name();
+            if name.to_string_lossy().starts_with('.') {
+                continue;
+            }
+            if p.is_dir() {
+                dirs.push(p);
+            } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+                files.push(p);
+            }
+        }
+    }
+    files.sort();
+    Ok(files)
+}
+
+/// Reads every file of `path` into a [`ClusterState`].
+pub fn load(path: &Path) -> Result<Loaded, SourceError> {
+    let mut loaded = Loaded::default();
+    for file in list_files(path)? {
+        let text = std::fs::read_to_string(&file).map_err(|source| SourceError::Io { path: file.display().to_string(), source })?;
+        let name = file.display().to_string();
+        let report = loaded.state.load_yaml(&name, &text).map_err(|e| SourceError::Yaml(e.to_string()))?;
+        for note in &report.notes {
+            tracing::info!(note = %note, "configuration note");
+        }
+        loaded.rejected.extend(report.errors.into_iter().map(|e| e.to_string()));
+    }
+    Ok(loaded)
+}
+
+/// A fingerprint of the files' metadata; a change means a reload.
+fn fingerprint(path: &Path) -> Vec<(PathBuf, u64, Option<SystemTime>)> {
+    let files = list_files(path).unwrap_or_default();
+    files
+        .into_iter()
+        .map(|f| {
+            let meta = std::fs::metadata(&f).ok();
+            let len = meta.as_ref().map(|m| m.len()).unwrap_or(0);
+            let mtime = meta.and_then(|m| m.modified().ok());
+            (f, len, mtime)
+        })
+        .collect()
+}
+
+/// Loads `path` once and applies it to `store` if it differs from what is served.
+/// Returns whether a new snapshot went live.
+pub fn reload(path: &Path, store: &Store, next_version: &mut u64) -> bool {
+    let loaded = match load(path) {
+        Ok(l) => l,
+        Err(e) => {
+            store.record_error(e.to_string());
+            return false;
+        }
+    };
+    let translation = translate(&loaded.state, &Options::default());
+    let mut rejected = loaded.rejected;
+    for object in &translation.status.objects {
+        for c in object.conditions.iter().filter(|c| c.status == ConditionStatus::False) {
+            let line = format!("{} {}/{}: {}: {}", object.kind.as_str(), object.namespace, object.name, c.reason, c.message);
+            if object.is_accepted() {
+                tracing::warn!(problem = %line, "object served with a problem");
+            } else {
+                rejected.push(line);
+            }
+        }
+    }
+    for r in &rejected {
+        tracing::warn!(rejected = %r, "object left out of the snapshot");
+    }
+    let hash = sluice_proto::content_hash(&translation.snapshot);
+    if store.state().hash == hash {
+        store.confirm_current(rejected);
+        return false;
+    }
+    let snapshot = sluice_proto::seal(translation.snapshot, *next_version);
+    match store.apply(snapshot, rejected) {
+        Ok(()) => {
+            tracing::info!(version = *next_version, %hash, "snapshot live");
+            *next_version += 1;
+            true
+        }
+        Err(_) => false,
+    }
+}
+
+/// Watches `path` and reloads on change, forever. `version` is the next snapshot version.
+pub async fn watch(path: PathBuf, store: Arc<Store>, mut version: u64) {
+    let mut seen = fingerprint(&path);
+    let mut tick = tokio::time::interval(POLL_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let now = fingerprint(&path);
+        if now != seen {
+            seen = now;
+            let path = path.clone();
+            let store = Arc::clone(&store);
+            // Translation and compilation run off the runtime's reactor thread.
+            let mut v = version;
+            let result = tokio::task::spawn_blocking(move || {
+                reload(&path, &store, &mut v);
+                v
+            })
+            .await;
+            if let Ok(v) = result {
+                version = v;
+            }
+        }
+    }
+}

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what the test suite needs on a fresh Debian machine; does nothing when present.
+set -euo pipefail
+
+need=()
+command -v curl >/dev/null || need+=(curl)
+command -v rustfmt >/dev/null || rustup component add rustfmt
+cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
+
+if [ ${#need[@]} -gt 0 ]; then
+    if [ "$(id -u)" -ne 0 ]; then SUDO=sudo; else SUDO=; fi
+    echo "==> installing Debian packages: ${need[*]}"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${need[@]}"
+fi

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The Sluice test command (README; .ci/run calls exactly this).
+# Installs what the tests need (idempotent, cached under ~/.cache/sluice), then runs
+# formatting and lint checks and the whole cargo test suite.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export SLUICE_CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
+mkdir -p "$SLUICE_CACHE"
+# Build outputs live outside the clone so a fresh clone reuses them; still correct when empty.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SLUICE_CACHE/target}"
+export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+
+scripts/install-test-deps.sh
+
+echo "==> cargo fmt --check"
+cargo fmt --all -- --check
+
+echo "==> cargo clippy (unwrap/expect are denied outside tests)"
+cargo clippy --workspace --all-targets --locked --quiet
+
+echo "==> cargo test"
+cargo test --workspace --locked
