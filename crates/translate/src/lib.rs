@@ -231,6 +231,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             routes: ids,
         });
     }
+    unsupported_kinds(state, opts, &mut status);
     status.sort();
 
     Translation {
@@ -241,5 +242,48 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             upstreams: upstreams.into_values().collect(),
         },
         status,
+    }
+}
+
+/// Objects of kinds that are loaded but not translated yet get `Accepted=False`, so a user
+/// sees that e.g. their ApisixTls has no effect instead of assuming it is served.
+fn unsupported_kinds(state: &ClusterState, opts: &Options, status: &mut StatusReport) {
+    let mut push = |kind: ObjectKind, meta: &ObjectMeta, class: Option<&str>| {
+        if !class_selected(class, opts) {
+            return;
+        }
+        let (ns, name) = key(meta);
+        status.objects.push(ObjectStatus {
+            kind,
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            generation: meta.generation,
+            conditions: vec![Condition::new(
+                status::CONDITION_ACCEPTED,
+                ConditionStatus::False,
+                status::REASON_UNSUPPORTED,
+                format!("{kind} is not supported by Sluice yet; this object has no effect"),
+            )],
+            routes: Vec::new(),
+        });
+    };
+    for o in &state.apisix_tlses {
+        push(
+            ObjectKind::ApisixTls,
+            &o.metadata,
+            o.spec.ingress_class_name.as_deref(),
+        );
+    }
+    for o in &state.apisix_plugin_configs {
+        let class = o.spec.ingress_class_name.as_deref();
+        push(ObjectKind::ApisixPluginConfig, &o.metadata, class);
+    }
+    for o in &state.apisix_consumers {
+        let class = o.spec.ingress_class_name.as_deref();
+        push(ObjectKind::ApisixConsumer, &o.metadata, class);
+    }
+    for o in &state.apisix_global_rules {
+        let class = o.spec.ingress_class_name.as_deref();
+        push(ObjectKind::ApisixGlobalRule, &o.metadata, class);
     }
 }

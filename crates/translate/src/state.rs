@@ -10,7 +10,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use sluice_crds::{ApisixRoute, ApisixUpstream};
+use sluice_crds::{
+    ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
+};
 
 /// Namespace of an object whose `metadata.namespace` is unset, as `kubectl apply` assumes.
 pub const DEFAULT_NAMESPACE: &str = "default";
@@ -27,6 +29,15 @@ pub struct ClusterState {
     pub apisix_routes: Vec<ApisixRoute>,
     /// `apisix.apache.org/v2` ApisixUpstreams.
     pub apisix_upstreams: Vec<ApisixUpstream>,
+    /// `apisix.apache.org/v2` ApisixTlses. Loaded but not translated yet.
+    pub apisix_tlses: Vec<ApisixTls>,
+    /// `apisix.apache.org/v2` ApisixPluginConfigs. Loaded but not translated yet (a rule
+    /// naming one is rejected).
+    pub apisix_plugin_configs: Vec<ApisixPluginConfig>,
+    /// `apisix.apache.org/v2` ApisixConsumers. Loaded but not translated yet.
+    pub apisix_consumers: Vec<ApisixConsumer>,
+    /// `apisix.apache.org/v2` ApisixGlobalRules. Loaded but not translated yet.
+    pub apisix_global_rules: Vec<ApisixGlobalRule>,
     /// `v1` Services.
     pub services: Vec<Service>,
     /// `discovery.k8s.io/v1` EndpointSlices.
@@ -159,6 +170,10 @@ impl DocPos<'_> {
 enum KnownKind {
     ApisixRoute,
     ApisixUpstream,
+    ApisixTls,
+    ApisixPluginConfig,
+    ApisixConsumer,
+    ApisixGlobalRule,
     Service,
     EndpointSlice,
     Secret,
@@ -174,18 +189,19 @@ impl KnownKind {
             Some((g, v)) => (g, v),
             None => ("", api_version),
         };
-        let (known, want_group, want_version) = match kind {
-            "ApisixRoute" => (Self::ApisixRoute, sluice_crds::GROUP, sluice_crds::VERSION),
-            "ApisixUpstream" => (
-                Self::ApisixUpstream,
-                sluice_crds::GROUP,
-                sluice_crds::VERSION,
-            ),
-            "Service" => (Self::Service, "", "v1"),
-            "Secret" => (Self::Secret, "", "v1"),
-            "EndpointSlice" => (Self::EndpointSlice, "discovery.k8s.io", "v1"),
-            "Ingress" => (Self::Ingress, "networking.k8s.io", "v1"),
-            "IngressClass" => (Self::IngressClass, "networking.k8s.io", "v1"),
+        let apisix = (sluice_crds::GROUP, sluice_crds::VERSION);
+        let (known, (want_group, want_version)) = match kind {
+            "ApisixRoute" => (Self::ApisixRoute, apisix),
+            "ApisixUpstream" => (Self::ApisixUpstream, apisix),
+            "ApisixTls" => (Self::ApisixTls, apisix),
+            "ApisixPluginConfig" => (Self::ApisixPluginConfig, apisix),
+            "ApisixConsumer" => (Self::ApisixConsumer, apisix),
+            "ApisixGlobalRule" => (Self::ApisixGlobalRule, apisix),
+            "Service" => (Self::Service, ("", "v1")),
+            "Secret" => (Self::Secret, ("", "v1")),
+            "EndpointSlice" => (Self::EndpointSlice, ("discovery.k8s.io", "v1")),
+            "Ingress" => (Self::Ingress, ("networking.k8s.io", "v1")),
+            "IngressClass" => (Self::IngressClass, ("networking.k8s.io", "v1")),
             _ => return Ok(None),
         };
         if group != want_group {
@@ -209,7 +225,7 @@ impl KnownKind {
 /// The object's `metadata`, defaulting the namespace; `Err` when the name is missing.
 fn fix_meta(meta: &mut ObjectMeta) -> Result<(), String> {
     if meta.name.as_deref().is_none_or(str::is_empty) {
-        return Err("metadata.name is required".into());
+        return Err("required".into());
     }
     if meta.namespace.as_deref().is_none_or(str::is_empty) {
         meta.namespace = Some(DEFAULT_NAMESPACE.to_owned());
@@ -398,6 +414,10 @@ impl ClusterState {
         let result = match known {
             KnownKind::ApisixRoute => add(&doc, &mut self.apisix_routes),
             KnownKind::ApisixUpstream => add(&doc, &mut self.apisix_upstreams),
+            KnownKind::ApisixTls => add(&doc, &mut self.apisix_tlses),
+            KnownKind::ApisixPluginConfig => add(&doc, &mut self.apisix_plugin_configs),
+            KnownKind::ApisixConsumer => add(&doc, &mut self.apisix_consumers),
+            KnownKind::ApisixGlobalRule => add(&doc, &mut self.apisix_global_rules),
             KnownKind::Service => add(&doc, &mut self.services),
             KnownKind::EndpointSlice => add(&doc, &mut self.endpoint_slices),
             KnownKind::Secret => add(&doc, &mut self.secrets),
@@ -442,4 +462,161 @@ fn add<T: DeserializeOwned + Resource>(
     let name = obj.meta().name.clone().unwrap_or_default();
     let replaced = upsert(list, obj);
     Ok(Added { replaced, ns, name })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    const GOOD_ROUTE: &str = "\
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {name: good}
+spec:
+  http:
+    - name: r
+      match: {paths: [/]}
+      backends: [{serviceName: svc, servicePort: 80}]
+";
+
+    fn route_names(s: &ClusterState) -> Vec<String> {
+        s.apisix_routes
+            .iter()
+            .map(|r| {
+                format!(
+                    "{}/{}",
+                    r.metadata.namespace.as_deref().unwrap_or("?"),
+                    r.metadata.name.as_deref().unwrap_or("?")
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn one_bad_document_keeps_the_others_and_names_the_field() {
+        let text = format!(
+            "{GOOD_ROUTE}---
+apiVersion: v1
+kind: Service
+metadata: {{name: svc, namespace: web}}
+spec: {{ports: [{{port: 80}}]}}
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: bad, namespace: web}}
+spec:
+  http:
+    - name: r
+      match:
+        paths: [/]
+        exprs:
+          - subject: {{scope: Header, name: X-A}}
+            op: Bogus
+            value: x
+      backends: [{{serviceName: svc, servicePort: 80}}]
+"
+        );
+        let mut state = ClusterState::new();
+        let report = state.load_yaml("routes.yaml", &text).unwrap();
+        assert_eq!(report.loaded, 2);
+        assert_eq!(route_names(&state), ["default/good"]);
+        assert_eq!(state.services.len(), 1);
+        assert_eq!(report.errors.len(), 1, "{report:?}");
+        let e = &report.errors[0];
+        assert_eq!(e.document, 3);
+        assert_eq!(e.field.as_deref(), Some("spec.http[0].match.exprs[0].op"));
+        let shown = e.to_string();
+        assert!(
+            shown.starts_with(
+                "routes.yaml: document 3 (ApisixRoute web/bad): \
+                 spec.http[0].match.exprs[0].op: unknown variant `Bogus`, expected one of "
+            ),
+            "{shown}"
+        );
+    }
+
+    #[test]
+    fn text_that_is_not_yaml_changes_nothing() {
+        let mut state = ClusterState::new();
+        state.load_yaml("a.yaml", GOOD_ROUTE).unwrap();
+        // The second document is broken: nothing of the file may be loaded.
+        let broken = "apiVersion: v1\nkind: Service\nmetadata: {name: x}\n---\nkey: [unclosed\n";
+        let err = state.load_yaml("b.yaml", broken).unwrap_err();
+        assert!(
+            err.to_string().starts_with("b.yaml: not valid YAML: "),
+            "{err}"
+        );
+        assert!(state.services.is_empty());
+        assert_eq!(route_names(&state), ["default/good"]);
+    }
+
+    #[test]
+    fn namespace_defaults_and_later_definitions_replace_earlier_ones() {
+        let mut state = ClusterState::new();
+        let r1 = state.load_yaml("a.yaml", GOOD_ROUTE).unwrap();
+        assert!(r1.notes.is_empty());
+        let changed = GOOD_ROUTE.replace("paths: [/]", "paths: [/new]");
+        let r2 = state
+            .load_yaml("b.yaml", &format!("---\n\n---\n{changed}"))
+            .unwrap();
+        assert_eq!(route_names(&state), ["default/good"]);
+        assert_eq!(state.apisix_routes[0].spec.http[0].match_.paths, ["/new"]);
+        // Empty documents count in the numbering but are not errors.
+        assert_eq!(
+            r2.notes,
+            ["b.yaml: document 2: ApisixRoute default/good replaces an earlier definition"]
+        );
+        assert!(r2.errors.is_empty());
+    }
+
+    #[test]
+    fn unknown_kinds_are_skipped_and_lists_unpacked() {
+        let text = "\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: web, namespace: shop}
+---
+apiVersion: serving.knative.dev/v1
+kind: Service
+metadata: {name: kn}
+---
+apiVersion: v1
+kind: List
+items:
+  - apiVersion: v1
+    kind: Secret
+    metadata: {name: s}
+    stringData: {a: b}
+  - apiVersion: v1
+    kind: Secret
+    metadata: {}
+";
+        let mut state = ClusterState::new();
+        let report = state.load_yaml("x.yaml", text).unwrap();
+        assert_eq!(report.loaded, 1);
+        assert_eq!(state.secrets.len(), 1);
+        assert!(
+            state.services.is_empty(),
+            "a Knative Service is not a v1 Service"
+        );
+        assert_eq!(report.notes.len(), 2, "{:?}", report.notes);
+        assert!(report.notes[0].contains("skipped Deployment shop/web"));
+        assert_eq!(
+            report.errors[0].to_string(),
+            "x.yaml: document 3 item 1 (Secret): metadata.name: required"
+        );
+    }
+
+    #[test]
+    fn a_document_without_kind_is_an_error() {
+        let mut state = ClusterState::new();
+        let report = state
+            .load_yaml("x.yaml", "apiVersion: v1\nmetadata: {name: a}\n")
+            .unwrap();
+        assert_eq!(
+            report.errors[0].to_string(),
+            "x.yaml: document 1: kind: required (a string)"
+        );
+    }
 }

@@ -13,6 +13,9 @@ pub use sluice_crds::REASON_ACCEPTED;
 /// `Accepted` reason when the spec is invalid; the message names the field.
 pub use sluice_crds::REASON_INVALID_SPEC;
 
+/// `Accepted` reason for kinds Sluice loads but does not translate yet.
+pub const REASON_UNSUPPORTED: &str = "Unsupported";
+
 /// Condition type saying whether every reference (Service, port, subset, ExternalName
 /// Service) of an accepted object was found.
 pub const CONDITION_RESOLVED_REFS: &str = "ResolvedRefs";
@@ -32,6 +35,14 @@ pub enum ObjectKind {
     ApisixRoute,
     /// `apisix.apache.org/v2` ApisixUpstream.
     ApisixUpstream,
+    /// `apisix.apache.org/v2` ApisixTls.
+    ApisixTls,
+    /// `apisix.apache.org/v2` ApisixPluginConfig.
+    ApisixPluginConfig,
+    /// `apisix.apache.org/v2` ApisixConsumer.
+    ApisixConsumer,
+    /// `apisix.apache.org/v2` ApisixGlobalRule.
+    ApisixGlobalRule,
 }
 
 impl ObjectKind {
@@ -40,6 +51,10 @@ impl ObjectKind {
         match self {
             Self::ApisixRoute => "ApisixRoute",
             Self::ApisixUpstream => "ApisixUpstream",
+            Self::ApisixTls => "ApisixTls",
+            Self::ApisixPluginConfig => "ApisixPluginConfig",
+            Self::ApisixConsumer => "ApisixConsumer",
+            Self::ApisixGlobalRule => "ApisixGlobalRule",
         }
     }
 }

@@ -449,8 +449,8 @@ pub(crate) fn service_upstream(
                 REASON_UNSUPPORTED_REF,
                 format!("{field}.subset"),
                 format!(
-                    "subset {subset:?} selects Pods by label, which Sluice does not resolve yet; \
-                     the upstream has no endpoints"
+                    "subset {subset:?} selects Pods by label, which Sluice does not resolve yet \
+                     (the upstream has no endpoints)"
                 ),
             );
         } else {
@@ -504,7 +504,9 @@ pub(crate) fn service_upstream(
                 problems.unresolved(
                     REASON_BACKEND_NOT_FOUND,
                     format!("{field}.resolveGranularity"),
-                    format!("Service {ns}/{name} has no clusterIP"),
+                    format!(
+                        "Service {ns}/{name} has no clusterIP (resolveGranularity: service needs one)"
+                    ),
                 );
             }
             up.endpoints = ips
