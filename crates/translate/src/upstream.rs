@@ -463,21 +463,27 @@ pub(crate) fn service_upstream(
         return Some(up);
     }
 
-    // Both conversions succeed: the port is checked or comes from a parsed Service.
-    let port_u32 = u32::try_from(port_number).unwrap_or(0);
+    // NB: standalone YAML skips the API server's validation, so a Service port may be 0 or
+    // too large; an endpoint with it would make the dataplane reject the whole snapshot.
+    let Some(port_u32) = u32::try_from(port_number)
+        .ok()
+        .filter(|p| (1..=65535).contains(p))
+    else {
+        problems.unresolved(
+            REASON_BACKEND_NOT_FOUND,
+            format!("{field}.servicePort"),
+            format!("Service {ns}/{name} port {port_number} is not a port number (1-65535)"),
+        );
+        return Some(up);
+    };
     let spec = svc.spec.as_ref();
     if is_external {
         match external_name_of(idx, ns, name) {
-            Ok(host) if (1..=65535).contains(&port_u32) => up.endpoints.push(v1::Endpoint {
+            Ok(host) => up.endpoints.push(v1::Endpoint {
                 host,
                 port: port_u32,
                 weight: ENDPOINT_WEIGHT,
             }),
-            Ok(_) => problems.unresolved(
-                REASON_BACKEND_NOT_FOUND,
-                format!("{field}.servicePort"),
-                format!("Service {ns}/{name} port {port_number} is not a port number"),
-            ),
             Err(message) => problems.unresolved(
                 REASON_BACKEND_NOT_FOUND,
                 format!("{field}.serviceName"),

@@ -152,3 +152,55 @@ fn output_does_not_depend_on_input_order() {
         }
     }
 }
+
+/// What the dataplane checks when it compiles a snapshot (besides the match rules, which
+/// translate validates with the same rules): a snapshot that breaks one of these is NACKed
+/// whole, so translation must never produce one.
+#[test]
+fn snapshots_satisfy_the_dataplane_invariants() {
+    for (case, path) in cases() {
+        let input = std::fs::read_to_string(&path).unwrap();
+        let mut s = ClusterState::new();
+        s.load_yaml(&case, &input).unwrap();
+        let snap = translate(&s, &options(&input)).snapshot;
+
+        let route_ids: Vec<&str> = snap.routes.iter().map(|r| r.id.as_str()).collect();
+        let mut sorted = route_ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(route_ids, sorted, "{case}: route ids sorted and unique");
+        let up_ids: Vec<&str> = snap.upstreams.iter().map(|u| u.id.as_str()).collect();
+        let mut sorted = up_ids.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(up_ids, sorted, "{case}: upstream ids sorted and unique");
+
+        for r in &snap.routes {
+            assert!(!r.paths.is_empty(), "{case}: {} has no paths", r.id);
+            assert!(
+                r.backends.iter().any(|b| b.weight > 0),
+                "{case}: {} has no backend with a positive weight",
+                r.id
+            );
+            for b in &r.backends {
+                assert!(
+                    up_ids.binary_search(&b.upstream_id.as_str()).is_ok(),
+                    "{case}: {} names missing upstream {}",
+                    r.id,
+                    b.upstream_id
+                );
+            }
+        }
+        for u in &snap.upstreams {
+            for e in &u.endpoints {
+                assert!(
+                    !e.host.is_empty() && (1..=65535).contains(&e.port),
+                    "{case}: {} has endpoint {}:{}",
+                    u.id,
+                    e.host,
+                    e.port
+                );
+            }
+        }
+    }
+}
