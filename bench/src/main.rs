@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -10,7 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sluice_bench::duration::parse_duration;
 use sluice_bench::process;
 use sluice_bench::report::{self, BenchResult};
-use sluice_bench::runner::{self, Only, ProxyOptions};
+use sluice_bench::runner::{self, Only, ProxyOptions, UpstreamCpu};
 
 /// Whole-process benchmark: Sluice side by side with nginx (APISIX single-worker setup).
 #[derive(Debug, Parser)]
@@ -48,6 +49,9 @@ enum Cmd {
         /// How long a proxy may take to answer its first request correctly.
         #[arg(long, default_value = "20s", value_parser = parse_duration)]
         ready_timeout: Duration,
+        /// Core of the upstream nginx: with the proxy (APISIX 2-core setup), with wrk, or unpinned.
+        #[arg(long, value_enum, default_value = "proxy")]
+        upstream_cpu: UpstreamArg,
     },
     /// Print a side-by-side markdown table of two result files (B ÷ A ratios).
     Compare {
@@ -56,6 +60,13 @@ enum Cmd {
         /// Second result JSON (B), e.g. bench/results/latest-1-aarch64.json.
         b: PathBuf,
     },
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum UpstreamArg {
+    Proxy,
+    Wrk,
+    Any,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -70,8 +81,24 @@ fn workspace_root() -> PathBuf {
     manifest.parent().unwrap_or(manifest).to_owned()
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            if process::interrupted() {
+                // The signal thread is stopping the children and will exit
+                // with 130; the error is only a consequence of that.
+                std::thread::sleep(Duration::from_secs(30));
+                return ExitCode::from(130);
+            }
+            eprintln!("sluice-bench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Cmd::Proxy {
             scenario,
@@ -82,6 +109,7 @@ fn main() -> anyhow::Result<()> {
             only,
             results_dir,
             ready_timeout,
+            upstream_cpu,
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
             let workspace = workspace_root();
@@ -97,6 +125,11 @@ fn main() -> anyhow::Result<()> {
                 results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
                 workspace,
                 ready_timeout,
+                upstream_cpu: match upstream_cpu {
+                    UpstreamArg::Proxy => UpstreamCpu::Proxy,
+                    UpstreamArg::Wrk => UpstreamCpu::Wrk,
+                    UpstreamArg::Any => UpstreamCpu::Any,
+                },
             };
             let (result, written) = runner::run_proxy_bench(&opts)?;
             println!("{}", report::render_markdown(&result));

@@ -53,8 +53,11 @@ pub struct RunParams {
     pub connections: u32,
     /// Request path.
     pub path: String,
-    /// CPU the proxy and the upstream were pinned to, if pinning was possible.
+    /// CPU the proxy was pinned to, if pinning was possible.
     pub proxy_cpu: Option<usize>,
+    /// CPU the upstream nginx was pinned to (`None`: not pinned).
+    #[serde(default)]
+    pub upstream_cpu: Option<usize>,
     /// CPU wrk was pinned to, if pinning was possible.
     pub wrk_cpu: Option<usize>,
     /// Clock ticks per second used to convert /proc CPU times.
@@ -276,14 +279,31 @@ pub fn render_markdown(r: &BenchResult) -> String {
             ""
         }
     );
-    let pin = match (p.wrk_cpu, p.proxy_cpu) {
-        (Some(w), Some(x)) => format!("wrk on CPU {w}, proxy and upstream on CPU {x}"),
+    let pin = match (p.wrk_cpu, p.proxy_cpu, p.upstream_cpu) {
+        (Some(w), Some(x), Some(u)) if u == x => {
+            format!("wrk on CPU {w}, proxy and upstream on CPU {x}")
+        }
+        (Some(w), Some(x), Some(u)) => {
+            format!("wrk on CPU {w}, proxy on CPU {x}, upstream on CPU {u}")
+        }
+        (Some(w), Some(x), None) => {
+            format!("wrk on CPU {w}, proxy on CPU {x}, upstream not pinned")
+        }
         _ => "no CPU pinning (fewer than 2 CPUs)".into(),
     };
     let _ = writeln!(
         s,
-        "- load: `wrk -t{} -c{} -d{}s --latency {}` after a {}s warm-up; {}\n",
-        p.threads, p.connections, p.duration_s, p.path, p.warmup_s, pin
+        "- load: `wrk -t{} -c{} -d{}s --latency {}`, {}; {}\n",
+        p.threads,
+        p.connections,
+        p.duration_s,
+        p.path,
+        if p.warmup_s > 0.0 {
+            format!("after a {}s warm-up", p.warmup_s)
+        } else {
+            "no warm-up".to_owned()
+        },
+        pin
     );
     let _ = writeln!(
         s,
@@ -565,6 +585,7 @@ mod tests {
                 connections: 64,
                 path: "/hello".into(),
                 proxy_cpu: Some(0),
+                upstream_cpu: Some(0),
                 wrk_cpu: Some(1),
                 clk_tck: 100,
             },

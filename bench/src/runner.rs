@@ -34,6 +34,17 @@ pub enum Only {
     Sluice,
 }
 
+/// Where the upstream nginx runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamCpu {
+    /// On the proxy's core (default; the APISIX 2-core setup).
+    Proxy,
+    /// On wrk's core, leaving the proxy's core to the proxy alone.
+    Wrk,
+    /// Not pinned.
+    Any,
+}
+
 /// Options of the `proxy` command.
 #[derive(Debug, Clone)]
 pub struct ProxyOptions {
@@ -53,6 +64,8 @@ pub struct ProxyOptions {
     pub results_dir: PathBuf,
     /// How long a proxy may take to serve its first correct response.
     pub ready_timeout: Duration,
+    /// Placement of the upstream nginx.
+    pub upstream_cpu: UpstreamCpu,
 }
 
 /// Paths of the files a run wrote.
@@ -137,7 +150,6 @@ fn write_file(path: &Path, text: &str) -> Result<(), BenchError> {
 struct Bench<'a> {
     opts: &'a ProxyOptions,
     tools: Tools,
-    proxy_cpu: Option<usize>,
     wrk_cpu: Option<usize>,
     clk_tck: u64,
 }
@@ -147,12 +159,13 @@ impl Bench<'_> {
     fn start_nginx(
         &self,
         what: &str,
+        cpu: Option<usize>,
         dir: &TempDir,
         conf: &str,
         port: u16,
     ) -> Result<ProcessGuard, BenchError> {
         write_file(&dir.path().join("nginx.conf"), conf)?;
-        let cmd = pinned(self.proxy_cpu, &self.tools.nginx, &nginx::args(dir.path()));
+        let cmd = pinned(cpu, &self.tools.nginx, &nginx::args(dir.path()));
         let mut guard = ProcessGuard::spawn(what, cmd, &dir.path().join("stdout.log"))?;
         let ready = probe::wait_for_hello(port, PATH, self.opts.ready_timeout, || {
             match guard.try_exit_status() {
@@ -323,6 +336,11 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         eprintln!("sluice-bench: warning: fewer than 2 CPUs available, running without pinning");
     }
     let (proxy_cpu, wrk_cpu) = (cpus.map(|c| c.0), cpus.map(|c| c.1));
+    let upstream_cpu = match opts.upstream_cpu {
+        UpstreamCpu::Proxy => proxy_cpu,
+        UpstreamCpu::Wrk => wrk_cpu,
+        UpstreamCpu::Any => None,
+    };
     if probe::port_in_use(UPSTREAM_PORT) {
         return Err(BenchError::PortInUse {
             port: UPSTREAM_PORT,
@@ -344,13 +362,13 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
     let bench = Bench {
         opts,
         tools,
-        proxy_cpu,
         wrk_cpu,
         clk_tck,
     };
     let upstream_dir = TempDir::new("upstream")?;
     let upstream = bench.start_nginx(
         "upstream nginx",
+        upstream_cpu,
         &upstream_dir,
         &nginx::upstream_conf(upstream_dir.path(), UPSTREAM_PORT),
         UPSTREAM_PORT,
@@ -362,6 +380,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         let port = probe::free_port().map_err(|e| BenchError::io("bind", "127.0.0.1:0", e))?;
         let proxy = bench.start_nginx(
             "proxy nginx",
+            proxy_cpu,
             &dir,
             &nginx::proxy_conf(dir.path(), port, UPSTREAM_PORT),
             port,
@@ -428,6 +447,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             connections: WRK_CONNECTIONS,
             path: PATH.into(),
             proxy_cpu,
+            upstream_cpu,
             wrk_cpu,
             clk_tck,
         },

@@ -9,7 +9,9 @@ use sluice_bench::runner::{PATH, UPSTREAM_PORT};
 use sluice_bench::sluice::scenario_config;
 
 fn docs(scenario: u8) -> Vec<Value> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap();
     let text = std::fs::read_to_string(scenario_config(root, scenario)).unwrap();
     serde_yaml::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap())
@@ -48,7 +50,10 @@ fn check_common(docs: &[Value]) {
     assert_eq!(port["targetPort"], UPSTREAM_PORT);
 
     let slice = by_kind(docs, "discovery.k8s.io/v1", "EndpointSlice");
-    assert_eq!(slice["metadata"]["labels"]["kubernetes.io/service-name"], "upstream");
+    assert_eq!(
+        slice["metadata"]["labels"]["kubernetes.io/service-name"],
+        "upstream"
+    );
     assert_eq!(slice["endpoints"][0]["addresses"], json!(["127.0.0.1"]));
     assert_eq!(slice["endpoints"][0]["conditions"]["ready"], true);
     assert_eq!(slice["ports"][0]["port"], UPSTREAM_PORT);
@@ -83,7 +88,10 @@ fn scenario2_adds_limit_count_and_prometheus() {
     let mut without = d.clone();
     for doc in &mut without {
         if doc["kind"] == "ApisixRoute" {
-            doc["spec"]["http"][0].as_object_mut().unwrap().remove("plugins");
+            doc["spec"]["http"][0]
+                .as_object_mut()
+                .unwrap()
+                .remove("plugins");
         }
     }
     assert_eq!(without, docs(1));

@@ -1,0 +1,63 @@
+#!/bin/sh
+# Installs what the bench/ harness (sluice-bench) needs on Debian/Ubuntu:
+#   nginx (nginx-light)  upstream origin and baseline proxy
+#   wrk                  load generator
+#   taskset (util-linux) CPU pinning
+#   kill (procps)        stopping process groups
+#   getconf (libc-bin)   clock ticks per second
+# Idempotent: installs only what is missing, and runs `apt-get update` only
+# when something has to be installed. Run as root (or via sudo).
+set -eu
+
+missing=""
+on_path() { # like `command -v`, but ignores shell builtins such as kill
+    IFS_SAVE=$IFS; IFS=:
+    for dir in $PATH; do
+        if [ -x "$dir/$1" ] && [ ! -d "$dir/$1" ]; then IFS=$IFS_SAVE; return 0; fi
+    done
+    IFS=$IFS_SAVE
+    return 1
+}
+
+need() { # need COMMAND PACKAGE
+    if ! on_path "$1"; then
+        case " $missing " in
+            *" $2 "*) ;;
+            *) missing="$missing $2" ;;
+        esac
+    fi
+}
+
+need nginx nginx-light
+need wrk wrk
+need taskset util-linux
+need kill procps
+need getconf libc-bin
+
+if [ -z "$missing" ]; then
+    echo "install-bench-deps: nginx, wrk, taskset, kill and getconf are already installed"
+    exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then
+        SUDO=sudo
+    else
+        echo "install-bench-deps: need root to install:$missing" >&2
+        exit 1
+    fi
+else
+    SUDO=""
+fi
+
+echo "install-bench-deps: installing:$missing"
+$SUDO apt-get update
+# shellcheck disable=SC2086 # word splitting of the package list is intended
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends $missing
+
+# Debian's nginx package enables and starts a system-wide nginx on port 80.
+# The harness starts its own instances; the system one is not needed.
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet nginx 2>/dev/null; then
+    echo "install-bench-deps: note: a system nginx service is running (not used by the harness)"
+fi
+echo "install-bench-deps: done"
