@@ -65,7 +65,10 @@ impl ProxyError {
     /// Whether the same request could be retried on another endpoint without side effects
     /// upstream (nothing of the request reached the upstream application).
     pub fn retryable(&self) -> bool {
-        matches!(self, ProxyError::Connect { .. } | ProxyError::ConnectTimeout(_))
+        matches!(
+            self,
+            ProxyError::Connect { .. } | ProxyError::ConnectTimeout(_)
+        )
     }
 
     /// The status code a client sees.
@@ -115,8 +118,14 @@ mod tests {
     #[test]
     fn statuses() {
         assert_eq!(ProxyError::NoRoute.status(), StatusCode::NOT_FOUND);
-        assert_eq!(ProxyError::ReadTimeout("a".into()).status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(ProxyError::NoEndpoint("u".into()).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            ProxyError::ReadTimeout("a".into()).status(),
+            StatusCode::GATEWAY_TIMEOUT
+        );
+        assert_eq!(
+            ProxyError::NoEndpoint("u".into()).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
         let e = ProxyError::Connect {
             addr: "1.2.3.4:80".into(),
             source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),

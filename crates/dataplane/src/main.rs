@@ -54,7 +54,9 @@ struct Args {
 fn init_logs(format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),
@@ -67,11 +69,17 @@ fn main() -> anyhow::Result<()> {
     let Some(path) = args.standalone.clone() else {
         anyhow::bail!("controller mode is not available yet; run with --standalone PATH");
     };
-    let workers = args.workers.unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let workers = args.workers.unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
     let store = Arc::new(Store::new()?);
 
     // One small runtime for the admin listener and the configuration source.
-    let control = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let control = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let admin_listener = control
         .block_on(tokio::net::TcpListener::bind(args.admin))
         .with_context(|| format!("binding admin listener {}", args.admin))?;
@@ -80,7 +88,10 @@ fn main() -> anyhow::Result<()> {
     let mut version = 1;
     standalone::reload(&path, &store, &mut version);
 
-    let limits = server::Limits { max_connections: args.max_connections, ..Default::default() };
+    let limits = server::Limits {
+        max_connections: args.max_connections,
+        ..Default::default()
+    };
     let handles = server::spawn_workers(args.listen_http, workers, Arc::clone(&store), limits)
         .with_context(|| format!("binding {}", args.listen_http))?;
     tracing::info!(http = %args.listen_http, admin = %args.admin, workers, source = %path.display(), "sluice-dataplane serving");
@@ -99,10 +110,11 @@ async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     #[cfg(unix)]
     {
-        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(s) => s,
-            Err(_) => return ctrl_c.await.unwrap_or(()),
-        };
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
         tokio::select! {
             _ = ctrl_c => {}
             _ = term.recv() => {}

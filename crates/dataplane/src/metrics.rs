@@ -18,13 +18,19 @@ impl Metrics {
     /// Registers every metric in a fresh registry.
     pub fn new() -> Result<Self, prometheus::Error> {
         let registry = Registry::new();
-        let snapshot_version = IntGauge::new("sluice_snapshot_version", "Version of the snapshot being served")?;
+        let snapshot_version = IntGauge::new(
+            "sluice_snapshot_version",
+            "Version of the snapshot being served",
+        )?;
         let snapshot_loads = IntCounterVec::new(
             Opts::new("sluice_snapshot_loads_total", "Snapshot loads by result"),
             &["result"],
         )?;
         let by_class = IntCounterVec::new(
-            Opts::new("sluice_http_responses_total", "Responses sent downstream by status class"),
+            Opts::new(
+                "sluice_http_responses_total",
+                "Responses sent downstream by status class",
+            ),
             &["class"],
         )?;
         let responses = [
@@ -37,7 +43,12 @@ impl Metrics {
         registry.register(Box::new(snapshot_version.clone()))?;
         registry.register(Box::new(snapshot_loads.clone()))?;
         registry.register(Box::new(by_class))?;
-        Ok(Metrics { registry, snapshot_version, snapshot_loads, responses })
+        Ok(Metrics {
+            registry,
+            snapshot_version,
+            snapshot_loads,
+            responses,
+        })
     }
 
     /// Counts one response.
@@ -52,7 +63,10 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         let mut buf = Vec::new();
-        if TextEncoder::new().encode(&self.registry.gather(), &mut buf).is_err() {
+        if TextEncoder::new()
+            .encode(&self.registry.gather(), &mut buf)
+            .is_err()
+        {
             return String::new();
         }
         String::from_utf8(buf).unwrap_or_default()

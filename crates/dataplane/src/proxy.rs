@@ -31,7 +31,12 @@ impl ConnInfo {
     pub fn new(remote_addr: SocketAddr, local_addr: SocketAddr, scheme: &'static str) -> Self {
         let ip = remote_addr.ip().to_canonical().to_string();
         let remote_ip = HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("unknown"));
-        ConnInfo { remote_addr: SocketAddr::new(remote_addr.ip().to_canonical(), remote_addr.port()), local_addr, scheme, remote_ip }
+        ConnInfo {
+            remote_addr: SocketAddr::new(remote_addr.ip().to_canonical(), remote_addr.port()),
+            local_addr,
+            scheme,
+            remote_ip,
+        }
     }
 }
 
@@ -58,7 +63,11 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
     resp
 }
 
-async fn proxy(mut req: Request<Incoming>, conn: &ConnInfo, table: &Arc<RouteTable>) -> Result<Response<ProxyBody>, ProxyError> {
+async fn proxy(
+    mut req: Request<Incoming>,
+    conn: &ConnInfo,
+    table: &Arc<RouteTable>,
+) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
     let uri = req.uri();
     let route = {
@@ -75,14 +84,23 @@ async fn proxy(mut req: Request<Incoming>, conn: &ConnInfo, table: &Arc<RouteTab
         let idx = table.router.lookup(&info).ok_or(ProxyError::NoRoute)?;
         table.routes.get(idx).ok_or(ProxyError::NoRoute)?
     };
-    let upstream = route.pick_backend().ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
-    let endpoint = upstream.pick().ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+    let upstream = route
+        .pick_backend()
+        .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
+    let endpoint = upstream
+        .pick()
+        .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
 
     // Origin-form request target for the upstream.
     if req.uri().scheme().is_some() || req.uri().authority().is_some() {
-        let pq = req.uri().path_and_query().map(|pq| pq.as_str()).unwrap_or("/");
-        *req.uri_mut() = Uri::try_from(pq).map_err(|_| ProxyError::BadRequest("invalid request target"))?;
+        let pq = req
+            .uri()
+            .path_and_query()
+            .map(|pq| pq.as_str())
+            .unwrap_or("/");
+        *req.uri_mut() =
+            Uri::try_from(pq).map_err(|_| ProxyError::BadRequest("invalid request target"))?;
     }
     *req.version_mut() = http::Version::HTTP_11;
     let headers = req.headers_mut();
@@ -95,18 +113,29 @@ async fn proxy(mut req: Request<Incoming>, conn: &ConnInfo, table: &Arc<RouteTab
     }
     forwarded_for(headers, &conn.remote_ip);
     headers.insert(X_REAL_IP.clone(), conn.remote_ip.clone());
-    headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static(conn.scheme));
+    headers.insert(
+        X_FORWARDED_PROTO.clone(),
+        HeaderValue::from_static(conn.scheme),
+    );
 
     let mut pooled = endpoint.pool.checkout(timeouts.connect).await?;
     let exchange = pooled.sender.send_request(req);
     let resp = match tokio::time::timeout(timeouts.read, exchange).await {
         Err(_) => return Err(ProxyError::ReadTimeout(endpoint.address.clone())),
-        Ok(Err(source)) => return Err(ProxyError::Upstream { addr: endpoint.address.clone(), source }),
+        Ok(Err(source)) => {
+            return Err(ProxyError::Upstream {
+                addr: endpoint.address.clone(),
+                source,
+            });
+        }
         Ok(Ok(resp)) => resp,
     };
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, ProxyBody::Upstream(UpstreamBody::new(body, Some(pooled)))))
+    Ok(Response::from_parts(
+        parts,
+        ProxyBody::Upstream(UpstreamBody::new(body, Some(pooled))),
+    ))
 }
 
 /// The request's host: the Host header, or the HTTP/2 `:authority`.
@@ -114,7 +143,9 @@ fn request_host(req: &Request<Incoming>) -> Option<HeaderValue> {
     if let Some(h) = req.headers().get(header::HOST) {
         return Some(h.clone());
     }
-    req.uri().authority().and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    req.uri()
+        .authority()
+        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
 }
 
 fn forwarded_for(headers: &mut HeaderMap, ip: &HeaderValue) {
@@ -136,21 +167,43 @@ fn forwarded_for(headers: &mut HeaderMap, ip: &HeaderValue) {
 
 /// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`.
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    if let Some(conn) = headers.remove(header::CONNECTION) {
-        if let Ok(list) = conn.to_str() {
-            for name in list.split(',') {
-                let name = name.trim();
-                if !name.is_empty() {
-                    headers.remove(name);
-                }
-            }
-        }
+    // Most messages carry at most `Connection`: one pass over the names, without hashing,
+    // decides whether there is anything to do.
+    if !headers.keys().any(is_hop_by_hop) {
+        return;
     }
-    for name in [&header::TE, &header::TRANSFER_ENCODING, &header::UPGRADE, &header::TRAILER, &header::PROXY_AUTHENTICATE, &KEEP_ALIVE, &PROXY_CONNECTION] {
-        if headers.contains_key(name) {
+    if let Some(conn) = headers.remove(header::CONNECTION)
+        && let Ok(list) = conn.to_str()
+    {
+        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             headers.remove(name);
         }
     }
+    for name in [
+        &header::TE,
+        &header::TRANSFER_ENCODING,
+        &header::UPGRADE,
+        &header::TRAILER,
+        &header::PROXY_AUTHENTICATE,
+        &KEEP_ALIVE,
+        &PROXY_CONNECTION,
+    ] {
+        headers.remove(name);
+    }
+}
+
+fn is_hop_by_hop(name: &HeaderName) -> bool {
+    matches!(
+        name.as_str(),
+        "connection"
+            | "te"
+            | "transfer-encoding"
+            | "upgrade"
+            | "trailer"
+            | "proxy-authenticate"
+            | "keep-alive"
+            | "proxy-connection"
+    )
 }
 
 #[cfg(test)]
@@ -161,7 +214,10 @@ mod tests {
     #[test]
     fn hop_by_hop_headers_are_removed() {
         let mut h = HeaderMap::new();
-        h.insert(header::CONNECTION, HeaderValue::from_static("keep-alive, x-secret"));
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, x-secret"),
+        );
         h.insert("x-secret", HeaderValue::from_static("1"));
         h.insert("keep-alive", HeaderValue::from_static("timeout=5"));
         h.insert("x-kept", HeaderValue::from_static("1"));

@@ -69,7 +69,9 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
         .max_concurrent_streams(1024);
     let builder = Arc::new(builder);
     loop {
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else { return };
+        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+            return;
+        };
         let (stream, remote) = match listener.accept().await {
             Ok(s) => s,
             Err(e) => {
@@ -90,7 +92,10 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
                 let conn = Arc::clone(&conn);
                 async move { Ok::<_, std::convert::Infallible>(handle(req, &conn, &store).await) }
             });
-            if let Err(e) = builder.serve_connection_with_upgrades(TokioIo::new(stream), service).await {
+            if let Err(e) = builder
+                .serve_connection_with_upgrades(TokioIo::new(stream), service)
+                .await
+            {
                 tracing::debug!(error = %e, "downstream connection ended");
             }
             drop(permit);
@@ -100,12 +105,19 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
 
 /// Starts `workers` threads serving `addr`. Returns once every listener is bound, so a
 /// caller can rely on the port being open.
-pub fn spawn_workers(addr: SocketAddr, workers: usize, store: Arc<Store>, limits: Limits) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+pub fn spawn_workers(
+    addr: SocketAddr,
+    workers: usize,
+    store: Arc<Store>,
+    limits: Limits,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     let mut handles = Vec::with_capacity(workers);
     for i in 0..workers.max(1) {
         let std_listener = bind_reuseport(addr)?;
         let store = Arc::clone(&store);
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
         let handle = std::thread::Builder::new()
             .name(format!("sluice-worker-{i}"))
             .spawn(move || {

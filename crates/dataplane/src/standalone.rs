@@ -47,7 +47,10 @@ pub struct Loaded {
 
 /// Lists the YAML files of `path` (itself if a file), sorted, skipping hidden entries.
 pub fn list_files(path: &Path) -> Result<Vec<PathBuf>, SourceError> {
-    let io = |source| SourceError::Io { path: path.display().to_string(), source };
+    let io = |source| SourceError::Io {
+        path: path.display().to_string(),
+        source,
+    };
     let meta = std::fs::metadata(path).map_err(io)?;
     if meta.is_file() {
         return Ok(vec![path.to_path_buf()]);
@@ -55,7 +58,10 @@ pub fn list_files(path: &Path) -> Result<Vec<PathBuf>, SourceError> {
     let mut files = Vec::new();
     let mut dirs = vec![path.to_path_buf()];
     while let Some(dir) = dirs.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|source| SourceError::Io { path: dir.display().to_string(), source })?;
+        let entries = std::fs::read_dir(&dir).map_err(|source| SourceError::Io {
+            path: dir.display().to_string(),
+            source,
+        })?;
         for entry in entries.flatten() {
             let p = entry.path();
             let name = entry.file_name();
@@ -77,13 +83,21 @@ pub fn list_files(path: &Path) -> Result<Vec<PathBuf>, SourceError> {
 pub fn load(path: &Path) -> Result<Loaded, SourceError> {
     let mut loaded = Loaded::default();
     for file in list_files(path)? {
-        let text = std::fs::read_to_string(&file).map_err(|source| SourceError::Io { path: file.display().to_string(), source })?;
+        let text = std::fs::read_to_string(&file).map_err(|source| SourceError::Io {
+            path: file.display().to_string(),
+            source,
+        })?;
         let name = file.display().to_string();
-        let report = loaded.state.load_yaml(&name, &text).map_err(|e| SourceError::Yaml(e.to_string()))?;
+        let report = loaded
+            .state
+            .load_yaml(&name, &text)
+            .map_err(|e| SourceError::Yaml(e.to_string()))?;
         for note in &report.notes {
             tracing::info!(note = %note, "configuration note");
         }
-        loaded.rejected.extend(report.errors.into_iter().map(|e| e.to_string()));
+        loaded
+            .rejected
+            .extend(report.errors.into_iter().map(|e| e.to_string()));
     }
     Ok(loaded)
 }
@@ -115,8 +129,19 @@ pub fn reload(path: &Path, store: &Store, next_version: &mut u64) -> bool {
     let translation = translate(&loaded.state, &Options::default());
     let mut rejected = loaded.rejected;
     for object in &translation.status.objects {
-        for c in object.conditions.iter().filter(|c| c.status == ConditionStatus::False) {
-            let line = format!("{} {}/{}: {}: {}", object.kind.as_str(), object.namespace, object.name, c.reason, c.message);
+        for c in object
+            .conditions
+            .iter()
+            .filter(|c| c.status == ConditionStatus::False)
+        {
+            let line = format!(
+                "{} {}/{}: {}: {}",
+                object.kind.as_str(),
+                object.namespace,
+                object.name,
+                c.reason,
+                c.message
+            );
             if object.is_accepted() {
                 tracing::warn!(problem = %line, "object served with a problem");
             } else {

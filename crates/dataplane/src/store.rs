@@ -62,13 +62,19 @@ impl Store {
 
     /// Compiles `snapshot` and swaps it in. On error the current table keeps serving and the
     /// error is recorded for `/snapshot`.
-    pub fn apply(&self, snapshot: v1::Snapshot, rejected_objects: Vec<String>) -> Result<(), InvalidSnapshot> {
+    pub fn apply(
+        &self,
+        snapshot: v1::Snapshot,
+        rejected_objects: Vec<String>,
+    ) -> Result<(), InvalidSnapshot> {
         match RouteTable::compile(&snapshot, &self.pools) {
             Ok(table) => {
                 let routes = table.routes.len();
                 let upstreams = table.upstream_count;
                 self.table.store(Arc::new(table));
-                self.metrics.snapshot_version.set(i64::try_from(snapshot.version).unwrap_or(i64::MAX));
+                self.metrics
+                    .snapshot_version
+                    .set(i64::try_from(snapshot.version).unwrap_or(i64::MAX));
                 self.metrics.snapshot_loads.with_label_values(&["ok"]).inc();
                 let mut st = lock(&self.state);
                 st.version = snapshot.version;
@@ -81,7 +87,10 @@ impl Store {
                 Ok(())
             }
             Err(e) => {
-                self.metrics.snapshot_loads.with_label_values(&["rejected"]).inc();
+                self.metrics
+                    .snapshot_loads
+                    .with_label_values(&["rejected"])
+                    .inc();
                 self.record_error(format!("snapshot v{} rejected: {e}", snapshot.version));
                 Err(e)
             }

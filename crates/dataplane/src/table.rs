@@ -83,7 +83,11 @@ pub struct RouteTable {
 }
 
 fn duration_or(ms: u64, default: Duration) -> Duration {
-    if ms == 0 { default } else { Duration::from_millis(ms) }
+    if ms == 0 {
+        default
+    } else {
+        Duration::from_millis(ms)
+    }
 }
 
 fn timeouts(t: Option<&v1::Timeouts>, base: Timeouts) -> Timeouts {
@@ -107,7 +111,8 @@ impl RouteTable {
     /// endpoints that stay keep their warm connections.
     pub fn compile(snapshot: &v1::Snapshot, pools: &PoolRegistry) -> Result<Self, InvalidSnapshot> {
         let router = Router::new(&snapshot.routes)?;
-        let mut upstreams: HashMap<&str, Arc<Upstream>> = HashMap::with_capacity(snapshot.upstreams.len());
+        let mut upstreams: HashMap<&str, Arc<Upstream>> =
+            HashMap::with_capacity(snapshot.upstreams.len());
         for up in &snapshot.upstreams {
             let mut endpoints = Vec::with_capacity(up.endpoints.len());
             for (index, ep) in up.endpoints.iter().enumerate() {
@@ -125,8 +130,14 @@ impl RouteTable {
                 };
                 endpoints.push((address, ep.weight));
             }
-            let t = up.timeout.as_ref().map(|t| timeouts(Some(t), Timeouts::default()));
-            upstreams.insert(&up.id, Arc::new(Upstream::new(up.id.clone(), endpoints, t, pools)));
+            let t = up
+                .timeout
+                .as_ref()
+                .map(|t| timeouts(Some(t), Timeouts::default()));
+            upstreams.insert(
+                &up.id,
+                Arc::new(Upstream::new(up.id.clone(), endpoints, t, pools)),
+            );
         }
         let mut routes = Vec::with_capacity(snapshot.routes.len());
         for r in &snapshot.routes {
@@ -166,4 +177,3 @@ impl RouteTable {
         })
     }
 }
-

@@ -48,7 +48,10 @@ impl WeightedSequence {
             current[best] -= total as i64;
             order.push(best as u32);
         }
-        Some(WeightedSequence { order, next: AtomicUsize::new(0) })
+        Some(WeightedSequence {
+            order,
+            next: AtomicUsize::new(0),
+        })
     }
 
     /// The next index in weighted order.
@@ -78,7 +81,11 @@ impl Default for Timeouts {
     /// 60 s each, as APISIX.
     fn default() -> Self {
         let d = Duration::from_secs(60);
-        Timeouts { connect: d, send: d, read: d }
+        Timeouts {
+            connect: d,
+            send: d,
+            read: d,
+        }
     }
 }
 
@@ -116,10 +123,19 @@ impl Upstream {
         let endpoints: Vec<Endpoint> = endpoints
             .into_iter()
             .filter(|(_, w)| *w > 0)
-            .map(|(address, weight)| Endpoint { pool: pools.get(&address), address, weight })
+            .map(|(address, weight)| Endpoint {
+                pool: pools.get(&address),
+                address,
+                weight,
+            })
             .collect();
         let weights: Vec<u32> = endpoints.iter().map(|e| e.weight).collect();
-        Upstream { id, order: WeightedSequence::new(&weights), endpoints, timeouts }
+        Upstream {
+            id,
+            order: WeightedSequence::new(&weights),
+            endpoints,
+            timeouts,
+        }
     }
 
     /// The next endpoint in smooth weighted round-robin order.
@@ -174,7 +190,10 @@ pub struct Pool {
 
 impl Pool {
     fn new(address: String) -> Self {
-        Pool { address, idle: Mutex::new(Vec::new()) }
+        Pool {
+            address,
+            idle: Mutex::new(Vec::new()),
+        }
     }
 
     /// The endpoint address.
@@ -209,18 +228,30 @@ impl Pool {
     }
 
     /// A connection ready for one request: an idle one, or a new one.
-    pub async fn checkout(self: &Arc<Self>, connect_timeout: Duration) -> Result<PooledConn, ProxyError> {
+    pub async fn checkout(
+        self: &Arc<Self>,
+        connect_timeout: Duration,
+    ) -> Result<PooledConn, ProxyError> {
         while let Some(mut sender) = self.take_idle() {
             // An idle sender normally is ready at once; one whose connection closed is not.
             if sender.ready().await.is_ok() {
-                return Ok(PooledConn { sender, pool: Arc::clone(self) });
+                return Ok(PooledConn {
+                    sender,
+                    pool: Arc::clone(self),
+                });
             }
         }
         let sender = self.connect(connect_timeout).await?;
-        Ok(PooledConn { sender, pool: Arc::clone(self) })
+        Ok(PooledConn {
+            sender,
+            pool: Arc::clone(self),
+        })
     }
 
-    async fn connect(&self, connect_timeout: Duration) -> Result<http1::SendRequest<Incoming>, ProxyError> {
+    async fn connect(
+        &self,
+        connect_timeout: Duration,
+    ) -> Result<http1::SendRequest<Incoming>, ProxyError> {
         let addr = self.address.clone();
         let stream = match tokio::time::timeout(connect_timeout, connect_tcp(&addr)).await {
             Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
@@ -231,7 +262,10 @@ impl Pool {
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|source| ProxyError::Upstream { addr: addr.clone(), source })?;
+            .map_err(|source| ProxyError::Upstream {
+                addr: addr.clone(),
+                source,
+            })?;
         tokio::spawn(async move {
             if let Err(e) = conn.with_upgrades().await {
                 tracing::debug!(error = %e, "upstream connection ended");
@@ -299,7 +333,12 @@ mod tests {
     #[test]
     fn all_zero_weights_pick_nothing() {
         assert!(WeightedSequence::new(&[0, 0]).is_none());
-        let up = Upstream::new("u".into(), vec![("127.0.0.1:1".into(), 0)], None, &PoolRegistry::default());
+        let up = Upstream::new(
+            "u".into(),
+            vec![("127.0.0.1:1".into(), 0)],
+            None,
+            &PoolRegistry::default(),
+        );
         assert!(up.pick().is_none());
     }
 

@@ -22,7 +22,14 @@ async fn proxies_with_forwarding_headers_and_client_host() {
     let echo = EchoServer::start("a", any()).await.unwrap();
     let dp = dataplane().await;
     dp.store
-        .apply(snapshot(1, vec![route("default/r/r1", &["/hello*"], "u")], vec![upstream("u", &[(echo.addr, 1)])]), vec![])
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/hello*"], "u")],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
         .unwrap();
     let resp = get(dp.addr, "demo.example.com:9080", "/hello/world?x=1").await;
     assert_eq!(resp.status, StatusCode::OK);
@@ -41,8 +48,21 @@ async fn proxies_with_forwarding_headers_and_client_host() {
 async fn appends_to_an_existing_forwarded_for() {
     let echo = EchoServer::start("a", any()).await.unwrap();
     let dp = dataplane().await;
-    dp.store.apply(snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![upstream("u", &[(echo.addr, 1)])]), vec![]).unwrap();
-    let req = Request::get("/x").header("host", "h").header("x-forwarded-for", "203.0.113.7").body(Full::new(Bytes::new())).unwrap();
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let req = Request::get("/x")
+        .header("host", "h")
+        .header("x-forwarded-for", "203.0.113.7")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let j = send(dp.addr, req).await.json();
     assert_eq!(j["headers"]["x-forwarded-for"], "203.0.113.7, 127.0.0.1");
 }
@@ -58,9 +78,21 @@ async fn no_route_is_404_with_a_short_body() {
 #[tokio::test]
 async fn refused_upstream_is_502() {
     // Bind then drop, so nothing listens on that port.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
     let dp = dataplane().await;
-    dp.store.apply(snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![upstream("u", &[(closed, 1)])]), vec![]).unwrap();
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[(closed, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
     let resp = get(dp.addr, "h", "/x").await;
     assert_eq!(resp.status, StatusCode::BAD_GATEWAY);
     assert!(resp.text().contains("502"));
@@ -71,8 +103,17 @@ async fn slow_upstream_is_504_after_the_route_read_timeout() {
     let echo = EchoServer::start("slow", any()).await.unwrap();
     let dp = dataplane().await;
     let mut r = route("default/r/r1", &["/*"], "u");
-    r.timeout = Some(sluice_proto::v1::Timeouts { connect_ms: 1000, send_ms: 1000, read_ms: 200 });
-    dp.store.apply(snapshot(1, vec![r], vec![upstream("u", &[(echo.addr, 1)])]), vec![]).unwrap();
+    r.timeout = Some(sluice_proto::v1::Timeouts {
+        connect_ms: 1000,
+        send_ms: 1000,
+        read_ms: 200,
+    });
+    dp.store
+        .apply(
+            snapshot(1, vec![r], vec![upstream("u", &[(echo.addr, 1)])]),
+            vec![],
+        )
+        .unwrap();
     let resp = get(dp.addr, "h", "/delay/3000").await;
     assert_eq!(resp.status, StatusCode::GATEWAY_TIMEOUT);
     // A fast request on the same route still works.
@@ -82,7 +123,16 @@ async fn slow_upstream_is_504_after_the_route_read_timeout() {
 #[tokio::test]
 async fn upstream_with_no_endpoints_is_503() {
     let dp = dataplane().await;
-    dp.store.apply(snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![upstream("u", &[])]), vec![]).unwrap();
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[])],
+            ),
+            vec![],
+        )
+        .unwrap();
     let resp = get(dp.addr, "h", "/x").await;
     assert_eq!(resp.status, StatusCode::SERVICE_UNAVAILABLE);
 }
@@ -95,16 +145,34 @@ async fn weighted_round_robin_over_endpoints_and_split_over_backends() {
     let dp = dataplane().await;
     let mut r = route("default/r/r1", &["/*"], "ab");
     r.backends = vec![
-        sluice_proto::v1::Backend { upstream_id: "ab".into(), weight: 75 },
-        sluice_proto::v1::Backend { upstream_id: "c".into(), weight: 25 },
+        sluice_proto::v1::Backend {
+            upstream_id: "ab".into(),
+            weight: 75,
+        },
+        sluice_proto::v1::Backend {
+            upstream_id: "c".into(),
+            weight: 25,
+        },
     ];
     dp.store
-        .apply(snapshot(1, vec![r], vec![upstream("ab", &[(a.addr, 2), (b.addr, 1)]), upstream("c", &[(c.addr, 1)])]), vec![])
+        .apply(
+            snapshot(
+                1,
+                vec![r],
+                vec![
+                    upstream("ab", &[(a.addr, 2), (b.addr, 1)]),
+                    upstream("c", &[(c.addr, 1)]),
+                ],
+            ),
+            vec![],
+        )
         .unwrap();
     let mut counts: HashMap<String, usize> = HashMap::new();
     for _ in 0..120 {
         let resp = get(dp.addr, "h", "/x").await;
-        *counts.entry(resp.headers["x-echo-server"].to_str().unwrap().to_owned()).or_default() += 1;
+        *counts
+            .entry(resp.headers["x-echo-server"].to_str().unwrap().to_owned())
+            .or_default() += 1;
     }
     // 75% to {a,b} split 2:1, 25% to c: exact over whole cycles.
     assert_eq!(counts["c"], 30, "{counts:?}");
@@ -116,14 +184,33 @@ async fn weighted_round_robin_over_endpoints_and_split_over_backends() {
 async fn request_and_response_bodies_stream_both_ways() {
     let echo = EchoServer::start("a", any()).await.unwrap();
     let dp = dataplane().await;
-    dp.store.apply(snapshot(1, vec![route("default/r/r1", &["/upload"], "u")], vec![upstream("u", &[(echo.addr, 1)])]), vec![]).unwrap();
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/upload"], "u")],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
     // A chunked request body of 4 MiB, produced incrementally.
-    let chunks = (0..64).map(|_| Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from(vec![b'x'; 64 * 1024]))));
+    let chunks = (0..64).map(|_| {
+        Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from(vec![
+            b'x';
+            64 * 1024
+        ])))
+    });
     let body = StreamBody::new(futures_util_stream(chunks));
     let stream = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
     tokio::spawn(conn);
-    let req = Request::post("/upload").header("host", "h").body(body).unwrap();
+    let req = Request::post("/upload")
+        .header("host", "h")
+        .body(body)
+        .unwrap();
     let resp = sender.send_request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -132,7 +219,9 @@ async fn request_and_response_bodies_stream_both_ways() {
     assert_eq!(j["headers"]["transfer-encoding"], "chunked");
 }
 
-fn futures_util_stream<I: Iterator + Send + 'static>(it: I) -> impl futures_core_stream::Stream<Item = I::Item> {
+fn futures_util_stream<I: Iterator + Send + 'static>(
+    it: I,
+) -> impl futures_core_stream::Stream<Item = I::Item> {
     futures_core_stream::iter(it)
 }
 
@@ -144,30 +233,62 @@ mod futures_core_stream {
 async fn keep_alive_connections_are_reused() {
     let echo = EchoServer::start("a", any()).await.unwrap();
     let dp = dataplane().await;
-    dp.store.apply(snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![upstream("u", &[(echo.addr, 1)])]), vec![]).unwrap();
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
     for _ in 0..5 {
         assert_eq!(get(dp.addr, "h", "/x").await.status, StatusCode::OK);
     }
     let table = dp.store.table();
     let pool = &table.routes[0].backends[0].endpoints[0].pool;
-    assert_eq!(pool.idle_count(), 1, "sequential requests share one upstream connection");
+    assert_eq!(
+        pool.idle_count(),
+        1,
+        "sequential requests share one upstream connection"
+    );
 }
 
 #[tokio::test]
 async fn h2c_prior_knowledge_downstream() {
     let echo = EchoServer::start("a", any()).await.unwrap();
     let dp = dataplane().await;
-    dp.store.apply(snapshot(1, vec![route("default/r/r1", &["/h2"], "u")], vec![upstream("u", &[(echo.addr, 1)])]), vec![]).unwrap();
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/h2"], "u")],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
     let stream = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), TokioIo::new(stream)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
     tokio::spawn(conn);
-    let req = Request::get("http://h2.example.com/h2").body(Full::new(Bytes::new())).unwrap();
+    let req = Request::get("http://h2.example.com/h2")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     let resp = sender.send_request(req).await.unwrap();
     assert_eq!(resp.status(), StatusCode::OK);
     assert_eq!(resp.version(), http::Version::HTTP_2);
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     let j: serde_json::Value = serde_json::from_slice(&body).unwrap();
-    assert_eq!(j["headers"]["host"], "h2.example.com", "the :authority becomes the upstream Host");
+    assert_eq!(
+        j["headers"]["host"], "h2.example.com",
+        "the :authority becomes the upstream Host"
+    );
     assert_eq!(j["version"], "HTTP/1.1");
 }
 
@@ -176,13 +297,41 @@ async fn snapshot_swap_is_atomic_and_a_bad_snapshot_keeps_the_last_good_one() {
     let a = EchoServer::start("a", any()).await.unwrap();
     let b = EchoServer::start("b", any()).await.unwrap();
     let dp = dataplane().await;
-    dp.store.apply(snapshot(1, vec![route("default/r/r1", &["/*"], "a")], vec![upstream("a", &[(a.addr, 1)])]), vec![]).unwrap();
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "a")],
+                vec![upstream("a", &[(a.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
     assert_eq!(get(dp.addr, "h", "/x").await.headers["x-echo-server"], "a");
-    dp.store.apply(snapshot(2, vec![route("default/r/r1", &["/*"], "b")], vec![upstream("b", &[(b.addr, 1)])]), vec![]).unwrap();
+    dp.store
+        .apply(
+            snapshot(
+                2,
+                vec![route("default/r/r1", &["/*"], "b")],
+                vec![upstream("b", &[(b.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
     assert_eq!(get(dp.addr, "h", "/x").await.headers["x-echo-server"], "b");
     // Route names an upstream that is not in the snapshot: rejected whole.
-    let err = dp.store.apply(snapshot(3, vec![route("default/r/r1", &["/*"], "missing")], vec![]), vec![]).unwrap_err();
-    assert!(err.to_string().contains("route default/r/r1: backends[0].upstream_id: unknown upstream `missing`"), "{err}");
+    let err = dp
+        .store
+        .apply(
+            snapshot(3, vec![route("default/r/r1", &["/*"], "missing")], vec![]),
+            vec![],
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("route default/r/r1: backends[0].upstream_id: unknown upstream `missing`"),
+        "{err}"
+    );
     assert_eq!(get(dp.addr, "h", "/x").await.headers["x-echo-server"], "b");
     let st = dp.store.state();
     assert_eq!(st.version, 2);

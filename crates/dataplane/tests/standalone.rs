@@ -14,7 +14,10 @@ use http::StatusCode;
 use sluice_testkit::EchoServer;
 
 fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
 }
 
 struct Proc {
@@ -35,14 +38,21 @@ async fn admin_json(p: &Proc, path: &str) -> serde_json::Value {
 }
 
 /// Waits (bounded) until `cond` holds on /snapshot; returns the last document.
-async fn wait_snapshot(p: &Proc, what: &str, cond: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+async fn wait_snapshot(
+    p: &Proc,
+    what: &str,
+    cond: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let s = admin_json(p, "/snapshot").await;
         if cond(&s) {
             return s;
         }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}; /snapshot = {s:#}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out waiting for {what}; /snapshot = {s:#}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -53,7 +63,14 @@ async fn start(config: &Path) -> Proc {
     let child = Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
         .arg("--standalone")
         .arg(config)
-        .args(["--listen-http", &http.to_string(), "--admin", &admin.to_string(), "--workers", "1"])
+        .args([
+            "--listen-http",
+            &http.to_string(),
+            "--admin",
+            &admin.to_string(),
+            "--workers",
+            "1",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -109,11 +126,23 @@ spec:
 
 #[tokio::test]
 async fn serves_a_directory_and_reloads_on_change() {
-    let a = EchoServer::start("a", "127.0.0.1:0".parse().unwrap()).await.unwrap();
-    let b = EchoServer::start("b", "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let a = EchoServer::start("a", "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let b = EchoServer::start("b", "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("backends.yaml"), backend_yaml("svc-a", a.addr.port()) + "---\n" + &backend_yaml("svc-b", b.addr.port())).unwrap();
-    std::fs::write(dir.path().join("route.yaml"), route_yaml("web", "/app*", "svc-a")).unwrap();
+    std::fs::write(
+        dir.path().join("backends.yaml"),
+        backend_yaml("svc-a", a.addr.port()) + "---\n" + &backend_yaml("svc-b", b.addr.port()),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("route.yaml"),
+        route_yaml("web", "/app*", "svc-a"),
+    )
+    .unwrap();
     let p = start(dir.path()).await;
     wait_snapshot(&p, "first snapshot", |s| s["version"].as_u64() >= Some(1)).await;
 
@@ -122,29 +151,52 @@ async fn serves_a_directory_and_reloads_on_change() {
     assert_eq!(resp.headers["x-echo-server"], "a");
 
     // Point the route at the other service: traffic follows without a restart.
-    std::fs::write(dir.path().join("route.yaml"), route_yaml("web", "/app*", "svc-b")).unwrap();
+    std::fs::write(
+        dir.path().join("route.yaml"),
+        route_yaml("web", "/app*", "svc-b"),
+    )
+    .unwrap();
     wait_snapshot(&p, "reload", |s| s["version"].as_u64() >= Some(2)).await;
-    assert_eq!(get(p.http, "h", "/app/x").await.headers["x-echo-server"], "b");
+    assert_eq!(
+        get(p.http, "h", "/app/x").await.headers["x-echo-server"],
+        "b"
+    );
 
     // Delete the route file: 404.
     std::fs::remove_file(dir.path().join("route.yaml")).unwrap();
     wait_snapshot(&p, "route removed", |s| s["routes"].as_u64() == Some(0)).await;
-    assert_eq!(get(p.http, "h", "/app/x").await.status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        get(p.http, "h", "/app/x").await.status,
+        StatusCode::NOT_FOUND
+    );
 }
 
 #[tokio::test]
 async fn a_file_that_is_not_yaml_keeps_the_last_good_config() {
-    let a = EchoServer::start("a", "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let a = EchoServer::start("a", "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("all.yaml"), backend_yaml("svc-a", a.addr.port()) + "---\n" + &route_yaml("web", "/*", "svc-a")).unwrap();
+    std::fs::write(
+        dir.path().join("all.yaml"),
+        backend_yaml("svc-a", a.addr.port()) + "---\n" + &route_yaml("web", "/*", "svc-a"),
+    )
+    .unwrap();
     let p = start(dir.path()).await;
     let before = wait_snapshot(&p, "first snapshot", |s| s["routes"].as_u64() == Some(1)).await;
 
-    std::fs::write(dir.path().join("broken.yaml"), "apiVersion: v1\nkind: [unclosed\n  - {").unwrap();
+    std::fs::write(
+        dir.path().join("broken.yaml"),
+        "apiVersion: v1\nkind: [unclosed\n  - {",
+    )
+    .unwrap();
     let after = wait_snapshot(&p, "error reported", |s| !s["last_error"].is_null()).await;
     let err = after["last_error"].as_str().unwrap();
     assert!(err.contains("broken.yaml"), "error names the file: {err}");
-    assert_eq!(after["version"], before["version"], "the last good snapshot stays live");
+    assert_eq!(
+        after["version"], before["version"],
+        "the last good snapshot stays live"
+    );
     assert_eq!(get(p.http, "h", "/x").await.status, StatusCode::OK);
 
     // Fixing the file clears the error.
@@ -154,7 +206,9 @@ async fn a_file_that_is_not_yaml_keeps_the_last_good_config() {
 
 #[tokio::test]
 async fn an_invalid_object_is_left_out_and_the_others_keep_serving() {
-    let a = EchoServer::start("a", "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let a = EchoServer::start("a", "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let dir = tempfile::tempdir().unwrap();
     let bad_op = r#"apiVersion: apisix.apache.org/v2
 kind: ApisixRoute
@@ -181,25 +235,59 @@ spec:
         remoteAddrs: ["10.0.0.300/8"]
       backends: [{serviceName: svc-a, servicePort: 80}]
 "#;
-    let yaml = [backend_yaml("svc-a", a.addr.port()), route_yaml("good", "/good", "svc-a"), bad_op.to_owned(), bad_cidr.to_owned()].join("---\n");
+    let yaml = [
+        backend_yaml("svc-a", a.addr.port()),
+        route_yaml("good", "/good", "svc-a"),
+        bad_op.to_owned(),
+        bad_cidr.to_owned(),
+    ]
+    .join("---\n");
     std::fs::write(dir.path().join("all.yaml"), yaml).unwrap();
     let p = start(dir.path()).await;
     let s = wait_snapshot(&p, "first snapshot", |s| s["version"].as_u64() >= Some(1)).await;
 
     assert_eq!(get(p.http, "h", "/good").await.status, StatusCode::OK);
-    assert_eq!(get(p.http, "h", "/bad-op").await.status, StatusCode::NOT_FOUND);
-    assert_eq!(get(p.http, "h", "/bad-cidr").await.status, StatusCode::NOT_FOUND);
-    let rejected: Vec<String> = s["rejected_objects"].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_owned()).collect();
+    assert_eq!(
+        get(p.http, "h", "/bad-op").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(
+        get(p.http, "h", "/bad-cidr").await.status,
+        StatusCode::NOT_FOUND
+    );
+    let rejected: Vec<String> = s["rejected_objects"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
     let all = rejected.join("\n");
-    assert!(all.contains("bad-op") && all.contains("exprs[0].op") && all.contains("Bogus"), "{all}");
-    assert!(all.contains("bad-cidr") && all.contains("remoteAddrs[0]") && all.contains("10.0.0.300/8"), "{all}");
+    assert!(
+        all.contains("bad-op") && all.contains("exprs[0].op") && all.contains("Bogus"),
+        "{all}"
+    );
+    assert!(
+        all.contains("bad-cidr") && all.contains("remoteAddrs[0]") && all.contains("10.0.0.300/8"),
+        "{all}"
+    );
 }
 
 #[test]
 fn help_documents_the_cli_contract() {
-    let out = Command::new(env!("CARGO_BIN_EXE_sluice-dataplane")).arg("--help").output().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
+        .arg("--help")
+        .output()
+        .unwrap();
     let help = String::from_utf8_lossy(&out.stdout);
-    for flag in ["--standalone", "--controller", "--listen-http", "--listen-https", "--admin", "--workers", "--log-format"] {
+    for flag in [
+        "--standalone",
+        "--controller",
+        "--listen-http",
+        "--listen-https",
+        "--admin",
+        "--workers",
+        "--log-format",
+    ] {
         assert!(help.contains(flag), "--help lacks {flag}:\n{help}");
     }
 }

@@ -30,7 +30,11 @@ pub async fn dataplane() -> Dataplane {
     let std_listener = server::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
     let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
     let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(server::serve(listener, Arc::clone(&store), Limits::default()));
+    let task = tokio::spawn(server::serve(
+        listener,
+        Arc::clone(&store),
+        Limits::default(),
+    ));
     Dataplane { addr, store, task }
 }
 
@@ -44,7 +48,8 @@ pub struct Resp {
 
 impl Resp {
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("body is not JSON ({e}): {:?}", self.body))
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -54,16 +59,25 @@ impl Resp {
 /// Sends one HTTP/1.1 request on a new connection.
 pub async fn send(addr: SocketAddr, req: Request<Full<Bytes>>) -> Resp {
     let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
     tokio::spawn(conn);
     let resp = sender.send_request(req).await.unwrap();
     let (parts, body) = resp.into_parts();
     let body = body.collect().await.unwrap().to_bytes();
-    Resp { status: parts.status, headers: parts.headers, body }
+    Resp {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
 }
 
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> Resp {
-    let req = Request::get(path).header("host", host).body(Full::new(Bytes::new())).unwrap();
+    let req = Request::get(path)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
     send(addr, req).await
 }
 
@@ -72,7 +86,10 @@ pub fn route(id: &str, paths: &[&str], upstream: &str) -> v1::Route {
     v1::Route {
         id: id.into(),
         paths: paths.iter().map(|p| p.to_string()).collect(),
-        backends: vec![v1::Backend { upstream_id: upstream.into(), weight: 100 }],
+        backends: vec![v1::Backend {
+            upstream_id: upstream.into(),
+            weight: 100,
+        }],
         ..Default::default()
     }
 }
@@ -82,12 +99,27 @@ pub fn upstream(id: &str, endpoints: &[(SocketAddr, u32)]) -> v1::Upstream {
         id: id.into(),
         endpoints: endpoints
             .iter()
-            .map(|(a, w)| v1::Endpoint { host: a.ip().to_string(), port: a.port() as u32, weight: *w })
+            .map(|(a, w)| v1::Endpoint {
+                host: a.ip().to_string(),
+                port: a.port() as u32,
+                weight: *w,
+            })
             .collect(),
         ..Default::default()
     }
 }
 
-pub fn snapshot(version: u64, routes: Vec<v1::Route>, upstreams: Vec<v1::Upstream>) -> v1::Snapshot {
-    sluice_proto::seal(v1::Snapshot { routes, upstreams, ..Default::default() }, version)
+pub fn snapshot(
+    version: u64,
+    routes: Vec<v1::Route>,
+    upstreams: Vec<v1::Upstream>,
+) -> v1::Snapshot {
+    sluice_proto::seal(
+        v1::Snapshot {
+            routes,
+            upstreams,
+            ..Default::default()
+        },
+        version,
+    )
 }
