@@ -45,7 +45,10 @@ mod tests {
             routes: vec![Route {
                 id: "default/r/rule1".into(),
                 paths: vec![path.into()],
-                backends: vec![Backend { upstream_id: "default/svc:80".into(), weight: 100 }],
+                backends: vec![Backend {
+                    upstream_id: "default/svc:80".into(),
+                    weight: 100,
+                }],
                 ..Default::default()
             }],
             ..Default::default()
