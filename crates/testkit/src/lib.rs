@@ -53,7 +53,9 @@ impl Drop for EchoServer {
 /// Serves echo responses on `listener` forever.
 pub async fn serve(listener: TcpListener, name: &'static str) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else { continue };
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
         tokio::spawn(async move {
             let service = service_fn(move |req| echo(req, name));
             let _ = auto::Builder::new(TokioExecutor::new())
@@ -63,21 +65,39 @@ pub async fn serve(listener: TcpListener, name: &'static str) {
     }
 }
 
-async fn echo(req: Request<Incoming>, name: &'static str) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn echo(
+    req: Request<Incoming>,
+    name: &'static str,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let (parts, body) = req.into_parts();
-    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
     let path = parts.uri.path().to_owned();
     let mut status = StatusCode::OK;
-    if let Some(code) = path.strip_prefix("/status/").and_then(|c| c.parse::<u16>().ok()) {
+    if let Some(code) = path
+        .strip_prefix("/status/")
+        .and_then(|c| c.parse::<u16>().ok())
+    {
         status = StatusCode::from_u16(code).unwrap_or(StatusCode::OK);
     }
-    if let Some(ms) = path.strip_prefix("/delay/").and_then(|c| c.parse::<u64>().ok()) {
+    if let Some(ms) = path
+        .strip_prefix("/delay/")
+        .and_then(|c| c.parse::<u64>().ok())
+    {
         tokio::time::sleep(Duration::from_millis(ms)).await;
     }
     let headers: serde_json::Map<String, serde_json::Value> = parts
         .headers
         .iter()
-        .map(|(k, v)| (k.as_str().to_owned(), serde_json::Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned())))
+        .map(|(k, v)| {
+            (
+                k.as_str().to_owned(),
+                serde_json::Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned()),
+            )
+        })
         .collect();
     let doc = serde_json::json!({
         "server": name,
@@ -91,7 +111,11 @@ async fn echo(req: Request<Incoming>, name: &'static str) -> Result<Response<Ful
     });
     let mut resp = Response::new(Full::new(Bytes::from(doc.to_string() + "\n")));
     *resp.status_mut() = status;
-    resp.headers_mut().insert("content-type", http::HeaderValue::from_static("application/json"));
-    resp.headers_mut().insert("x-echo-server", http::HeaderValue::from_static(name));
+    resp.headers_mut().insert(
+        "content-type",
+        http::HeaderValue::from_static("application/json"),
+    );
+    resp.headers_mut()
+        .insert("x-echo-server", http::HeaderValue::from_static(name));
     Ok(resp)
 }
