@@ -43,7 +43,10 @@ enum Cmd {
         /// Measure only one proxy (no ratios then).
         #[arg(long, value_enum)]
         only: Option<OnlyArg>,
-        /// Where result files are written (default: bench/results in this workspace).
+        /// Sluice checkout holding bench/config (default: the one this binary was built from).
+        #[arg(long, value_name = "DIR", env = "SLUICE_WORKSPACE")]
+        workspace: Option<PathBuf>,
+        /// Where result files are written (default: bench/results in the workspace).
         #[arg(long, value_name = "DIR")]
         results_dir: Option<PathBuf>,
         /// How long a proxy may take to answer its first request correctly.
@@ -110,9 +113,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             results_dir,
             ready_timeout,
             upstream_cpu,
+            workspace,
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
-            let workspace = workspace_root();
+            let workspace = workspace.unwrap_or_else(workspace_root);
             let opts = ProxyOptions {
                 scenario,
                 duration,

@@ -156,6 +156,49 @@ pub fn tree_peak_rss_kib(root: u32) -> u64 {
         .sum()
 }
 
+/// Machine-wide CPU time from the aggregate `cpu` line of `/proc/stat`, in ticks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SystemCpu {
+    /// user + nice + system + irq + softirq + steal (guest time is already part of user).
+    pub busy: u64,
+    /// Time the hypervisor ran something else while this VM wanted to run.
+    pub steal: u64,
+}
+
+/// Parses the aggregate `cpu  user nice system idle iowait irq softirq steal ...` line.
+pub fn parse_system_cpu(proc_stat: &str) -> Option<SystemCpu> {
+    let line = proc_stat.lines().find(|l| l.starts_with("cpu "))?;
+    let v: Vec<u64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|f| f.parse().ok())
+        .collect::<Option<Vec<u64>>>()?;
+    let at = |i: usize| v.get(i).copied().unwrap_or(0);
+    if v.len() < 4 {
+        return None;
+    }
+    Some(SystemCpu {
+        busy: at(0) + at(1) + at(2) + at(5) + at(6) + at(7),
+        steal: at(7),
+    })
+}
+
+/// Current machine-wide CPU time; zeros if /proc/stat is unreadable.
+pub fn system_cpu() -> SystemCpu {
+    std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| parse_system_cpu(&s))
+        .unwrap_or_default()
+}
+
+/// CPU ticks of this process's reaped children (e.g. a finished wrk run).
+pub fn own_reaped_children_ticks() -> u64 {
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| parse_stat(&s).ok())
+        .map_or(0, |s| s.cutime + s.cstime)
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`); 100 — the Linux value on every
 /// common architecture — if getconf is unavailable.
 pub fn clock_ticks_per_sec() -> u64 {
@@ -251,6 +294,20 @@ mod tests {
         t.sort_unstable();
         assert_eq!(t, vec![10, 11, 12, 13]);
         assert_eq!(tree_members(99, &all), vec![99]);
+    }
+
+    #[test]
+    fn system_cpu_line() {
+        let stat =
+            "cpu  237237 5 29736 55083 1722 10 3101 804 0 0\ncpu0 1 2 3 4 5 6 7 8 9 10\nintr 1\n";
+        let c = parse_system_cpu(stat).unwrap();
+        assert_eq!(c.busy, 237_237 + 5 + 29_736 + 10 + 3_101 + 804);
+        assert_eq!(c.steal, 804);
+        // Old kernels print fewer columns.
+        assert_eq!(parse_system_cpu("cpu  10 0 5 100\n").unwrap().busy, 15);
+        assert_eq!(parse_system_cpu("cpu0 1 2 3 4\n"), None);
+        assert_eq!(parse_system_cpu("cpu  1 x 3 4\n"), None);
+        assert!(system_cpu().busy > 0);
     }
 
     #[test]

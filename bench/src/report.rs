@@ -9,6 +9,9 @@ use crate::error::BenchError;
 use crate::machine::MachineInfo;
 use crate::wrk::WrkReport;
 
+/// A run is flagged noisy when other activity used more than this share of one core.
+pub const NOISE_LIMIT: f64 = 0.10;
+
 /// Version of the JSON layout below; bump on incompatible changes.
 pub const SCHEMA_VERSION: u32 = 1;
 
@@ -92,16 +95,37 @@ pub struct Metrics {
     pub peak_rss_kib: u64,
     /// CPU seconds of the upstream nginx in the same window (context: is the origin the bottleneck?).
     pub upstream_cpu_seconds: f64,
+    /// CPU seconds of the load generator (wrk) in the same window.
+    #[serde(default)]
+    pub wrk_cpu_seconds: f64,
+    /// CPU seconds used by everything else on the machine in the same window
+    /// (other processes, interrupts, hypervisor steal). High values mean a noisy run.
+    #[serde(default)]
+    pub background_cpu_seconds: f64,
+    /// True when `background_cpu_seconds` exceeded [`NOISE_LIMIT`] of one core:
+    /// the machine was busy and the figures are not comparable.
+    #[serde(default)]
+    pub noisy: bool,
+}
+
+/// CPU seconds of everything in the measured window, as sampled by the runner.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CpuWindow {
+    /// The proxy process tree.
+    pub proxy: f64,
+    /// The upstream nginx tree.
+    pub upstream: f64,
+    /// wrk.
+    pub wrk: f64,
+    /// The whole machine (busy time of all CPUs, including steal).
+    pub machine: f64,
 }
 
 impl Metrics {
-    /// Derives the per-CPU figures from raw measurements.
-    pub fn new(
-        wrk: WrkReport,
-        cpu_seconds: f64,
-        peak_rss_kib: u64,
-        upstream_cpu_seconds: f64,
-    ) -> Self {
+    /// Derives the per-CPU and noise figures from raw measurements.
+    pub fn new(wrk: WrkReport, cpu: CpuWindow, peak_rss_kib: u64) -> Self {
+        let cpu_seconds = cpu.proxy;
+        let background_cpu_seconds = (cpu.machine - cpu.proxy - cpu.upstream - cpu.wrk).max(0.0);
         let requests_per_cpu_second = if cpu_seconds > 0.0 {
             wrk.requests as f64 / cpu_seconds
         } else {
@@ -112,6 +136,7 @@ impl Metrics {
         } else {
             0.0
         };
+        let noisy = wrk.duration_s > 0.0 && background_cpu_seconds / wrk.duration_s > NOISE_LIMIT;
         Self {
             errors_flagged: wrk.has_errors(),
             wrk,
@@ -119,7 +144,10 @@ impl Metrics {
             cpu_utilisation,
             requests_per_cpu_second,
             peak_rss_kib,
-            upstream_cpu_seconds,
+            upstream_cpu_seconds: cpu.upstream,
+            wrk_cpu_seconds: cpu.wrk,
+            background_cpu_seconds,
+            noisy,
         }
     }
 }
@@ -135,6 +163,9 @@ pub struct Ratios {
     pub p99_latency: f64,
     /// True when either run had errors, which makes the ratios unreliable.
     pub errors_flagged: bool,
+    /// True when either run was flagged noisy.
+    #[serde(default)]
+    pub noisy: bool,
 }
 
 /// Scenario 2's cost of the plugins, normalised by nginx to cancel run-to-run drift:
@@ -167,6 +198,7 @@ impl BenchResult {
             requests_per_cpu_second: ratio(s.requests_per_cpu_second, n.requests_per_cpu_second)?,
             p99_latency: ratio(s.wrk.p99_ms, n.wrk.p99_ms)?,
             errors_flagged: n.errors_flagged || s.errors_flagged,
+            noisy: n.noisy || s.noisy,
         })
     }
 
@@ -307,15 +339,18 @@ pub fn render_markdown(r: &BenchResult) -> String {
     );
     let _ = writeln!(
         s,
-        "| proxy | req/s | p50 ms | p90 ms | p99 ms | errors | proxy CPU-s | CPU % | req/CPU-s | peak RSS MiB | upstream CPU-s |"
+        "| proxy | req/s | p50 ms | p90 ms | p99 ms | errors | proxy CPU-s | CPU % | req/CPU-s | peak RSS MiB | upstream CPU-s | wrk CPU-s | other CPU-s |"
     );
-    let _ = writeln!(s, "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|");
+    let _ = writeln!(
+        s,
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+    );
     for run in &r.runs {
         match (&run.metrics, &run.skipped) {
             (Some(x), _) => {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.0}% | {} | {} | {:.2} |",
+                    "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.0}% | {} | {} | {:.2} | {:.2} | {:.2}{} |",
                     run.proxy,
                     thousands(x.wrk.requests_per_sec),
                     x.wrk.p50_ms,
@@ -327,6 +362,9 @@ pub fn render_markdown(r: &BenchResult) -> String {
                     thousands(x.requests_per_cpu_second),
                     mib(x.peak_rss_kib),
                     x.upstream_cpu_seconds,
+                    x.wrk_cpu_seconds,
+                    x.background_cpu_seconds,
+                    if x.noisy { " **NOISY**" } else { "" },
                 );
             }
             (None, reason) => {
@@ -344,6 +382,18 @@ pub fn render_markdown(r: &BenchResult) -> String {
         }
     }
     s.push('\n');
+    if r.ratios.is_none()
+        && r.runs
+            .iter()
+            .filter_map(|x| x.metrics.as_ref())
+            .any(|m| m.noisy)
+    {
+        let _ = writeln!(
+            s,
+            "**Other processes used more than {:.0}% of a core during a measured run (NOISY); rerun on a quiet machine.**\n",
+            NOISE_LIMIT * 100.0
+        );
+    }
     match &r.ratios {
         Some(q) => {
             let _ = writeln!(s, "| sluice ÷ nginx | ratio | budget |");
@@ -365,6 +415,13 @@ pub fn render_markdown(r: &BenchResult) -> String {
                 q.p99_latency,
                 verdict(q.p99_latency <= BUDGET_P99)
             );
+            if q.noisy {
+                let _ = writeln!(
+                    s,
+                    "\n**Other processes used more than {:.0}% of a core during a measured run (NOISY); rerun on a quiet machine.**",
+                    NOISE_LIMIT * 100.0
+                );
+            }
             if q.errors_flagged {
                 let _ = writeln!(
                     s,
@@ -563,6 +620,20 @@ mod tests {
         }
     }
 
+    /// Metrics on a quiet machine: only proxy and upstream used CPU.
+    fn metrics(w: WrkReport, proxy: f64, rss: u64, upstream: f64) -> Metrics {
+        Metrics::new(
+            w,
+            CpuWindow {
+                proxy,
+                upstream,
+                wrk: 0.0,
+                machine: proxy + upstream,
+            },
+            rss,
+        )
+    }
+
     fn result(scenario: u8, runs: Vec<ProxyRun>) -> BenchResult {
         let mut r = BenchResult {
             schema_version: SCHEMA_VERSION,
@@ -607,13 +678,13 @@ mod tests {
 
     #[test]
     fn metrics_derive_per_cpu_figures() {
-        let m = Metrics::new(wrk(70_000.0, 1.5, 0), 9.0, 4096, 3.0);
+        let m = metrics(wrk(70_000.0, 1.5, 0), 9.0, 4096, 3.0);
         assert!((m.requests_per_cpu_second - 700_000.0 / 9.0).abs() < 1e-6);
         assert!((m.cpu_utilisation - 0.9).abs() < 1e-9);
         assert!(!m.errors_flagged);
-        assert!(Metrics::new(wrk(1.0, 1.0, 5), 1.0, 0, 0.0).errors_flagged);
+        assert!(metrics(wrk(1.0, 1.0, 5), 1.0, 0, 0.0).errors_flagged);
         assert_eq!(
-            Metrics::new(wrk(1.0, 1.0, 0), 0.0, 0, 0.0).requests_per_cpu_second,
+            metrics(wrk(1.0, 1.0, 0), 0.0, 0, 0.0).requests_per_cpu_second,
             0.0
         );
     }
@@ -623,14 +694,8 @@ mod tests {
         let r = result(
             1,
             vec![
-                run(
-                    "nginx",
-                    Metrics::new(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0),
-                ),
-                run(
-                    "sluice",
-                    Metrics::new(wrk(84_000.0, 1.0, 0), 8.0, 8192, 3.0),
-                ),
+                run("nginx", metrics(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0)),
+                run("sluice", metrics(wrk(84_000.0, 1.0, 0), 8.0, 8192, 3.0)),
             ],
         );
         let q = r.ratios.clone().unwrap();
@@ -657,10 +722,7 @@ mod tests {
         let r = result(
             1,
             vec![
-                run(
-                    "nginx",
-                    Metrics::new(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0),
-                ),
+                run("nginx", metrics(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0)),
                 ProxyRun {
                     proxy: "sluice".into(),
                     skipped: Some("binary exited with status 1".into()),
@@ -682,14 +744,8 @@ mod tests {
         let r = result(
             1,
             vec![
-                run(
-                    "nginx",
-                    Metrics::new(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0),
-                ),
-                run(
-                    "sluice",
-                    Metrics::new(wrk(90_000.0, 3.0, 12), 10.0, 4096, 3.0),
-                ),
+                run("nginx", metrics(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0)),
+                run("sluice", metrics(wrk(90_000.0, 3.0, 12), 10.0, 4096, 3.0)),
             ],
         );
         let md = render_markdown(&r);
@@ -703,12 +759,36 @@ mod tests {
     }
 
     #[test]
+    fn background_cpu_marks_a_noisy_run() {
+        let cpu = |machine| CpuWindow {
+            proxy: 9.0,
+            upstream: 3.0,
+            wrk: 8.0,
+            machine,
+        };
+        // 0.5 CPU-s of others over 10 s = 5% of a core: fine.
+        let quiet = Metrics::new(wrk(70_000.0, 2.0, 0), cpu(20.5), 0);
+        assert!((quiet.background_cpu_seconds - 0.5).abs() < 1e-9);
+        assert!(!quiet.noisy);
+        // 5 CPU-s of others over 10 s = 50% of a core: noisy.
+        let busy = Metrics::new(wrk(70_000.0, 2.0, 0), cpu(25.0), 0);
+        assert!(busy.noisy);
+        let r = result(1, vec![run("nginx", quiet.clone()), run("sluice", busy)]);
+        assert!(r.ratios.as_ref().unwrap().noisy);
+        let md = render_markdown(&r);
+        assert!(md.contains("| 5.00 **NOISY** |"), "{md}");
+        assert!(md.contains("rerun on a quiet machine"), "{md}");
+        let calm = result(1, vec![run("nginx", quiet)]);
+        assert!(!render_markdown(&calm).contains("NOISY"));
+    }
+
+    #[test]
     fn json_round_trip() {
         let r = result(
             1,
             vec![run(
                 "nginx",
-                Metrics::new(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0),
+                metrics(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0),
             )],
         );
         let text = r.to_json().unwrap();
@@ -722,16 +802,16 @@ mod tests {
         let s1 = result(
             1,
             vec![
-                run("nginx", Metrics::new(wrk(70_000.0, 2.0, 0), 10.0, 0, 0.0)),
-                run("sluice", Metrics::new(wrk(84_000.0, 2.0, 0), 10.0, 0, 0.0)),
+                run("nginx", metrics(wrk(70_000.0, 2.0, 0), 10.0, 0, 0.0)),
+                run("sluice", metrics(wrk(84_000.0, 2.0, 0), 10.0, 0, 0.0)),
             ],
         );
         // nginx drifted down 10% in the second run; sluice lost 5.5% to drift and plugins.
         let s2 = result(
             2,
             vec![
-                run("nginx", Metrics::new(wrk(63_000.0, 2.0, 0), 10.0, 0, 0.0)),
-                run("sluice", Metrics::new(wrk(71_820.0, 2.0, 0), 10.0, 0, 0.0)),
+                run("nginx", metrics(wrk(63_000.0, 2.0, 0), 10.0, 0, 0.0)),
+                run("sluice", metrics(wrk(71_820.0, 2.0, 0), 10.0, 0, 0.0)),
             ],
         );
         let c = s2.plugin_cost_against(&s1, "latest-1-x86_64.json").unwrap();
@@ -745,14 +825,14 @@ mod tests {
             1,
             vec![run(
                 "nginx",
-                Metrics::new(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0),
+                metrics(wrk(70_000.0, 2.0, 0), 10.0, 4096, 3.0),
             )],
         );
         let mut b = a.clone();
         b.machine.arch = "aarch64".into();
         b.runs = vec![run(
             "nginx",
-            Metrics::new(wrk(35_000.0, 4.0, 0), 10.0, 4096, 3.0),
+            metrics(wrk(35_000.0, 4.0, 0), 10.0, 4096, 3.0),
         )];
         let md = render_compare(&a, &b, "a.json", "b.json");
         assert!(md.contains("| arch | x86_64 | aarch64 | |"), "{md}");

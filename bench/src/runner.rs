@@ -12,7 +12,7 @@ use crate::nginx;
 use crate::probe;
 use crate::process::{self, ProcessGuard, TempDir};
 use crate::procfs;
-use crate::report::{self, BenchResult, Metrics, ProxyRun, RunParams};
+use crate::report::{self, BenchResult, CpuWindow, Metrics, ProxyRun, RunParams};
 use crate::sluice;
 use crate::wrk::{self, WrkReport};
 
@@ -241,19 +241,38 @@ impl Bench<'_> {
             proxy.name(),
             opts.duration
         );
+        // Sample the whole machine outermost so the per-process figures nest inside it.
+        let machine_before = procfs::system_cpu();
+        let wrk_before = procfs::own_reaped_children_ticks();
         let proxy_before = procfs::tree_cpu_ticks(proxy.pid());
         let upstream_before = procfs::tree_cpu_ticks(upstream.pid());
         let report = self.run_wrk(dir, port, opts.duration, "measure")?;
         let proxy_after = procfs::tree_cpu_ticks(proxy.pid());
         let upstream_after = procfs::tree_cpu_ticks(upstream.pid());
+        // wrk has been reaped by now, so its time is in our children's total.
+        let wrk_after = procfs::own_reaped_children_ticks();
+        let machine_after = procfs::system_cpu();
         let peak_rss_kib = procfs::tree_peak_rss_kib(proxy.pid());
         let secs = |a: u64, b: u64| b.saturating_sub(a) as f64 / self.clk_tck as f64;
         let m = Metrics::new(
             report,
-            secs(proxy_before, proxy_after),
+            CpuWindow {
+                proxy: secs(proxy_before, proxy_after),
+                upstream: secs(upstream_before, upstream_after),
+                wrk: secs(wrk_before, wrk_after),
+                machine: secs(machine_before.busy, machine_after.busy),
+            },
             peak_rss_kib,
-            secs(upstream_before, upstream_after),
         );
+        if m.noisy {
+            eprintln!(
+                "sluice-bench: {}: WARNING: other activity used {:.2} CPU-s during the measured run \
+                 (steal {:.2} s); figures are not comparable",
+                proxy.name(),
+                m.background_cpu_seconds,
+                secs(machine_before.steal, machine_after.steal)
+            );
+        }
         if m.errors_flagged {
             eprintln!(
                 "sluice-bench: {}: WARNING: {} non-2xx/3xx responses and {} socket errors in the measured run",
