@@ -25,8 +25,21 @@ pub fn port_in_use(port: u16) -> bool {
 pub struct Response {
     /// The status code, e.g. 200.
     pub status: u16,
+    /// Header fields in order, names lower-cased.
+    pub headers: Vec<(String, String)>,
     /// The body bytes.
     pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first value of header `name` (case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        let name = name.to_ascii_lowercase();
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// Parses a complete HTTP/1.x response read until the server closed the
@@ -51,10 +64,12 @@ pub fn parse_response(raw: &[u8]) -> Result<Response, String> {
         .ok_or_else(|| format!("bad status line: {status_line:?}"))?;
     let mut content_length = None;
     let mut chunked = false;
+    let mut headers = Vec::new();
     for line in lines {
         if let Some((name, value)) = line.split_once(':') {
             let name = name.trim().to_ascii_lowercase();
             let value = value.trim();
+            headers.push((name.clone(), value.to_owned()));
             if name == "content-length" {
                 content_length = value.parse::<usize>().ok();
             } else if name == "transfer-encoding" && value.to_ascii_lowercase().contains("chunked")
@@ -72,7 +87,11 @@ pub fn parse_response(raw: &[u8]) -> Result<Response, String> {
     } else {
         rest.to_vec()
     };
-    Ok(Response { status, body })
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
 }
 
 fn dechunk(mut data: &[u8]) -> Result<Vec<u8>, String> {
@@ -156,6 +175,9 @@ mod tests {
         let r = parse_response(raw).unwrap();
         assert_eq!(r.status, 200);
         assert_eq!(r.body, HELLO_BODY);
+        assert_eq!(r.header("SERVER"), Some("x"));
+        assert_eq!(r.header("content-length"), Some("12"));
+        assert_eq!(r.header("x-ratelimit-limit"), None);
     }
 
     #[test]

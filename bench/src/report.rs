@@ -76,6 +76,10 @@ pub struct ProxyRun {
     pub skipped: Option<String>,
     /// The measurements; `None` when skipped.
     pub metrics: Option<Metrics>,
+    /// Problems that make the measurement doubtful without preventing it,
+    /// e.g. scenario-2 plugins that showed no effect.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// Measurements of one proxy over the measured wrk run.
@@ -209,6 +213,14 @@ impl BenchResult {
         reference_name: &str,
     ) -> Option<PluginCost> {
         if self.scenario != 2 || reference.scenario != 1 {
+            return None;
+        }
+        // With plugins that did not run, the "cost" would be meaningless.
+        if self
+            .runs
+            .iter()
+            .any(|r| r.proxy == "sluice" && !r.warnings.is_empty())
+        {
             return None;
         }
         let now = self.compute_ratios()?;
@@ -382,6 +394,11 @@ pub fn render_markdown(r: &BenchResult) -> String {
         }
     }
     s.push('\n');
+    for run in &r.runs {
+        for w in &run.warnings {
+            let _ = writeln!(s, "**WARNING ({}): {}**\n", run.proxy, w);
+        }
+    }
     if r.ratios.is_none()
         && r.runs
             .iter()
@@ -673,6 +690,7 @@ mod tests {
             proxy: proxy.into(),
             skipped: None,
             metrics: Some(m),
+            warnings: Vec::new(),
         }
     }
 
@@ -727,6 +745,7 @@ mod tests {
                     proxy: "sluice".into(),
                     skipped: Some("binary exited with status 1".into()),
                     metrics: None,
+                    warnings: Vec::new(),
                 },
             ],
         );
@@ -817,6 +836,16 @@ mod tests {
         let c = s2.plugin_cost_against(&s1, "latest-1-x86_64.json").unwrap();
         assert!((c.normalised_rate_ratio - 0.95).abs() < 1e-9, "{c:?}");
         assert!(s1.plugin_cost_against(&s2, "x").is_none());
+
+        // Plugins that did not run: no cost figure, and the warning is shown.
+        let mut inactive = s2.clone();
+        inactive.runs[1].warnings = vec!["limit-count not active".into()];
+        assert!(inactive.plugin_cost_against(&s1, "x").is_none());
+        let md = render_markdown(&inactive);
+        assert!(
+            md.contains("**WARNING (sluice): limit-count not active**"),
+            "{md}"
+        );
     }
 
     #[test]

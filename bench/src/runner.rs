@@ -300,14 +300,49 @@ fn sluice_binary(opts: &ProxyOptions) -> Result<PathBuf, BenchError> {
     }
 }
 
+/// Scenario 2 is only meaningful if the plugins really run. Checks what a
+/// user would see: limit-count's `X-RateLimit-Limit` header on the route and
+/// prometheus's `apisix_http_status` metric on the admin `/metrics`.
+/// Returns one warning per plugin that shows no sign of life.
+pub fn scenario2_plugin_warnings(
+    route: &probe::Response,
+    metrics: Option<&probe::Response>,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if route.header("x-ratelimit-limit").is_none() {
+        warnings
+            .push("limit-count not active: GET /hello had no X-RateLimit-Limit header".to_owned());
+    }
+    let has_metric = metrics.is_some_and(|m| {
+        m.status == 200 && String::from_utf8_lossy(&m.body).contains("apisix_http_status")
+    });
+    if !has_metric {
+        warnings.push("prometheus not active: admin /metrics has no apisix_http_status".to_owned());
+    }
+    warnings
+}
+
+/// Probes a running sluice for the scenario-2 plugins.
+fn check_scenario2(port: u16, admin: u16) -> Vec<String> {
+    let timeout = Duration::from_secs(2);
+    match probe::http_get(port, PATH, timeout) {
+        Ok(route) => {
+            let metrics = probe::http_get(admin, "/metrics", timeout).ok();
+            scenario2_plugin_warnings(&route, metrics.as_ref())
+        }
+        Err(e) => vec![format!("could not probe the plugins: {e}")],
+    }
+}
+
 /// Starts sluice and waits until it proxies hello; a failure is a skip reason.
+/// Returns the process and its admin port.
 fn start_sluice(
     opts: &ProxyOptions,
     bin: &Path,
     cpu: Option<usize>,
     dir: &TempDir,
     port: u16,
-) -> Result<ProcessGuard, String> {
+) -> Result<(ProcessGuard, u16), String> {
     let admin = probe::free_port().map_err(|e| format!("no free admin port: {e}"))?;
     let config = sluice::scenario_config(&opts.workspace, opts.scenario);
     let cmd = pinned(cpu, bin, &sluice::args(&config, port, admin));
@@ -322,7 +357,7 @@ fn start_sluice(
         }
     });
     match ready {
-        Ok(()) => Ok(guard),
+        Ok(()) => Ok((guard, admin)),
         Err(detail) => {
             let tail = guard.log_tail(8);
             Err(if tail.is_empty() {
@@ -410,22 +445,33 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             proxy: "nginx".into(),
             skipped: None,
             metrics: Some(m),
+            warnings: Vec::new(),
         });
     }
     if let Some(bin) = sluice_bin {
         let outcome = bin.and_then(|bin| {
             let dir = TempDir::new("sluice").map_err(|e| e.to_string())?;
             let port = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
-            let proxy = start_sluice(opts, &bin, proxy_cpu, &dir, port)?;
-            bench
+            let (proxy, admin) = start_sluice(opts, &bin, proxy_cpu, &dir, port)?;
+            let m = bench
                 .measure(dir.path(), &proxy, &upstream, port)
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            let warnings = if opts.scenario == 2 {
+                check_scenario2(port, admin)
+            } else {
+                Vec::new()
+            };
+            for w in &warnings {
+                eprintln!("sluice-bench: sluice: WARNING: {w}");
+            }
+            Ok((m, warnings))
         });
         match outcome {
-            Ok(m) => runs.push(ProxyRun {
+            Ok((m, warnings)) => runs.push(ProxyRun {
                 proxy: "sluice".into(),
                 skipped: None,
                 metrics: Some(m),
+                warnings,
             }),
             Err(reason) => {
                 eprintln!("sluice-bench: SKIPPING sluice: {reason}");
@@ -433,6 +479,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
                     proxy: "sluice".into(),
                     skipped: Some(reason),
                     metrics: None,
+                    warnings: Vec::new(),
                 });
             }
         }
@@ -536,6 +583,34 @@ mod tests {
         assert_eq!(pick_cpus(&[2, 5, 6]), Some((2, 5)));
         assert_eq!(pick_cpus(&[0]), None);
         assert_eq!(pick_cpus(&[]), None);
+    }
+
+    fn response(headers: &[(&str, &str)], body: &str) -> probe::Response {
+        probe::Response {
+            status: 200,
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.to_string()))
+                .collect(),
+            body: body.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn scenario2_plugins_must_show_up() {
+        let route_ok = response(&[("x-ratelimit-limit", "2000000000000")], "hello world\n");
+        let metrics_ok = response(&[], "apisix_http_status{code=\"200\",route=\"r1\"} 5\n");
+        assert!(scenario2_plugin_warnings(&route_ok, Some(&metrics_ok)).is_empty());
+
+        let route_bare = response(&[("content-length", "12")], "hello world\n");
+        let metrics_bare = response(&[], "sluice_http_responses_total{class=\"2xx\"} 1\n");
+        let w = scenario2_plugin_warnings(&route_bare, Some(&metrics_bare));
+        assert_eq!(w.len(), 2, "{w:?}");
+        assert!(w[0].contains("limit-count"), "{w:?}");
+        assert!(w[1].contains("prometheus"), "{w:?}");
+        let w = scenario2_plugin_warnings(&route_ok, None);
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("prometheus"), "{w:?}");
     }
 
     #[test]
