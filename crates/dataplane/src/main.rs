@@ -87,6 +87,7 @@ fn main() -> anyhow::Result<()> {
     // Serve the first configuration before opening the traffic port.
     let mut version = 1;
     standalone::reload(&path, &store, &mut version);
+    trim_heap();
 
     let limits = server::Limits {
         max_connections: args.max_connections,
@@ -98,12 +99,22 @@ fn main() -> anyhow::Result<()> {
 
     control.block_on(async move {
         tokio::spawn(admin::serve(admin_listener, Arc::clone(&store)));
-        tokio::spawn(standalone::watch(path, store, version));
+        tokio::spawn(standalone::watch(path, store, version, trim_heap));
         shutdown_signal().await;
     });
     tracing::info!("shutting down");
     drop(handles);
     Ok(())
+}
+
+/// Returns memory freed by this thread to the OS. mimalloc otherwise keeps the pages of a
+/// reload's transient parse trees until the thread allocates again, which an idle reload
+/// thread never does: measured with 10k routes, 96 MiB resident instead of about 30 MiB.
+#[allow(unsafe_code)]
+fn trim_heap() {
+    // SAFETY: `mi_collect` has no preconditions; it only releases memory mimalloc owns and
+    // that no live allocation uses.
+    unsafe { libmimalloc_sys::mi_collect(true) }
 }
 
 async fn shutdown_signal() {

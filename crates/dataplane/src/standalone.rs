@@ -168,8 +168,10 @@ pub fn reload(path: &Path, store: &Store, next_version: &mut u64) -> bool {
     }
 }
 
-/// Watches `path` and reloads on change, forever. `version` is the next snapshot version.
-pub async fn watch(path: PathBuf, store: Arc<Store>, mut version: u64) {
+/// Watches `path` and reloads on change, forever. `version` is the next snapshot version;
+/// `after_reload` runs on the thread that did the reload (the binary uses it to hand the
+/// parse's transient memory back to the OS).
+pub async fn watch(path: PathBuf, store: Arc<Store>, mut version: u64, after_reload: fn()) {
     let mut seen = fingerprint(&path);
     let mut tick = tokio::time::interval(POLL_INTERVAL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -184,6 +186,7 @@ pub async fn watch(path: PathBuf, store: Arc<Store>, mut version: u64) {
             let mut v = version;
             let result = tokio::task::spawn_blocking(move || {
                 reload(&path, &store, &mut v);
+                after_reload();
                 v
             })
             .await;
