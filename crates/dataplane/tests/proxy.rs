@@ -337,3 +337,42 @@ async fn snapshot_swap_is_atomic_and_a_bad_snapshot_keeps_the_last_good_one() {
     assert_eq!(st.version, 2);
     assert!(st.last_error.unwrap().contains("snapshot v3 rejected"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_keep_succeeding_while_large_snapshots_are_swapped_in() {
+    let echo = EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane().await;
+    let echo_addr = echo.addr;
+    let big = move |version: u64| {
+        let mut routes: Vec<_> = (0..10_000)
+            .map(|i| {
+                route(
+                    &format!("default/r{i}/r1"),
+                    &[&format!("/filler/{i}*")],
+                    "u",
+                )
+            })
+            .collect();
+        routes.push(route("default/live/r1", &["/live"], "u"));
+        snapshot(version, routes, vec![upstream("u", &[(echo_addr, 1)])])
+    };
+    dp.store.apply(big(1), vec![]).unwrap();
+    let store = std::sync::Arc::clone(&dp.store);
+    let swapper = std::thread::spawn(move || {
+        for v in 2..12 {
+            store.apply(big(v), vec![]).unwrap();
+        }
+    });
+    let mut served = 0;
+    while !swapper.is_finished() || served < 50 {
+        assert_eq!(
+            get(dp.addr, "h", "/live").await.status,
+            StatusCode::OK,
+            "request {served} failed during a swap"
+        );
+        served += 1;
+    }
+    swapper.join().unwrap();
+    assert_eq!(dp.store.state().version, 11);
+    assert!(served >= 50);
+}
