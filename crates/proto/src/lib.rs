@@ -1,12 +1,18 @@
-//! The Sluice snapshot wire format.
+//! The Sluice snapshot wire format and the gRPC snapshot channel.
 //!
 //! These are *wire* types: the dataplane converts them into validated internal types
 //! before use. They serialize to JSON/YAML with the canonical protobuf JSON mapping
 //! (via `pbjson`), which is what golden files and `/snapshot` show.
+//!
+//! The channel (`proto/sluice/v1/sync.proto`) is one bidirectional stream per dataplane:
+//! [`v1::snapshot_service_server`] is implemented by the controller,
+//! [`v1::snapshot_service_client`] is used by the dataplane. The dataplane sends a
+//! [`v1::Hello`], the controller answers with the current snapshot and every new one, the
+//! dataplane acknowledges each with a [`v1::Ack`] or a [`v1::Nack`].
 
 #![forbid(unsafe_code)]
 
-/// Generated protobuf messages of package `sluice.v1`.
+/// Generated protobuf messages and gRPC stubs of package `sluice.v1`.
 #[allow(clippy::all, missing_docs)]
 pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/sluice.v1.rs"));
