@@ -1,1 +1,36 @@
-//! e2e test support (the suite lands with the controller issue).
+//! End-to-end test support: a real Kubernetes control plane, network namespaces for backends,
+//! and the workspace's binaries.
+//!
+//! - [`Cluster`]: etcd + kube-apiserver on loopback ports (started by
+//!   `scripts/testcluster.sh`), an admin kubeconfig, a [`Cluster::kubectl`] helper and
+//!   ServiceAccount kubeconfigs for RBAC-bound clients. Stopped and deleted on drop; a watchdog
+//!   also cleans up when the test process dies without running destructors.
+//! - [`Netns`]: a network namespace joined to the root namespace by a veth pair with
+//!   private-range addresses, because the API server rejects loopback addresses in
+//!   EndpointSlices. Backends run inside it ([`Netns::spawn_echo`]) and are reached from the
+//!   root namespace at [`Netns::addr`]. Deleted on drop.
+//! - [`workspace_bin`]: builds (if stale) and locates a binary of another workspace crate,
+//!   e.g. `sluice-echo`, `sluice-dataplane` or `sluice-controller`.
+//!
+//! The cluster binaries are installed by `scripts/testcluster.sh install` (which
+//! `scripts/test.sh` runs); a missing binary is a test failure that names that command.
+
+#![forbid(unsafe_code)]
+
+mod bins;
+mod cluster;
+mod error;
+mod http;
+mod netns;
+mod process;
+
+pub use bins::workspace_bin;
+pub use cluster::{Cluster, KubectlOutput, SERVICE_CIDR, kubectl_path};
+pub use error::Error;
+pub use http::{HttpResponse, http_get};
+pub use netns::{Backend, Netns, SUBNET_POOL};
+
+/// The repository root (two levels above this crate's manifest).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
