@@ -10,6 +10,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod controller_client;
 pub mod error;
 pub mod metrics;
 pub mod proxy;

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, ValueEnum};
+use sluice_dataplane::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::{admin, server, standalone, store::Store};
 
 #[global_allocator]
@@ -28,9 +29,36 @@ struct Args {
     /// EndpointSlice and Secret documents, as for `kubectl apply`. Reloaded on change.
     #[arg(long, value_name = "PATH", conflicts_with = "controller")]
     standalone: Option<PathBuf>,
-    /// Controller mode: the gRPC address of sluice-controller.
+    /// Controller mode: the gRPC URL of sluice-controller, e.g.
+    /// `https://sluice-controller.sluice.svc:18000`. Needs --tls-cert, --tls-key and
+    /// --tls-ca, or --insecure for a controller on localhost.
     #[arg(long, value_name = "URL")]
     controller: Option<String>,
+    /// Controller mode: PEM certificate chain this dataplane presents to the controller.
+    #[arg(long, value_name = "FILE", requires_all = ["controller", "tls_key", "tls_ca"])]
+    tls_cert: Option<PathBuf>,
+    /// Controller mode: PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires_all = ["controller", "tls_cert", "tls_ca"])]
+    tls_key: Option<PathBuf>,
+    /// Controller mode: PEM CA bundle the controller's certificate must chain to.
+    #[arg(long, value_name = "FILE", requires_all = ["controller", "tls_cert", "tls_key"])]
+    tls_ca: Option<PathBuf>,
+    /// Controller mode: name to verify the controller's certificate against (default: the
+    /// host of --controller).
+    #[arg(long, value_name = "NAME", requires = "tls_ca")]
+    tls_server_name: Option<String>,
+    /// Controller mode: plaintext to the controller. Refused unless --controller is a
+    /// loopback address (snapshots carry TLS keys).
+    #[arg(long, requires = "controller", conflicts_with_all = ["tls_cert", "tls_key", "tls_ca"])]
+    insecure: bool,
+    /// Controller mode: directory where the last good snapshot is kept (`snapshot.pb`) and
+    /// served from at start, so a restart serves without a controller. Default: not kept.
+    #[arg(long, value_name = "DIR", requires = "controller")]
+    state_dir: Option<PathBuf>,
+    /// Controller mode: this dataplane's name in the controller's bookkeeping and status.
+    /// Default: $POD_NAME, else $HOSTNAME, else `sluice-dataplane`.
+    #[arg(long, value_name = "NAME", env = "POD_NAME")]
+    dataplane_id: Option<String>,
     /// Plain-HTTP listener (HTTP/1.1 and h2c).
     #[arg(long, default_value = "0.0.0.0:9080")]
     listen_http: SocketAddr,
@@ -63,12 +91,50 @@ fn init_logs(format: LogFormat) {
     }
 }
 
+/// Where the configuration comes from.
+enum Source {
+    Standalone(PathBuf),
+    Controller(Box<ClientConfig>),
+}
+
+fn source(args: &Args) -> anyhow::Result<Source> {
+    if let Some(path) = &args.standalone {
+        return Ok(Source::Standalone(path.clone()));
+    }
+    let Some(url) = args.controller.clone() else {
+        anyhow::bail!("give --standalone PATH or --controller URL");
+    };
+    let tls = match (&args.tls_ca, &args.tls_cert, &args.tls_key) {
+        (Some(ca), Some(cert), Some(key)) => Some(ClientTls::from_files(
+            ca,
+            cert,
+            key,
+            args.tls_server_name.clone(),
+        )?),
+        _ if args.insecure => None,
+        _ => return Err(controller_client::ClientError::TlsMissing.into()),
+    };
+    let dataplane_id = args
+        .dataplane_id
+        .clone()
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "sluice-dataplane".to_owned());
+    let config = ClientConfig {
+        url,
+        tls,
+        dataplane_id,
+        state_dir: args.state_dir.clone(),
+        backoff: Backoff::default(),
+    };
+    config.validate()?;
+    Ok(Source::Controller(Box::new(config)))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     init_logs(args.log_format);
-    let Some(path) = args.standalone.clone() else {
-        anyhow::bail!("controller mode is not available yet; run with --standalone PATH");
-    };
+    let source = source(&args)?;
     let workers = args.workers.unwrap_or_else(|| {
         std::thread::available_parallelism()
             .map(|n| n.get())
@@ -84,9 +150,21 @@ fn main() -> anyhow::Result<()> {
         .block_on(tokio::net::TcpListener::bind(args.admin))
         .with_context(|| format!("binding admin listener {}", args.admin))?;
 
-    // Serve the first configuration before opening the traffic port.
+    // Serve the first configuration before opening the traffic port: the files, or the
+    // snapshot persisted by the last run in controller mode.
     let mut version = 1;
-    standalone::reload(&path, &store, &mut version);
+    match &source {
+        Source::Standalone(path) => {
+            standalone::reload(path, &store, &mut version);
+        }
+        Source::Controller(config) => {
+            if let Some(dir) = &config.state_dir
+                && let Err(e) = controller_client::restore(&store, dir)
+            {
+                tracing::warn!(error = %e, "persisted snapshot not served; waiting for the controller");
+            }
+        }
+    }
     trim_heap();
 
     let limits = server::Limits {
@@ -95,11 +173,22 @@ fn main() -> anyhow::Result<()> {
     };
     let handles = server::spawn_workers(args.listen_http, workers, Arc::clone(&store), limits)
         .with_context(|| format!("binding {}", args.listen_http))?;
-    tracing::info!(http = %args.listen_http, admin = %args.admin, workers, source = %path.display(), "sluice-dataplane serving");
+    let source_name = match &source {
+        Source::Standalone(path) => path.display().to_string(),
+        Source::Controller(config) => config.url.clone(),
+    };
+    tracing::info!(http = %args.listen_http, admin = %args.admin, workers, source = %source_name, "sluice-dataplane serving");
 
     control.block_on(async move {
         tokio::spawn(admin::serve(admin_listener, Arc::clone(&store)));
-        tokio::spawn(standalone::watch(path, store, version, trim_heap));
+        match source {
+            Source::Standalone(path) => {
+                tokio::spawn(standalone::watch(path, store, version, trim_heap));
+            }
+            Source::Controller(config) => {
+                tokio::spawn(controller_client::run(*config, store, trim_heap));
+            }
+        }
         shutdown_signal().await;
     });
     tracing::info!("shutting down");

@@ -41,6 +41,25 @@ pub fn seal(mut snapshot: Snapshot, version: u64) -> Snapshot {
     snapshot
 }
 
+/// Largest gRPC message either side of the snapshot channel accepts or sends: 256 MiB.
+/// tonic's default of 4 MiB is too small for a snapshot with tens of thousands of routes.
+pub const MAX_MESSAGE_BYTES: usize = 256 * 1024 * 1024;
+
+/// Whether `host` (a host name or an IP address, IPv6 with or without brackets) names the
+/// local machine: `localhost`, `127.0.0.0/8` or `::1`. The snapshot channel refuses
+/// plaintext (`--insecure`) anywhere else, because snapshots carry TLS keys.
+pub fn is_loopback_host(host: &str) -> bool {
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.eq_ignore_ascii_case("localhost") {
+        return true;
+    }
+    host.parse::<std::net::IpAddr>()
+        .is_ok_and(|ip| ip.is_loopback())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -69,6 +88,31 @@ mod tests {
         assert_eq!(a.hash, b.hash);
         assert_ne!(a.hash, c.hash);
         assert_eq!(a.hash.len(), 64);
+    }
+
+    #[test]
+    fn loopback_hosts() {
+        for h in [
+            "localhost",
+            "LOCALHOST",
+            "127.0.0.1",
+            "127.3.2.1",
+            "::1",
+            "[::1]",
+        ] {
+            assert!(is_loopback_host(h), "{h}");
+        }
+        for h in [
+            "0.0.0.0",
+            "10.0.0.1",
+            "::",
+            "[::]",
+            "example.com",
+            "localhost.evil.com",
+            "",
+        ] {
+            assert!(!is_loopback_host(h), "{h}");
+        }
     }
 
     #[test]
