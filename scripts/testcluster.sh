@@ -155,8 +155,8 @@ cmd_paths() {
 port_in_use() { [ -n "$(ss -Htln "sport = :$1" 2>/dev/null)" ]; }
 
 free_port() {
-    local p i
-    for i in $(seq 1 200); do
+    local p
+    for _ in $(seq 1 200); do
         p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
         case " ${USED_PORTS:-} " in *" $p "*) continue ;; esac
         if ! port_in_use "$p"; then
@@ -279,10 +279,9 @@ cmd_start() {
             --unsafe-no-fsync --log-level warn \
             </dev/null >"$dir/etcd.log" 2>&1 &
         local etcd_pid=$!
-        # NB: the API server would retry, but starting it once etcd answers keeps its log
-        # free of dial errors and is no slower.
-        local i
-        for i in $(seq 1 100); do
+        # NB: the API server would retry, but starting it once etcd answers spares it a
+        # round of connection back-off.
+        for _ in $(seq 1 100); do
             kill -0 "$etcd_pid" 2>/dev/null || break
             curl -s --max-time 1 "http://127.0.0.1:$etcd_port/health" 2>/dev/null | grep -q '"health":"true"' && break
             sleep 0.05
@@ -355,6 +354,7 @@ cmd_start() {
 start_watchdog() {
     local dir=$1 owner=$2
     # Detached; exits when the cluster is stopped normally, cleans up when the owner dies.
+    # shellcheck disable=SC2016 # expanded by the inner bash
     setsid bash -c '
         dir=$1 owner=$2 self=$3
         while kill -0 "$owner" 2>/dev/null; do
@@ -367,10 +367,10 @@ start_watchdog() {
 }
 
 stop_pid() {
-    local pid=$1 name=$2 i
+    local pid=$1 name=$2
     pid_is "$pid" "$name" || return 0
     kill -TERM "$pid" 2>/dev/null || return 0
-    for i in $(seq 1 100); do
+    for _ in $(seq 1 100); do
         pid_is "$pid" "$name" || return 0
         sleep 0.1
     done
@@ -382,8 +382,7 @@ cmd_stop() {
     [ -n "$dir" ] || die "usage: $0 stop DIR [--remove]"
     [ "${2:-}" = --remove ] && remove=1
     if [ -e "$dir/cluster.env" ]; then
-        local APISERVER_PID= ETCD_PID=
-        # shellcheck disable=SC1091
+        local APISERVER_PID ETCD_PID
         APISERVER_PID=$(sed -n 's/^APISERVER_PID=//p' "$dir/cluster.env")
         ETCD_PID=$(sed -n 's/^ETCD_PID=//p' "$dir/cluster.env")
         stop_pid "$APISERVER_PID" kube-apiserver

@@ -266,13 +266,45 @@ impl Netns {
     }
 
     /// Spawns `cmd` (from [`Netns::command`]) and waits until `addr` accepts TCP connections
-    /// from the root namespace, for at most `timeout`. Output goes to the test's stderr.
+    /// from the root namespace, for at most `timeout`. See [`Backend::spawn`].
     pub fn spawn(
         &self,
-        mut cmd: Command,
+        cmd: Command,
         addr: SocketAddr,
         timeout: Duration,
     ) -> Result<Backend, Error> {
+        Backend::spawn(cmd, addr, timeout)
+    }
+
+    /// Runs the workspace's `sluice-echo` backend named `name` inside the namespace on
+    /// `addr:port` (an address of [`Netns::addrs`]) and waits until it answers. Builds
+    /// `sluice-echo` first if needed (see [`crate::workspace_bin`]).
+    pub fn spawn_echo(&self, name: &str, addr: Ipv4Addr, port: u16) -> Result<Backend, Error> {
+        let bin = crate::workspace_bin("sluice-testkit", "sluice-echo")?;
+        let listen = SocketAddr::from((addr, port));
+        let mut cmd = self.command(bin);
+        cmd.args(["--listen", &listen.to_string(), "--name", name]);
+        self.spawn(cmd, listen, Duration::from_secs(10))
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        kill_all_in(&self.name);
+        // Deleting the root end removes both ends of the pair.
+        let _ = ip(&["link", "delete", &self.host_if]);
+        if let Err(e) = ip(&["netns", "delete", &self.name]) {
+            eprintln!("sluice-e2e: deleting network namespace {}: {e}", self.name);
+        }
+    }
+}
+
+impl Backend {
+    /// Spawns `cmd` (in whatever namespace it starts itself, e.g. the root one for a
+    /// dataplane, or via [`Netns::command`]) and waits until `addr` accepts TCP connections,
+    /// for at most `timeout`. Its stdout is discarded, its stderr goes to the test's stderr.
+    /// Fails early with its exit status if it dies first.
+    pub fn spawn(mut cmd: Command, addr: SocketAddr, timeout: Duration) -> Result<Backend, Error> {
         let command = describe(&cmd);
         let child = cmd
             .stdin(Stdio::null())
@@ -309,30 +341,6 @@ impl Netns {
         }
     }
 
-    /// Runs the workspace's `sluice-echo` backend named `name` inside the namespace on
-    /// `addr:port` (an address of [`Netns::addrs`]) and waits until it answers. Builds
-    /// `sluice-echo` first if needed (see [`crate::workspace_bin`]).
-    pub fn spawn_echo(&self, name: &str, addr: Ipv4Addr, port: u16) -> Result<Backend, Error> {
-        let bin = crate::workspace_bin("sluice-testkit", "sluice-echo")?;
-        let listen = SocketAddr::from((addr, port));
-        let mut cmd = self.command(bin);
-        cmd.args(["--listen", &listen.to_string(), "--name", name]);
-        self.spawn(cmd, listen, Duration::from_secs(10))
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        kill_all_in(&self.name);
-        // Deleting the root end removes both ends of the pair.
-        let _ = ip(&["link", "delete", &self.host_if]);
-        if let Err(e) = ip(&["netns", "delete", &self.name]) {
-            eprintln!("sluice-e2e: deleting network namespace {}: {e}", self.name);
-        }
-    }
-}
-
-impl Backend {
     /// Where it listens.
     pub fn addr(&self) -> SocketAddr {
         self.addr

@@ -126,3 +126,17 @@ endpoints:
     assert!(!loopback.success);
     assert!(loopback.stderr.contains("loopback"), "{}", loopback.stderr);
 }
+
+#[test]
+fn a_backend_that_dies_before_listening_is_reported_with_its_exit_status() {
+    let mut cmd = Command::new("sh");
+    cmd.args(["-c", "echo 'cannot bind' >&2; exit 3"]);
+    let addr: SocketAddr = "127.0.0.1:9".parse().unwrap();
+    let err = sluice_e2e::Backend::spawn(cmd, addr, std::time::Duration::from_secs(30))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("exit status: 3"), "{err}");
+    assert!(err.contains("127.0.0.1:9"), "{err}");
+    // The exit status in the message means it gave up when the process died, not at the
+    // (30 s) timeout.
+}
