@@ -80,7 +80,7 @@ pub struct Hub {
     dataplanes: Mutex<BTreeMap<u64, DataplaneInfo>>,
     next_conn: AtomicU64,
     changes: watch::Sender<u64>,
-    closing: watch::Sender<bool>,
+    serving: watch::Sender<bool>,
     metrics: Metrics,
 }
 
@@ -92,7 +92,7 @@ impl Hub {
             dataplanes: Mutex::new(BTreeMap::new()),
             next_conn: AtomicU64::new(1),
             changes: watch::Sender::new(0),
-            closing: watch::Sender::new(false),
+            serving: watch::Sender::new(true),
             metrics,
         })
     }
@@ -117,10 +117,23 @@ impl Hub {
         self.current.borrow().clone()
     }
 
+    /// A receiver of the current snapshot, changed on every publish.
+    pub fn subscribe(&self) -> watch::Receiver<Option<Arc<Published>>> {
+        self.current.subscribe()
+    }
+
     /// Ends every snapshot stream (dataplanes redial, e.g. to another replica) and refuses
     /// new ones. [`serve`] calls it when shutting down.
     pub fn close(&self) {
-        self.closing.send_replace(true);
+        self.set_serving(false);
+    }
+
+    /// Whether dataplane streams are accepted (default: yes). With leader election only the
+    /// leader serves: `false` ends every open stream and refuses new ones with UNAVAILABLE,
+    /// so dataplanes redial until they reach the leader.
+    pub fn set_serving(&self, serving: bool) {
+        self.serving
+            .send_if_modified(|s| std::mem::replace(s, serving) != serving);
     }
 
     /// The connected dataplanes, by connection number.
@@ -268,8 +281,10 @@ impl SnapshotService for SnapshotServer {
         &self,
         request: Request<Streaming<v1::DataplaneMessage>>,
     ) -> Result<Response<Self::StreamStream>, Status> {
-        if *self.hub.closing.borrow() {
-            return Err(Status::unavailable("the controller is shutting down"));
+        if !*self.hub.serving.borrow() {
+            return Err(Status::unavailable(
+                "this controller replica does not serve snapshots (not the leader, or shutting down)",
+            ));
         }
         let peer = request.remote_addr();
         let mut inbound = request.into_inner();
@@ -295,11 +310,11 @@ impl SnapshotService for SnapshotServer {
         });
 
         let rx = self.hub.current.subscribe();
-        let closing = self.hub.closing.subscribe();
+        let serving = self.hub.serving.subscribe();
         let hub = Arc::clone(&self.hub);
         let outbound = futures::stream::unfold(
-            (rx, closing, true, connection),
-            move |(mut rx, mut closing, first, connection)| {
+            (rx, serving, true, connection),
+            move |(mut rx, mut serving, first, connection)| {
                 let hub = Arc::clone(&hub);
                 async move {
                     // The first item is whatever is current (if any); then every change.
@@ -310,11 +325,11 @@ impl SnapshotService for SnapshotServer {
                                 changed = rx.changed() => if changed.is_err() {
                                     return None;
                                 },
-                                // Closing (or the hub gone): end the stream.
-                                _ = closing.wait_for(|c| *c) => return None,
+                                // No longer serving (or the hub gone): end the stream.
+                                _ = serving.wait_for(|s| !*s) => return None,
                             }
                         }
-                        if *closing.borrow() {
+                        if !*serving.borrow() {
                             return None;
                         }
                         check_now = false;
@@ -329,7 +344,7 @@ impl SnapshotService for SnapshotServer {
                                 snapshot: Some(p.snapshot.clone()),
                                 rejected_objects: p.rejected_objects.clone(),
                             };
-                            return Some((Ok(msg), (rx, closing, false, connection)));
+                            return Some((Ok(msg), (rx, serving, false, connection)));
                         }
                     }
                 }

@@ -10,11 +10,22 @@
 //!                                                   └───────────────────────────────┘
 //! ```
 //!
+//! - [`watch`]: kube-runtime reflectors for every input kind; skips no-op events.
+//! - [`cluster`]: which objects are ours (ingress class) and the state translation sees.
+//! - [`rebuild`]: the debounced rebuild loop; seals a new version when the content changes.
 //! - [`grpc`]: the snapshot channel (server side) and per-dataplane ACK/NACK tracking.
 //! - [`tls`]: mutual TLS from PEM files; `--insecure` only on loopback.
-//! - [`metrics`]: the controller's Prometheus metrics.
+//! - [`status`]: the status writer (leader only): `Accepted`, `ResolvedRefs`, `Programmed`.
+//! - [`leader`]: Lease-based leader election.
+//! - [`metrics`], [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 #![forbid(unsafe_code)]
 
+pub mod cluster;
 pub mod grpc;
+pub mod http;
+pub mod leader;
 pub mod metrics;
+pub mod rebuild;
+pub mod status;
 pub mod tls;
+pub mod watch;

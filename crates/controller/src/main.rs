@@ -1,12 +1,268 @@
-//! `sluice-controller`: not implemented yet (see the controller issue).
-use clap::Parser;
+//! `sluice-controller`: parses flags and wires the controller library together.
 
-/// Sluice Kubernetes controller.
-#[derive(Parser)]
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Parser, ValueEnum};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use sluice_controller::cluster::DEFAULT_INGRESS_CLASS;
+use sluice_controller::grpc::{self, Hub};
+use sluice_controller::leader::{self, LeaseConfig};
+use sluice_controller::metrics::Metrics;
+use sluice_controller::rebuild::{self, Debounce, Rebuilder};
+use sluice_controller::status;
+use sluice_controller::tls::{self, TlsFiles};
+use sluice_controller::watch::{Scope, Stores, Trigger};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum LogFormat {
+    /// Human-readable lines.
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// Sluice controller: watches ApisixRoute & co., Ingress, Services, EndpointSlices and
+/// Secrets, translates them into route snapshots and pushes those to the dataplanes over
+/// mutually authenticated gRPC.
+#[derive(Debug, Parser)]
 #[command(version, about)]
-struct Args {}
+struct Args {
+    /// Kubeconfig file. Default: in-cluster configuration, else $KUBECONFIG or
+    /// ~/.kube/config.
+    #[arg(long, value_name = "FILE")]
+    kubeconfig: Option<PathBuf>,
+    /// Ingress class this controller owns: objects whose `ingressClassName` (or, for
+    /// Ingress, the `kubernetes.io/ingress.class` annotation) is this name, and objects that
+    /// name no class when the IngressClass of this name is the cluster default. The default
+    /// `apisix` makes manifests written for the APISIX ingress controller work unchanged.
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_INGRESS_CLASS)]
+    ingress_class: String,
+    /// gRPC listener the dataplanes dial for snapshots.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:18000")]
+    grpc_listen: SocketAddr,
+    /// Listener for /metrics, /healthz and /readyz.
+    #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:9092")]
+    metrics_listen: SocketAddr,
+    /// Watch only this namespace (repeat the flag or separate with commas). Default: all.
+    #[arg(long, value_name = "NS", value_delimiter = ',')]
+    watch_namespace: Vec<String>,
+    /// Elect a leader with a Lease; only the leader writes status and serves dataplanes
+    /// (followers refuse streams, so dataplanes redial until they reach the leader).
+    #[arg(long)]
+    leader_elect: bool,
+    /// Name of the leader-election Lease.
+    #[arg(long, value_name = "NAME", default_value = "sluice-controller")]
+    lease_name: String,
+    /// Namespace of the Lease. Default: $POD_NAMESPACE, else the kubeconfig's namespace.
+    #[arg(long, value_name = "NS", env = "POD_NAMESPACE")]
+    lease_namespace: Option<String>,
+    /// Identity of this replica in the Lease. Default: $POD_NAME, else $HOSTNAME.
+    #[arg(long, value_name = "NAME", env = "POD_NAME")]
+    identity: Option<String>,
+    /// PEM certificate chain of the gRPC server.
+    #[arg(long, value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE")]
+    tls_key: Option<PathBuf>,
+    /// PEM CA bundle dataplane (client) certificates must chain to.
+    #[arg(long, value_name = "FILE")]
+    tls_ca: Option<PathBuf>,
+    /// Serve gRPC in plaintext. Refused unless --grpc-listen is a loopback address
+    /// (snapshots carry TLS keys).
+    #[arg(long)]
+    insecure: bool,
+    /// Rebuild once no change arrived for this many milliseconds (at most 10x later).
+    #[arg(long, value_name = "MS", default_value_t = 100)]
+    debounce_ms: u64,
+    /// Log format.
+    #[arg(long, value_enum, default_value = "text")]
+    log_format: LogFormat,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _ = Args::parse();
-    anyhow::bail!("sluice-controller is not implemented yet; use `sluice-dataplane --standalone`")
+fn init_logs(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.init(),
+    }
+}
+
+async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = Kubeconfig::read_from(path)
+                .with_context(|| format!("reading kubeconfig {}", path.display()))?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .with_context(|| format!("kubeconfig {}", path.display()))?
+        }
+        None => Config::infer()
+            .await
+            .context("no in-cluster configuration and no kubeconfig")?,
+    };
+    Ok(Client::try_from(config)?)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_logs(args.log_format);
+    tls::install_crypto_provider();
+
+    // Refuse an unsafe channel before touching the cluster.
+    let files = TlsFiles::from_flags(
+        args.tls_cert.clone(),
+        args.tls_key.clone(),
+        args.tls_ca.clone(),
+    )?;
+    let server_tls = tls::channel_security(args.grpc_listen, files.as_ref(), args.insecure)?;
+    let grpc_listener = tokio::net::TcpListener::bind(args.grpc_listen)
+        .await
+        .with_context(|| format!("binding --grpc-listen {}", args.grpc_listen))?;
+    let metrics_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
+
+    let client = kube_client(args.kubeconfig.as_ref()).await?;
+    let metrics = Metrics::new()?;
+    let hub = Hub::new(metrics.clone());
+
+    let scope = if args.watch_namespace.is_empty() {
+        Scope::All
+    } else {
+        Scope::Namespaces(args.watch_namespace.clone())
+    };
+    let (trigger, trigger_rx) = Trigger::new();
+    let stores = Stores::watch(&client, &scope, &trigger, &metrics);
+
+    let rebuilder = Rebuilder::new(Arc::clone(&hub), metrics.clone(), &args.ingress_class);
+    let status_rx = rebuilder.subscribe_status();
+    let debounce = Debounce {
+        quiet: Duration::from_millis(args.debounce_ms),
+        max_delay: Duration::from_millis(args.debounce_ms.saturating_mul(10)),
+    };
+    {
+        let stores_for_inputs = stores.clone();
+        let stores_for_sync = stores.clone();
+        tokio::spawn(rebuild::run(
+            rebuilder,
+            move || stores_for_inputs.inputs(),
+            trigger_rx,
+            debounce,
+            async move { stores_for_sync.synced().await },
+        ));
+    }
+
+    // Leadership: always ours without --leader-elect.
+    let (leader_tx, leader_rx) = watch::channel(!args.leader_elect);
+    metrics.leader.set(i64::from(!args.leader_elect));
+    let (lease, _leader_fixed) = if args.leader_elect {
+        let namespace = args
+            .lease_namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        let identity = args
+            .identity
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|s| !s.is_empty())
+            .context("--leader-elect needs --identity (or $POD_NAME / $HOSTNAME)")?;
+        let cfg = LeaseConfig::new(&args.lease_name, &namespace, &identity);
+        hub.set_serving(false);
+        tokio::spawn(leader::run(
+            client.clone(),
+            cfg.clone(),
+            leader_tx,
+            metrics.clone(),
+        ));
+        let mut leading = leader_rx.clone();
+        let hub = Arc::clone(&hub);
+        tokio::spawn(async move {
+            while leading.changed().await.is_ok() {
+                let is_leader = *leading.borrow_and_update();
+                hub.set_serving(is_leader);
+            }
+        });
+        (Some(cfg), None)
+    } else {
+        // NB: the sender lives as long as `main`, so the status writer keeps running.
+        (None, Some(leader_tx))
+    };
+
+    {
+        let stores = stores.clone();
+        tokio::spawn(status::run(
+            client.clone(),
+            Arc::clone(&hub),
+            status_rx,
+            leader_rx,
+            Arc::new(move |kind, ns: &str, name: &str| stores.status_of(kind, ns, name)),
+            metrics.clone(),
+        ));
+    }
+
+    let ready_hub = Arc::clone(&hub);
+    let readiness: sluice_controller::http::Readiness = Arc::new(move || {
+        if ready_hub.current().is_some() {
+            Ok(())
+        } else {
+            Err("caches not synced yet: no snapshot built".into())
+        }
+    });
+    tokio::spawn(sluice_controller::http::serve(
+        metrics_listener,
+        metrics.clone(),
+        readiness,
+    ));
+
+    tracing::info!(
+        grpc = %args.grpc_listen,
+        metrics = %args.metrics_listen,
+        ingress_class = %args.ingress_class,
+        namespaces = ?args.watch_namespace,
+        leader_elect = args.leader_elect,
+        tls = server_tls.is_some(),
+        "sluice-controller starting"
+    );
+    grpc::serve(
+        Arc::clone(&hub),
+        grpc_listener,
+        server_tls,
+        shutdown_signal(),
+    )
+    .await?;
+    if let Some(cfg) = lease {
+        leader::release(client, &cfg).await;
+    }
+    tracing::info!("shut down");
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(s) => s,
+                Err(_) => return ctrl_c.await.unwrap_or(()),
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
 }

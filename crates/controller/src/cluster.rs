@@ -1,0 +1,313 @@
+//! Assembling the [`ClusterState`] that translation sees from the reflector stores, keeping
+//! only the objects of our ingress class.
+//!
+//! An object is ours when
+//!
+//! - its `spec.ingressClassName` is our class (`--ingress-class`, default `apisix` so that
+//!   manifests written for the APISIX ingress controller work unchanged), or
+//! - (Ingress only) it has no `spec.ingressClassName` and its legacy
+//!   `kubernetes.io/ingress.class` annotation is our class, or
+//! - it names no class at all and the IngressClass named after our class carries
+//!   `ingressclass.kubernetes.io/is-default-class: "true"`.
+//!
+//! Objects of other classes are left out entirely: no snapshot entry and no status (another
+//! controller owns them). Services, EndpointSlices and Secrets have no class and are all
+//! kept; translation only looks at the ones our routes reference.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::Resource;
+use sluice_crds::{
+    ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
+};
+use sluice_translate::ClusterState;
+
+/// Annotation that makes an IngressClass the cluster's default.
+pub const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+/// Legacy Ingress annotation naming the class, honoured when `spec.ingressClassName` is unset.
+pub const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+/// Default of `--ingress-class`: what APISIX users' manifests say.
+pub const DEFAULT_INGRESS_CLASS: &str = "apisix";
+
+/// Everything the reflector stores hold, as shared pointers (cheap to take).
+#[derive(Debug, Clone, Default)]
+pub struct Inputs {
+    /// ApisixRoutes.
+    pub apisix_routes: Vec<Arc<ApisixRoute>>,
+    /// ApisixUpstreams.
+    pub apisix_upstreams: Vec<Arc<ApisixUpstream>>,
+    /// ApisixTlses.
+    pub apisix_tlses: Vec<Arc<ApisixTls>>,
+    /// ApisixPluginConfigs.
+    pub apisix_plugin_configs: Vec<Arc<ApisixPluginConfig>>,
+    /// ApisixConsumers.
+    pub apisix_consumers: Vec<Arc<ApisixConsumer>>,
+    /// ApisixGlobalRules.
+    pub apisix_global_rules: Vec<Arc<ApisixGlobalRule>>,
+    /// Services.
+    pub services: Vec<Arc<Service>>,
+    /// EndpointSlices.
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    /// Secrets.
+    pub secrets: Vec<Arc<Secret>>,
+    /// Ingresses.
+    pub ingresses: Vec<Arc<Ingress>>,
+    /// IngressClasses.
+    pub ingress_classes: Vec<Arc<IngressClass>>,
+}
+
+/// Decides which objects belong to this controller.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClassFilter {
+    /// Our class name (`--ingress-class`).
+    pub class: String,
+    /// Whether objects that name no class are ours (our IngressClass is the default).
+    pub unclassed_are_ours: bool,
+}
+
+impl ClassFilter {
+    /// The filter for `class`, given the IngressClasses in the cluster.
+    pub fn new(class: &str, ingress_classes: &[Arc<IngressClass>]) -> Self {
+        let unclassed_are_ours = ingress_classes.iter().any(|ic| {
+            ic.metadata.name.as_deref() == Some(class)
+                && ic
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                    .is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+        });
+        Self {
+            class: class.to_owned(),
+            unclassed_are_ours,
+        }
+    }
+
+    /// Whether an object with `spec.ingressClassName = class` is ours.
+    pub fn selects(&self, class: Option<&str>) -> bool {
+        match class.filter(|c| !c.is_empty()) {
+            Some(c) => c == self.class,
+            None => self.unclassed_are_ours,
+        }
+    }
+
+    /// Whether an Ingress is ours (`spec.ingressClassName`, else the legacy annotation).
+    pub fn selects_ingress(&self, ingress: &Ingress) -> bool {
+        let spec_class = ingress
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress_class_name.as_deref())
+            .filter(|c| !c.is_empty());
+        let annotation = || {
+            ingress
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
+                .map(String::as_str)
+                .filter(|c| !c.is_empty())
+        };
+        self.selects(spec_class.or_else(annotation))
+    }
+}
+
+fn owned<K: Clone>(list: &[Arc<K>], keep: impl Fn(&K) -> bool) -> Vec<K> {
+    list.iter()
+        .filter(|o| keep(o))
+        .map(|o| K::clone(o))
+        .collect()
+}
+
+fn all<K: Clone>(list: &[Arc<K>]) -> Vec<K> {
+    owned(list, |_| true)
+}
+
+/// The state translation sees: our objects only, every Service, EndpointSlice and Secret.
+pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
+    let filter = ClassFilter::new(class, &inputs.ingress_classes);
+    let f = &filter;
+    ClusterState {
+        apisix_routes: owned(&inputs.apisix_routes, |o| {
+            f.selects(o.spec.ingress_class_name.as_deref())
+        }),
+        apisix_upstreams: owned(&inputs.apisix_upstreams, |o| {
+            f.selects(o.spec.ingress_class_name.as_deref())
+        }),
+        apisix_tlses: owned(&inputs.apisix_tlses, |o| {
+            f.selects(o.spec.ingress_class_name.as_deref())
+        }),
+        apisix_plugin_configs: owned(&inputs.apisix_plugin_configs, |o| {
+            f.selects(o.spec.ingress_class_name.as_deref())
+        }),
+        apisix_consumers: owned(&inputs.apisix_consumers, |o| {
+            f.selects(o.spec.ingress_class_name.as_deref())
+        }),
+        apisix_global_rules: owned(&inputs.apisix_global_rules, |o| {
+            f.selects(o.spec.ingress_class_name.as_deref())
+        }),
+        services: all(&inputs.services),
+        endpoint_slices: all(&inputs.endpoint_slices),
+        secrets: all(&inputs.secrets),
+        ingresses: owned(&inputs.ingresses, |o| f.selects_ingress(o)),
+        ingress_classes: owned(&inputs.ingress_classes, |o| {
+            o.meta().name.as_deref() == Some(class)
+        }),
+    }
+}
+
+/// Splits a [`ClusterState`] (e.g. loaded from YAML in tests) into [`Inputs`].
+impl From<ClusterState> for Inputs {
+    fn from(s: ClusterState) -> Self {
+        fn arcs<K>(v: Vec<K>) -> Vec<Arc<K>> {
+            v.into_iter().map(Arc::new).collect()
+        }
+        Self {
+            apisix_routes: arcs(s.apisix_routes),
+            apisix_upstreams: arcs(s.apisix_upstreams),
+            apisix_tlses: arcs(s.apisix_tlses),
+            apisix_plugin_configs: arcs(s.apisix_plugin_configs),
+            apisix_consumers: arcs(s.apisix_consumers),
+            apisix_global_rules: arcs(s.apisix_global_rules),
+            services: arcs(s.services),
+            endpoint_slices: arcs(s.endpoint_slices),
+            secrets: arcs(s.secrets),
+            ingresses: arcs(s.ingresses),
+            ingress_classes: arcs(s.ingress_classes),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn inputs(yaml: &str) -> Inputs {
+        let mut state = ClusterState::default();
+        let report = state.load_yaml("test.yaml", yaml).unwrap();
+        assert!(report.errors.is_empty(), "{:?}", report.errors);
+        state.into()
+    }
+
+    fn names<K: Resource>(list: &[K]) -> Vec<String> {
+        let mut v: Vec<String> = list
+            .iter()
+            .map(|o| o.meta().name.clone().unwrap_or_default())
+            .collect();
+        v.sort();
+        v
+    }
+
+    const ROUTES: &str = r#"
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {name: ours}
+spec:
+  ingressClassName: apisix
+  http:
+  - name: r
+    match: {paths: ["/a"]}
+    backends: [{serviceName: svc, servicePort: 80}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {name: theirs}
+spec:
+  ingressClassName: nginx
+  http:
+  - name: r
+    match: {paths: ["/b"]}
+    backends: [{serviceName: svc, servicePort: 80}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {name: unclassed}
+spec:
+  http:
+  - name: r
+    match: {paths: ["/c"]}
+    backends: [{serviceName: svc, servicePort: 80}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixUpstream
+metadata: {name: svc}
+spec:
+  ingressClassName: nginx
+  retries: 2
+---
+apiVersion: v1
+kind: Service
+metadata: {name: svc}
+spec:
+  ports: [{port: 80}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: ing-spec}
+spec:
+  ingressClassName: apisix
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: ing-annotation
+  annotations: {kubernetes.io/ingress.class: apisix}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: ing-other}
+spec:
+  ingressClassName: nginx
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {name: ing-unclassed}
+"#;
+
+    #[test]
+    fn only_our_class_is_kept_when_we_are_not_the_default() {
+        let state = assemble(&inputs(ROUTES), "apisix");
+        assert_eq!(names(&state.apisix_routes), ["ours"]);
+        assert!(state.apisix_upstreams.is_empty(), "other class left out");
+        assert_eq!(names(&state.services), ["svc"], "Services have no class");
+        assert_eq!(names(&state.ingresses), ["ing-annotation", "ing-spec"]);
+    }
+
+    #[test]
+    fn unclassed_objects_are_ours_when_our_ingress_class_is_the_default() {
+        let yaml = format!(
+            "{ROUTES}---\napiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata:\n  name: apisix\n  annotations: {{ingressclass.kubernetes.io/is-default-class: \"true\"}}\nspec: {{controller: apisix.apache.org/apisix-ingress-controller}}\n"
+        );
+        let state = assemble(&inputs(&yaml), "apisix");
+        assert_eq!(names(&state.apisix_routes), ["ours", "unclassed"]);
+        assert_eq!(
+            names(&state.ingresses),
+            ["ing-annotation", "ing-spec", "ing-unclassed"]
+        );
+        assert_eq!(names(&state.ingress_classes), ["apisix"]);
+    }
+
+    #[test]
+    fn another_default_class_does_not_make_unclassed_objects_ours() {
+        let yaml = format!(
+            "{ROUTES}---\napiVersion: networking.k8s.io/v1\nkind: IngressClass\nmetadata:\n  name: nginx\n  annotations: {{ingressclass.kubernetes.io/is-default-class: \"true\"}}\n"
+        );
+        let state = assemble(&inputs(&yaml), "apisix");
+        assert_eq!(names(&state.apisix_routes), ["ours"]);
+        let state = assemble(&inputs(&yaml), "nginx");
+        assert_eq!(names(&state.apisix_routes), ["theirs", "unclassed"]);
+        assert_eq!(names(&state.apisix_upstreams), ["svc"]);
+    }
+
+    #[test]
+    fn translation_of_the_assembled_state_sees_only_our_routes() {
+        let state = assemble(&inputs(ROUTES), "apisix");
+        let t = sluice_translate::translate(&state, &sluice_translate::Options::default());
+        let ids: Vec<&str> = t.snapshot.routes.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(ids, ["default/ours/r"]);
+        assert_eq!(t.status.objects.len(), 1, "no status for other classes");
+    }
+}

@@ -1,0 +1,444 @@
+//! The one rebuild loop: waits for the caches to sync, then for change signals, debounces
+//! them, and rebuilds the snapshot — assemble the [`Inputs`] of our class, translate, and
+//! seal and publish a new version only when the content hash changed.
+//!
+//! ```text
+//! watch events ──(skip no-op events)──▶ trigger ──debounce 100 ms (at most 1 s)──▶ rebuild
+//!                                                                                   │
+//!                         hub.publish(v+1) ◀── hash changed? ◀── translate ◀── assemble
+//!                         status side output (per object: conditions, since-version)
+//! ```
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sluice_translate::status::ConditionStatus;
+use sluice_translate::{ObjectKind, ObjectStatus, Options, translate};
+use tokio::sync::watch;
+
+use crate::cluster::{Inputs, assemble};
+use crate::grpc::{Hub, Published};
+use crate::metrics::Metrics;
+
+/// How the loop batches changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Debounce {
+    /// Rebuild once no change arrived for this long (default 100 ms).
+    pub quiet: Duration,
+    /// ... but at the latest this long after the first change of a batch, so a constant
+    /// stream of changes cannot starve the rebuild (default 1 s).
+    pub max_delay: Duration,
+}
+
+impl Default for Debounce {
+    fn default() -> Self {
+        Self {
+            quiet: Duration::from_millis(100),
+            max_delay: Duration::from_secs(1),
+        }
+    }
+}
+
+/// One object's verdict, with the first snapshot version that contains its current content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObjectVerdict {
+    /// Translation's conditions, generation and routes.
+    pub status: ObjectStatus,
+    /// First published version containing this object as it is now (same generation and
+    /// routes); a dataplane that ACKed this version or a later one serves it. 0 when no
+    /// snapshot was published yet.
+    pub since_version: u64,
+}
+
+/// The status side output of one rebuild.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Rebuilt {
+    /// Version offered to dataplanes after this rebuild (0 = none yet).
+    pub version: u64,
+    /// Every object of our class that translation looked at, sorted.
+    pub objects: Vec<ObjectVerdict>,
+}
+
+/// What one rebuild did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// The content changed: a new version was published.
+    Published(u64),
+    /// Same content as the current version: nothing sent to dataplanes.
+    Unchanged(u64),
+}
+
+type ObjectKey = (ObjectKind, String, String);
+
+/// Translates and publishes; keeps the version counter and the last hash.
+#[derive(Debug)]
+pub struct Rebuilder {
+    hub: Arc<Hub>,
+    metrics: Metrics,
+    ingress_class: String,
+    version: u64,
+    hash: Option<String>,
+    since: HashMap<ObjectKey, (Option<i64>, Vec<String>, u64)>,
+    status: watch::Sender<Option<Arc<Rebuilt>>>,
+}
+
+impl Rebuilder {
+    /// A rebuilder publishing to `hub`, for objects of `ingress_class`. Versions start at 1.
+    pub fn new(hub: Arc<Hub>, metrics: Metrics, ingress_class: &str) -> Self {
+        Self {
+            hub,
+            metrics,
+            ingress_class: ingress_class.to_owned(),
+            version: 0,
+            hash: None,
+            since: HashMap::new(),
+            status: watch::Sender::new(None),
+        }
+    }
+
+    /// The status side output, updated after every rebuild.
+    pub fn subscribe_status(&self) -> watch::Receiver<Option<Arc<Rebuilt>>> {
+        self.status.subscribe()
+    }
+
+    /// Rebuilds from `inputs` now.
+    pub fn rebuild(&mut self, inputs: &Inputs) -> Outcome {
+        let started = Instant::now();
+        let state = assemble(inputs, &self.ingress_class);
+        // NB: `assemble` already kept only our class, so translate everything it got.
+        let translation = translate(&state, &Options::default());
+        let hash = sluice_proto::content_hash(&translation.snapshot);
+        let outcome = if self.hash.as_deref() == Some(hash.as_str()) {
+            Outcome::Unchanged(self.version)
+        } else {
+            self.version += 1;
+            let rejected_objects = rejected_lines(&translation.status.objects);
+            self.hub.publish(Published {
+                snapshot: sluice_proto::seal(translation.snapshot, self.version),
+                rejected_objects,
+            });
+            self.hash = Some(hash);
+            Outcome::Published(self.version)
+        };
+        let label = match outcome {
+            Outcome::Published(_) => "published",
+            Outcome::Unchanged(_) => "unchanged",
+        };
+        self.metrics.rebuilds.with_label_values(&[label]).inc();
+        self.metrics
+            .rebuild_duration
+            .observe(started.elapsed().as_secs_f64());
+
+        let mut since = HashMap::with_capacity(translation.status.objects.len());
+        let mut objects = Vec::with_capacity(translation.status.objects.len());
+        for status in translation.status.objects {
+            let key = (status.kind, status.namespace.clone(), status.name.clone());
+            let since_version = match self.since.get(&key) {
+                Some((generation, routes, v))
+                    if *generation == status.generation && *routes == status.routes =>
+                {
+                    *v
+                }
+                _ => self.version,
+            };
+            since.insert(
+                key,
+                (status.generation, status.routes.clone(), since_version),
+            );
+            objects.push(ObjectVerdict {
+                status,
+                since_version,
+            });
+        }
+        self.since = since;
+        self.status.send_replace(Some(Arc::new(Rebuilt {
+            version: self.version,
+            objects,
+        })));
+        outcome
+    }
+}
+
+/// One line per object left out of the snapshot, as the dataplane's `/snapshot` shows them.
+fn rejected_lines(objects: &[ObjectStatus]) -> Vec<String> {
+    let mut lines = Vec::new();
+    for o in objects.iter().filter(|o| !o.is_accepted()) {
+        for c in o
+            .conditions
+            .iter()
+            .filter(|c| c.status == ConditionStatus::False)
+        {
+            lines.push(format!(
+                "{} {}/{}: {}: {}",
+                o.kind, o.namespace, o.name, c.reason, c.message
+            ));
+        }
+    }
+    lines
+}
+
+/// Waits for the next batch of changes: returns after the first change once `quiet` passed
+/// without another one, or `max_delay` after the first. `false` when the sender is gone and
+/// nothing is pending.
+pub async fn next_batch(trigger: &mut watch::Receiver<u64>, debounce: Debounce) -> bool {
+    if trigger.changed().await.is_err() {
+        return false;
+    }
+    let first = tokio::time::Instant::now();
+    loop {
+        let deadline =
+            (tokio::time::Instant::now() + debounce.quiet).min(first + debounce.max_delay);
+        match tokio::time::timeout_at(deadline, trigger.changed()).await {
+            Ok(Ok(())) => continue,
+            // Quiet long enough, or the sender is gone: rebuild what we have.
+            Ok(Err(_)) | Err(_) => break,
+        }
+    }
+    trigger.borrow_and_update();
+    true
+}
+
+/// Runs the loop: waits for `synced`, rebuilds once, then once per batch of changes until
+/// the trigger's sender is dropped. `inputs` reads the stores.
+pub async fn run<F>(
+    mut rebuilder: Rebuilder,
+    inputs: F,
+    mut trigger: watch::Receiver<u64>,
+    debounce: Debounce,
+    synced: impl Future<Output = ()>,
+) where
+    F: Fn() -> Inputs + Send + Sync + 'static,
+{
+    synced.await;
+    tracing::info!("caches synced; building the first snapshot");
+    let inputs = Arc::new(inputs);
+    // Changes seen while syncing are part of the first build.
+    trigger.borrow_and_update();
+    loop {
+        let read = Arc::clone(&inputs);
+        // Translation of a large cluster takes milliseconds to seconds; keep it off the reactor.
+        let done = tokio::task::spawn_blocking(move || {
+            let outcome = rebuilder.rebuild(&read());
+            (rebuilder, outcome)
+        })
+        .await;
+        match done {
+            Ok((r, outcome)) => {
+                rebuilder = r;
+                tracing::debug!(?outcome, "rebuild done");
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "rebuild panicked; the rebuild loop stops");
+                return;
+            }
+        }
+        if !next_batch(&mut trigger, debounce).await {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use sluice_translate::ClusterState;
+
+    fn inputs(yaml: &str) -> Inputs {
+        let mut state = ClusterState::default();
+        state.load_yaml("t.yaml", yaml).unwrap();
+        state.into()
+    }
+
+    fn route(name: &str, path: &str, generation: i64) -> String {
+        format!(
+            "apiVersion: apisix.apache.org/v2\nkind: ApisixRoute\nmetadata: {{name: {name}, generation: {generation}}}\nspec:\n  ingressClassName: apisix\n  http:\n  - name: r\n    match: {{paths: [\"{path}\"]}}\n    backends: [{{serviceName: svc, servicePort: 80}}]\n---\n"
+        )
+    }
+
+    const SVC: &str = "apiVersion: v1\nkind: Service\nmetadata: {name: svc}\nspec: {clusterIP: 10.0.0.1, ports: [{port: 80}]}\n---\n";
+
+    fn rebuilder() -> (Rebuilder, Arc<Hub>, Metrics) {
+        let metrics = Metrics::new().unwrap();
+        let hub = Hub::new(metrics.clone());
+        (
+            Rebuilder::new(Arc::clone(&hub), metrics.clone(), "apisix"),
+            hub,
+            metrics,
+        )
+    }
+
+    #[test]
+    fn new_version_only_when_the_content_changes() {
+        let (mut rb, hub, metrics) = rebuilder();
+        let a = inputs(&format!("{SVC}{}", route("a", "/a", 1)));
+        assert_eq!(rb.rebuild(&a), Outcome::Published(1));
+        let published = hub.current().unwrap();
+        assert_eq!(published.snapshot.version, 1);
+        assert_eq!(published.snapshot.routes[0].id, "default/a/r");
+        assert_eq!(
+            published.snapshot.hash,
+            sluice_proto::content_hash(&published.snapshot)
+        );
+
+        // Same objects again (e.g. a resync): no new version.
+        assert_eq!(rb.rebuild(&a), Outcome::Unchanged(1));
+        // A route of another class changes nothing either.
+        let other = format!(
+            "{SVC}{}{}",
+            route("a", "/a", 1),
+            route("b", "/b", 1).replace("ingressClassName: apisix", "ingressClassName: nginx")
+        );
+        assert_eq!(rb.rebuild(&inputs(&other)), Outcome::Unchanged(1));
+        let ab = inputs(&format!(
+            "{SVC}{}{}",
+            route("a", "/a", 1),
+            route("b", "/b", 1)
+        ));
+        assert_eq!(rb.rebuild(&ab), Outcome::Published(2));
+        assert_eq!(hub.current().unwrap().snapshot.routes.len(), 2);
+        assert_eq!(metrics.snapshot_version.get(), 2);
+        assert_eq!(metrics.rebuilds.with_label_values(&["published"]).get(), 2);
+        assert_eq!(metrics.rebuilds.with_label_values(&["unchanged"]).get(), 2);
+    }
+
+    #[test]
+    fn since_version_moves_only_for_changed_objects() {
+        let (mut rb, _hub, _) = rebuilder();
+        let status = rb.subscribe_status();
+        rb.rebuild(&inputs(&format!(
+            "{SVC}{}{}",
+            route("a", "/a", 1),
+            route("b", "/b", 1)
+        )));
+        rb.rebuild(&inputs(&format!(
+            "{SVC}{}{}",
+            route("a", "/a", 1),
+            route("b", "/b2", 2)
+        )));
+        let out = status.borrow().clone().unwrap();
+        assert_eq!(out.version, 2);
+        let since: Vec<(&str, u64)> = out
+            .objects
+            .iter()
+            .map(|o| (o.status.name.as_str(), o.since_version))
+            .collect();
+        assert_eq!(since, [("a", 1), ("b", 2)]);
+    }
+
+    #[test]
+    fn rejected_objects_are_listed_for_the_dataplanes() {
+        let (mut rb, hub, _) = rebuilder();
+        let yaml = format!(
+            "{SVC}{}{}",
+            route("a", "/a", 1),
+            route("bad", "no-slash", 1)
+        );
+        rb.rebuild(&inputs(&yaml));
+        let p = hub.current().unwrap();
+        assert_eq!(p.snapshot.routes.len(), 1);
+        assert_eq!(p.rejected_objects.len(), 1, "{:?}", p.rejected_objects);
+        let line = &p.rejected_objects[0];
+        assert!(
+            line.starts_with("ApisixRoute default/bad: InvalidSpec: ")
+                && line.contains("must start with"),
+            "{line}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn debounce_coalesces_a_burst_into_one_batch() {
+        let (tx, mut rx) = watch::channel(0u64);
+        let debounce = Debounce::default();
+        let sender = tokio::spawn(async move {
+            for i in 1..=5 {
+                tx.send_replace(i);
+                tokio::time::sleep(Duration::from_millis(30)).await;
+            }
+            // Keep the sender alive past the quiet period.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            tx.send_replace(99);
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        let start = tokio::time::Instant::now();
+        assert!(next_batch(&mut rx, debounce).await);
+        // 5 changes 30 ms apart, then 100 ms of quiet: one batch ending ~220 ms in.
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(220) && took < Duration::from_millis(300),
+            "{took:?}"
+        );
+        assert_eq!(*rx.borrow(), 5);
+        assert!(next_batch(&mut rx, debounce).await);
+        assert_eq!(*rx.borrow(), 99);
+        sender.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_constant_stream_of_changes_still_rebuilds_within_max_delay() {
+        let (tx, mut rx) = watch::channel(0u64);
+        let sender = tokio::spawn(async move {
+            for i in 1.. {
+                tx.send_replace(i);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        let start = tokio::time::Instant::now();
+        assert!(next_batch(&mut rx, Debounce::default()).await);
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_secs(1) && took < Duration::from_millis(1100),
+            "{took:?}"
+        );
+        sender.abort();
+    }
+
+    #[tokio::test]
+    async fn loop_waits_for_sync_then_rebuilds_per_batch() {
+        let (_rb, hub, _) = rebuilder();
+        let metrics = Metrics::new().unwrap();
+        let rb = Rebuilder::new(Arc::clone(&hub), metrics, "apisix");
+        let state = Arc::new(std::sync::Mutex::new(inputs(&format!(
+            "{SVC}{}",
+            route("a", "/a", 1)
+        ))));
+        let (trigger, rx) = watch::channel(0u64);
+        let (synced_tx, synced_rx) = tokio::sync::oneshot::channel::<()>();
+        let read = Arc::clone(&state);
+        let task = tokio::spawn(run(
+            rb,
+            move || read.lock().unwrap().clone(),
+            rx,
+            Debounce {
+                quiet: Duration::from_millis(10),
+                max_delay: Duration::from_millis(100),
+            },
+            async move {
+                let _ = synced_rx.await;
+            },
+        ));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(
+            hub.current().is_none(),
+            "nothing published before the caches sync"
+        );
+        synced_tx.send(()).unwrap();
+        let mut version = hub.subscribe();
+        version.wait_for(|p| p.is_some()).await.unwrap();
+        assert_eq!(hub.current().unwrap().snapshot.version, 1);
+
+        *state.lock().unwrap() = inputs(&format!(
+            "{SVC}{}{}",
+            route("a", "/a", 1),
+            route("b", "/b", 1)
+        ));
+        trigger.send_replace(1);
+        version
+            .wait_for(|p| p.as_ref().is_some_and(|p| p.snapshot.version == 2))
+            .await
+            .unwrap();
+        drop(trigger);
+        task.await.unwrap();
+    }
+}

@@ -1,0 +1,469 @@
+//! The status writer: one writer (the leader) turns translation's verdicts plus the
+//! dataplanes' ACKs into `.status` of each object, with server-side apply.
+//!
+//! Conditions written:
+//!
+//! - `Accepted` (and `ResolvedRefs` where relevant) exactly as translation reported them.
+//! - `Programmed`: how many connected dataplanes ACKed a snapshot that contains the object as
+//!   it is now, e.g. `True` / `AllDataplanesProgrammed` / `3/3 dataplanes at v42`, or `False` /
+//!   `Pending` / `1/3 dataplanes at v42`, `False` / `Rejected` with the first NACK reason,
+//!   `False` / `NoDataplanes`, `False` / `Invalid` when the object is not accepted.
+//!
+//! Every condition carries `observedGeneration`; `lastTransitionTime` is kept from the
+//! object's current status while a condition's status does not change. An object whose
+//! status already says what we would write is not patched.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
+use kube::{Api, Client};
+use sluice_crds::{
+    ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixStatus, ApisixTls,
+    ApisixUpstream, CONDITION_PROGRAMMED,
+};
+use sluice_translate::{ConditionStatus, ObjectKind};
+use tokio::sync::watch;
+
+use crate::grpc::{DataplaneInfo, Hub};
+use crate::metrics::Metrics;
+use crate::rebuild::{ObjectVerdict, Rebuilt};
+
+/// Field manager of the status writes.
+pub const FIELD_MANAGER: &str = "sluice-controller";
+/// `Programmed` reason when every connected dataplane serves the object.
+pub const REASON_PROGRAMMED: &str = "AllDataplanesProgrammed";
+/// `Programmed` reason while some connected dataplanes do not serve it yet.
+pub const REASON_PENDING: &str = "Pending";
+/// `Programmed` reason when a dataplane rejected a snapshot containing the object.
+pub const REASON_REJECTED: &str = "Rejected";
+/// `Programmed` reason when no dataplane is connected.
+pub const REASON_NO_DATAPLANES: &str = "NoDataplanes";
+/// `Programmed` reason when the object is not accepted.
+pub const REASON_INVALID: &str = "Invalid";
+/// Longest condition message written; longer ones are cut (status objects stay small).
+pub const MAX_MESSAGE_CHARS: usize = 1024;
+
+/// A condition without its transition time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Desired {
+    /// Condition type.
+    pub type_: String,
+    /// `True` or `False`.
+    pub status: &'static str,
+    /// CamelCase reason.
+    pub reason: String,
+    /// Message (at most [`MAX_MESSAGE_CHARS`]).
+    pub message: String,
+}
+
+fn truncate(mut s: String) -> String {
+    if s.chars().count() > MAX_MESSAGE_CHARS {
+        s = s.chars().take(MAX_MESSAGE_CHARS - 1).collect();
+        s.push('…');
+    }
+    s
+}
+
+/// The `Programmed` condition of one object.
+pub fn programmed(verdict: &ObjectVerdict, version: u64, dataplanes: &[DataplaneInfo]) -> Desired {
+    let cond = |status, reason: &str, message: String| Desired {
+        type_: CONDITION_PROGRAMMED.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message: truncate(message),
+    };
+    if !verdict.status.is_accepted() {
+        return cond(
+            "False",
+            REASON_INVALID,
+            "not accepted; see the Accepted condition".into(),
+        );
+    }
+    let total = dataplanes.len();
+    if total == 0 {
+        return cond(
+            "False",
+            REASON_NO_DATAPLANES,
+            format!("0/0 dataplanes at v{version}: no dataplane is connected"),
+        );
+    }
+    let since = verdict.since_version;
+    let serving = dataplanes
+        .iter()
+        .filter(|d| d.acked.as_ref().is_some_and(|a| a.version >= since))
+        .count();
+    let summary = format!("{serving}/{total} dataplanes at v{version}");
+    if serving == total {
+        return cond("True", REASON_PROGRAMMED, summary);
+    }
+    let rejected = dataplanes.iter().find_map(|d| {
+        d.nacked
+            .as_ref()
+            .filter(|(n, _)| n.version >= since)
+            .map(|(n, reasons)| (d, n, reasons))
+    });
+    match rejected {
+        Some((d, n, reasons)) => cond(
+            "False",
+            REASON_REJECTED,
+            format!(
+                "{summary}; dataplane {} rejected v{}: {}",
+                d.id,
+                n.version,
+                reasons.join("; ")
+            ),
+        ),
+        None => cond("False", REASON_PENDING, summary),
+    }
+}
+
+/// Every condition of one object: translation's, then `Programmed`.
+pub fn desired(
+    verdict: &ObjectVerdict,
+    version: u64,
+    dataplanes: &[DataplaneInfo],
+) -> Vec<Desired> {
+    let mut out: Vec<Desired> = verdict
+        .status
+        .conditions
+        .iter()
+        .map(|c| Desired {
+            type_: c.type_.clone(),
+            status: match c.status {
+                ConditionStatus::True => "True",
+                ConditionStatus::False => "False",
+            },
+            reason: c.reason.clone(),
+            message: truncate(c.message.clone()),
+        })
+        .collect();
+    out.push(programmed(verdict, version, dataplanes));
+    out
+}
+
+/// The status to write: `desired` with transition times kept from `existing` where the
+/// condition's status did not change. `None` when `existing` already says exactly this.
+pub fn status_to_write(
+    desired: &[Desired],
+    generation: Option<i64>,
+    existing: Option<&ApisixStatus>,
+    now: Timestamp,
+) -> Option<ApisixStatus> {
+    let old = |t: &str| existing.and_then(|s| s.conditions.iter().find(|c| c.type_ == t));
+    let conditions: Vec<Condition> = desired
+        .iter()
+        .map(|d| {
+            let last_transition_time = old(&d.type_)
+                .filter(|c| c.status == d.status)
+                .map(|c| c.last_transition_time.clone())
+                .unwrap_or(Time(now));
+            Condition {
+                type_: d.type_.clone(),
+                status: d.status.to_owned(),
+                reason: d.reason.clone(),
+                message: d.message.clone(),
+                observed_generation: generation,
+                last_transition_time,
+            }
+        })
+        .collect();
+    let status = ApisixStatus {
+        conditions,
+        observed_generation: generation,
+    };
+    if existing == Some(&status) {
+        None
+    } else {
+        Some(status)
+    }
+}
+
+/// The API resource of a kind.
+fn api_resource(kind: ObjectKind) -> ApiResource {
+    match kind {
+        ObjectKind::ApisixRoute => ApiResource::erase::<ApisixRoute>(&()),
+        ObjectKind::ApisixUpstream => ApiResource::erase::<ApisixUpstream>(&()),
+        ObjectKind::ApisixTls => ApiResource::erase::<ApisixTls>(&()),
+        ObjectKind::ApisixPluginConfig => ApiResource::erase::<ApisixPluginConfig>(&()),
+        ObjectKind::ApisixConsumer => ApiResource::erase::<ApisixConsumer>(&()),
+        ObjectKind::ApisixGlobalRule => ApiResource::erase::<ApisixGlobalRule>(&()),
+    }
+}
+
+/// Reads an object's current status (from the reflector stores).
+pub type ExistingStatus = Arc<dyn Fn(ObjectKind, &str, &str) -> Option<ApisixStatus> + Send + Sync>;
+
+/// Writes one object's status with server-side apply.
+async fn write(
+    client: &Client,
+    kind: ObjectKind,
+    namespace: &str,
+    name: &str,
+    status: &ApisixStatus,
+) -> Result<(), kube::Error> {
+    let ar = api_resource(kind);
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    let patch = serde_json::json!({
+        "apiVersion": ar.api_version,
+        "kind": ar.kind,
+        "status": status,
+    });
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    api.patch_status(name, &params, &Patch::Apply(&patch))
+        .await
+        .map(|_| ())
+}
+
+type Key = (ObjectKind, String, String);
+
+/// Writes status while `leader` is true, whenever translation or a dataplane's ACKs change
+/// what an object's status should say. Runs until the rebuild output's sender is dropped.
+pub async fn run(
+    client: Client,
+    hub: Arc<Hub>,
+    mut rebuilt: watch::Receiver<Option<Arc<Rebuilt>>>,
+    mut leader: watch::Receiver<bool>,
+    existing: ExistingStatus,
+    metrics: Metrics,
+) {
+    let mut dataplanes = hub.subscribe_dataplanes();
+    // What we wrote last, so a write is not repeated before the watch shows it.
+    let mut written: HashMap<Key, ApisixStatus> = HashMap::new();
+    loop {
+        tokio::select! {
+            r = rebuilt.changed() => if r.is_err() { return },
+            r = dataplanes.changed() => if r.is_err() { return },
+            r = leader.changed() => {
+                if r.is_err() { return }
+                written.clear();
+            },
+        }
+        // Batch bursts of ACKs (one per dataplane per snapshot).
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if !*leader.borrow_and_update() {
+            continue;
+        }
+        let Some(out) = rebuilt.borrow_and_update().clone() else {
+            continue;
+        };
+        dataplanes.borrow_and_update();
+        let connected = hub.dataplanes();
+        let now = Timestamp::now();
+        let mut todo = Vec::new();
+        for verdict in &out.objects {
+            let s = &verdict.status;
+            let key = (s.kind, s.namespace.clone(), s.name.clone());
+            let want = desired(verdict, out.version, &connected);
+            let current = existing(s.kind, &s.namespace, &s.name);
+            let Some(status) = status_to_write(&want, s.generation, current.as_ref(), now) else {
+                continue;
+            };
+            let same_as_written = written
+                .get(&key)
+                .is_some_and(|w| status_to_write(&want, s.generation, Some(w), now).is_none());
+            if !same_as_written {
+                todo.push((key, status));
+            }
+        }
+        if todo.is_empty() {
+            continue;
+        }
+        tracing::debug!(
+            objects = todo.len(),
+            version = out.version,
+            "writing status"
+        );
+        let results: Vec<(Key, ApisixStatus, Result<(), kube::Error>)> =
+            futures::stream::iter(todo.into_iter().map(|(key, status)| {
+                let client = client.clone();
+                async move {
+                    let r = write(&client, key.0, &key.1, &key.2, &status).await;
+                    (key, status, r)
+                }
+            }))
+            .buffer_unordered(8)
+            .collect()
+            .await;
+        for (key, status, result) in results {
+            match result {
+                Ok(()) => {
+                    metrics.status_writes.inc();
+                    written.insert(key, status);
+                }
+                // Deleted meanwhile: nothing to report on.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    metrics
+                        .reconcile_errors
+                        .with_label_values(&["status"])
+                        .inc();
+                    tracing::warn!(kind = %key.0, namespace = %key.1, name = %key.2, error = %e, "status write failed");
+                }
+            }
+        }
+        // Objects that are gone no longer need remembering.
+        written.retain(|k, _| {
+            out.objects
+                .iter()
+                .any(|v| v.status.kind == k.0 && v.status.namespace == k.1 && v.status.name == k.2)
+        });
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::time::SystemTime;
+
+    use super::*;
+    use crate::grpc::Answer;
+    use sluice_translate::{ObjectStatus, status};
+
+    fn verdict(accepted: bool, since: u64) -> ObjectVerdict {
+        let c = if accepted {
+            sluice_translate::Condition {
+                type_: status::CONDITION_ACCEPTED.into(),
+                status: ConditionStatus::True,
+                reason: status::REASON_ACCEPTED.into(),
+                message: "ok".into(),
+            }
+        } else {
+            sluice_translate::Condition {
+                type_: status::CONDITION_ACCEPTED.into(),
+                status: ConditionStatus::False,
+                reason: status::REASON_INVALID_SPEC.into(),
+                message: "spec.http[0].match.paths[0]: bad".into(),
+            }
+        };
+        ObjectVerdict {
+            status: ObjectStatus {
+                kind: ObjectKind::ApisixRoute,
+                namespace: "default".into(),
+                name: "r".into(),
+                generation: Some(3),
+                conditions: vec![c],
+                routes: vec!["default/r/a".into()],
+            },
+            since_version: since,
+        }
+    }
+
+    fn dp(id: &str, acked: Option<u64>, nacked: Option<(u64, &str)>) -> DataplaneInfo {
+        DataplaneInfo {
+            conn: 1,
+            id: id.into(),
+            peer: None,
+            connected_at: SystemTime::now(),
+            serving_at_connect: None,
+            sent: None,
+            acked: acked.map(|v| Answer {
+                version: v,
+                hash: "h".into(),
+            }),
+            nacked: nacked.map(|(v, r)| {
+                (
+                    Answer {
+                        version: v,
+                        hash: "h".into(),
+                    },
+                    vec![r.to_string()],
+                )
+            }),
+        }
+    }
+
+    #[test]
+    fn programmed_counts_dataplanes_that_serve_the_object() {
+        let v = verdict(true, 40);
+        let all = [
+            dp("a", Some(42), None),
+            dp("b", Some(40), None),
+            dp("c", Some(41), None),
+        ];
+        let p = programmed(&v, 42, &all);
+        assert_eq!((p.status, p.reason.as_str()), ("True", REASON_PROGRAMMED));
+        assert_eq!(p.message, "3/3 dataplanes at v42");
+
+        let some = [
+            dp("a", Some(42), None),
+            dp("b", Some(39), None),
+            dp("c", None, None),
+        ];
+        let p = programmed(&v, 42, &some);
+        assert_eq!((p.status, p.reason.as_str()), ("False", REASON_PENDING));
+        assert_eq!(p.message, "1/3 dataplanes at v42");
+
+        let nack = [
+            dp("a", Some(42), None),
+            dp("b", Some(39), Some((42, "route x: bad"))),
+        ];
+        let p = programmed(&v, 42, &nack);
+        assert_eq!(p.reason, REASON_REJECTED);
+        assert_eq!(
+            p.message,
+            "1/2 dataplanes at v42; dataplane b rejected v42: route x: bad"
+        );
+
+        let p = programmed(&v, 42, &[]);
+        assert_eq!(
+            (p.status, p.reason.as_str()),
+            ("False", REASON_NO_DATAPLANES)
+        );
+
+        let p = programmed(&verdict(false, 42), 42, &all);
+        assert_eq!((p.status, p.reason.as_str()), ("False", REASON_INVALID));
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let long = "x".repeat(5000);
+        let nack = [dp("a", None, Some((1, &long)))];
+        let p = programmed(&verdict(true, 1), 1, &nack);
+        assert_eq!(p.message.chars().count(), MAX_MESSAGE_CHARS);
+        assert!(p.message.ends_with('…'));
+    }
+
+    #[test]
+    fn transition_time_is_kept_while_the_status_holds_and_no_op_writes_are_skipped() {
+        let t0 = Timestamp::from_second(1_700_000_000).unwrap();
+        let t1 = Timestamp::from_second(1_700_000_100).unwrap();
+        let v = verdict(true, 1);
+        let pending = desired(&v, 1, &[dp("a", None, None)]);
+        let first = status_to_write(&pending, Some(3), None, t0).unwrap();
+        assert_eq!(first.observed_generation, Some(3));
+        assert_eq!(first.conditions.len(), 2);
+        assert!(
+            first
+                .conditions
+                .iter()
+                .all(|c| c.observed_generation == Some(3))
+        );
+        assert!(
+            first
+                .conditions
+                .iter()
+                .all(|c| c.last_transition_time == Time(t0))
+        );
+
+        // Same verdict later: nothing to write.
+        assert!(status_to_write(&pending, Some(3), Some(&first), t1).is_none());
+
+        // Programmed flips to True: only its transition time moves.
+        let done = desired(&v, 1, &[dp("a", Some(1), None)]);
+        let second = status_to_write(&done, Some(3), Some(&first), t1).unwrap();
+        let by_type = |s: &ApisixStatus, t: &str| {
+            s.conditions.iter().find(|c| c.type_ == t).cloned().unwrap()
+        };
+        assert_eq!(by_type(&second, "Accepted").last_transition_time, Time(t0));
+        let p = by_type(&second, "Programmed");
+        assert_eq!(
+            (p.status.as_str(), p.last_transition_time),
+            ("True", Time(t1))
+        );
+    }
+}

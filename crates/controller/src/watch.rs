@@ -1,0 +1,459 @@
+//! kube-runtime reflectors for every input kind, and the change trigger of the rebuild loop.
+//!
+//! One watcher per kind (and per namespace with `--watch-namespace`) feeds a reflector
+//! store. Events that cannot change the output do not trigger a rebuild: an object is
+//! fingerprinted without `status`, `metadata.resourceVersion`, `metadata.managedFields` and
+//! the `kubectl.kubernetes.io/last-applied-configuration` annotation, so status writes (our
+//! own included), resyncs and re-lists of unchanged objects are skipped.
+//!
+//! To keep memory low, `managedFields` and the last-applied annotation are dropped before
+//! objects enter the stores, EndpointSlices are watched only when they belong to a Service,
+//! and Helm release Secrets are not watched.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::watcher::{self, Event};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use sluice_crds::{
+    ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixStatus, ApisixTls,
+    ApisixUpstream,
+};
+use sluice_translate::ObjectKind;
+use tokio::sync::watch;
+
+use crate::cluster::Inputs;
+use crate::metrics::Metrics;
+
+/// Annotation `kubectl apply` writes: a copy of the spec, dropped from the stores.
+pub const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Which namespaces to watch.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Scope {
+    /// Every namespace (the default).
+    #[default]
+    All,
+    /// Only these namespaces (`--watch-namespace`). IngressClasses, which are cluster-wide,
+    /// are still watched everywhere.
+    Namespaces(Vec<String>),
+}
+
+/// A fingerprint of what translation can see of an object.
+pub fn fingerprint<K: Serialize>(obj: &K) -> u64 {
+    let mut value = match serde_json::to_value(obj) {
+        Ok(v) => v,
+        // NB: k8s types always serialize; if one did not, treat it as always changed.
+        Err(_) => return rand_like(),
+    };
+    if let Some(map) = value.as_object_mut() {
+        map.remove("status");
+        if let Some(meta) = map.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+            meta.remove("resourceVersion");
+            meta.remove("managedFields");
+            if let Some(ann) = meta.get_mut("annotations").and_then(|a| a.as_object_mut()) {
+                ann.remove(LAST_APPLIED_ANNOTATION);
+            }
+        }
+    }
+    let mut h = DefaultHasher::new();
+    value.to_string().hash(&mut h);
+    h.finish()
+}
+
+fn rand_like() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0)
+}
+
+/// Per-kind memory of fingerprints: decides whether an event may change the output.
+#[derive(Debug, Default)]
+pub struct Fingerprints {
+    current: HashMap<(String, String), u64>,
+    relisting: Option<HashMap<(String, String), u64>>,
+}
+
+impl Fingerprints {
+    /// Records `event`; returns whether it may change the output (then a rebuild is due).
+    pub fn observe<K: Resource + Serialize>(&mut self, event: &Event<K>) -> bool {
+        let key = |o: &K| {
+            (
+                o.meta().namespace.clone().unwrap_or_default(),
+                o.meta().name.clone().unwrap_or_default(),
+            )
+        };
+        match event {
+            Event::Apply(o) => {
+                let f = fingerprint(o);
+                self.current.insert(key(o), f) != Some(f)
+            }
+            Event::Delete(o) => {
+                self.current.remove(&key(o));
+                true
+            }
+            Event::Init => {
+                self.relisting = Some(HashMap::new());
+                false
+            }
+            Event::InitApply(o) => {
+                self.relisting
+                    .get_or_insert_with(HashMap::new)
+                    .insert(key(o), fingerprint(o));
+                false
+            }
+            Event::InitDone => {
+                let listed = self.relisting.take().unwrap_or_default();
+                let changed = listed != self.current;
+                self.current = listed;
+                changed
+            }
+        }
+    }
+}
+
+/// Drops fields translation never reads, before the object enters a store.
+fn slim<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    if let Some(ann) = meta.annotations.as_mut() {
+        ann.remove(LAST_APPLIED_ANNOTATION);
+    }
+}
+
+/// The change signal of the rebuild loop: bumped by every event that may change the output.
+#[derive(Debug, Clone)]
+pub struct Trigger(Arc<watch::Sender<u64>>);
+
+impl Trigger {
+    /// A trigger and the receiver the rebuild loop waits on.
+    pub fn new() -> (Self, watch::Receiver<u64>) {
+        let (tx, rx) = watch::channel(0);
+        (Self(Arc::new(tx)), rx)
+    }
+
+    /// Signals a change.
+    pub fn fire(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
+}
+
+fn spawn_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: &'static str,
+    trigger: Trigger,
+    metrics: Metrics,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher::watcher(api, config)
+        .default_backoff()
+        .modify(slim::<K>)
+        .reflect(writer);
+    tokio::spawn(async move {
+        let mut fingerprints = Fingerprints::default();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(event) => {
+                    let applied = fingerprints.observe(&event);
+                    if let Event::Apply(o) | Event::Delete(o) = &event {
+                        tracing::trace!(kind, name = %o.name_any(), applied, "watch event");
+                    }
+                    if matches!(event, Event::Init | Event::InitApply(_)) {
+                        continue;
+                    }
+                    let outcome = if applied { "applied" } else { "skipped" };
+                    metrics
+                        .watch_events
+                        .with_label_values(&[kind, outcome])
+                        .inc();
+                    if applied {
+                        trigger.fire();
+                    }
+                }
+                Err(e) => {
+                    metrics.reconcile_errors.with_label_values(&["watch"]).inc();
+                    tracing::warn!(kind, error = %e, "watch failed; retrying with backoff");
+                }
+            }
+        }
+        tracing::error!(kind, "watch stream ended");
+    });
+    reader
+}
+
+fn watch_kind<K>(
+    client: &Client,
+    scope: &Scope,
+    config: &watcher::Config,
+    kind: &'static str,
+    trigger: &Trigger,
+    metrics: &Metrics,
+) -> Vec<Store<K>>
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + Serialize
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    match scope {
+        Scope::All => vec![spawn_watch(
+            Api::<K>::all(client.clone()),
+            config.clone(),
+            kind,
+            trigger.clone(),
+            metrics.clone(),
+        )],
+        Scope::Namespaces(namespaces) => namespaces
+            .iter()
+            .map(|ns| {
+                spawn_watch(
+                    Api::<K>::namespaced(client.clone(), ns),
+                    config.clone(),
+                    kind,
+                    trigger.clone(),
+                    metrics.clone(),
+                )
+            })
+            .collect(),
+    }
+}
+
+/// The reflector stores of every input kind.
+#[derive(Clone)]
+pub struct Stores {
+    apisix_routes: Vec<Store<ApisixRoute>>,
+    apisix_upstreams: Vec<Store<ApisixUpstream>>,
+    apisix_tlses: Vec<Store<ApisixTls>>,
+    apisix_plugin_configs: Vec<Store<ApisixPluginConfig>>,
+    apisix_consumers: Vec<Store<ApisixConsumer>>,
+    apisix_global_rules: Vec<Store<ApisixGlobalRule>>,
+    services: Vec<Store<Service>>,
+    endpoint_slices: Vec<Store<EndpointSlice>>,
+    secrets: Vec<Store<Secret>>,
+    ingresses: Vec<Store<Ingress>>,
+    ingress_classes: Store<IngressClass>,
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores").finish_non_exhaustive()
+    }
+}
+
+fn find<K: Resource<DynamicType = ()> + Clone>(
+    stores: &[Store<K>],
+    namespace: &str,
+    name: &str,
+) -> Option<Arc<K>> {
+    let key = reflector::ObjectRef::new(name).within(namespace);
+    stores.iter().find_map(|s| s.get(&key))
+}
+
+fn read<K: Resource<DynamicType = ()> + Clone>(stores: &[Store<K>]) -> Vec<Arc<K>> {
+    stores.iter().flat_map(Store::state).collect()
+}
+
+impl Stores {
+    /// Starts a watcher for every kind in `scope` (IngressClasses cluster-wide), firing
+    /// `trigger` on every event that may change the output.
+    pub fn watch(client: &Client, scope: &Scope, trigger: &Trigger, metrics: &Metrics) -> Self {
+        let any = watcher::Config::default();
+        // Only slices that belong to a Service can back a route.
+        let slices = watcher::Config::default().labels(sluice_translate::SERVICE_NAME_LABEL);
+        // Helm keeps every release revision in a Secret; they are large and never ours.
+        let secrets = watcher::Config::default().fields("type!=helm.sh/release.v1");
+        let (t, m) = (trigger, metrics);
+        Self {
+            apisix_routes: watch_kind(client, scope, &any, "ApisixRoute", t, m),
+            apisix_upstreams: watch_kind(client, scope, &any, "ApisixUpstream", t, m),
+            apisix_tlses: watch_kind(client, scope, &any, "ApisixTls", t, m),
+            apisix_plugin_configs: watch_kind(client, scope, &any, "ApisixPluginConfig", t, m),
+            apisix_consumers: watch_kind(client, scope, &any, "ApisixConsumer", t, m),
+            apisix_global_rules: watch_kind(client, scope, &any, "ApisixGlobalRule", t, m),
+            services: watch_kind(client, scope, &any, "Service", t, m),
+            endpoint_slices: watch_kind(client, scope, &slices, "EndpointSlice", t, m),
+            secrets: watch_kind(client, scope, &secrets, "Secret", t, m),
+            ingresses: watch_kind(client, scope, &any, "Ingress", t, m),
+            ingress_classes: spawn_watch(
+                Api::<IngressClass>::all(client.clone()),
+                any,
+                "IngressClass",
+                trigger.clone(),
+                metrics.clone(),
+            ),
+        }
+    }
+
+    /// Resolves once every store has completed its first list.
+    pub async fn synced(&self) {
+        async fn all<K: Resource<DynamicType = ()> + Clone>(stores: &[Store<K>]) {
+            for s in stores {
+                // NB: Err means the watcher task is gone; nothing to wait for then.
+                let _ = s.wait_until_ready().await;
+            }
+        }
+        all(&self.apisix_routes).await;
+        all(&self.apisix_upstreams).await;
+        all(&self.apisix_tlses).await;
+        all(&self.apisix_plugin_configs).await;
+        all(&self.apisix_consumers).await;
+        all(&self.apisix_global_rules).await;
+        all(&self.services).await;
+        all(&self.endpoint_slices).await;
+        all(&self.secrets).await;
+        all(&self.ingresses).await;
+        all(std::slice::from_ref(&self.ingress_classes)).await;
+    }
+
+    /// Everything the stores hold now.
+    pub fn inputs(&self) -> Inputs {
+        Inputs {
+            apisix_routes: read(&self.apisix_routes),
+            apisix_upstreams: read(&self.apisix_upstreams),
+            apisix_tlses: read(&self.apisix_tlses),
+            apisix_plugin_configs: read(&self.apisix_plugin_configs),
+            apisix_consumers: read(&self.apisix_consumers),
+            apisix_global_rules: read(&self.apisix_global_rules),
+            services: read(&self.services),
+            endpoint_slices: read(&self.endpoint_slices),
+            secrets: read(&self.secrets),
+            ingresses: read(&self.ingresses),
+            ingress_classes: self.ingress_classes.state(),
+        }
+    }
+
+    /// The current `.status` of an Apisix object, as the stores have it.
+    pub fn status_of(&self, kind: ObjectKind, namespace: &str, name: &str) -> Option<ApisixStatus> {
+        let (ns, n) = (namespace, name);
+        match kind {
+            ObjectKind::ApisixRoute => find(&self.apisix_routes, ns, n)?.status.clone(),
+            ObjectKind::ApisixUpstream => find(&self.apisix_upstreams, ns, n)?.status.clone(),
+            ObjectKind::ApisixTls => find(&self.apisix_tlses, ns, n)?.status.clone(),
+            ObjectKind::ApisixPluginConfig => {
+                find(&self.apisix_plugin_configs, ns, n)?.status.clone()
+            }
+            ObjectKind::ApisixConsumer => find(&self.apisix_consumers, ns, n)?.status.clone(),
+            ObjectKind::ApisixGlobalRule => find(&self.apisix_global_rules, ns, n)?.status.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
+
+    fn route(path: &str) -> ApisixRoute {
+        let mut state = sluice_translate::ClusterState::default();
+        state
+            .load_yaml(
+                "t.yaml",
+                &format!(
+                    "apiVersion: apisix.apache.org/v2\nkind: ApisixRoute\nmetadata: {{name: r, namespace: ns, resourceVersion: \"1\", generation: 1}}\nspec:\n  http:\n  - name: a\n    match: {{paths: [\"{path}\"]}}\n    backends: [{{serviceName: s, servicePort: 80}}]\n"
+                ),
+            )
+            .unwrap();
+        state.apisix_routes.remove(0)
+    }
+
+    #[test]
+    fn status_and_bookkeeping_changes_are_skipped() {
+        let mut fp = Fingerprints::default();
+        let r = route("/a");
+        assert!(
+            fp.observe(&Event::Apply(r.clone())),
+            "first sight of an object"
+        );
+        assert!(!fp.observe(&Event::Apply(r.clone())), "same object again");
+
+        let mut status_only = r.clone();
+        status_only.metadata.resource_version = Some("2".into());
+        status_only.status = Some(ApisixStatus {
+            observed_generation: Some(1),
+            ..Default::default()
+        });
+        status_only.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        assert!(
+            !fp.observe(&Event::Apply(status_only)),
+            "our own status write"
+        );
+
+        let mut relabeled = r.clone();
+        relabeled
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("team".into(), "a".into());
+        assert!(
+            fp.observe(&Event::Apply(relabeled)),
+            "labels are visible to translation"
+        );
+        assert!(fp.observe(&Event::Apply(route("/b"))), "spec change");
+        assert!(fp.observe(&Event::Delete(route("/b"))));
+    }
+
+    #[test]
+    fn a_relist_triggers_only_when_something_changed_meanwhile() {
+        let mut fp = Fingerprints::default();
+        let r = route("/a");
+        fp.observe(&Event::<ApisixRoute>::Init);
+        fp.observe(&Event::InitApply(r.clone()));
+        assert!(fp.observe(&Event::<ApisixRoute>::InitDone), "first list");
+
+        fp.observe(&Event::<ApisixRoute>::Init);
+        fp.observe(&Event::InitApply(r.clone()));
+        assert!(
+            !fp.observe(&Event::<ApisixRoute>::InitDone),
+            "same objects re-listed"
+        );
+
+        // Deleted while the watch was down: the re-list no longer has it.
+        fp.observe(&Event::<ApisixRoute>::Init);
+        assert!(fp.observe(&Event::<ApisixRoute>::InitDone));
+    }
+
+    #[test]
+    fn slim_drops_managed_fields_and_last_applied() {
+        let mut r = route("/a");
+        r.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        r.metadata.annotations = Some(
+            [
+                (LAST_APPLIED_ANNOTATION.to_string(), "{...}".to_string()),
+                ("keep".to_string(), "me".to_string()),
+            ]
+            .into(),
+        );
+        slim(&mut r);
+        assert!(r.metadata.managed_fields.is_none());
+        let ann = r.metadata.annotations.unwrap();
+        assert_eq!(ann.len(), 1);
+        assert_eq!(ann["keep"], "me");
+    }
+}
