@@ -10,6 +10,7 @@
 //!                                                   └───────────────────────────────┘
 //! ```
 //!
+//! - [`app`]: all of the below wired together against a Kubernetes client.
 //! - [`watch`]: kube-runtime reflectors for every input kind; skips no-op events.
 //! - [`cluster`]: which objects are ours (ingress class) and the state translation sees.
 //! - [`rebuild`]: the debounced rebuild loop; seals a new version when the content changes.
@@ -20,6 +21,7 @@
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 #![forbid(unsafe_code)]
 
+pub mod app;
 pub mod cluster;
 pub mod grpc;
 pub mod http;

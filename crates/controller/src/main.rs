@@ -9,15 +9,14 @@ use anyhow::Context;
 use clap::{Parser, ValueEnum};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use sluice_controller::app::{self, Settings};
 use sluice_controller::cluster::DEFAULT_INGRESS_CLASS;
-use sluice_controller::grpc::{self, Hub};
+use sluice_controller::grpc;
 use sluice_controller::leader::{self, LeaseConfig};
 use sluice_controller::metrics::Metrics;
-use sluice_controller::rebuild::{self, Debounce, Rebuilder};
-use sluice_controller::status;
+use sluice_controller::rebuild::Debounce;
 use sluice_controller::tls::{self, TlsFiles};
-use sluice_controller::watch::{Scope, Stores, Trigger};
-use tokio::sync::watch;
+use sluice_controller::watch::Scope;
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum LogFormat {
@@ -135,39 +134,7 @@ async fn main() -> anyhow::Result<()> {
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
 
     let client = kube_client(args.kubeconfig.as_ref()).await?;
-    let metrics = Metrics::new()?;
-    let hub = Hub::new(metrics.clone());
-
-    let scope = if args.watch_namespace.is_empty() {
-        Scope::All
-    } else {
-        Scope::Namespaces(args.watch_namespace.clone())
-    };
-    let (trigger, trigger_rx) = Trigger::new();
-    let stores = Stores::watch(&client, &scope, &trigger, &metrics);
-
-    let rebuilder = Rebuilder::new(Arc::clone(&hub), metrics.clone(), &args.ingress_class);
-    let status_rx = rebuilder.subscribe_status();
-    let debounce = Debounce {
-        quiet: Duration::from_millis(args.debounce_ms),
-        max_delay: Duration::from_millis(args.debounce_ms.saturating_mul(10)),
-    };
-    {
-        let stores_for_inputs = stores.clone();
-        let stores_for_sync = stores.clone();
-        tokio::spawn(rebuild::run(
-            rebuilder,
-            move || stores_for_inputs.inputs(),
-            trigger_rx,
-            debounce,
-            async move { stores_for_sync.synced().await },
-        ));
-    }
-
-    // Leadership: always ours without --leader-elect.
-    let (leader_tx, leader_rx) = watch::channel(!args.leader_elect);
-    metrics.leader.set(i64::from(!args.leader_elect));
-    let (lease, _leader_fixed) = if args.leader_elect {
+    let lease = if args.leader_elect {
         let namespace = args
             .lease_namespace
             .clone()
@@ -178,39 +145,26 @@ async fn main() -> anyhow::Result<()> {
             .or_else(|| std::env::var("HOSTNAME").ok())
             .filter(|s| !s.is_empty())
             .context("--leader-elect needs --identity (or $POD_NAME / $HOSTNAME)")?;
-        let cfg = LeaseConfig::new(&args.lease_name, &namespace, &identity);
-        hub.set_serving(false);
-        tokio::spawn(leader::run(
-            client.clone(),
-            cfg.clone(),
-            leader_tx,
-            metrics.clone(),
-        ));
-        let mut leading = leader_rx.clone();
-        let hub = Arc::clone(&hub);
-        tokio::spawn(async move {
-            while leading.changed().await.is_ok() {
-                let is_leader = *leading.borrow_and_update();
-                hub.set_serving(is_leader);
-            }
-        });
-        (Some(cfg), None)
+        Some(LeaseConfig::new(&args.lease_name, &namespace, &identity))
     } else {
-        // NB: the sender lives as long as `main`, so the status writer keeps running.
-        (None, Some(leader_tx))
+        None
     };
-
-    {
-        let stores = stores.clone();
-        tokio::spawn(status::run(
-            client.clone(),
-            Arc::clone(&hub),
-            status_rx,
-            leader_rx,
-            Arc::new(move |kind, ns: &str, name: &str| stores.status_of(kind, ns, name)),
-            metrics.clone(),
-        ));
-    }
+    let settings = Settings {
+        ingress_class: args.ingress_class.clone(),
+        scope: if args.watch_namespace.is_empty() {
+            Scope::All
+        } else {
+            Scope::Namespaces(args.watch_namespace.clone())
+        },
+        debounce: Debounce {
+            quiet: Duration::from_millis(args.debounce_ms),
+            max_delay: Duration::from_millis(args.debounce_ms.saturating_mul(10)),
+        },
+        lease: lease.clone(),
+    };
+    let running = app::start(client.clone(), settings, Metrics::new()?);
+    let hub = Arc::clone(&running.hub);
+    let metrics = running.metrics.clone();
 
     let ready_hub = Arc::clone(&hub);
     let readiness: sluice_controller::http::Readiness = Arc::new(move || {
@@ -242,6 +196,8 @@ async fn main() -> anyhow::Result<()> {
         shutdown_signal(),
     )
     .await?;
+    // NB: stop the election loop first, or it could renew the lease we are releasing.
+    drop(running);
     if let Some(cfg) = lease {
         leader::release(client, &cfg).await;
     }

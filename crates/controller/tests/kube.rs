@@ -1,0 +1,337 @@
+//! The controller in-process against a real kube-apiserver + etcd (`sluice_e2e::Cluster`,
+//! started by `scripts/testcluster.sh`): watches → rebuild → gRPC → a real dataplane client
+//! → ACK → status written with server-side apply; and Lease leader election.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use common::{client_config, dataplane, eventually};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::Value;
+use sluice_controller::app::{self, Settings};
+use sluice_controller::grpc;
+use sluice_controller::leader::LeaseConfig;
+use sluice_controller::metrics::Metrics;
+use sluice_controller::rebuild::Debounce;
+use sluice_controller::watch::Scope;
+use sluice_e2e::Cluster;
+
+fn cluster() -> &'static Cluster {
+    static CRDS: OnceLock<()> = OnceLock::new();
+    let cluster = Cluster::shared();
+    CRDS.get_or_init(|| {
+        let crds = sluice_e2e::repo_root().join("charts/sluice/crds/apisix-crds.yaml");
+        cluster
+            .apply(&std::fs::read_to_string(crds).unwrap())
+            .unwrap();
+        cluster
+            .kubectl_ok(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=30s",
+                "crd",
+                "--all",
+            ])
+            .unwrap();
+    });
+    cluster
+}
+
+async fn client(cluster: &Cluster) -> Client {
+    let kc = Kubeconfig::read_from(cluster.kubeconfig()).unwrap();
+    let config = Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap();
+    Client::try_from(config).unwrap()
+}
+
+fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
+    Settings {
+        ingress_class: "apisix".into(),
+        scope: Scope::Namespaces(vec![ns.to_owned()]),
+        debounce: Debounce {
+            quiet: Duration::from_millis(50),
+            max_delay: Duration::from_millis(500),
+        },
+        lease,
+    }
+}
+
+/// Serves `running.hub` on a loopback port; returns the URL.
+async fn serve(running: &app::Running) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(grpc::serve(
+        Arc::clone(&running.hub),
+        listener,
+        None,
+        std::future::pending(),
+    ));
+    url
+}
+
+fn get_json(cluster: &Cluster, args: &[&str]) -> Value {
+    let mut full = vec!["get", "-o", "json"];
+    full.extend_from_slice(args);
+    serde_json::from_str(&cluster.kubectl_ok(&full).unwrap()).unwrap()
+}
+
+fn condition(obj: &Value, type_: &str) -> Option<Value> {
+    obj.pointer("/status/conditions")?
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == type_)
+        .cloned()
+}
+
+/// Polls `kubectl get` in a blocking thread until `check` is satisfied.
+async fn eventually_kubectl(
+    what: &str,
+    args: &[&str],
+    check: impl Fn(&Value) -> bool + Send + 'static,
+) -> Value {
+    let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let a = args.clone();
+        let obj = tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+            get_json(cluster(), &refs)
+        })
+        .await
+        .unwrap();
+        if check(&obj) {
+            return obj;
+        }
+        if tokio::time::Instant::now() > deadline {
+            panic!("timed out waiting for {what}; last seen: {obj:#}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn objects(ns: &str) -> String {
+    format!(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: {ns}
+  labels: {{kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{{port: 8080}}]
+endpoints: [{{addresses: ["10.251.0.2"]}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  http:
+  - name: main
+    match: {{paths: ["/hello*"], hosts: [demo.local]}}
+    backends: [{{serviceName: web, servicePort: 80}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: bad, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  http:
+  - name: main
+    match: {{paths: ["no-slash"]}}
+    backends: [{{serviceName: web, servicePort: 80}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: other, namespace: {ns}}}
+spec:
+  ingressClassName: nginx
+  http:
+  - name: main
+    match: {{paths: ["/other"]}}
+    backends: [{{serviceName: web, servicePort: 80}}]
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_objects_reach_the_dataplane_and_status_says_so() {
+    let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
+    let ns = cluster.create_namespace("ctl").unwrap();
+    cluster.apply(&objects(&ns)).unwrap();
+
+    let running = app::start(
+        client(cluster).await,
+        settings(&ns, None),
+        Metrics::new().unwrap(),
+    );
+    let url = serve(&running).await;
+    let dp = dataplane(client_config(url, "dp-0", None, None));
+
+    // The dataplane serves our valid route only; the invalid one is listed as rejected.
+    eventually("dataplane serves the route", || {
+        dp.store.state().routes == 1
+    })
+    .await;
+    let route_id = format!("{ns}/web/main");
+    let snap = dp.store.snapshot().unwrap();
+    assert_eq!(snap.routes[0].id, route_id);
+    assert_eq!(snap.upstreams[0].endpoints[0].host, "10.251.0.2");
+    let rejected = dp.store.state().rejected_objects;
+    assert_eq!(rejected.len(), 1, "{rejected:?}");
+    assert!(rejected[0].contains(&format!("ApisixRoute {ns}/bad: InvalidSpec")));
+
+    // Status: Accepted + Programmed with the dataplane count, observedGeneration.
+    let web = eventually_kubectl("web Programmed=True", &["ar", "web", "-n", &ns], |o| {
+        condition(o, "Programmed").is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    let accepted = condition(&web, "Accepted").unwrap();
+    assert_eq!(accepted["status"], "True");
+    assert_eq!(accepted["observedGeneration"], 1);
+    let programmed = condition(&web, "Programmed").unwrap();
+    let version = running.hub.current().unwrap().snapshot.version;
+    assert_eq!(
+        programmed["message"],
+        format!("1/1 dataplanes at v{version}")
+    );
+    assert_eq!(programmed["reason"], "AllDataplanesProgrammed");
+    assert_eq!(web["status"]["observedGeneration"], 1);
+
+    let bad = eventually_kubectl("bad has a status", &["ar", "bad", "-n", &ns], |o| {
+        condition(o, "Accepted").is_some()
+    })
+    .await;
+    let accepted = condition(&bad, "Accepted").unwrap();
+    assert_eq!(accepted["status"], "False");
+    assert_eq!(accepted["reason"], "InvalidSpec");
+    assert!(
+        accepted["message"]
+            .as_str()
+            .unwrap()
+            .contains("spec.http[0].match.paths[0]"),
+        "{accepted}"
+    );
+
+    // An EndpointSlice change reaches the dataplane.
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "endpointslice",
+            "web-1",
+            "-n",
+            &ns,
+            "--type",
+            "merge",
+            "-p",
+            r#"{"endpoints":[{"addresses":["10.251.0.3"]}]}"#,
+        ])
+        .unwrap();
+    eventually("new endpoint served", || {
+        dp.store
+            .snapshot()
+            .is_some_and(|s| s.upstreams[0].endpoints[0].host == "10.251.0.3")
+    })
+    .await;
+
+    // A spec change: new generation, Programmed again for it.
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "ar",
+            "web",
+            "-n",
+            &ns,
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/http/0/match/paths/0","value":"/v2*"}]"#,
+        ])
+        .unwrap();
+    eventually("new path served", || {
+        dp.store
+            .snapshot()
+            .is_some_and(|s| s.routes[0].paths == ["/v2*"])
+    })
+    .await;
+    eventually_kubectl(
+        "Programmed for generation 2",
+        &["ar", "web", "-n", &ns],
+        |o| {
+            condition(o, "Programmed")
+                .is_some_and(|c| c["status"] == "True" && c["observedGeneration"] == 2)
+        },
+    )
+    .await;
+
+    // The other class's route never gets a status from us.
+    let other = get_json(cluster, &["ar", "other", "-n", &ns]);
+    assert!(other.get("status").is_none(), "{other:#}");
+    assert!(running.metrics.status_writes.get() >= 3);
+    assert_eq!(running.metrics.nacks.get(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_leader_serves_and_a_follower_takes_over() {
+    let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
+    let ns = cluster.create_namespace("lease").unwrap();
+    let lease = |id: &str| {
+        let mut cfg = LeaseConfig::new("sluice-test", &ns, id);
+        cfg.lease_duration = Duration::from_secs(4);
+        cfg.retry_period = Duration::from_millis(300);
+        cfg
+    };
+    let a = app::start(
+        client(cluster).await,
+        settings(&ns, Some(lease("a"))),
+        Metrics::new().unwrap(),
+    );
+    let mut a_leader = a.leader.clone();
+    tokio::time::timeout(Duration::from_secs(10), a_leader.wait_for(|l| *l))
+        .await
+        .unwrap()
+        .unwrap();
+    let b = app::start(
+        client(cluster).await,
+        settings(&ns, Some(lease("b"))),
+        Metrics::new().unwrap(),
+    );
+    let a_url = serve(&a).await;
+    let b_url = serve(&b).await;
+
+    // The follower refuses dataplanes; the leader serves them.
+    let to_b = dataplane(client_config(b_url, "dp-b", None, None));
+    let to_a = dataplane(client_config(a_url, "dp-a", None, None));
+    eventually("leader serves its dataplane", || to_a.store.ready()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!*b.leader.borrow());
+    assert!(!to_b.store.ready(), "a follower serves no snapshot");
+    assert_eq!(b.metrics.connected_dataplanes.get(), 0);
+
+    // The leader goes away without releasing: b takes over once the lease expires.
+    drop(a);
+    let mut b_leader = b.leader.clone();
+    tokio::time::timeout(Duration::from_secs(15), b_leader.wait_for(|l| *l))
+        .await
+        .unwrap()
+        .unwrap();
+    eventually("new leader serves the waiting dataplane", || {
+        to_b.store.ready()
+    })
+    .await;
+    let lease_obj = get_json(cluster, &["lease", "sluice-test", "-n", &ns]);
+    assert_eq!(lease_obj["spec"]["holderIdentity"], "b");
+    assert_eq!(lease_obj["spec"]["leaseTransitions"], 1);
+}
