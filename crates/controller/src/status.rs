@@ -45,6 +45,8 @@ pub const REASON_REJECTED: &str = "Rejected";
 pub const REASON_NO_DATAPLANES: &str = "NoDataplanes";
 /// `Programmed` reason when the object is not accepted.
 pub const REASON_INVALID: &str = "Invalid";
+/// How often the writer re-checks every object even without a change (retries failures).
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
 /// Longest condition message written; longer ones are cut (status objects stay small).
 pub const MAX_MESSAGE_CHARS: usize = 1024;
 
@@ -234,8 +236,13 @@ pub async fn run(
     let mut dataplanes = hub.subscribe_dataplanes();
     // What we wrote last, so a write is not repeated before the watch shows it.
     let mut written: HashMap<Key, ApisixStatus> = HashMap::new();
+    // Re-checks now and then, so a failed write is retried even when nothing changes.
+    let mut resync = tokio::time::interval(RESYNC_INTERVAL);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
+            // The stores have caught up by now: compare with them only.
+            _ = resync.tick() => written.clear(),
             r = rebuilt.changed() => if r.is_err() { return },
             r = dataplanes.changed() => if r.is_err() { return },
             r = leader.changed() => {
@@ -245,13 +252,15 @@ pub async fn run(
         }
         // Batch bursts of ACKs (one per dataplane per snapshot).
         tokio::time::sleep(Duration::from_millis(250)).await;
+        // NB: mark every input seen, or `changed()` would fire again at once.
+        dataplanes.borrow_and_update();
+        let out = rebuilt.borrow_and_update().clone();
         if !*leader.borrow_and_update() {
             continue;
         }
-        let Some(out) = rebuilt.borrow_and_update().clone() else {
+        let Some(out) = out else {
             continue;
         };
-        dataplanes.borrow_and_update();
         let connected = hub.dataplanes();
         let now = Timestamp::now();
         let mut todo = Vec::new();

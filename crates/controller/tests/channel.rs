@@ -220,6 +220,7 @@ async fn mutual_tls_admits_dataplanes_with_a_certificate_from_the_ca_only() {
         cert: pki.client_cert.clone().into_bytes(),
         key: pki.client_key.clone().into_bytes(),
         server_name: None,
+        files: None,
     };
     let dp = dataplane(client_config(
         url.clone(),
@@ -240,6 +241,7 @@ async fn mutual_tls_admits_dataplanes_with_a_certificate_from_the_ca_only() {
         cert: other.client_cert.into_bytes(),
         key: other.client_key.into_bytes(),
         server_name: None,
+        files: None,
     };
     let store = Arc::new(Store::new().unwrap());
     let (received, err) = controller_client::run_once(
@@ -260,6 +262,7 @@ async fn mutual_tls_admits_dataplanes_with_a_certificate_from_the_ca_only() {
         cert: Vec::new(),
         key: Vec::new(),
         server_name: None,
+        files: None,
     };
     let (received, _) = controller_client::run_once(
         &client_config(url.clone(), "anon", Some(anonymous), None),
@@ -307,4 +310,38 @@ async fn plaintext_client_cannot_talk_to_a_tls_controller() {
     .unwrap();
     assert!(!received);
     assert!(!store.ready());
+}
+
+#[tokio::test]
+async fn dataplane_reads_rotated_certificates_before_redialing() {
+    tls::install_crypto_provider();
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki();
+    let files = write_pki(dir.path(), &pki);
+    let ctl = Controller::start(Some(files.server_config().unwrap())).await;
+    ctl.publish(1, snapshot("/a", "default/svc:80"));
+
+    // The dataplane starts with a certificate the controller's CA did not sign ...
+    let other = make_pki();
+    let (ca, cert, key) = (
+        dir.path().join("dp-ca.pem"),
+        dir.path().join("dp.crt"),
+        dir.path().join("dp.key"),
+    );
+    std::fs::write(&ca, &pki.ca).unwrap();
+    std::fs::write(&cert, &other.client_cert).unwrap();
+    std::fs::write(&key, &other.client_key).unwrap();
+    let client_tls = ClientTls::from_files(&ca, &cert, &key, None).unwrap();
+    let url = format!("https://localhost:{}", ctl.addr.port());
+    let dp = dataplane(client_config(url, "rotating", Some(client_tls), None));
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!dp.store.ready(), "refused with the wrong certificate");
+
+    // ... then the certificate files are rotated in place: the next dial uses them.
+    std::fs::write(&cert, &pki.client_cert).unwrap();
+    std::fs::write(&key, &pki.client_key).unwrap();
+    eventually("dataplane connects with the rotated certificate", || {
+        dp.store.state().version == 1
+    })
+    .await;
 }

@@ -88,6 +88,9 @@ pub struct ClientTls {
     pub key: Vec<u8>,
     /// Name to verify the controller's certificate against; default: the URL's host.
     pub server_name: Option<String>,
+    /// Files (CA, certificate, key) the PEM came from; when set they are read again before
+    /// every dial, so rotated certificates (e.g. by cert-manager) are used without a restart.
+    pub files: Option<[PathBuf; 3]>,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -95,12 +98,13 @@ impl std::fmt::Debug for ClientTls {
         // NB: never print the key.
         f.debug_struct("ClientTls")
             .field("server_name", &self.server_name)
+            .field("files", &self.files)
             .finish_non_exhaustive()
     }
 }
 
 impl ClientTls {
-    /// Reads the three PEM files.
+    /// Reads the three PEM files (and remembers them for re-reading before every dial).
     pub fn from_files(
         ca: &Path,
         cert: &Path,
@@ -118,7 +122,16 @@ impl ClientTls {
             cert: read(cert)?,
             key: read(key)?,
             server_name,
+            files: Some([ca.to_path_buf(), cert.to_path_buf(), key.to_path_buf()]),
         })
+    }
+
+    /// The current PEM: re-read from the files when there are any.
+    fn fresh(&self) -> Result<Self, ClientError> {
+        match &self.files {
+            Some([ca, cert, key]) => Self::from_files(ca, cert, key, self.server_name.clone()),
+            None => Ok(self.clone()),
+        }
     }
 }
 
@@ -213,6 +226,7 @@ impl ClientConfig {
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         if let Some(tls) = &self.tls {
+            let tls = tls.fresh()?;
             let server_name = tls
                 .server_name
                 .clone()
@@ -466,6 +480,7 @@ mod tests {
                 cert: Vec::new(),
                 key: Vec::new(),
                 server_name: None,
+                files: None,
             }),
             dataplane_id: "dp".into(),
             state_dir: None,
