@@ -124,8 +124,10 @@ cmd_install() {
     exec 9>"$BIN/.install.lock"
     flock 9
     local want=(kube-apiserver etcd)
-    # A kubectl is needed by the tests; build the matching one only when none is installed.
-    if [ -z "${SLUICE_KUBECTL:-}" ] && ! command -v kubectl >/dev/null 2>&1; then
+    # A kubectl is needed by the tests; build the matching one only when none is installed
+    # (or when SLUICE_BUILD_KUBECTL=1 asks for it).
+    if [ "${SLUICE_BUILD_KUBECTL:-}" = 1 ] ||
+        { [ -z "${SLUICE_KUBECTL:-}" ] && ! command -v kubectl >/dev/null 2>&1; }; then
         want+=(kubectl)
     fi
     local name version pkg go=
@@ -135,7 +137,8 @@ cmd_install() {
         kubectl) version=$KUBE_VERSION pkg=k8s.io/kubernetes/cmd/kubectl ;;
         etcd) version=$ETCD_VERSION pkg=go.etcd.io/etcd/server/v3 ;;
         esac
-        if ! [ -x "$BIN/$name-$version" ] || ! "$BIN/$name-$version" --version >/dev/null 2>&1; then
+        # NB: builds land under their final name by `mv`, so an executable file is complete.
+        if ! [ -x "$BIN/$name-$version" ]; then
             [ -n "$go" ] || go=$(find_go)
             go_build "$name" "$version" "$pkg" "$go"
         fi
@@ -154,6 +157,8 @@ cmd_paths() {
 
 port_in_use() { [ -n "$(ss -Htln "sport = :$1" 2>/dev/null)" ]; }
 
+# free_port VAR: sets VAR to a free loopback port not handed out before in this run.
+# (Not `$(free_port)`: a subshell would forget USED_PORTS.)
 free_port() {
     local p
     for _ in $(seq 1 200); do
@@ -161,7 +166,7 @@ free_port() {
         case " ${USED_PORTS:-} " in *" $p "*) continue ;; esac
         if ! port_in_use "$p"; then
             USED_PORTS="${USED_PORTS:-} $p"
-            echo "$p"
+            printf -v "$1" '%s' "$p"
             return
         fi
     done
@@ -266,9 +271,9 @@ cmd_start() {
     for attempt in 1 2 3; do
         USED_PORTS=
         local etcd_port etcd_peer api_port
-        etcd_port=$(free_port)
-        etcd_peer=$(free_port)
-        api_port=$(free_port)
+        free_port etcd_port
+        free_port etcd_peer
+        free_port api_port
         rm -rf "$dir/etcd-data"
         setsid "$etcd" --name sluice-test --data-dir "$dir/etcd-data" \
             --listen-client-urls "http://127.0.0.1:$etcd_port" \
