@@ -7,7 +7,10 @@
 //! - `Programmed`: how many connected dataplanes ACKed a snapshot that contains the object as
 //!   it is now, e.g. `True` / `AllDataplanesProgrammed` / `3/3 dataplanes at v42`, or `False` /
 //!   `Pending` / `1/3 dataplanes at v42`, `False` / `Rejected` with the first NACK reason,
-//!   `False` / `NoDataplanes`, `False` / `Invalid` when the object is not accepted.
+//!   `False` / `NoDataplanes`, `False` / `Invalid` when the object is not accepted. `v42` is
+//!   the first version that contains the object as it is now (a dataplane at v42 or later
+//!   serves it), not the latest version: so the message of an unchanged object stays the
+//!   same while other objects change, and its status is not rewritten on every snapshot.
 //!
 //! Every condition carries `observedGeneration`; `lastTransitionTime` is kept from the
 //! object's current status while a condition's status does not change. An object whose
@@ -72,7 +75,7 @@ fn truncate(mut s: String) -> String {
 }
 
 /// The `Programmed` condition of one object.
-pub fn programmed(verdict: &ObjectVerdict, version: u64, dataplanes: &[DataplaneInfo]) -> Desired {
+pub fn programmed(verdict: &ObjectVerdict, dataplanes: &[DataplaneInfo]) -> Desired {
     let cond = |status, reason: &str, message: String| Desired {
         type_: CONDITION_PROGRAMMED.to_owned(),
         status,
@@ -86,20 +89,20 @@ pub fn programmed(verdict: &ObjectVerdict, version: u64, dataplanes: &[Dataplane
             "not accepted; see the Accepted condition".into(),
         );
     }
+    let since = verdict.since_version;
     let total = dataplanes.len();
     if total == 0 {
         return cond(
             "False",
             REASON_NO_DATAPLANES,
-            format!("0/0 dataplanes at v{version}: no dataplane is connected"),
+            format!("0/0 dataplanes at v{since}: no dataplane is connected"),
         );
     }
-    let since = verdict.since_version;
     let serving = dataplanes
         .iter()
         .filter(|d| d.acked.as_ref().is_some_and(|a| a.version >= since))
         .count();
-    let summary = format!("{serving}/{total} dataplanes at v{version}");
+    let summary = format!("{serving}/{total} dataplanes at v{since}");
     if serving == total {
         return cond("True", REASON_PROGRAMMED, summary);
     }
@@ -125,11 +128,7 @@ pub fn programmed(verdict: &ObjectVerdict, version: u64, dataplanes: &[Dataplane
 }
 
 /// Every condition of one object: translation's, then `Programmed`.
-pub fn desired(
-    verdict: &ObjectVerdict,
-    version: u64,
-    dataplanes: &[DataplaneInfo],
-) -> Vec<Desired> {
+pub fn desired(verdict: &ObjectVerdict, dataplanes: &[DataplaneInfo]) -> Vec<Desired> {
     let mut out: Vec<Desired> = verdict
         .status
         .conditions
@@ -144,7 +143,7 @@ pub fn desired(
             message: truncate(c.message.clone()),
         })
         .collect();
-    out.push(programmed(verdict, version, dataplanes));
+    out.push(programmed(verdict, dataplanes));
     out
 }
 
@@ -267,7 +266,7 @@ pub async fn run(
         for verdict in &out.objects {
             let s = &verdict.status;
             let key = (s.kind, s.namespace.clone(), s.name.clone());
-            let want = desired(verdict, out.version, &connected);
+            let want = desired(verdict, &connected);
             let current = existing(s.kind, &s.namespace, &s.name);
             let Some(status) = status_to_write(&want, s.generation, current.as_ref(), now) else {
                 continue;
@@ -394,45 +393,53 @@ mod tests {
             dp("b", Some(40), None),
             dp("c", Some(41), None),
         ];
-        let p = programmed(&v, 42, &all);
+        let p = programmed(&v, &all);
         assert_eq!((p.status, p.reason.as_str()), ("True", REASON_PROGRAMMED));
-        assert_eq!(p.message, "3/3 dataplanes at v42");
+        assert_eq!(p.message, "3/3 dataplanes at v40");
 
         let some = [
             dp("a", Some(42), None),
             dp("b", Some(39), None),
             dp("c", None, None),
         ];
-        let p = programmed(&v, 42, &some);
+        let p = programmed(&v, &some);
         assert_eq!((p.status, p.reason.as_str()), ("False", REASON_PENDING));
-        assert_eq!(p.message, "1/3 dataplanes at v42");
+        assert_eq!(p.message, "1/3 dataplanes at v40");
 
         let nack = [
             dp("a", Some(42), None),
             dp("b", Some(39), Some((42, "route x: bad"))),
         ];
-        let p = programmed(&v, 42, &nack);
+        let p = programmed(&v, &nack);
         assert_eq!(p.reason, REASON_REJECTED);
         assert_eq!(
             p.message,
-            "1/2 dataplanes at v42; dataplane b rejected v42: route x: bad"
+            "1/2 dataplanes at v40; dataplane b rejected v42: route x: bad"
         );
 
-        let p = programmed(&v, 42, &[]);
+        let p = programmed(&v, &[]);
         assert_eq!(
             (p.status, p.reason.as_str()),
             ("False", REASON_NO_DATAPLANES)
         );
 
-        let p = programmed(&verdict(false, 42), 42, &all);
+        let p = programmed(&verdict(false, 42), &all);
         assert_eq!((p.status, p.reason.as_str()), ("False", REASON_INVALID));
+    }
+
+    #[test]
+    fn the_message_of_an_unchanged_object_does_not_move_with_newer_snapshots() {
+        let v = verdict(true, 5);
+        let before = programmed(&v, &[dp("a", Some(5), None)]);
+        let after = programmed(&v, &[dp("a", Some(90), None)]);
+        assert_eq!(before, after);
     }
 
     #[test]
     fn long_messages_are_cut() {
         let long = "x".repeat(5000);
         let nack = [dp("a", None, Some((1, &long)))];
-        let p = programmed(&verdict(true, 1), 1, &nack);
+        let p = programmed(&verdict(true, 1), &nack);
         assert_eq!(p.message.chars().count(), MAX_MESSAGE_CHARS);
         assert!(p.message.ends_with('…'));
     }
@@ -442,7 +449,7 @@ mod tests {
         let t0 = Timestamp::from_second(1_700_000_000).unwrap();
         let t1 = Timestamp::from_second(1_700_000_100).unwrap();
         let v = verdict(true, 1);
-        let pending = desired(&v, 1, &[dp("a", None, None)]);
+        let pending = desired(&v, &[dp("a", None, None)]);
         let first = status_to_write(&pending, Some(3), None, t0).unwrap();
         assert_eq!(first.observed_generation, Some(3));
         assert_eq!(first.conditions.len(), 2);
@@ -463,7 +470,7 @@ mod tests {
         assert!(status_to_write(&pending, Some(3), Some(&first), t1).is_none());
 
         // Programmed flips to True: only its transition time moves.
-        let done = desired(&v, 1, &[dp("a", Some(1), None)]);
+        let done = desired(&v, &[dp("a", Some(1), None)]);
         let second = status_to_write(&done, Some(3), Some(&first), t1).unwrap();
         let by_type = |s: &ApisixStatus, t: &str| {
             s.conditions.iter().find(|c| c.type_ == t).cloned().unwrap()
