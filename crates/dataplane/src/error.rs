@@ -36,6 +36,9 @@ pub enum ProxyError {
     /// Connecting to the upstream endpoint took longer than the connect timeout.
     #[error("connect to {0} timed out")]
     ConnectTimeout(String),
+    /// Writing the request body upstream stalled longer than the send timeout.
+    #[error("sending to upstream {0} timed out")]
+    SendTimeout(String),
     /// The upstream did not answer within the read timeout.
     #[error("upstream {0} timed out")]
     ReadTimeout(String),
@@ -44,9 +47,12 @@ pub enum ProxyError {
     Upstream {
         /// Endpoint address.
         addr: String,
-        /// Underlying hyper error.
-        source: hyper::Error,
+        /// What went wrong.
+        source: crate::h1::H1Error,
     },
+    /// The downstream request body failed while it was being sent upstream.
+    #[error("reading the request body failed: {0}")]
+    RequestBody(hyper::Error),
     /// The request cannot be turned into an upstream request.
     #[error("bad request: {0}")]
     BadRequest(&'static str),
@@ -56,7 +62,9 @@ impl ProxyError {
     /// Who is at fault.
     pub fn source_kind(&self) -> ErrorSource {
         match self {
-            ProxyError::NoRoute | ProxyError::BadRequest(_) => ErrorSource::Downstream,
+            ProxyError::NoRoute | ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => {
+                ErrorSource::Downstream
+            }
             ProxyError::NoEndpoint(_) => ErrorSource::Internal,
             _ => ErrorSource::Upstream,
         }
@@ -77,10 +85,10 @@ impl ProxyError {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::NoEndpoint(_) => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::ConnectTimeout(_) | ProxyError::ReadTimeout(_) => {
-                StatusCode::GATEWAY_TIMEOUT
-            }
-            ProxyError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ProxyError::ConnectTimeout(_)
+            | ProxyError::ReadTimeout(_)
+            | ProxyError::SendTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -92,10 +100,12 @@ impl ProxyError {
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => {
                 "{\"error_msg\":\"502 Bad Gateway\"}\n"
             }
-            ProxyError::ConnectTimeout(_) | ProxyError::ReadTimeout(_) => {
-                "{\"error_msg\":\"504 Gateway Timeout\"}\n"
+            ProxyError::ConnectTimeout(_)
+            | ProxyError::ReadTimeout(_)
+            | ProxyError::SendTimeout(_) => "{\"error_msg\":\"504 Gateway Timeout\"}\n",
+            ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => {
+                "{\"error_msg\":\"400 Bad Request\"}\n"
             }
-            ProxyError::BadRequest(_) => "{\"error_msg\":\"400 Bad Request\"}\n",
         }
     }
 

@@ -3,15 +3,20 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, Uri};
+use http::header::{self, HeaderMap, HeaderValue};
+use http::{Request, Response};
+use http_body::Body as _;
+use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 
 use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
+use crate::h1::{Framing, H1Error, ProxyHeaders, ResponseHead, encode_request_head};
 use crate::router::RequestInfo;
 use crate::store::Store;
 use crate::table::RouteTable;
+use crate::timer::CoarseTimer;
+use crate::upstream::{PooledConn, Timeouts};
 
 /// Facts about the downstream connection, computed once per connection.
 #[derive(Debug, Clone)]
@@ -24,11 +29,18 @@ pub struct ConnInfo {
     pub scheme: &'static str,
     /// The client IP as a header value, for `X-Forwarded-For` and `X-Real-IP`.
     pub remote_ip: HeaderValue,
+    /// The worker's timer for request timeouts.
+    pub timer: CoarseTimer,
 }
 
 impl ConnInfo {
     /// Describes a connection.
-    pub fn new(remote_addr: SocketAddr, local_addr: SocketAddr, scheme: &'static str) -> Self {
+    pub fn new(
+        remote_addr: SocketAddr,
+        local_addr: SocketAddr,
+        scheme: &'static str,
+        timer: CoarseTimer,
+    ) -> Self {
         let ip = remote_addr.ip().to_canonical().to_string();
         let remote_ip = HeaderValue::from_str(&ip).unwrap_or(HeaderValue::from_static("unknown"));
         ConnInfo {
@@ -36,16 +48,10 @@ impl ConnInfo {
             local_addr,
             scheme,
             remote_ip,
+            timer,
         }
     }
 }
-
-static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-static X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
-static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-static PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// Serves one request against the current snapshot. Never fails: errors become responses.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
@@ -64,7 +70,7 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
 }
 
 async fn proxy(
-    mut req: Request<Incoming>,
+    req: Request<Incoming>,
     conn: &ConnInfo,
     table: &Arc<RouteTable>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -92,50 +98,119 @@ async fn proxy(
         .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
 
-    // Origin-form request target for the upstream.
-    if req.uri().scheme().is_some() || req.uri().authority().is_some() {
-        let pq = req
-            .uri()
-            .path_and_query()
-            .map(|pq| pq.as_str())
-            .unwrap_or("/");
-        *req.uri_mut() =
-            Uri::try_from(pq).map_err(|_| ProxyError::BadRequest("invalid request target"))?;
-    }
-    *req.version_mut() = http::Version::HTTP_11;
-    let headers = req.headers_mut();
-    strip_hop_by_hop(headers);
-    if let Some(h) = host {
-        if !headers.contains_key(header::HOST) {
-            headers.insert(header::HOST, h.clone());
+    let (mut parts, mut body) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+
+    let has_body = !body.is_end_stream();
+    let framing = if has_body {
+        match body.size_hint().exact() {
+            Some(n) => Framing::Length(n),
+            None => Framing::Chunked,
         }
-        headers.insert(X_FORWARDED_HOST.clone(), h);
-    }
-    forwarded_for(headers, &conn.remote_ip);
-    headers.insert(X_REAL_IP.clone(), conn.remote_ip.clone());
-    headers.insert(
-        X_FORWARDED_PROTO.clone(),
-        HeaderValue::from_static(conn.scheme),
+    } else if parts.headers.contains_key(header::CONTENT_LENGTH) {
+        Framing::Length(0)
+    } else {
+        Framing::Empty
+    };
+    let target = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/");
+    let mut head = Vec::with_capacity(512);
+    let proxy_headers = ProxyHeaders {
+        client_ip: conn.remote_ip.as_bytes(),
+        proto: conn.scheme,
+        host: host.as_ref().map(HeaderValue::as_bytes),
+    };
+    encode_request_head(
+        &mut head,
+        &parts.method,
+        target,
+        &parts.headers,
+        framing,
+        Some(proxy_headers),
     );
 
-    let mut pooled = endpoint.pool.checkout(timeouts.connect).await?;
-    let exchange = pooled.sender.send_request(req);
-    let resp = match tokio::time::timeout(timeouts.read, exchange).await {
-        Err(_) => return Err(ProxyError::ReadTimeout(endpoint.address.clone())),
-        Ok(Err(source)) => {
-            return Err(ProxyError::Upstream {
-                addr: endpoint.address.clone(),
-                source,
-            });
+    // A request without a body can be sent again if a reused connection turns out to have
+    // been closed by the upstream; others check the idle connection before using it.
+    let replayable = !has_body && parts.method.is_idempotent();
+    let mut pooled = endpoint
+        .pool
+        .checkout(timeouts.connect, !replayable)
+        .await?;
+    let response = loop {
+        let sent = exchange(
+            &mut pooled,
+            &head,
+            has_body.then_some(&mut body),
+            framing == Framing::Chunked,
+            &parts.method,
+            timeouts,
+            &conn.timer,
+        )
+        .await;
+        match sent {
+            Ok(resp) => break resp,
+            Err(ProxyError::Upstream { source, .. })
+                if replayable && pooled.reused && source.is_stale_connection() =>
+            {
+                pooled = endpoint.pool.connect(timeouts.connect).await?;
+            }
+            Err(e) => return Err(e),
         }
-        Ok(Ok(resp)) => resp,
     };
-    let (mut parts, body) = resp.into_parts();
+    let mut parts = response.parts;
+    parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(
-        parts,
-        ProxyBody::Upstream(UpstreamBody::new(body, Some(pooled))),
-    ))
+    let body = UpstreamBody::new(pooled, response.framing, response.keep_alive);
+    Ok(Response::from_parts(parts, ProxyBody::Upstream(body)))
+}
+
+/// Sends one request on `pooled` and reads the response head.
+async fn exchange(
+    pooled: &mut PooledConn,
+    head: &[u8],
+    body: Option<&mut Incoming>,
+    chunked: bool,
+    method: &http::Method,
+    timeouts: Timeouts,
+    timer: &CoarseTimer,
+) -> Result<ResponseHead, ProxyError> {
+    let upstream_err = |source: H1Error, pooled: &PooledConn| ProxyError::Upstream {
+        addr: pooled.address().to_owned(),
+        source,
+    };
+    if let Err(e) = pooled.conn.write_all(head).await {
+        return Err(upstream_err(H1Error::Io(e), pooled));
+    }
+    if let Some(body) = body {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(ProxyError::RequestBody)?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            match timer
+                .timeout(timeouts.send, pooled.conn.write_body_chunk(&data, chunked))
+                .await
+            {
+                Err(_) => return Err(ProxyError::SendTimeout(pooled.address().to_owned())),
+                Ok(Err(e)) => return Err(upstream_err(H1Error::Io(e), pooled)),
+                Ok(Ok(())) => {}
+            }
+        }
+        if chunked && let Err(e) = pooled.conn.write_all(b"0\r\n\r\n").await {
+            return Err(upstream_err(H1Error::Io(e), pooled));
+        }
+    }
+    match timer
+        .timeout(timeouts.read, pooled.conn.read_head(method))
+        .await
+    {
+        Err(_) => Err(ProxyError::ReadTimeout(pooled.address().to_owned())),
+        Ok(Err(source)) => Err(upstream_err(source, pooled)),
+        Ok(Ok(resp)) => Ok(resp),
+    }
 }
 
 /// The request's host: the Host header, or the HTTP/2 `:authority`.
@@ -148,62 +223,49 @@ fn request_host(req: &Request<Incoming>) -> Option<HeaderValue> {
         .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
 }
 
-fn forwarded_for(headers: &mut HeaderMap, ip: &HeaderValue) {
-    match headers.get(&X_FORWARDED_FOR) {
-        Some(prev) => {
-            let mut v = Vec::with_capacity(prev.len() + 2 + ip.len());
-            v.extend_from_slice(prev.as_bytes());
-            v.extend_from_slice(b", ");
-            v.extend_from_slice(ip.as_bytes());
-            if let Ok(v) = HeaderValue::from_bytes(&v) {
-                headers.insert(X_FORWARDED_FOR.clone(), v);
-            }
-        }
-        None => {
-            headers.insert(X_FORWARDED_FOR.clone(), ip.clone());
+/// The hop-by-hop headers of RFC 9110 §7.6.1 (plus the legacy `proxy-connection`).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "te",
+    "transfer-encoding",
+    "upgrade",
+    "trailer",
+    "proxy-authenticate",
+    "keep-alive",
+    "proxy-connection",
+];
+
+/// Removes hop-by-hop headers, including those named in `Connection`.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // One pass over the names, without hashing, finds which are present; typically only
+    // `connection`, or none.
+    let mut present = 0u8;
+    for name in headers.keys() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| *h == name.as_str()) {
+            present |= 1 << i;
         }
     }
-}
-
-/// Removes hop-by-hop headers (RFC 9110 §7.6.1), including those named in `Connection`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Most messages carry at most `Connection`: one pass over the names, without hashing,
-    // decides whether there is anything to do.
-    if !headers.keys().any(is_hop_by_hop) {
+    if present == 0 {
         return;
     }
-    if let Some(conn) = headers.remove(header::CONNECTION)
+    if present & 1 != 0
+        && let Some(conn) = headers.remove(header::CONNECTION)
         && let Ok(list) = conn.to_str()
     {
-        for name in list.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            headers.remove(name);
+        for token in list.split(',').map(str::trim) {
+            let known = token.is_empty()
+                || token.eq_ignore_ascii_case("close")
+                || HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(token));
+            if !known {
+                headers.remove(token);
+            }
         }
     }
-    for name in [
-        &header::TE,
-        &header::TRANSFER_ENCODING,
-        &header::UPGRADE,
-        &header::TRAILER,
-        &header::PROXY_AUTHENTICATE,
-        &KEEP_ALIVE,
-        &PROXY_CONNECTION,
-    ] {
-        headers.remove(name);
+    for (i, name) in HOP_BY_HOP.iter().enumerate().skip(1) {
+        if present & (1 << i) != 0 {
+            headers.remove(*name);
+        }
     }
-}
-
-fn is_hop_by_hop(name: &HeaderName) -> bool {
-    matches!(
-        name.as_str(),
-        "connection"
-            | "te"
-            | "transfer-encoding"
-            | "upgrade"
-            | "trailer"
-            | "proxy-authenticate"
-            | "keep-alive"
-            | "proxy-connection"
-    )
 }
 
 #[cfg(test)]
@@ -224,14 +286,5 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
-    }
-
-    #[test]
-    fn forwarded_for_appends() {
-        let mut h = HeaderMap::new();
-        forwarded_for(&mut h, &HeaderValue::from_static("10.0.0.1"));
-        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1");
-        forwarded_for(&mut h, &HeaderValue::from_static("10.0.0.2"));
-        assert_eq!(h.get("x-forwarded-for").unwrap(), "10.0.0.1, 10.0.0.2");
     }
 }

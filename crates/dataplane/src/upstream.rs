@@ -7,12 +7,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
-use hyper::body::Incoming;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 
 use crate::error::ProxyError;
+use crate::h1::Conn;
 
 /// Most entries a precomputed weighted sequence may have; larger weight sums are scaled.
 const MAX_SEQUENCE: u64 = 4096;
@@ -176,8 +174,9 @@ impl PoolRegistry {
     }
 }
 
-/// How long an idle upstream connection is kept.
-const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long an idle upstream connection is kept (below the 60 s keep-alive timeout that
+/// most servers use, so that Sluice closes first).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(50);
 /// Most idle connections kept per endpoint.
 const MAX_IDLE: usize = 1024;
 
@@ -185,7 +184,7 @@ const MAX_IDLE: usize = 1024;
 #[derive(Debug)]
 pub struct Pool {
     address: String,
-    idle: Mutex<Vec<(http1::SendRequest<Incoming>, Instant)>>,
+    idle: Mutex<Vec<(Conn, Instant)>>,
 }
 
 impl Pool {
@@ -206,52 +205,51 @@ impl Pool {
         self.idle.lock().map(|i| i.len()).unwrap_or(0)
     }
 
-    fn take_idle(&self) -> Option<http1::SendRequest<Incoming>> {
+    fn take_idle(&self) -> Option<Conn> {
         let mut idle = self.idle.lock().ok()?;
-        while let Some((sender, since)) = idle.pop() {
-            if !sender.is_closed() && since.elapsed() < IDLE_TIMEOUT {
-                return Some(sender);
+        while let Some((conn, since)) = idle.pop() {
+            if since.elapsed() < IDLE_TIMEOUT {
+                return Some(conn);
             }
         }
         None
     }
 
-    fn put_idle(&self, sender: http1::SendRequest<Incoming>) {
-        if sender.is_closed() {
-            return;
-        }
+    fn put_idle(&self, conn: Conn) {
         if let Ok(mut idle) = self.idle.lock()
             && idle.len() < MAX_IDLE
         {
-            idle.push((sender, Instant::now()));
+            idle.push((conn, Instant::now()));
         }
     }
 
-    /// A connection ready for one request: an idle one, or a new one.
+    /// A connection for one request: the most recently used idle one, or a new one.
+    ///
+    /// With `check_idle`, an idle connection the upstream has closed is skipped; without it
+    /// the caller must be ready to retry on a fresh connection (see
+    /// [`crate::h1::H1Error::is_stale_connection`]).
     pub async fn checkout(
         self: &Arc<Self>,
         connect_timeout: Duration,
+        check_idle: bool,
     ) -> Result<PooledConn, ProxyError> {
-        while let Some(mut sender) = self.take_idle() {
-            // An idle sender normally is ready at once; one whose connection closed is not.
-            if sender.ready().await.is_ok() {
+        while let Some(mut conn) = self.take_idle() {
+            if !check_idle || conn.idle_is_usable() {
                 return Ok(PooledConn {
-                    sender,
+                    conn,
                     pool: Arc::clone(self),
+                    reused: true,
                 });
             }
         }
-        let sender = self.connect(connect_timeout).await?;
-        Ok(PooledConn {
-            sender,
-            pool: Arc::clone(self),
-        })
+        self.connect(connect_timeout).await
     }
 
-    async fn connect(
-        &self,
+    /// A new connection.
+    pub async fn connect(
+        self: &Arc<Self>,
         connect_timeout: Duration,
-    ) -> Result<http1::SendRequest<Incoming>, ProxyError> {
+    ) -> Result<PooledConn, ProxyError> {
         let addr = self.address.clone();
         let stream = match tokio::time::timeout(connect_timeout, connect_tcp(&addr)).await {
             Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
@@ -259,19 +257,11 @@ impl Pool {
             Ok(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
-        let (sender, conn) = http1::Builder::new()
-            .handshake(TokioIo::new(stream))
-            .await
-            .map_err(|source| ProxyError::Upstream {
-                addr: addr.clone(),
-                source,
-            })?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.with_upgrades().await {
-                tracing::debug!(error = %e, "upstream connection ended");
-            }
-        });
-        Ok(sender)
+        Ok(PooledConn {
+            conn: Conn::new(stream),
+            pool: Arc::clone(self),
+            reused: false,
+        })
     }
 }
 
@@ -283,16 +273,19 @@ async fn connect_tcp(addr: &str) -> std::io::Result<TcpStream> {
 }
 
 /// A connection checked out of a pool for one request.
+#[derive(Debug)]
 pub struct PooledConn {
-    /// The request sender.
-    pub sender: http1::SendRequest<Incoming>,
+    /// The connection.
+    pub conn: Conn,
     pool: Arc<Pool>,
+    /// Whether it served a request before (and so may have been closed by the upstream).
+    pub reused: bool,
 }
 
 impl PooledConn {
     /// Hands the connection back for reuse (after its response was read to the end).
     pub fn release(self) {
-        self.pool.put_idle(self.sender);
+        self.pool.put_idle(self.conn);
     }
 
     /// The endpoint address.

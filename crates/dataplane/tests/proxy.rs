@@ -376,3 +376,88 @@ async fn requests_keep_succeeding_while_large_snapshots_are_swapped_in() {
     assert_eq!(dp.store.state().version, 11);
     assert!(served >= 50);
 }
+
+/// An upstream that answers one request per connection with keep-alive advertised, then
+/// closes the connection anyway: the next request finds a stale pooled connection.
+async fn one_shot_upstream() -> (SocketAddr, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(any()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&conns);
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                    .await;
+                // Give the proxy time to pool the connection, then close it.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            });
+        }
+    });
+    (addr, conns)
+}
+
+#[tokio::test]
+async fn a_stale_pooled_connection_is_retried_on_a_fresh_one_for_requests_without_body() {
+    let (addr, conns) = one_shot_upstream().await;
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[(addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    for i in 0..3 {
+        let resp = get(dp.addr, "h", "/x").await;
+        assert_eq!(resp.status, StatusCode::OK, "request {i}");
+        assert_eq!(resp.text(), "ok");
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+    assert_eq!(
+        conns.load(std::sync::atomic::Ordering::SeqCst),
+        3,
+        "each request needed a new upstream connection"
+    );
+}
+
+#[tokio::test]
+async fn a_post_checks_its_pooled_connection_before_using_it() {
+    let (addr, _conns) = one_shot_upstream().await;
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[(addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    for i in 0..3 {
+        let req = Request::post("/x")
+            .header("host", "h")
+            .body(Full::new(Bytes::from_static(b"payload")))
+            .unwrap();
+        let resp = send(dp.addr, req).await;
+        assert_eq!(resp.status, StatusCode::OK, "request {i}");
+        tokio::time::sleep(std::time::Duration::from_millis(150)).await;
+    }
+}

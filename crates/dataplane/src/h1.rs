@@ -1,0 +1,643 @@
+//! A small HTTP/1.1 client for upstream connections that runs inside the downstream
+//! request's own task.
+//!
+//! NB: this replaces hyper's client on the hot path. hyper's client drives each connection
+//! from a task of its own and hands requests, responses and body chunks across channels; here
+//! the request head is written, the response head parsed and the body read straight from the
+//! socket by whoever polls the response body (the downstream connection's task), with one
+//! buffer per connection and no channel. The framing rules are RFC 9112 §6.
+
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, StatusCode, Version};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Largest response head accepted from an upstream.
+pub const MAX_HEAD_BYTES: usize = 64 * 1024;
+/// Most response headers accepted from an upstream.
+pub const MAX_HEADERS: usize = 128;
+/// Longest chunk-size or trailer line accepted.
+const MAX_LINE: usize = 4096;
+/// Read-buffer growth step.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// What went wrong talking to an upstream.
+#[derive(Debug, thiserror::Error)]
+pub enum H1Error {
+    /// The socket failed.
+    #[error("i/o: {0}")]
+    Io(#[from] io::Error),
+    /// The upstream closed the connection before sending a byte of the response.
+    #[error("connection closed before a response")]
+    ClosedBeforeResponse,
+    /// The upstream closed the connection in the middle of a message.
+    #[error("connection closed mid-message")]
+    Truncated,
+    /// The response is not valid HTTP/1.x.
+    #[error("invalid response: {0}")]
+    Invalid(&'static str),
+}
+
+impl H1Error {
+    /// Whether nothing of a response arrived, so that a request that had no body can be sent
+    /// again on a fresh connection (the usual cause: the upstream closed an idle keep-alive
+    /// connection just as it was reused).
+    pub fn is_stale_connection(&self) -> bool {
+        match self {
+            H1Error::ClosedBeforeResponse => true,
+            H1Error::Io(e) => matches!(
+                e.kind(),
+                io::ErrorKind::ConnectionReset
+                    | io::ErrorKind::BrokenPipe
+                    | io::ErrorKind::ConnectionAborted
+            ),
+            _ => false,
+        }
+    }
+}
+
+/// How a message body is delimited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// No body.
+    Empty,
+    /// Exactly this many bytes.
+    Length(u64),
+    /// `Transfer-Encoding: chunked`.
+    Chunked,
+    /// Until the upstream closes the connection (responses only).
+    UntilClose,
+}
+
+/// An upstream connection with its read buffer.
+#[derive(Debug)]
+pub struct Conn {
+    io: TcpStream,
+    buf: BytesMut,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct ResponseHead {
+    /// Status, version and headers.
+    pub parts: http::response::Parts,
+    /// How the body that follows is delimited.
+    pub framing: Framing,
+    /// Whether the connection may carry another request after this response.
+    pub keep_alive: bool,
+}
+
+impl Conn {
+    /// Wraps a connected socket.
+    pub fn new(io: TcpStream) -> Self {
+        Conn {
+            io,
+            buf: BytesMut::with_capacity(READ_CHUNK),
+        }
+    }
+
+    /// For an idle pooled connection: false when the upstream closed it or sent something
+    /// unexpected. Costs no system call unless the reactor saw the socket become readable.
+    pub fn idle_is_usable(&mut self) -> bool {
+        if !self.buf.is_empty() {
+            return false;
+        }
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        match self.io.poll_read_ready(&mut cx) {
+            Poll::Pending => true,
+            Poll::Ready(Err(_)) => false,
+            Poll::Ready(Ok(())) => {
+                let mut probe = [0u8; 1];
+                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+            }
+        }
+    }
+
+    /// Writes `bytes` completely.
+    pub async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.io.write_all(bytes).await
+    }
+
+    /// Writes one body chunk, in chunked encoding when `chunked`.
+    pub async fn write_body_chunk(&mut self, data: &[u8], chunked: bool) -> io::Result<()> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        if chunked {
+            let size = format!("{:x}\r\n", data.len());
+            self.io.write_all(size.as_bytes()).await?;
+            self.io.write_all(data).await?;
+            self.io.write_all(b"\r\n").await
+        } else {
+            self.io.write_all(data).await
+        }
+    }
+
+    /// Reads and parses the next final response head (1xx interim responses are skipped).
+    pub async fn read_head(&mut self, request_method: &Method) -> Result<ResponseHead, H1Error> {
+        let mut received_any = false;
+        loop {
+            if !self.buf.is_empty() {
+                received_any = true;
+                if let Some(head) = self.try_parse_head(request_method)? {
+                    if head.parts.status.is_informational() {
+                        continue;
+                    }
+                    return Ok(head);
+                }
+                if self.buf.len() > MAX_HEAD_BYTES {
+                    return Err(H1Error::Invalid("response head too large"));
+                }
+            }
+            self.buf.reserve(READ_CHUNK);
+            let n = self.io.read_buf(&mut self.buf).await?;
+            if n == 0 {
+                return Err(if received_any {
+                    H1Error::Truncated
+                } else {
+                    H1Error::ClosedBeforeResponse
+                });
+            }
+        }
+    }
+
+    fn try_parse_head(&mut self, request_method: &Method) -> Result<Option<ResponseHead>, H1Error> {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut headers);
+        let len = match resp.parse(&self.buf) {
+            Ok(httparse::Status::Complete(len)) => len,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => {
+                return Err(H1Error::Invalid("too many headers"));
+            }
+            Err(_) => return Err(H1Error::Invalid("malformed response head")),
+        };
+        let status = StatusCode::from_u16(resp.code.unwrap_or(0))
+            .map_err(|_| H1Error::Invalid("bad status code"))?;
+        let version = if resp.version == Some(0) {
+            Version::HTTP_10
+        } else {
+            Version::HTTP_11
+        };
+        // Header values point into the buffer: remember offsets, then share the bytes.
+        let base = self.buf.as_ptr() as usize;
+        let mut spans = Vec::with_capacity(resp.headers.len());
+        for h in resp.headers.iter() {
+            let name = HeaderName::from_bytes(h.name.as_bytes())
+                .map_err(|_| H1Error::Invalid("bad header name"))?;
+            let start = h.value.as_ptr() as usize - base;
+            spans.push((name, start, start + h.value.len()));
+        }
+        let head = self.buf.split_to(len).freeze();
+        let mut map = HeaderMap::with_capacity(spans.len());
+        for (name, start, end) in spans {
+            let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+                .map_err(|_| H1Error::Invalid("bad header value"))?;
+            map.append(name, value);
+        }
+        let framing = response_framing(request_method, status, &map)?;
+        let keep_alive = version == Version::HTTP_11
+            && framing != Framing::UntilClose
+            && !has_token(&map, &header::CONNECTION, "close");
+        let mut parts = http::Response::new(()).into_parts().0;
+        parts.status = status;
+        parts.version = version;
+        parts.headers = map;
+        Ok(Some(ResponseHead {
+            parts,
+            framing,
+            keep_alive,
+        }))
+    }
+}
+
+fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
+    headers.get_all(name).iter().any(|v| {
+        v.to_str()
+            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
+    })
+}
+
+/// RFC 9112 §6.3: how the body of a response is delimited.
+fn response_framing(
+    method: &Method,
+    status: StatusCode,
+    headers: &HeaderMap,
+) -> Result<Framing, H1Error> {
+    if method == Method::HEAD
+        || status.is_informational()
+        || status == StatusCode::NO_CONTENT
+        || status == StatusCode::NOT_MODIFIED
+    {
+        return Ok(Framing::Empty);
+    }
+    if let Some(te) = headers.get(header::TRANSFER_ENCODING) {
+        let last = te
+            .to_str()
+            .ok()
+            .and_then(|s| s.rsplit(',').next())
+            .map(str::trim);
+        return Ok(match last {
+            Some(c) if c.eq_ignore_ascii_case("chunked") => Framing::Chunked,
+            _ => Framing::UntilClose,
+        });
+    }
+    let mut length = None;
+    for v in headers.get_all(header::CONTENT_LENGTH) {
+        let n: u64 = v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or(H1Error::Invalid("bad content-length"))?;
+        if length.is_some_and(|l| l != n) {
+            return Err(H1Error::Invalid("conflicting content-length"));
+        }
+        length = Some(n);
+    }
+    Ok(match length {
+        Some(0) => Framing::Empty,
+        Some(n) => Framing::Length(n),
+        None => Framing::UntilClose,
+    })
+}
+
+/// Headers a proxy adds to every upstream request, written while the head is serialized
+/// instead of being inserted into the header map first.
+#[derive(Debug, Clone, Copy)]
+pub struct ProxyHeaders<'a> {
+    /// Client IP: appended to `X-Forwarded-For`, and the value of `X-Real-IP`.
+    pub client_ip: &'a [u8],
+    /// `X-Forwarded-Proto`.
+    pub proto: &'a str,
+    /// The request's host: `X-Forwarded-Host`, and `Host` when the request has none (HTTP/2).
+    pub host: Option<&'a [u8]>,
+}
+
+/// Serializes a request head. `framing` says how the body that follows is delimited; any
+/// `content-length`/`transfer-encoding` in `headers` is replaced accordingly. With `proxy`,
+/// `X-Forwarded-For` gets the client appended and `X-Real-IP`, `X-Forwarded-Proto` and
+/// `X-Forwarded-Host` are replaced.
+pub fn encode_request_head(
+    out: &mut Vec<u8>,
+    method: &Method,
+    target: &str,
+    headers: &HeaderMap,
+    framing: Framing,
+    proxy: Option<ProxyHeaders<'_>>,
+) {
+    fn line(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+        out.extend_from_slice(name);
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(value);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(method.as_str().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(target.as_bytes());
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    let mut forwarded_for: Vec<&[u8]> = Vec::new();
+    let mut saw_host = false;
+    for (name, value) in headers {
+        match name.as_str() {
+            "content-length" | "transfer-encoding" => continue,
+            "x-forwarded-for" | "x-real-ip" | "x-forwarded-proto" | "x-forwarded-host"
+                if proxy.is_some() =>
+            {
+                if name.as_str() == "x-forwarded-for" {
+                    forwarded_for.push(value.as_bytes());
+                }
+                continue;
+            }
+            "host" => saw_host = true,
+            _ => {}
+        }
+        line(out, name.as_str().as_bytes(), value.as_bytes());
+    }
+    if let Some(p) = proxy {
+        if let Some(host) = p.host {
+            if !saw_host {
+                line(out, b"host", host);
+            }
+            line(out, b"x-forwarded-host", host);
+        }
+        out.extend_from_slice(b"x-forwarded-for: ");
+        for prev in forwarded_for {
+            out.extend_from_slice(prev);
+            out.extend_from_slice(b", ");
+        }
+        out.extend_from_slice(p.client_ip);
+        out.extend_from_slice(b"\r\n");
+        line(out, b"x-real-ip", p.client_ip);
+        line(out, b"x-forwarded-proto", p.proto.as_bytes());
+    }
+    match framing {
+        Framing::Length(n) => line(out, b"content-length", n.to_string().as_bytes()),
+        Framing::Chunked => line(out, b"transfer-encoding", b"chunked"),
+        Framing::Empty | Framing::UntilClose => {}
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// Where a response body decoder stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyState {
+    /// Bytes left of a fixed-length body.
+    Length(u64),
+    /// Expecting a chunk-size line.
+    ChunkSize,
+    /// Bytes left of the current chunk.
+    ChunkData(u64),
+    /// Expecting the CRLF after chunk data.
+    ChunkEnd,
+    /// Reading trailer lines (dropped) until the empty line.
+    Trailers,
+    /// Reading until the upstream closes.
+    UntilClose,
+    /// The body is complete.
+    Done,
+}
+
+impl BodyState {
+    /// The decoder state at the start of a body with `framing`.
+    pub fn new(framing: Framing) -> Self {
+        match framing {
+            Framing::Empty => BodyState::Done,
+            Framing::Length(n) => BodyState::Length(n),
+            Framing::Chunked => BodyState::ChunkSize,
+            Framing::UntilClose => BodyState::UntilClose,
+        }
+    }
+}
+
+/// What [`Conn::poll_body`] produced.
+#[derive(Debug)]
+pub enum BodyPoll {
+    /// Body bytes.
+    Data(Bytes),
+    /// The body ended; `Framing::UntilClose` bodies end only with the connection.
+    End,
+}
+
+impl Conn {
+    /// Decodes the next piece of a response body, reading from the socket as needed.
+    pub fn poll_body(
+        &mut self,
+        state: &mut BodyState,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<BodyPoll, H1Error>> {
+        loop {
+            match *state {
+                BodyState::Done => return Poll::Ready(Ok(BodyPoll::End)),
+                BodyState::Length(0) => *state = BodyState::Done,
+                BodyState::Length(left) | BodyState::ChunkData(left) if !self.buf.is_empty() => {
+                    let take = (self.buf.len() as u64).min(left) as usize;
+                    let data = self.buf.split_to(take).freeze();
+                    let left = left - take as u64;
+                    *state = match *state {
+                        BodyState::Length(_) if left == 0 => BodyState::Done,
+                        BodyState::Length(_) => BodyState::Length(left),
+                        _ if left == 0 => BodyState::ChunkEnd,
+                        _ => BodyState::ChunkData(left),
+                    };
+                    return Poll::Ready(Ok(BodyPoll::Data(data)));
+                }
+                BodyState::UntilClose if !self.buf.is_empty() => {
+                    let data = self.buf.split().freeze();
+                    return Poll::Ready(Ok(BodyPoll::Data(data)));
+                }
+                BodyState::ChunkSize | BodyState::Trailers if self.buf.contains_crlf() => {
+                    let line = self.take_line();
+                    if *state == BodyState::Trailers {
+                        if line.is_empty() {
+                            *state = BodyState::Done;
+                        }
+                        continue;
+                    }
+                    let size = parse_chunk_size(&line)?;
+                    *state = if size == 0 {
+                        BodyState::Trailers
+                    } else {
+                        BodyState::ChunkData(size)
+                    };
+                }
+                BodyState::ChunkEnd if self.buf.len() >= 2 => {
+                    if &self.buf[..2] != b"\r\n" {
+                        return Poll::Ready(Err(H1Error::Invalid("chunk not followed by CRLF")));
+                    }
+                    self.buf.advance(2);
+                    *state = BodyState::ChunkSize;
+                }
+                _ => {
+                    if self.buf.len() > MAX_LINE {
+                        return Poll::Ready(Err(H1Error::Invalid("chunk line too long")));
+                    }
+                    self.buf.reserve(READ_CHUNK);
+                    match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf) {
+                        Poll::Pending => return Poll::Pending,
+                        Poll::Ready(Err(e)) => return Poll::Ready(Err(H1Error::Io(e))),
+                        Poll::Ready(Ok(0)) => {
+                            if *state == BodyState::UntilClose {
+                                *state = BodyState::Done;
+                                return Poll::Ready(Ok(BodyPoll::End));
+                            }
+                            return Poll::Ready(Err(H1Error::Truncated));
+                        }
+                        Poll::Ready(Ok(_)) => {}
+                    }
+                }
+            }
+        }
+    }
+
+    fn take_line(&mut self) -> Bytes {
+        let pos = self
+            .buf
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .unwrap_or(self.buf.len());
+        let line = self.buf.split_to(pos).freeze();
+        if self.buf.len() >= 2 {
+            self.buf.advance(2);
+        }
+        line
+    }
+}
+
+trait ContainsCrlf {
+    fn contains_crlf(&self) -> bool;
+}
+
+impl ContainsCrlf for BytesMut {
+    fn contains_crlf(&self) -> bool {
+        self.windows(2).any(|w| w == b"\r\n")
+    }
+}
+
+fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
+    let digits = line.split(|b| *b == b';').next().unwrap_or_default();
+    let digits = std::str::from_utf8(digits).map_err(|_| H1Error::Invalid("bad chunk size"))?;
+    u64::from_str_radix(digits.trim(), 16).map_err(|_| H1Error::Invalid("bad chunk size"))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use tokio::net::TcpListener;
+
+    /// A connection whose upstream writes `wire` and then closes.
+    async fn conn_reading(wire: &'static [u8]) -> Conn {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            // Dribble the bytes to exercise partial reads.
+            for piece in wire.chunks(7) {
+                s.write_all(piece).await.unwrap();
+                s.flush().await.unwrap();
+                tokio::task::yield_now().await;
+            }
+        });
+        Conn::new(TcpStream::connect(addr).await.unwrap())
+    }
+
+    async fn body(conn: &mut Conn, framing: Framing) -> Result<Vec<u8>, H1Error> {
+        let mut state = BodyState::new(framing);
+        let mut out = Vec::new();
+        loop {
+            match std::future::poll_fn(|cx| conn.poll_body(&mut state, cx)).await? {
+                BodyPoll::Data(d) => out.extend_from_slice(&d),
+                BodyPoll::End => return Ok(out),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn content_length_response() {
+        let mut c =
+            conn_reading(b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nX-A: b\r\n\r\nhello world\n")
+                .await;
+        let head = c.read_head(&Method::GET).await.unwrap();
+        assert_eq!(head.parts.status, 200);
+        assert_eq!(head.parts.headers["x-a"], "b");
+        assert_eq!(head.framing, Framing::Length(12));
+        assert!(head.keep_alive);
+        assert_eq!(body(&mut c, head.framing).await.unwrap(), b"hello world\n");
+    }
+
+    #[tokio::test]
+    async fn chunked_response_with_extensions_and_trailers() {
+        let wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n";
+        let mut c = conn_reading(wire).await;
+        let head = c.read_head(&Method::GET).await.unwrap();
+        assert_eq!(head.framing, Framing::Chunked);
+        assert_eq!(body(&mut c, head.framing).await.unwrap(), b"hello world");
+    }
+
+    #[tokio::test]
+    async fn interim_responses_are_skipped_and_close_delimited_bodies_read_to_eof() {
+        let mut c =
+            conn_reading(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\n\r\nuntil close").await;
+        let head = c.read_head(&Method::POST).await.unwrap();
+        assert_eq!(head.parts.status, 200);
+        assert_eq!(head.framing, Framing::UntilClose);
+        assert!(!head.keep_alive);
+        assert_eq!(body(&mut c, head.framing).await.unwrap(), b"until close");
+    }
+
+    #[tokio::test]
+    async fn head_and_204_have_no_body_and_connection_close_is_honoured() {
+        let mut c =
+            conn_reading(b"HTTP/1.1 200 OK\r\nContent-Length: 50\r\nConnection: close\r\n\r\n")
+                .await;
+        let head = c.read_head(&Method::HEAD).await.unwrap();
+        assert_eq!(head.framing, Framing::Empty);
+        assert!(!head.keep_alive);
+        let mut c = conn_reading(b"HTTP/1.1 204 No Content\r\n\r\n").await;
+        assert_eq!(
+            c.read_head(&Method::GET).await.unwrap().framing,
+            Framing::Empty
+        );
+    }
+
+    #[tokio::test]
+    async fn truncated_and_invalid_responses_are_errors() {
+        let mut c = conn_reading(b"").await;
+        assert!(
+            c.read_head(&Method::GET)
+                .await
+                .unwrap_err()
+                .is_stale_connection()
+        );
+        let mut c = conn_reading(b"HTTP/1.1 200 OK\r\nContent-Len").await;
+        assert!(matches!(
+            c.read_head(&Method::GET).await,
+            Err(H1Error::Truncated)
+        ));
+        let mut c = conn_reading(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort").await;
+        let head = c.read_head(&Method::GET).await.unwrap();
+        assert!(matches!(
+            body(&mut c, head.framing).await,
+            Err(H1Error::Truncated)
+        ));
+        let mut c =
+            conn_reading(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n")
+                .await;
+        assert!(matches!(
+            c.read_head(&Method::GET).await,
+            Err(H1Error::Invalid("conflicting content-length"))
+        ));
+        let mut c = conn_reading(b"garbage\r\n\r\n").await;
+        assert!(matches!(
+            c.read_head(&Method::GET).await,
+            Err(H1Error::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn request_head_replaces_framing_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("a.com"));
+        h.insert("content-length", HeaderValue::from_static("99"));
+        let mut out = Vec::new();
+        encode_request_head(
+            &mut out,
+            &Method::POST,
+            "/x?y=1",
+            &h,
+            Framing::Chunked,
+            None,
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /x?y=1 HTTP/1.1\r\nhost: a.com\r\ntransfer-encoding: chunked\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn proxy_headers_are_appended_or_replaced() {
+        let mut h = HeaderMap::new();
+        h.append("x-forwarded-for", HeaderValue::from_static("203.0.113.1"));
+        h.append("x-forwarded-for", HeaderValue::from_static("203.0.113.2"));
+        h.insert("x-real-ip", HeaderValue::from_static("spoofed"));
+        h.insert("x-forwarded-proto", HeaderValue::from_static("spoofed"));
+        let p = ProxyHeaders {
+            client_ip: b"10.0.0.9",
+            proto: "http",
+            host: Some(b"h2.example.com"),
+        };
+        let mut out = Vec::new();
+        encode_request_head(&mut out, &Method::GET, "/", &h, Framing::Empty, Some(p));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "GET / HTTP/1.1\r\nhost: h2.example.com\r\nx-forwarded-host: h2.example.com\r\n\
+             x-forwarded-for: 203.0.113.1, 203.0.113.2, 10.0.0.9\r\nx-real-ip: 10.0.0.9\r\n\
+             x-forwarded-proto: http\r\n\r\n"
+        );
+    }
+}
