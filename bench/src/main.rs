@@ -55,6 +55,11 @@ enum Cmd {
         /// Core of the upstream nginx: with the proxy (APISIX 2-core setup), with wrk, or unpinned.
         #[arg(long, value_enum, default_value = "proxy")]
         upstream_cpu: UpstreamArg,
+        /// Rounds of nginx-then-sluice to run; with more than one, a summary gives each
+        /// round's ratios and their median (this machine's throughput drifts 10-20% between
+        /// runs, so one round's ratio is only indicative).
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+        repeat: u32,
     },
     /// Print a side-by-side markdown table of two result files (B ÷ A ratios).
     Compare {
@@ -76,6 +81,52 @@ enum UpstreamArg {
 enum OnlyArg {
     Nginx,
     Sluice,
+}
+
+/// The median of `values` (mean of the middle two for an even count); `None` when empty.
+fn median(values: &[f64]) -> Option<f64> {
+    let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    })
+}
+
+/// A markdown table of each round's sluice ÷ nginx ratios and their medians.
+fn render_rounds(rounds: &[BenchResult]) -> String {
+    let mut out = String::from(
+        "| round | req/s ratio | req/CPU-s ratio | p99 ratio | noisy |\n|---:|---:|---:|---:|---|\n",
+    );
+    let (mut rps, mut cpu, mut p99) = (Vec::new(), Vec::new(), Vec::new());
+    for (i, r) in rounds.iter().enumerate() {
+        if let Some(x) = &r.ratios {
+            out.push_str(&format!(
+                "| {} | {:.2}× | {:.2}× | {:.2}× | {} |\n",
+                i + 1,
+                x.requests_per_sec,
+                x.requests_per_cpu_second,
+                x.p99_latency,
+                if x.noisy { "yes" } else { "" }
+            ));
+            rps.push(x.requests_per_sec);
+            cpu.push(x.requests_per_cpu_second);
+            p99.push(x.p99_latency);
+        }
+    }
+    let m = |v: &[f64]| median(v).map_or_else(|| "-".to_owned(), |x| format!("{x:.2}×"));
+    out.push_str(&format!(
+        "| **median** | **{}** | **{}** | **{}** | |\n",
+        m(&rps),
+        m(&cpu),
+        m(&p99)
+    ));
+    out
 }
 
 fn workspace_root() -> PathBuf {
@@ -114,6 +165,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             ready_timeout,
             upstream_cpu,
             workspace,
+            repeat,
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
             let workspace = workspace.unwrap_or_else(workspace_root);
@@ -135,15 +187,35 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     UpstreamArg::Any => UpstreamCpu::Any,
                 },
             };
-            let (result, written) = runner::run_proxy_bench(&opts)?;
-            println!("{}", report::render_markdown(&result));
-            eprintln!(
-                "sluice-bench: wrote {} and {} (and latest-{}-{}.{{json,md}})",
-                written.json.display(),
-                written.markdown.display(),
-                result.scenario,
-                result.machine.arch
-            );
+            let mut rounds = Vec::new();
+            for round in 1..=repeat {
+                if repeat > 1 {
+                    eprintln!("sluice-bench: round {round} of {repeat}");
+                }
+                let (result, written) = runner::run_proxy_bench(&opts)?;
+                println!("{}", report::render_markdown(&result));
+                eprintln!(
+                    "sluice-bench: wrote {} and {} (and latest-{}-{}.{{json,md}})",
+                    written.json.display(),
+                    written.markdown.display(),
+                    result.scenario,
+                    result.machine.arch
+                );
+                rounds.push(result);
+            }
+            if rounds.len() > 1 {
+                let summary = render_rounds(&rounds);
+                println!("{summary}");
+                if let Some(last) = rounds.last() {
+                    let path = opts.results_dir.join(format!(
+                        "rounds-{}-{}-{}.md",
+                        last.scenario, last.machine.arch, last.timestamp
+                    ));
+                    std::fs::write(&path, &summary)
+                        .with_context(|| format!("writing {}", path.display()))?;
+                    eprintln!("sluice-bench: wrote {}", path.display());
+                }
+            }
         }
         Cmd::Compare { a, b } => {
             let ra = BenchResult::load(&a)?;
@@ -158,4 +230,16 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::median;
+
+    #[test]
+    fn median_of_odd_even_and_empty() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 3.0, 2.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
 }
