@@ -146,6 +146,16 @@ pub fn tree_cpu_ticks(root: u32) -> u64 {
         .sum()
 }
 
+/// Clock ticks spent in the kernel (system time) by `root` and its live descendants.
+pub fn tree_system_ticks(root: u32) -> u64 {
+    let all = all_processes();
+    let members = tree_members(root, &all);
+    all.iter()
+        .filter(|p| members.contains(&p.pid))
+        .map(|p| p.stime + p.cstime)
+        .sum()
+}
+
 /// Sum of `VmHWM` over `root` and its live descendants, in KiB.
 pub fn tree_peak_rss_kib(root: u32) -> u64 {
     let all = all_processes();

@@ -110,6 +110,10 @@ pub struct Metrics {
     /// the machine was busy and the figures are not comparable.
     #[serde(default)]
     pub noisy: bool,
+    /// Share of the proxy's CPU time spent in the kernel (0.0-1.0): what is left for
+    /// user-space optimisation to win is `1 - kernel_share`.
+    #[serde(default)]
+    pub kernel_share: f64,
 }
 
 /// CPU seconds of everything in the measured window, as sampled by the runner.
@@ -117,6 +121,8 @@ pub struct Metrics {
 pub struct CpuWindow {
     /// The proxy process tree.
     pub proxy: f64,
+    /// The part of `proxy` spent in the kernel (system time).
+    pub proxy_system: f64,
     /// The upstream nginx tree.
     pub upstream: f64,
     /// wrk.
@@ -141,7 +147,13 @@ impl Metrics {
             0.0
         };
         let noisy = wrk.duration_s > 0.0 && background_cpu_seconds / wrk.duration_s > NOISE_LIMIT;
+        let kernel_share = if cpu_seconds > 0.0 {
+            (cpu.proxy_system / cpu_seconds).clamp(0.0, 1.0)
+        } else {
+            0.0
+        };
         Self {
+            kernel_share,
             errors_flagged: wrk.has_errors(),
             wrk,
             cpu_seconds,
@@ -351,18 +363,18 @@ pub fn render_markdown(r: &BenchResult) -> String {
     );
     let _ = writeln!(
         s,
-        "| proxy | req/s | p50 ms | p90 ms | p99 ms | errors | proxy CPU-s | CPU % | req/CPU-s | peak RSS MiB | upstream CPU-s | wrk CPU-s | other CPU-s |"
+        "| proxy | req/s | p50 ms | p90 ms | p99 ms | errors | proxy CPU-s | CPU % | req/CPU-s | peak RSS MiB | upstream CPU-s | wrk CPU-s | other CPU-s | proxy kernel % |"
     );
     let _ = writeln!(
         s,
-        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|"
+        "|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     );
     for run in &r.runs {
         match (&run.metrics, &run.skipped) {
             (Some(x), _) => {
                 let _ = writeln!(
                     s,
-                    "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.0}% | {} | {} | {:.2} | {:.2} | {:.2}{} |",
+                    "| {} | {} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.0}% | {} | {} | {:.2} | {:.2} | {:.2}{} | {:.0}% |",
                     run.proxy,
                     thousands(x.wrk.requests_per_sec),
                     x.wrk.p50_ms,
@@ -377,6 +389,7 @@ pub fn render_markdown(r: &BenchResult) -> String {
                     x.wrk_cpu_seconds,
                     x.background_cpu_seconds,
                     if x.noisy { " **NOISY**" } else { "" },
+                    x.kernel_share * 100.0,
                 );
             }
             (None, reason) => {
@@ -643,6 +656,7 @@ mod tests {
             w,
             CpuWindow {
                 proxy,
+                proxy_system: proxy / 2.0,
                 upstream,
                 wrk: 0.0,
                 machine: proxy + upstream,
@@ -778,9 +792,26 @@ mod tests {
     }
 
     #[test]
+    fn kernel_share_is_system_time_over_proxy_time() {
+        let m = Metrics::new(
+            wrk(70_000.0, 2.0, 0),
+            CpuWindow {
+                proxy: 8.0,
+                proxy_system: 6.0,
+                upstream: 3.0,
+                wrk: 0.0,
+                machine: 11.0,
+            },
+            0,
+        );
+        assert!((m.kernel_share - 0.75).abs() < 1e-9);
+    }
+
+    #[test]
     fn background_cpu_marks_a_noisy_run() {
         let cpu = |machine| CpuWindow {
             proxy: 9.0,
+            proxy_system: 6.0,
             upstream: 3.0,
             wrk: 8.0,
             machine,

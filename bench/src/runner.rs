@@ -245,9 +245,11 @@ impl Bench<'_> {
         let machine_before = procfs::system_cpu();
         let wrk_before = procfs::own_reaped_children_ticks();
         let proxy_before = procfs::tree_cpu_ticks(proxy.pid());
+        let proxy_sys_before = procfs::tree_system_ticks(proxy.pid());
         let upstream_before = procfs::tree_cpu_ticks(upstream.pid());
         let report = self.run_wrk(dir, port, opts.duration, "measure")?;
         let proxy_after = procfs::tree_cpu_ticks(proxy.pid());
+        let proxy_sys_after = procfs::tree_system_ticks(proxy.pid());
         let upstream_after = procfs::tree_cpu_ticks(upstream.pid());
         // wrk has been reaped by now, so its time is in our children's total.
         let wrk_after = procfs::own_reaped_children_ticks();
@@ -258,6 +260,7 @@ impl Bench<'_> {
             report,
             CpuWindow {
                 proxy: secs(proxy_before, proxy_after),
+                proxy_system: secs(proxy_sys_before, proxy_sys_after),
                 upstream: secs(upstream_before, upstream_after),
                 wrk: secs(wrk_before, wrk_after),
                 machine: secs(machine_before.busy, machine_after.busy),
