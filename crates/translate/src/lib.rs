@@ -50,6 +50,7 @@
 //! and review the diff.
 #![forbid(unsafe_code)]
 
+mod ingress;
 mod json;
 mod problems;
 mod route;
@@ -62,12 +63,15 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sluice_crds::{ApisixRoute, ApisixUpstream};
 use sluice_proto::v1;
 
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
-pub use status::{Condition, ConditionStatus, ObjectKind, ObjectStatus, StatusReport};
+pub use status::{
+    Condition, ConditionStatus, IngressStatus, ObjectKind, ObjectStatus, StatusReport,
+};
 
 use problems::Problems;
 
@@ -90,11 +94,16 @@ pub struct Translation {
     pub snapshot: v1::Snapshot,
     /// Conditions per object.
     pub status: StatusReport,
+    /// Conditions per Ingress of this controller's class, sorted by namespace and name (see
+    /// [`IngressStatus`] for why they are not in `status`).
+    pub ingresses: Vec<IngressStatus>,
 }
 
 /// Objects of the state indexed by (namespace, name), in sorted order.
 pub(crate) struct Index<'a> {
     pub(crate) routes: BTreeMap<(&'a str, &'a str), &'a ApisixRoute>,
+    /// Ingresses of this controller's class.
+    pub(crate) ingresses: BTreeMap<(&'a str, &'a str), &'a Ingress>,
     pub(crate) upstreams: BTreeMap<(&'a str, &'a str), &'a ApisixUpstream>,
     pub(crate) services: BTreeMap<(&'a str, &'a str), &'a Service>,
     /// Keyed by (namespace, Service name from the label); slices sorted by name.
@@ -127,6 +136,12 @@ impl<'a> Index<'a> {
             .apisix_routes
             .iter()
             .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let ingresses = state
+            .ingresses
+            .iter()
+            .filter(|o| ingress::selected(o, &state.ingress_classes, opts))
             .map(|o| (key(&o.metadata), o))
             .collect();
         let upstreams = state
@@ -165,6 +180,7 @@ impl<'a> Index<'a> {
         }
         Self {
             routes,
+            ingresses,
             upstreams,
             services,
             slices,
@@ -231,6 +247,31 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             routes: ids,
         });
     }
+    let mut ingresses = Vec::new();
+    for (&(ns, name), ing) in &idx.ingresses {
+        let mut problems = Problems::default();
+        let out = ingress::translate_object(ing, ns, name, &idx, &aus, &mut problems);
+        let mut conditions = vec![problems.accepted()];
+        let mut ids = Vec::new();
+        if problems.is_valid() {
+            conditions.push(problems.resolved_refs());
+            for r in out.routes {
+                ids.push(r.id.clone());
+                routes.insert(r.id.clone(), r);
+            }
+            for u in out.upstreams {
+                upstreams.entry(u.id.clone()).or_insert(u);
+            }
+        }
+        ids.sort();
+        ingresses.push(IngressStatus {
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            generation: ing.metadata.generation,
+            conditions,
+            routes: ids,
+        });
+    }
     unsupported_kinds(state, opts, &mut status);
     status.sort();
 
@@ -242,6 +283,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             upstreams: upstreams.into_values().collect(),
         },
         status,
+        ingresses,
     }
 }
 

@@ -335,6 +335,7 @@ impl RuleCtx<'_, '_> {
                 granularity: b.resolve_granularity.unwrap_or_default(),
                 subset: b.subset.as_deref(),
                 field: &field,
+                field_names: ("serviceName", "servicePort"),
             };
             if let Some(up) = upstream::service_upstream(&r, self.idx, self.aus, problems) {
                 backends.push(v1::Backend {

@@ -143,6 +143,36 @@ impl ObjectStatus {
     }
 }
 
+/// The translation verdict for one `networking.k8s.io/v1` Ingress of this controller's class.
+///
+/// Kept apart from [`StatusReport`] (and [`ObjectKind`]) on purpose: an Ingress has no
+/// status conditions to write (its status is the load-balancer address), so a status writer
+/// that patches `.status.conditions` of every [`ObjectStatus`] must not see these. Publish
+/// them as Events or logs instead.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressStatus {
+    /// Namespace of the Ingress.
+    pub namespace: String,
+    /// Name of the Ingress.
+    pub name: String,
+    /// `metadata.generation` the conditions were computed from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// `Accepted` always comes first; `ResolvedRefs` follows when accepted.
+    pub conditions: Vec<Condition>,
+    /// Ids of the snapshot routes this Ingress produced, sorted. Empty when not accepted.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<String>,
+}
+
+impl IngressStatus {
+    /// The condition of the given type, if present.
+    pub fn condition(&self, type_: &str) -> Option<&Condition> {
+        self.conditions.iter().find(|c| c.type_ == type_)
+    }
+}
+
 /// Status of every object translation looked at (objects filtered out by ingress class are
 /// not listed: they belong to another controller). Sorted by kind, namespace, name.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

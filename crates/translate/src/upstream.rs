@@ -346,6 +346,9 @@ pub(crate) struct BackendRef<'a> {
     pub(crate) subset: Option<&'a str>,
     /// Field path of the entry, e.g. `spec.http[0].backends[1]`.
     pub(crate) field: &'a str,
+    /// Names of the Service and port fields under `field` (`serviceName`/`servicePort` for
+    /// ApisixRoute, `service.name`/`service.port` for Ingress), used in messages.
+    pub(crate) field_names: (&'a str, &'a str),
 }
 
 /// Builds the upstream of a Service backend. Invalid values are spec errors (`None`);
@@ -360,19 +363,19 @@ pub(crate) fn service_upstream(
     let field = b.field;
     let mut valid = true;
     if b.service.is_empty() {
-        problems.error(format!("{field}.serviceName"), "must not be empty");
+        problems.error(format!("{field}.{}", b.field_names.0), "must not be empty");
         valid = false;
     }
     match b.port {
         IntOrString::Int(p) if !(1..=65535).contains(p) => {
             problems.error(
-                format!("{field}.servicePort"),
+                format!("{field}.{}", b.field_names.1),
                 format!("{p} is not a port number (1-65535)"),
             );
             valid = false;
         }
         IntOrString::String(s) if s.is_empty() => {
-            problems.error(format!("{field}.servicePort"), "must not be empty");
+            problems.error(format!("{field}.{}", b.field_names.1), "must not be empty");
             valid = false;
         }
         _ => {}
@@ -424,7 +427,7 @@ pub(crate) fn service_upstream(
     let Some(svc) = svc else {
         problems.unresolved(
             REASON_BACKEND_NOT_FOUND,
-            format!("{field}.serviceName"),
+            format!("{field}.{}", b.field_names.0),
             format!("Service {ns}/{name} not found"),
         );
         return Some(up);
@@ -436,7 +439,7 @@ pub(crate) fn service_upstream(
         };
         problems.unresolved(
             REASON_BACKEND_NOT_FOUND,
-            format!("{field}.servicePort"),
+            format!("{field}.{}", b.field_names.1),
             format!("Service {ns}/{name} has no {what}"),
         );
         return Some(up);
@@ -471,7 +474,7 @@ pub(crate) fn service_upstream(
     else {
         problems.unresolved(
             REASON_BACKEND_NOT_FOUND,
-            format!("{field}.servicePort"),
+            format!("{field}.{}", b.field_names.1),
             format!("Service {ns}/{name} port {port_number} is not a port number (1-65535)"),
         );
         return Some(up);
@@ -486,7 +489,7 @@ pub(crate) fn service_upstream(
             }),
             Err(message) => problems.unresolved(
                 REASON_BACKEND_NOT_FOUND,
-                format!("{field}.serviceName"),
+                format!("{field}.{}", b.field_names.0),
                 message,
             ),
         }

@@ -1,0 +1,330 @@
+//! `networking.k8s.io/v1` Ingress → snapshot routes.
+//!
+//! - Route ids: `<ns>/<name>/ingress-r<i>-p<j>` for `spec.rules[i].http.paths[j]`, and
+//!   `<ns>/<name>/ingress-default` for `spec.defaultBackend`. Source `Ingress <ns>/<name>`.
+//! - Paths by `pathType`: `Exact` → the path; `Prefix` → element-wise prefix (`/foo` and
+//!   `/foo/` → `["/foo", "/foo/*"]`, `/` → `["/*"]`); `ImplementationSpecific` → the APISIX
+//!   prefix `"/foo*"`. A `*` in an `Exact` or `Prefix` path is rejected (the router would read
+//!   it as a prefix).
+//! - The default backend is a host-less `/*` route with priority `i32::MIN`.
+//! - Backends resolve exactly like ApisixRoute backends (same upstream ids), weight 100.
+//! - Annotations `k8s.apisix.apache.org/enable-websocket` and `upstream-{connect,send,read}-timeout`
+//!   are applied to every route of the Ingress. Access-control annotations that are not
+//!   implemented yet reject the Ingress (fail closed, like ApisixRoute `authentication`);
+//!   other unknown ones are listed in the `Accepted` message.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sluice_proto::v1;
+
+use crate::problems::Problems;
+use crate::route::RouteOutput;
+use crate::upstream::{self, BackendRef, UpstreamObject};
+use crate::{Index, Options, validate};
+
+/// Prefix of the APISIX Ingress annotations.
+const ANNOTATION_PREFIX: &str = "k8s.apisix.apache.org/";
+/// Legacy class annotation, still honoured.
+const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+/// IngressClass annotation that makes it the cluster default.
+const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+/// Weight of an Ingress backend (there is one per path).
+const BACKEND_WEIGHT: u32 = 100;
+
+/// Annotations that restrict access: serving the Ingress without them would expose more than
+/// the user wrote, so the Ingress is rejected until they are implemented.
+const FAIL_CLOSED_ANNOTATIONS: &[&str] = &[
+    "allowlist-source-range",
+    "blocklist-source-range",
+    "auth-type",
+    "http-allow-methods",
+    "http-block-methods",
+    "plugin-config-name",
+];
+
+/// Whether the Ingress belongs to this controller. `None` (standalone): every Ingress.
+/// Otherwise `spec.ingressClassName` or the legacy annotation must name the class, or neither
+/// is set and the IngressClass of that name is the cluster default.
+pub(crate) fn selected(ing: &Ingress, classes: &[IngressClass], opts: &Options) -> bool {
+    let Some(want) = opts.ingress_class.as_deref() else {
+        return true;
+    };
+    let spec_class = ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+        .filter(|c| !c.is_empty());
+    let legacy = ing
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
+        .map(String::as_str)
+        .filter(|c| !c.is_empty());
+    if spec_class == Some(want) || legacy == Some(want) {
+        return true;
+    }
+    if spec_class.is_some() || legacy.is_some() {
+        return false;
+    }
+    classes.iter().any(|c| {
+        c.metadata.name.as_deref() == Some(want)
+            && c.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                .is_some_and(|v| v == "true")
+    })
+}
+
+/// Route-wide settings taken from annotations.
+#[derive(Default)]
+struct Settings {
+    websocket: bool,
+    timeout: Option<v1::Timeouts>,
+}
+
+fn annotation_field(key: &str) -> String {
+    format!("metadata.annotations[{key:?}]")
+}
+
+fn settings(ing: &Ingress, problems: &mut Problems) -> Settings {
+    let mut out = Settings::default();
+    let mut timeouts = [None, None, None];
+    let mut unknown = Vec::new();
+    for (key, value) in ing.metadata.annotations.iter().flatten() {
+        let Some(name) = key.strip_prefix(ANNOTATION_PREFIX) else {
+            continue;
+        };
+        let slot = match name {
+            "enable-websocket" => {
+                match value.as_str() {
+                    "true" => out.websocket = true,
+                    "false" => out.websocket = false,
+                    _ => problems.error(
+                        annotation_field(key),
+                        format!("{value:?} must be \"true\" or \"false\""),
+                    ),
+                }
+                continue;
+            }
+            "upstream-connect-timeout" => 0,
+            "upstream-send-timeout" => 1,
+            "upstream-read-timeout" => 2,
+            _ if FAIL_CLOSED_ANNOTATIONS.contains(&name) => {
+                problems.error(
+                    annotation_field(key),
+                    "not supported yet (the Ingress is rejected rather than served with less access control than written)",
+                );
+                continue;
+            }
+            _ => {
+                unknown.push(key.as_str());
+                continue;
+            }
+        };
+        match upstream::duration_ms(value) {
+            Ok(ms) => timeouts[slot] = Some(ms),
+            Err(e) => problems.error(annotation_field(key), e),
+        }
+    }
+    out.timeout = upstream::timeouts(timeouts);
+    if !unknown.is_empty() {
+        problems.notes.push(format!(
+            "annotations not supported yet, ignored: {}",
+            unknown.join(", ")
+        ));
+    }
+    out
+}
+
+/// Snapshot paths of one Ingress path; `Err` is the field (`path` or `pathType`) and why it
+/// is invalid.
+fn paths(path: Option<&str>, path_type: &str) -> Result<Vec<String>, (&'static str, String)> {
+    if !matches!(path_type, "Exact" | "Prefix" | "ImplementationSpecific") {
+        return Err((
+            "pathType",
+            format!("unknown pathType {path_type:?} (Exact, Prefix or ImplementationSpecific)"),
+        ));
+    }
+    let path = match (path.filter(|p| !p.is_empty()), path_type) {
+        (Some(p), _) => p,
+        (None, "ImplementationSpecific") => "/",
+        (None, _) => return Err(("path", format!("required for pathType {path_type}"))),
+    };
+    validate::path(path).map_err(|e| ("path", e))?;
+    let out = match path_type {
+        "Exact" | "Prefix" if path.contains('*') => {
+            return Err((
+                "path",
+                format!("{path:?}: `*` is not supported in {path_type} paths"),
+            ));
+        }
+        "Exact" => vec![path.to_owned()],
+        "Prefix" => {
+            let base = path.trim_end_matches('/');
+            if base.is_empty() {
+                vec!["/*".to_owned()]
+            } else {
+                vec![base.to_owned(), format!("{base}/*")]
+            }
+        }
+        "ImplementationSpecific" if path.ends_with('*') => vec![path.to_owned()],
+        _ => vec![format!("{path}*")],
+    };
+    for p in &out {
+        validate::path(p).map_err(|e| ("path", e))?;
+    }
+    Ok(out)
+}
+
+struct Ctx<'c, 'a> {
+    ns: &'c str,
+    idx: &'c Index<'a>,
+    aus: &'c BTreeMap<(&'a str, &'a str), Result<UpstreamObject, ()>>,
+}
+
+impl Ctx<'_, '_> {
+    /// The backend of one path (`field` is its `backend` field path).
+    fn backend(
+        &self,
+        b: &IngressBackend,
+        field: &str,
+        problems: &mut Problems,
+    ) -> Option<(v1::Backend, v1::Upstream)> {
+        if b.resource.is_some() {
+            problems.error(
+                format!("{field}.resource"),
+                "resource backends are not supported (use service)",
+            );
+            return None;
+        }
+        let Some(svc) = &b.service else {
+            problems.error(format!("{field}.service"), "required");
+            return None;
+        };
+        let port = match svc.port.as_ref() {
+            Some(p) => match (p.number, p.name.as_deref()) {
+                (Some(n), _) if n != 0 => IntOrString::Int(n),
+                (_, Some(name)) if !name.is_empty() => IntOrString::String(name.to_owned()),
+                _ => {
+                    problems.error(format!("{field}.service.port"), "number or name required");
+                    return None;
+                }
+            },
+            None => {
+                problems.error(format!("{field}.service.port"), "required");
+                return None;
+            }
+        };
+        let r = BackendRef {
+            namespace: self.ns,
+            service: &svc.name,
+            port: &port,
+            granularity: Default::default(),
+            subset: None,
+            field,
+            field_names: ("service.name", "service.port"),
+        };
+        let up = upstream::service_upstream(&r, self.idx, self.aus, problems)?;
+        Some((
+            v1::Backend {
+                upstream_id: up.id.clone(),
+                weight: BACKEND_WEIGHT,
+            },
+            up,
+        ))
+    }
+}
+
+/// Translates one Ingress. The output is only meaningful when `problems` holds no errors
+/// afterwards.
+pub(crate) fn translate_object(
+    ing: &Ingress,
+    ns: &str,
+    name: &str,
+    idx: &Index<'_>,
+    aus: &BTreeMap<(&str, &str), Result<UpstreamObject, ()>>,
+    problems: &mut Problems,
+) -> RouteOutput {
+    let mut out = RouteOutput::default();
+    let settings = settings(ing, problems);
+    let ctx = Ctx { ns, idx, aus };
+    let Some(spec) = ing.spec.as_ref() else {
+        problems.error("spec", "required");
+        return out;
+    };
+    let source = format!("Ingress {ns}/{name}");
+    let route = |id: String,
+                 priority: i32,
+                 hosts: Vec<String>,
+                 paths: Vec<String>,
+                 backend: v1::Backend| v1::Route {
+        id,
+        source: source.clone(),
+        priority,
+        hosts,
+        paths,
+        timeout: settings.timeout,
+        websocket: settings.websocket,
+        backends: vec![backend],
+        ..Default::default()
+    };
+
+    for (i, rule) in spec.rules.iter().flatten().enumerate() {
+        let rf = format!("spec.rules[{i}]");
+        let mut hosts = Vec::new();
+        if let Some(h) = rule.host.as_deref().filter(|h| !h.is_empty()) {
+            match validate::host(h) {
+                Ok(()) => hosts.push(h.to_owned()),
+                Err(e) => problems.error(format!("{rf}.host"), e),
+            }
+        }
+        let Some(http) = &rule.http else {
+            continue;
+        };
+        for (j, p) in http.paths.iter().enumerate() {
+            let pf = format!("{rf}.http.paths[{j}]");
+            let paths = match paths(p.path.as_deref(), &p.path_type) {
+                Ok(paths) => Some(paths),
+                Err((f, e)) => {
+                    problems.error(format!("{pf}.{f}"), e);
+                    None
+                }
+            };
+            let backend = ctx.backend(&p.backend, &format!("{pf}.backend"), problems);
+            if let (Some(paths), Some((backend, up))) = (paths, backend) {
+                out.routes.push(route(
+                    format!("{ns}/{name}/ingress-r{i}-p{j}"),
+                    0,
+                    hosts.clone(),
+                    paths,
+                    backend,
+                ));
+                out.upstreams.push(up);
+            }
+        }
+    }
+    if let Some(b) = &spec.default_backend
+        && let Some((backend, up)) = ctx.backend(b, "spec.defaultBackend", problems)
+    {
+        out.routes.push(route(
+            format!("{ns}/{name}/ingress-default"),
+            i32::MIN,
+            Vec::new(),
+            vec!["/*".to_owned()],
+            backend,
+        ));
+        out.upstreams.push(up);
+    }
+    for (k, tls) in spec.tls.iter().flatten().enumerate() {
+        let hosts = tls.hosts.as_deref().unwrap_or_default().join(", ");
+        let secret = tls.secret_name.as_deref().unwrap_or("<none>");
+        problems.notes.push(format!(
+            "spec.tls[{k}] (Secret {secret}, hosts [{hosts}]) is not served yet (TLS is not supported yet)"
+        ));
+    }
+    out
+}
