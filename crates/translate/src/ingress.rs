@@ -328,3 +328,60 @@ pub(crate) fn translate_object(
     }
     out
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn ok(path: &str, path_type: &str) -> Vec<String> {
+        paths(Some(path), path_type).unwrap()
+    }
+
+    #[test]
+    fn prefix_paths_are_element_wise() {
+        assert_eq!(ok("/foo", "Prefix"), ["/foo", "/foo/*"]);
+        assert_eq!(ok("/foo/", "Prefix"), ["/foo", "/foo/*"]);
+        assert_eq!(ok("/", "Prefix"), ["/*"]);
+        assert_eq!(ok("/foo", "Exact"), ["/foo"]);
+        assert_eq!(ok("/foo", "ImplementationSpecific"), ["/foo*"]);
+        assert_eq!(ok("/foo*", "ImplementationSpecific"), ["/foo*"]);
+        assert_eq!(paths(None, "ImplementationSpecific").unwrap(), ["/*"]);
+    }
+
+    #[test]
+    fn bad_paths_name_the_field() {
+        assert_eq!(paths(Some("foo"), "Prefix").unwrap_err().0, "path");
+        assert_eq!(paths(None, "Exact").unwrap_err().0, "path");
+        assert_eq!(paths(Some("/a*"), "Prefix").unwrap_err().0, "path");
+        assert_eq!(paths(Some("/a"), "Regex").unwrap_err().0, "pathType");
+    }
+
+    fn ingress(yaml: &str) -> Ingress {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn class_selection() {
+        let sluice = Options {
+            ingress_class: Some("sluice".into()),
+        };
+        let default_class: IngressClass = serde_yaml::from_str(
+            "metadata: {name: sluice, annotations: {ingressclass.kubernetes.io/is-default-class: \"true\"}}",
+        )
+        .unwrap();
+        let unclassed = ingress("metadata: {name: a}\nspec: {}");
+        let named = ingress("metadata: {name: a}\nspec: {ingressClassName: sluice}");
+        let other = ingress("metadata: {name: a}\nspec: {ingressClassName: nginx}");
+        let legacy = ingress(
+            "metadata: {name: a, annotations: {kubernetes.io/ingress.class: sluice}}\nspec: {}",
+        );
+        assert!(selected(&unclassed, &[], &Options::default()));
+        assert!(selected(&other, &[], &Options::default()));
+        assert!(selected(&named, &[], &sluice));
+        assert!(selected(&legacy, &[], &sluice));
+        assert!(!selected(&other, &[default_class.clone()], &sluice));
+        assert!(!selected(&unclassed, &[], &sluice));
+        assert!(selected(&unclassed, &[default_class], &sluice));
+    }
+}

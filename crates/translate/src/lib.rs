@@ -35,6 +35,14 @@
 //!   protection than written. Plugin `secretRef`s are merged (dotted keys nest).
 //! - With `Options::ingress_class = Some(c)`, only objects whose `spec.ingressClassName` is
 //!   `c` or unset are translated; others get no status at all (another controller owns them).
+//! - Each Ingress `spec.rules[i].http.paths[j]` becomes one route with id
+//!   `<ns>/<name>/ingress-r<i>-p<j>`, `spec.defaultBackend` a host-less `/*` route
+//!   `<ns>/<name>/ingress-default` with the lowest priority; `src/ingress.rs` documents path
+//!   types and annotations. Backends resolve like ApisixRoute backends. An Ingress counts for
+//!   class `c` when `spec.ingressClassName` or the legacy `kubernetes.io/ingress.class`
+//!   annotation is `c`, or neither is set and IngressClass `c` is the cluster default (unlike
+//!   ApisixRoute, an unclassed Ingress is not ours otherwise). Ingress verdicts are in
+//!   [`Translation::ingresses`], not in the status report.
 //!
 //! # Golden tests
 //!
@@ -82,7 +90,8 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Options {
     /// `None` (the default, used by standalone mode): translate every object. `Some(class)`:
-    /// only objects whose `spec.ingressClassName` is `class` or unset.
+    /// only objects whose `spec.ingressClassName` is `class` or unset (for Ingresses: see the
+    /// crate docs).
     pub ingress_class: Option<String>,
 }
 
@@ -251,8 +260,18 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
     for (&(ns, name), ing) in &idx.ingresses {
         let mut problems = Problems::default();
         let out = ingress::translate_object(ing, ns, name, &idx, &aus, &mut problems);
-        let mut conditions = vec![problems.accepted()];
         let mut ids = Vec::new();
+        // An ApisixRoute of the same name with a rule named like `ingress-r0-p0` would take
+        // the same id: reject the Ingress rather than silently replace that route.
+        for r in &out.routes {
+            if let Some(other) = routes.get(&r.id) {
+                problems.error(
+                    "metadata.name",
+                    format!("route id {} is already used by {}", r.id, other.source),
+                );
+            }
+        }
+        let mut conditions = vec![problems.accepted()];
         if problems.is_valid() {
             conditions.push(problems.resolved_refs());
             for r in out.routes {

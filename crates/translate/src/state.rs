@@ -44,9 +44,9 @@ pub struct ClusterState {
     pub endpoint_slices: Vec<EndpointSlice>,
     /// `v1` Secrets (plugin `secretRef`s).
     pub secrets: Vec<Secret>,
-    /// `networking.k8s.io/v1` Ingresses. Loaded but not translated yet.
+    /// `networking.k8s.io/v1` Ingresses.
     pub ingresses: Vec<Ingress>,
-    /// `networking.k8s.io/v1` IngressClasses. Loaded but not used yet.
+    /// `networking.k8s.io/v1` IngressClasses (only the default-class annotation is used).
     pub ingress_classes: Vec<IngressClass>,
 }
 
