@@ -380,7 +380,11 @@ mod tests {
         assert!(selected(&other, &[], &Options::default()));
         assert!(selected(&named, &[], &sluice));
         assert!(selected(&legacy, &[], &sluice));
-        assert!(!selected(&other, &[default_class.clone()], &sluice));
+        assert!(!selected(
+            &other,
+            std::slice::from_ref(&default_class),
+            &sluice
+        ));
         assert!(!selected(&unclassed, &[], &sluice));
         assert!(selected(&unclassed, &[default_class], &sluice));
     }
