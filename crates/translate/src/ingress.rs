@@ -6,7 +6,9 @@
 //!   `/foo/` → `["/foo", "/foo/*"]`, `/` → `["/*"]`); `ImplementationSpecific` → the APISIX
 //!   prefix `"/foo*"`. A `*` in an `Exact` or `Prefix` path is rejected (the router would read
 //!   it as a prefix).
-//! - The default backend is a host-less `/*` route with priority `i32::MIN`.
+//! - The default backend is a host-less `/*` route with priority `i32::MIN`. `Exact` routes
+//!   get priority 1 (others 0): the router already ranks exact paths above prefixes, and the
+//!   priority settles the tie between `Exact /foo` and the `/foo` of `Prefix /foo`.
 //! - Backends resolve exactly like ApisixRoute backends (same upstream ids), weight 100.
 //! - Annotations `k8s.apisix.apache.org/enable-websocket` and `upstream-{connect,send,read}-timeout`
 //!   are applied to every route of the Ingress. Access-control annotations that are not
@@ -30,6 +32,8 @@ const ANNOTATION_PREFIX: &str = "k8s.apisix.apache.org/";
 const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
 /// IngressClass annotation that makes it the cluster default.
 const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+/// Priority of an `Exact` path route (other paths: 0; the default backend: `i32::MIN`).
+const EXACT_PRIORITY: i32 = 1;
 /// Weight of an Ingress backend (there is one per path).
 const BACKEND_WEIGHT: u32 = 100;
 
@@ -296,9 +300,17 @@ pub(crate) fn translate_object(
             };
             let backend = ctx.backend(&p.backend, &format!("{pf}.backend"), problems);
             if let (Some(paths), Some((backend, up))) = (paths, backend) {
+                // The router ranks an exact path above prefixes already; priority only breaks
+                // the tie between `Exact /foo` and the exact half of `Prefix /foo`, which the
+                // Ingress spec gives to Exact.
+                let priority = if p.path_type == "Exact" {
+                    EXACT_PRIORITY
+                } else {
+                    0
+                };
                 out.routes.push(route(
                     format!("{ns}/{name}/ingress-r{i}-p{j}"),
-                    0,
+                    priority,
                     hosts.clone(),
                     paths,
                     backend,
