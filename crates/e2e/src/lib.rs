@@ -22,6 +22,7 @@ mod cluster;
 mod error;
 mod http;
 mod netns;
+mod pipeline;
 mod process;
 
 pub use bins::workspace_bin;
@@ -29,6 +30,7 @@ pub use cluster::{Cluster, KubectlOutput, SERVICE_CIDR, kubectl_path};
 pub use error::Error;
 pub use http::{HttpResponse, http_get};
 pub use netns::{Backend, Netns, SUBNET_POOL};
+pub use pipeline::{Pipeline, eventually, free_port};
 
 /// The repository root (two levels above this crate's manifest).
 pub fn repo_root() -> std::path::PathBuf {

@@ -4,34 +4,10 @@
 //! controller, and a dataplane restarted while the controller is away.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::net::SocketAddr;
-use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::Value;
-use sluice_e2e::{Backend, Cluster, Netns, http_get, repo_root, workspace_bin};
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
-/// Polls `probe` until it returns `Some`, for at most `limit`; panics with `what` otherwise.
-fn eventually<T>(what: &str, limit: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+use sluice_e2e::{Cluster, Pipeline, eventually, http_get};
 
 fn status_of(cluster: &Cluster, ns: &str, ty: &str) -> Option<(String, String)> {
     let out = cluster
@@ -48,117 +24,22 @@ fn status_of(cluster: &Cluster, ns: &str, ty: &str) -> Option<(String, String)> 
     ))
 }
 
-fn route_yaml(ns: &str) -> String {
-    format!(
-        r#"apiVersion: apisix.apache.org/v2
-kind: ApisixRoute
-metadata: {{name: demo, namespace: {ns}}}
-spec:
-  ingressClassName: apisix
-  http:
-    - name: hello
-      match:
-        hosts: [demo.e2e]
-        paths: ["/hello*"]
-      backends:
-        - serviceName: echo
-          servicePort: 80
-"#
-    )
-}
-
-fn start_dataplane(
-    grpc: SocketAddr,
-    state: &std::path::Path,
-    http: SocketAddr,
-    admin: SocketAddr,
-) -> Backend {
-    let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane").unwrap());
-    cmd.args([
-        "--controller",
-        &format!("http://{grpc}"),
-        "--insecure",
-        "--workers",
-        "1",
-    ])
-    .arg("--state-dir")
-    .arg(state)
-    .args([
-        "--listen-http",
-        &http.to_string(),
-        "--admin",
-        &admin.to_string(),
-    ]);
-    Backend::spawn(cmd, admin, Duration::from_secs(30)).unwrap()
+fn wait_status(p: &Pipeline, what: &str, want: u16) -> sluice_e2e::HttpResponse {
+    eventually(Duration::from_secs(30), || {
+        http_get(p.http, "demo.e2e", "/hello")
+            .ok()
+            .filter(|r| r.status == want)
+    })
+    .unwrap_or_else(|| panic!("timed out waiting for {what} ({want})"))
 }
 
 #[test]
 fn apply_serve_delete_and_survive_the_controller_going_away() {
-    let cluster = Cluster::start();
-    let crds = repo_root().join("charts/sluice/crds/apisix-crds.yaml");
-    cluster
-        .kubectl_ok(&["apply", "--server-side", "-f", crds.to_str().unwrap()])
-        .unwrap();
-    cluster
-        .kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/apisixroutes.apisix.apache.org",
-        ])
-        .unwrap();
-    let ns = cluster.create_namespace("pipeline").unwrap();
-
-    // A real backend at a private address inside a network namespace.
-    let net = Netns::create();
-    let _echo = net.spawn_echo("e2e-echo", net.addr(), 8080).unwrap();
-    cluster
-        .apply(&format!(
-            r#"apiVersion: v1
-kind: Service
-metadata: {{name: echo, namespace: {ns}}}
-spec:
-  ports: [{{name: http, port: 80, targetPort: 8080}}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: echo-1
-  namespace: {ns}
-  labels: {{kubernetes.io/service-name: echo}}
-addressType: IPv4
-endpoints:
-  - addresses: ["{addr}"]
-    conditions: {{ready: true}}
-ports: [{{name: http, port: 8080}}]
-"#,
-            addr = net.addr()
-        ))
-        .unwrap();
-    cluster.apply(&route_yaml(&ns)).unwrap();
-
-    // The real controller binary and the real dataplane binary.
-    let grpc = free_port();
-    let metrics = free_port();
-    let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller").unwrap());
-    cmd.arg("--kubeconfig").arg(cluster.kubeconfig()).args([
-        "--insecure",
-        "--grpc-listen",
-        &grpc.to_string(),
-        "--metrics-listen",
-        &metrics.to_string(),
-    ]);
-    let controller = Backend::spawn(cmd, grpc, Duration::from_secs(30)).unwrap();
-    let state = tempdir();
-    let (http, admin) = (free_port(), free_port());
-    let dataplane = start_dataplane(grpc, &state, http, admin);
+    let mut p = Pipeline::start().unwrap();
+    p.cluster.apply(&p.route_yaml("demo", "/hello*")).unwrap();
 
     // kubectl apply → traffic through the dataplane to the backend.
-    let resp = eventually("the route to serve", Duration::from_secs(30), || {
-        http_get(http, "demo.e2e", "/hello")
-            .ok()
-            .filter(|r| r.status == 200)
-    });
+    let resp = wait_status(&p, "the route to serve", 200);
     assert_eq!(resp.header("x-echo-server"), Some("e2e-echo"));
     assert!(
         resp.body.contains("\"x-forwarded-host\":\"demo.e2e\""),
@@ -167,60 +48,35 @@ ports: [{{name: http, port: 8080}}]
     );
 
     // Status tells the truth: accepted, and programmed on the one dataplane.
-    eventually("Accepted=True", Duration::from_secs(20), || {
-        status_of(&cluster, &ns, "Accepted").filter(|(s, _)| s == "True")
-    });
-    let (_, programmed) = eventually("Programmed=True", Duration::from_secs(20), || {
-        status_of(&cluster, &ns, "Programmed").filter(|(s, _)| s == "True")
-    });
+    let ns = p.namespace.clone();
+    eventually(Duration::from_secs(20), || {
+        status_of(&p.cluster, &ns, "Accepted").filter(|(s, _)| s == "True")
+    })
+    .expect("Accepted=True");
+    let (_, programmed) = eventually(Duration::from_secs(20), || {
+        status_of(&p.cluster, &ns, "Programmed").filter(|(s, _)| s == "True")
+    })
+    .expect("Programmed=True");
     assert!(
         programmed.contains("1/1"),
         "Programmed message: {programmed}"
     );
 
     // Route deleted → 404.
-    cluster
+    p.cluster
         .kubectl_ok(&["delete", "ar", "demo", "-n", &ns])
         .unwrap();
-    eventually("404 after delete", Duration::from_secs(20), || {
-        http_get(http, "demo.e2e", "/hello")
-            .ok()
-            .filter(|r| r.status == 404)
-    });
+    wait_status(&p, "404 after delete", 404);
 
     // Re-applied, then the controller dies: the dataplane keeps serving what it has.
-    cluster.apply(&route_yaml(&ns)).unwrap();
-    eventually("the route to serve again", Duration::from_secs(30), || {
-        http_get(http, "demo.e2e", "/hello")
-            .ok()
-            .filter(|r| r.status == 200)
-    });
-    drop(controller);
+    p.cluster.apply(&p.route_yaml("demo", "/hello*")).unwrap();
+    wait_status(&p, "the route to serve again", 200);
+    p.controller = None;
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(http_get(http, "demo.e2e", "/hello").unwrap().status, 200);
+    assert_eq!(http_get(p.http, "demo.e2e", "/hello").unwrap().status, 200);
 
     // A dataplane restarted while the controller is away serves its persisted snapshot.
-    drop(dataplane);
-    let (http2, admin2) = (free_port(), free_port());
-    let _restarted = start_dataplane(grpc, &state, http2, admin2);
-    let resp = eventually(
-        "the restarted dataplane to serve",
-        Duration::from_secs(20),
-        || {
-            http_get(http2, "demo.e2e", "/hello")
-                .ok()
-                .filter(|r| r.status == 200)
-        },
-    );
+    p.restart_dataplane().unwrap();
+    let resp = wait_status(&p, "the restarted dataplane to serve", 200);
     assert_eq!(resp.header("x-echo-server"), Some("e2e-echo"));
-}
-
-fn tempdir() -> std::path::PathBuf {
-    let dir = std::env::temp_dir().join(format!(
-        "sluice-e2e-state-{}-{}",
-        std::process::id(),
-        free_port().port()
-    ));
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }

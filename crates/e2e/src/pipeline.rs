@@ -1,0 +1,178 @@
+//! A running Sluice pipeline for e2e tests and measurements: a real kube-apiserver with the
+//! CRDs, a namespace with a Service and EndpointSlice for an echo backend in a network
+//! namespace, the `sluice-controller` binary and one `sluice-dataplane` binary connected to
+//! it over gRPC (plaintext on loopback).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use crate::{Backend, Cluster, Error, Netns, repo_root, workspace_bin};
+
+/// A free loopback port (bound and released; good enough for tests).
+pub fn free_port() -> Result<SocketAddr, Error> {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Http {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        why: format!("no free port: {e}"),
+    })?;
+    l.local_addr().map_err(|e| Error::Http {
+        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
+        why: e.to_string(),
+    })
+}
+
+/// Polls `probe` every 5 ms until it returns `Some`, for at most `limit`.
+pub fn eventually<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(v) = probe() {
+            return Some(v);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// The pieces of a running pipeline; everything stops when it is dropped.
+pub struct Pipeline {
+    /// The API server (with the CRDs Established).
+    pub cluster: Cluster,
+    /// The namespace holding the test objects.
+    pub namespace: String,
+    /// The backends' network namespace.
+    pub net: Netns,
+    /// The echo backend (`e2e-echo`) at `net.addr():8080`, behind Service `echo` port 80.
+    pub echo: Backend,
+    /// The controller process.
+    pub controller: Option<Backend>,
+    /// The controller's gRPC address.
+    pub grpc: SocketAddr,
+    /// The dataplane process.
+    pub dataplane: Option<Backend>,
+    /// The dataplane's HTTP listener.
+    pub http: SocketAddr,
+    /// The dataplane's state directory (persisted snapshot).
+    pub state_dir: PathBuf,
+}
+
+impl Pipeline {
+    /// Starts everything and waits until each process listens.
+    pub fn start() -> Result<Pipeline, Error> {
+        let cluster = Cluster::try_start()?;
+        let crds = repo_root().join("charts/sluice/crds/apisix-crds.yaml");
+        cluster.kubectl_ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
+        cluster.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd/apisixroutes.apisix.apache.org",
+        ])?;
+        let namespace = cluster.create_namespace("pipeline")?;
+        let net = Netns::try_create()?;
+        let echo = net.spawn_echo("e2e-echo", net.addr(), 8080)?;
+        cluster.apply(&format!(
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: echo, namespace: {namespace}}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: echo-1
+  namespace: {namespace}
+  labels: {{kubernetes.io/service-name: echo}}
+addressType: IPv4
+endpoints:
+  - addresses: ["{addr}"]
+    conditions: {{ready: true}}
+ports: [{{name: http, port: 8080}}]
+"#,
+            addr = net.addr()
+        ))?;
+        let grpc = free_port()?;
+        let metrics = free_port()?;
+        let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller")?);
+        cmd.arg("--kubeconfig").arg(cluster.kubeconfig()).args([
+            "--insecure",
+            "--grpc-listen",
+            &grpc.to_string(),
+            "--metrics-listen",
+            &metrics.to_string(),
+        ]);
+        let controller = Backend::spawn(cmd, grpc, Duration::from_secs(30))?;
+        let state_dir = cluster.dir().join("dataplane-state");
+        std::fs::create_dir_all(&state_dir).map_err(|e| Error::Http {
+            addr: grpc,
+            why: e.to_string(),
+        })?;
+        let http = free_port()?;
+        let dataplane = start_dataplane(grpc, &state_dir, http)?;
+        Ok(Pipeline {
+            cluster,
+            namespace,
+            net,
+            echo,
+            controller: Some(controller),
+            grpc,
+            dataplane: Some(dataplane),
+            http,
+            state_dir,
+        })
+    }
+
+    /// Stops the dataplane and starts a new one (same controller and state directory) on a
+    /// new port, which becomes `self.http`.
+    pub fn restart_dataplane(&mut self) -> Result<(), Error> {
+        self.dataplane = None;
+        self.http = free_port()?;
+        self.dataplane = Some(start_dataplane(self.grpc, &self.state_dir, self.http)?);
+        Ok(())
+    }
+
+    /// An ApisixRoute `name` (class `apisix`) for host `demo.e2e` and `path` to Service `echo`.
+    pub fn route_yaml(&self, name: &str, path: &str) -> String {
+        format!(
+            r#"apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  http:
+    - name: r1
+      match:
+        hosts: [demo.e2e]
+        paths: ["{path}"]
+      backends:
+        - serviceName: echo
+          servicePort: 80
+"#,
+            ns = self.namespace
+        )
+    }
+}
+
+fn start_dataplane(grpc: SocketAddr, state: &Path, http: SocketAddr) -> Result<Backend, Error> {
+    let admin = free_port()?;
+    let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane")?);
+    cmd.args([
+        "--controller",
+        &format!("http://{grpc}"),
+        "--insecure",
+        "--workers",
+        "1",
+    ])
+    .arg("--state-dir")
+    .arg(state)
+    .args([
+        "--listen-http",
+        &http.to_string(),
+        "--admin",
+        &admin.to_string(),
+    ]);
+    Backend::spawn(cmd, admin, Duration::from_secs(30))
+}
