@@ -20,5 +20,11 @@ cargo fmt --all -- --check
 echo "==> cargo clippy (unwrap/expect are denied outside tests)"
 cargo clippy --workspace --all-targets --locked --quiet
 
+echo "==> cargo build --workspace --bins (the e2e tests run these binaries)"
+# NB: one build with the workspace's unified features; letting each e2e test build its
+# binary with `cargo build -p <crate>` compiles the dependency tree again per crate.
+cargo build --workspace --bins --locked --quiet
+export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
+
 echo "==> cargo test"
 cargo test --workspace --locked
