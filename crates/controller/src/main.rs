@@ -6,9 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use sluice_cli::{LogFormat, init_logs, shutdown_signal};
 use sluice_controller::app::{self, Settings};
 use sluice_controller::cluster::DEFAULT_INGRESS_CLASS;
 use sluice_controller::grpc;
@@ -17,14 +18,6 @@ use sluice_controller::metrics::Metrics;
 use sluice_controller::rebuild::Debounce;
 use sluice_controller::tls::{self, TlsFiles};
 use sluice_controller::watch::Scope;
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
 
 /// Sluice controller: watches ApisixRoute & co., Ingress, Services, EndpointSlices and
 /// Secrets, translates them into route snapshots and pushes those to the dataplanes over
@@ -83,18 +76,6 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
-}
-
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
 }
 
 async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
@@ -203,22 +184,4 @@ async fn main() -> anyhow::Result<()> {
     }
     tracing::info!("shut down");
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or(()),
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -5,20 +5,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::{Parser, ValueEnum};
+use clap::Parser;
+use sluice_cli::{LogFormat, init_logs, shutdown_signal};
 use sluice_dataplane::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::{admin, server, standalone, store::Store};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-enum LogFormat {
-    /// Human-readable lines.
-    Text,
-    /// One JSON object per line.
-    Json,
-}
 
 /// Sluice dataplane: proxies HTTP traffic by the routes of a snapshot, taken from YAML files
 /// (standalone mode) or from the Sluice controller.
@@ -77,18 +70,6 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
-}
-
-fn init_logs(format: LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.init(),
-    }
 }
 
 /// Where the configuration comes from.
@@ -204,22 +185,4 @@ fn trim_heap() {
     // SAFETY: `mi_collect` has no preconditions; it only releases memory mimalloc owns and
     // that no live allocation uses.
     unsafe { libmimalloc_sys::mi_collect(true) }
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = tokio::signal::ctrl_c();
-    #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(s) => s,
-                Err(_) => return ctrl_c.await.unwrap_or(()),
-            };
-        tokio::select! {
-            _ = ctrl_c => {}
-            _ = term.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    let _ = ctrl_c.await;
 }

@@ -20,17 +20,7 @@ fn any() -> SocketAddr {
 #[tokio::test]
 async fn proxies_with_forwarding_headers_and_client_host() {
     let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/hello*"], "u")],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    let dp = dataplane_to("/hello*", echo.addr).await;
     let resp = get(dp.addr, "demo.example.com:9080", "/hello/world?x=1").await;
     assert_eq!(resp.status, StatusCode::OK);
     let j = resp.json();
@@ -47,17 +37,7 @@ async fn proxies_with_forwarding_headers_and_client_host() {
 #[tokio::test]
 async fn appends_to_an_existing_forwarded_for() {
     let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/*"], "u")],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    let dp = dataplane_to("/*", echo.addr).await;
     let req = Request::get("/x")
         .header("host", "h")
         .header("x-forwarded-for", "203.0.113.7")
@@ -82,17 +62,7 @@ async fn refused_upstream_is_502() {
         .unwrap()
         .local_addr()
         .unwrap();
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/*"], "u")],
-                vec![upstream("u", &[(closed, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    let dp = dataplane_to("/*", closed).await;
     let resp = get(dp.addr, "h", "/x").await;
     assert_eq!(resp.status, StatusCode::BAD_GATEWAY);
     assert!(resp.text().contains("502"));
@@ -183,17 +153,7 @@ async fn weighted_round_robin_over_endpoints_and_split_over_backends() {
 #[tokio::test]
 async fn request_and_response_bodies_stream_both_ways() {
     let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/upload"], "u")],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    let dp = dataplane_to("/upload", echo.addr).await;
     // A chunked request body of 4 MiB, produced incrementally.
     let chunks = (0..64).map(|_| {
         Ok::<_, std::convert::Infallible>(hyper::body::Frame::data(Bytes::from(vec![
@@ -232,17 +192,7 @@ mod futures_core_stream {
 #[tokio::test]
 async fn keep_alive_connections_are_reused() {
     let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/*"], "u")],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    let dp = dataplane_to("/*", echo.addr).await;
     for _ in 0..5 {
         assert_eq!(get(dp.addr, "h", "/x").await.status, StatusCode::OK);
     }
@@ -258,17 +208,7 @@ async fn keep_alive_connections_are_reused() {
 #[tokio::test]
 async fn h2c_prior_knowledge_downstream() {
     let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/h2"], "u")],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    let dp = dataplane_to("/h2", echo.addr).await;
     let stream = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http2::handshake(
         hyper_util::rt::TokioExecutor::new(),
@@ -413,17 +353,7 @@ async fn one_shot_upstream() -> (SocketAddr, std::sync::Arc<std::sync::atomic::A
 #[tokio::test]
 async fn a_stale_pooled_connection_is_retried_on_a_fresh_one_for_requests_without_body() {
     let (addr, conns) = one_shot_upstream().await;
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/*"], "u")],
-                vec![upstream("u", &[(addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    let dp = dataplane_to("/*", addr).await;
     for i in 0..3 {
         let resp = get(dp.addr, "h", "/x").await;
         assert_eq!(resp.status, StatusCode::OK, "request {i}");
@@ -440,17 +370,7 @@ async fn a_stale_pooled_connection_is_retried_on_a_fresh_one_for_requests_withou
 #[tokio::test]
 async fn a_post_checks_its_pooled_connection_before_using_it() {
     let (addr, _conns) = one_shot_upstream().await;
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/*"], "u")],
-                vec![upstream("u", &[(addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    let dp = dataplane_to("/*", addr).await;
     for i in 0..3 {
         let req = Request::post("/x")
             .header("host", "h")

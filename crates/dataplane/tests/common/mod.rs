@@ -38,6 +38,22 @@ pub async fn dataplane() -> Dataplane {
     Dataplane { addr, store, task }
 }
 
+/// A dataplane serving one route, `default/r/r1` for `path`, to the single endpoint `backend`.
+pub async fn dataplane_to(path: &str, backend: SocketAddr) -> Dataplane {
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &[path], "u")],
+                vec![upstream("u", &[(backend, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    dp
+}
+
 /// A response as a client sees it.
 #[derive(Debug)]
 pub struct Resp {
