@@ -19,6 +19,8 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/sluice.v1.serde.rs"));
 }
 
+pub mod validate;
+
 pub use v1::Snapshot;
 
 use prost::Message;

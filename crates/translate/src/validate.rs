@@ -13,7 +13,7 @@ use sluice_crds::{ExprOp, ExprScope};
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
 
 /// Longest host the dataplane matches.
-const MAX_HOST_LEN: usize = 255;
+pub(crate) use sluice_proto::validate::dns_name;
 
 /// Variables the dataplane provides to `Variable` exprs (besides `http_*`, `arg_*`,
 /// `cookie_*`).
@@ -84,26 +84,6 @@ pub(crate) fn host(raw: &str) -> Result<(), String> {
         });
     }
     dns_name(raw).map_err(|r| format!("{raw:?}: {r}"))
-}
-
-/// A DNS name (labels of letters, digits, `-`, `_`), as the dataplane accepts it. Also
-/// accepts IPv4 literals, which have the same shape.
-pub(crate) fn dns_name(name: &str) -> Result<(), String> {
-    if name.len() > MAX_HOST_LEN {
-        return Err(format!("longer than {MAX_HOST_LEN} bytes"));
-    }
-    for label in name.split('.') {
-        if label.is_empty() {
-            return Err("empty label (leading, trailing or double dot)".into());
-        }
-        if let Some(c) = label
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
-        {
-            return Err(format!("invalid character {c:?} in host name"));
-        }
-    }
-    Ok(())
 }
 
 /// A node address of an upstream: an IP address or a DNS name, without port or scheme.

@@ -4,7 +4,8 @@ use std::net::Ipv6Addr;
 
 /// Longest request host the router considers (DNS names are at most 253 bytes). Longer
 /// hosts can only match host-less routes.
-pub(crate) const MAX_HOST_LEN: usize = 255;
+pub(crate) use sluice_proto::validate::MAX_HOST_LEN;
+use sluice_proto::validate::dns_name;
 
 /// A route host after validation.
 #[derive(Debug, PartialEq, Eq)]
@@ -24,7 +25,7 @@ pub(crate) fn parse_route_host(raw: &str) -> Result<RouteHost, String> {
         if suffix.contains('*') {
             return Err("only one leading `*.` wildcard is allowed".into());
         }
-        validate_dns_name(suffix)?;
+        dns_name(suffix)?;
         return Ok(RouteHost::Wildcard(format!(
             ".{}",
             suffix.to_ascii_lowercase()
@@ -43,26 +44,8 @@ pub(crate) fn parse_route_host(raw: &str) -> Result<RouteHost, String> {
             .map_err(|_| "not a host name or IP address (hosts carry no port)".to_string())?;
         return Ok(RouteHost::Exact(format!("[{ip}]")));
     }
-    validate_dns_name(raw)?;
+    dns_name(raw)?;
     Ok(RouteHost::Exact(raw.to_ascii_lowercase()))
-}
-
-fn validate_dns_name(name: &str) -> Result<(), String> {
-    if name.len() > MAX_HOST_LEN {
-        return Err(format!("longer than {MAX_HOST_LEN} bytes"));
-    }
-    for label in name.split('.') {
-        if label.is_empty() {
-            return Err("empty label (leading, trailing or double dot)".into());
-        }
-        if let Some(c) = label
-            .chars()
-            .find(|c| !(c.is_ascii_alphanumeric() || *c == '-' || *c == '_'))
-        {
-            return Err(format!("invalid character {c:?} in host name"));
-        }
-    }
-    Ok(())
 }
 
 /// Stack buffer holding the lower-cased request host, so lookup does not allocate.
