@@ -18,6 +18,8 @@ pub enum ProxyBody {
     Full(Option<Bytes>),
     /// An upstream response body, streamed.
     Upstream(UpstreamBody),
+    /// Any of the above passing through plugin body filters and the log phase.
+    Plugin(Box<crate::plugins::PluginBody>),
 }
 
 impl ProxyBody {
@@ -84,6 +86,7 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ProxyBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ProxyBody::Plugin(p) => p.poll_frame(cx),
             ProxyBody::Upstream(up) => {
                 let Some(conn) = up.conn.as_mut() else {
                     return Poll::Ready(None);
@@ -113,6 +116,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(data) => data.is_none(),
             ProxyBody::Upstream(up) => up.conn.is_none() || up.state == BodyState::Done,
+            ProxyBody::Plugin(p) => p.is_end_stream(),
         }
     }
 
@@ -124,6 +128,7 @@ impl Body for ProxyBody {
                 Some(n) => SizeHint::with_exact(n),
                 None => SizeHint::default(),
             },
+            ProxyBody::Plugin(p) => p.size_hint(),
         }
     }
 }

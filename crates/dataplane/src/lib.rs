@@ -14,6 +14,7 @@ pub mod controller_client;
 pub mod error;
 pub mod h1;
 pub mod metrics;
+pub mod plugins;
 pub mod proxy;
 pub mod router;
 pub mod server;

@@ -12,6 +12,7 @@ use hyper::body::Incoming;
 use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
 use crate::h1::{Framing, H1Error, ProxyHeaders, ResponseHead, encode_request_head};
+use crate::plugins::{self, PluginCtx};
 use crate::router::RequestInfo;
 use crate::store::Store;
 use crate::table::RouteTable;
@@ -56,7 +57,8 @@ impl ConnInfo {
 /// Serves one request against the current snapshot. Never fails: errors become responses.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
     let table = store.table();
-    let resp = match proxy(req, conn, &table).await {
+    let mut plugin_ctx = None;
+    let resp = match proxy(req, conn, &table, &mut plugin_ctx).await {
         Ok(resp) => resp,
         Err(err) => {
             if !matches!(err, ProxyError::NoRoute) {
@@ -66,13 +68,18 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
         }
     };
     store.metrics().observe_status(resp.status());
-    resp
+    // Plugins: response phases (headers, body filters, log) of routes with plugins.
+    match plugin_ctx {
+        Some(ctx) => plugins::response_phases(resp, ctx),
+        None => resp,
+    }
 }
 
 async fn proxy(
     req: Request<Incoming>,
     conn: &ConnInfo,
     table: &Arc<RouteTable>,
+    plugin_ctx: &mut Option<PluginCtx>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
     let uri = req.uri();
@@ -90,6 +97,20 @@ async fn proxy(
         let idx = table.router.lookup(&info).ok_or(ProxyError::NoRoute)?;
         table.routes.get(idx).ok_or(ProxyError::NoRoute)?
     };
+    let (mut parts, mut body) = req.into_parts();
+    // Plugins: request phases (rewrite, access, before_proxy); a plugin may answer.
+    if let Some(chain) = &route.plugins {
+        let ctx = plugin_ctx.insert(PluginCtx::new(
+            Arc::clone(chain),
+            conn.remote_addr,
+            conn.local_addr,
+            conn.scheme,
+            std::time::Instant::now(),
+        ));
+        if let Err(resp) = plugins::request_phases(&mut parts, ctx).await {
+            return Ok(resp);
+        }
+    }
     let upstream = route
         .pick_backend()
         .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
@@ -97,8 +118,10 @@ async fn proxy(
         .pick()
         .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
+    if let Some(ctx) = plugin_ctx.as_mut() {
+        ctx.upstream = Some(Arc::clone(&endpoint.pool));
+    }
 
-    let (mut parts, mut body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
 
     let has_body = !body.is_end_stream();
@@ -160,6 +183,9 @@ async fn proxy(
             Err(e) => return Err(e),
         }
     };
+    if let Some(ctx) = plugin_ctx.as_mut() {
+        ctx.upstream_done = Some(std::time::Instant::now());
+    }
     let mut parts = response.parts;
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);

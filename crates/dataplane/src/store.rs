@@ -7,6 +7,7 @@ use serde::Serialize;
 use sluice_proto::v1;
 
 use crate::metrics::Metrics;
+use crate::plugins::PluginState;
 use crate::table::{InvalidSnapshot, RouteTable};
 use crate::upstream::PoolRegistry;
 
@@ -35,6 +36,7 @@ pub struct Store {
     state: Mutex<SnapshotState>,
     pools: PoolRegistry,
     metrics: Metrics,
+    plugin_state: PluginState,
 }
 
 impl Store {
@@ -46,6 +48,7 @@ impl Store {
             state: Mutex::new(SnapshotState::default()),
             pools: PoolRegistry::default(),
             metrics: Metrics::new()?,
+            plugin_state: PluginState::default(),
         })
     }
 
@@ -53,6 +56,11 @@ impl Store {
     #[inline]
     pub fn table(&self) -> Arc<RouteTable> {
         self.table.load_full()
+    }
+
+    /// Plugin state that outlives snapshots.
+    pub fn plugin_state(&self) -> &PluginState {
+        &self.plugin_state
     }
 
     /// Metrics of this process.
@@ -67,11 +75,12 @@ impl Store {
         snapshot: v1::Snapshot,
         rejected_objects: Vec<String>,
     ) -> Result<(), InvalidSnapshot> {
-        match RouteTable::compile(&snapshot, &self.pools) {
+        match RouteTable::compile_with(&snapshot, &self.pools, &self.plugin_state) {
             Ok(table) => {
                 let routes = table.routes.len();
                 let upstreams = table.upstream_count;
                 self.table.store(Arc::new(table));
+                self.plugin_state.prune();
                 self.metrics
                     .snapshot_version
                     .set(i64::try_from(snapshot.version).unwrap_or(i64::MAX));

@@ -300,6 +300,8 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             hash: String::new(),
             routes: routes.into_values().collect(),
             upstreams: upstreams.into_values().collect(),
+            consumers: Vec::new(),
+            global_rules: Vec::new(),
         },
         status,
         ingresses,

@@ -300,9 +300,18 @@ impl RuleCtx<'_, '_> {
                     }
                 }
             }
+            let config = Value::Object(config);
+            if let Err(e) = sluice_plugin_config::validate(&p.name, &config) {
+                let at = match e {
+                    sluice_plugin_config::ConfigError::UnknownPlugin(_) => "name",
+                    _ => "config",
+                };
+                problems.error(format!("{field}.{at}"), e.to_string());
+                continue;
+            }
             out.push(v1::Plugin {
                 name: p.name.clone(),
-                config_json: json::canonical(&Value::Object(config)),
+                config_json: json::canonical(&config),
             });
         }
         out

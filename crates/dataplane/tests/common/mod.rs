@@ -139,3 +139,28 @@ pub fn snapshot(
         version,
     )
 }
+
+/// A plugin with its config as JSON.
+pub fn plugin(name: &str, config: serde_json::Value) -> v1::Plugin {
+    v1::Plugin {
+        name: name.into(),
+        config_json: config.to_string(),
+    }
+}
+
+/// Route `id` for `paths` to upstream `u` with `plugins`.
+pub fn route_with(id: &str, paths: &[&str], upstream: &str, plugins: Vec<v1::Plugin>) -> v1::Route {
+    v1::Route {
+        plugins,
+        ..route(id, paths, upstream)
+    }
+}
+
+/// GET `path` with extra headers.
+pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut b = Request::get(path).header("host", "example.com");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    send(addr, b.body(Full::new(Bytes::new())).unwrap()).await
+}
