@@ -57,6 +57,8 @@ impl ConnInfo {
 /// Serves one request against the current snapshot. Never fails: errors become responses.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
     let table = store.table();
+    let apisix = &store.plugin_state().apisix;
+    apisix.request_started();
     let mut plugin_ctx = None;
     let resp = match proxy(req, conn, &table, &mut plugin_ctx).await {
         Ok(resp) => resp,
@@ -68,6 +70,7 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
         }
     };
     store.metrics().observe_status(resp.status());
+    apisix.request_finished();
     // Plugins: response phases (headers, body filters, log) of routes with plugins.
     match plugin_ctx {
         Some(ctx) => plugins::response_phases(resp, ctx),
@@ -120,6 +123,7 @@ async fn proxy(
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
     if let Some(ctx) = plugin_ctx.as_mut() {
         ctx.upstream = Some(Arc::clone(&endpoint.pool));
+        ctx.upstream_started = Some(std::time::Instant::now());
     }
 
     strip_hop_by_hop(&mut parts.headers);

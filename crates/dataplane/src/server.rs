@@ -117,7 +117,9 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
         let store = Arc::clone(&store);
         let (h1, h2) = (Arc::clone(&h1), Arc::clone(&h2));
         let timer = timer.clone();
+        store.plugin_state().apisix.connection_opened();
         tokio::spawn(async move {
+            let _closed = ConnClosed(Arc::clone(&store));
             let Some(is_h2) = sniff_h2(&stream, limits.header_read_timeout).await else {
                 return;
             };
@@ -138,6 +140,15 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
             }
             drop(permit);
         });
+    }
+}
+
+/// Counts a downstream connection as closed when dropped (`apisix_nginx_http_current_connections`).
+struct ConnClosed(Arc<Store>);
+
+impl Drop for ConnClosed {
+    fn drop(&mut self) {
+        self.0.plugin_state().apisix.connection_closed();
     }
 }
 

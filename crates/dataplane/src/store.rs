@@ -68,6 +68,13 @@ impl Store {
         &self.metrics
     }
 
+    /// The Prometheus exposition of `/metrics`: Sluice's own families plus APISIX's.
+    pub fn render_metrics(&self) -> String {
+        let mut out = self.metrics.render();
+        self.plugin_state.apisix.render(&mut out);
+        out
+    }
+
     /// Compiles `snapshot` and swaps it in. On error the current table keeps serving and the
     /// error is recorded for `/snapshot`.
     pub fn apply(

@@ -38,6 +38,7 @@
 
 pub mod consumer;
 pub mod limit_count;
+pub mod prometheus;
 pub mod state;
 pub mod vars;
 
@@ -152,7 +153,10 @@ pub struct BuildCtx<'a> {
 pub type BuildFn = fn(&str, &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError>;
 
 /// Every plugin the dataplane can run. Adding a plugin = one line here.
-pub const BUILDERS: &[(&str, BuildFn)] = &[("limit-count", limit_count::build)];
+pub const BUILDERS: &[(&str, BuildFn)] = &[
+    ("limit-count", limit_count::build),
+    ("prometheus", prometheus::build),
+];
 
 /// Builds plugin `p` for `cx.owner`.
 pub fn build(p: &v1::Plugin, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
@@ -235,6 +239,8 @@ pub struct PluginCtx {
     pub consumer: Option<Arc<Consumer>>,
     /// The upstream endpoint's pool, once picked (its address is the `node` label).
     pub upstream: Option<Arc<crate::upstream::Pool>>,
+    /// When the upstream was picked.
+    pub upstream_started: Option<Instant>,
     /// When the upstream's response head arrived.
     pub upstream_done: Option<Instant>,
     /// Response status (set before the response phases).
@@ -280,6 +286,7 @@ impl PluginCtx {
             started,
             consumer: None,
             upstream: None,
+            upstream_started: None,
             upstream_done: None,
             status: StatusCode::OK,
             request_bytes: 0,

@@ -11,6 +11,8 @@ type Shared = Arc<dyn Any + Send + Sync>;
 #[derive(Debug, Default)]
 pub struct PluginState {
     shared: Mutex<HashMap<String, Shared>>,
+    /// APISIX metric families (prometheus plugin, connection and request counts).
+    pub apisix: Arc<super::prometheus::ApisixMetrics>,
 }
 
 impl PluginState {

@@ -164,3 +164,18 @@ pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) ->
     }
     send(addr, b.body(Full::new(Bytes::new())).unwrap()).await
 }
+
+/// Serves the admin endpoints of `store` on a loopback port.
+pub async fn admin(store: &Arc<Store>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(sluice_dataplane::admin::serve(listener, Arc::clone(store)));
+    addr
+}
+
+/// The value of the sample `series` (name with labels exactly as rendered) in `text`.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}
