@@ -36,7 +36,11 @@
 //! State that must survive snapshot reloads (rate-limit counters, metrics, Redis clients)
 //! lives in [`PluginState`], which the [`crate::store::Store`] keeps for the process.
 
+pub mod basic_auth;
 pub mod consumer;
+pub mod consumer_restriction;
+pub mod jwt_auth;
+pub mod key_auth;
 pub mod limit_count;
 pub mod prometheus;
 pub mod state;
@@ -156,6 +160,10 @@ pub type BuildFn = fn(&str, &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErro
 pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("limit-count", limit_count::build),
     ("prometheus", prometheus::build),
+    ("key-auth", key_auth::build),
+    ("basic-auth", basic_auth::build),
+    ("jwt-auth", jwt_auth::build),
+    ("consumer-restriction", consumer_restriction::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.
@@ -552,6 +560,29 @@ pub fn rejection(code: StatusCode, msg: Option<&str>) -> Response<ProxyBody> {
             let mut resp = Response::new(ProxyBody::empty());
             *resp.status_mut() = code;
             resp
+        }
+    }
+}
+
+/// Removes query argument `name` from the request URI (for `hide_credentials`).
+pub fn remove_query_arg(req: &mut request::Parts, name: &str) {
+    let Some(q) = req.uri.query() else {
+        return;
+    };
+    let kept: Vec<&str> = q
+        .split('&')
+        .filter(|kv| kv.split_once('=').map_or(*kv, |(k, _)| k) != name)
+        .collect();
+    let mut pq = req.uri.path().to_owned();
+    if !kept.is_empty() {
+        pq.push('?');
+        pq.push_str(&kept.join("&"));
+    }
+    let mut parts = req.uri.clone().into_parts();
+    if let Ok(v) = pq.parse() {
+        parts.path_and_query = Some(v);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            req.uri = uri;
         }
     }
 }
