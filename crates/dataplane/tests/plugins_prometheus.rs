@@ -83,3 +83,55 @@ async fn apisix_families_with_bounded_labels() {
         assert!(text.contains("apisix_nginx_http_current_connections{state=\"accepted\"}"));
     }
 }
+
+#[tokio::test]
+async fn global_rule_applies_to_every_route() {
+    let echo = EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane().await;
+    let mut snap = snapshot(
+        1,
+        vec![
+            route("default/a/r1", &["/a"], "u"),
+            route_with(
+                "default/b/r1",
+                &["/b"],
+                "u",
+                vec![plugin(
+                    "limit-count",
+                    json!({"count": 5, "time_window": 60}),
+                )],
+            ),
+        ],
+        vec![upstream("u", &[(echo.addr, 1)])],
+    );
+    snap.global_rules = vec![sluice_proto::v1::GlobalRule {
+        id: "default/g".into(),
+        plugins: vec![
+            plugin("prometheus", json!({})),
+            plugin(
+                "limit-count",
+                json!({"count": 1, "time_window": 60, "key_type": "constant", "key": "all"}),
+            ),
+        ],
+    }];
+    dp.store.apply(snap, vec![]).unwrap();
+    let admin = admin(&dp.store).await;
+    let r = get(dp.addr, "h", "/a").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(
+        r.headers["x-ratelimit-limit"], "1",
+        "the global limit runs on a plain route"
+    );
+    // The global budget (one request for everyone) is spent: /b is rejected by the global
+    // rule before its own plugins run.
+    let r = get(dp.addr, "h", "/b").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    let text = get(admin, "localhost", "/metrics").await.text();
+    let node = echo.addr.ip().to_string();
+    let a = format!(
+        "apisix_http_status{{code=\"200\",route=\"default/a/r1\",matched_uri=\"/a\",matched_host=\"\",service=\"\",consumer=\"\",node=\"{node}\"}}"
+    );
+    assert_eq!(sample(&text, &a), Some(1.0), "{text}");
+    let b = "apisix_http_status{code=\"503\",route=\"default/b/r1\",matched_uri=\"/b\",matched_host=\"\",service=\"\",consumer=\"\",node=\"\"}";
+    assert_eq!(sample(&text, b), Some(1.0), "{text}");
+}

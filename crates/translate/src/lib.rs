@@ -30,9 +30,16 @@
 //! - An ApisixUpstream named after a Service applies its load balancer, scheme, retries and
 //!   timeouts (with `portLevelSettings`) to that Service's upstreams. An invalid one is
 //!   `Accepted=False` and ignored.
-//! - Fail closed: `authentication`, `plugin_config_name`, `filter_func`, Body exprs and
-//!   plugin `secretRef`s to missing Secrets reject the rule instead of serving it with less
-//!   protection than written. Plugin `secretRef`s are merged (dotted keys nest).
+//! - Plugins (`src/plugins.rs`): every config is validated by `sluice-plugin-config`
+//!   (unknown plugin, wrong type or out-of-range value ⇒ `Accepted=False` naming the plugin
+//!   and field). A rule's plugins = its ApisixPluginConfig, overridden by its `plugins`, then
+//!   by the plugin `authentication` implies (keyAuth/basicAuth/jwtAuth). ApisixConsumers
+//!   become snapshot consumers `<ns>_<name>` (credentials inline or from a Secret, plus
+//!   consumer plugins); ApisixGlobalRules become global rules `<ns>/<name>`.
+//! - Fail closed: unsupported authentication types, missing ApisixPluginConfigs,
+//!   `filter_func`, Body exprs and plugin `secretRef`s to missing Secrets reject the rule
+//!   instead of serving it with less protection than written. Plugin `secretRef`s are merged
+//!   (dotted keys nest).
 //! - With `Options::ingress_class = Some(c)`, only objects whose `spec.ingressClassName` is
 //!   `c` or unset are translated; others get no status at all (another controller owns them).
 //! - Each Ingress `spec.rules[i].http.paths[j]` becomes one route with id
@@ -60,6 +67,7 @@
 
 mod ingress;
 mod json;
+mod plugins;
 mod problems;
 mod route;
 pub mod state;
@@ -73,7 +81,9 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use sluice_crds::{ApisixRoute, ApisixUpstream};
+use sluice_crds::{
+    ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixUpstream,
+};
 use sluice_proto::v1;
 
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
@@ -118,6 +128,9 @@ pub(crate) struct Index<'a> {
     /// Keyed by (namespace, Service name from the label); slices sorted by name.
     pub(crate) slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     pub(crate) secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    pub(crate) plugin_configs: BTreeMap<(&'a str, &'a str), &'a ApisixPluginConfig>,
+    pub(crate) consumers: BTreeMap<(&'a str, &'a str), &'a ApisixConsumer>,
+    pub(crate) global_rules: BTreeMap<(&'a str, &'a str), &'a ApisixGlobalRule>,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -187,6 +200,24 @@ impl<'a> Index<'a> {
             list.sort_by(|a, b| key(&a.metadata).cmp(&key(&b.metadata)));
             list.dedup_by(|a, b| key(&a.metadata) == key(&b.metadata));
         }
+        let plugin_configs = state
+            .apisix_plugin_configs
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let consumers = state
+            .apisix_consumers
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let global_rules = state
+            .apisix_global_rules
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
         Self {
             routes,
             ingresses,
@@ -194,6 +225,9 @@ impl<'a> Index<'a> {
             services,
             slices,
             secrets,
+            plugin_configs,
+            consumers,
+            global_rules,
         }
     }
 }
@@ -228,11 +262,79 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
         aus.insert((ns, name), verdict);
     }
 
+    // ApisixPluginConfigs next: routes merge them.
+    let mut pcs: route::PluginConfigs<'_> = BTreeMap::new();
+    for (&(ns, name), pc) in &idx.plugin_configs {
+        let mut problems = Problems::default();
+        let list = plugins::plugin_list(
+            &pc.spec.plugins,
+            ns,
+            "spec.plugins",
+            &idx.secrets,
+            plugins::Owner::Route,
+            &mut problems,
+        );
+        status.objects.push(simple_status(
+            ObjectKind::ApisixPluginConfig,
+            ns,
+            name,
+            pc.metadata.generation,
+            &problems,
+        ));
+        pcs.insert(
+            (ns, name),
+            if problems.is_valid() {
+                Ok(list)
+            } else {
+                Err(())
+            },
+        );
+    }
+    let mut consumers = Vec::new();
+    for (&(ns, name), ac) in &idx.consumers {
+        let mut problems = Problems::default();
+        let c = plugins::consumer(ac, ns, name, &idx.secrets, &mut problems);
+        status.objects.push(simple_status(
+            ObjectKind::ApisixConsumer,
+            ns,
+            name,
+            ac.metadata.generation,
+            &problems,
+        ));
+        consumers.extend(c);
+    }
+    consumers.sort_by(|a: &v1::Consumer, b| a.name.cmp(&b.name));
+    let mut global_rules = Vec::new();
+    for (&(ns, name), gr) in &idx.global_rules {
+        let mut problems = Problems::default();
+        let list = plugins::plugin_list(
+            &gr.spec.plugins,
+            ns,
+            "spec.plugins",
+            &idx.secrets,
+            plugins::Owner::Route,
+            &mut problems,
+        );
+        status.objects.push(simple_status(
+            ObjectKind::ApisixGlobalRule,
+            ns,
+            name,
+            gr.metadata.generation,
+            &problems,
+        ));
+        if problems.is_valid() {
+            global_rules.push(v1::GlobalRule {
+                id: format!("{ns}/{name}"),
+                plugins: list,
+            });
+        }
+    }
+
     let mut routes: BTreeMap<String, v1::Route> = BTreeMap::new();
     let mut upstreams: BTreeMap<String, v1::Upstream> = BTreeMap::new();
     for (&(ns, name), ar) in &idx.routes {
         let mut problems = Problems::default();
-        let out = route::translate_object(ar, ns, name, &idx, &aus, &mut problems);
+        let out = route::translate_object(ar, ns, name, &idx, &aus, &pcs, &mut problems);
         let mut conditions = vec![problems.accepted()];
         let mut ids = Vec::new();
         if problems.is_valid() {
@@ -300,11 +402,29 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             hash: String::new(),
             routes: routes.into_values().collect(),
             upstreams: upstreams.into_values().collect(),
-            consumers: Vec::new(),
-            global_rules: Vec::new(),
+            consumers,
+            global_rules,
         },
         status,
         ingresses,
+    }
+}
+
+/// The status of an object that only has an `Accepted` condition.
+fn simple_status(
+    kind: ObjectKind,
+    ns: &str,
+    name: &str,
+    generation: Option<i64>,
+    problems: &Problems,
+) -> ObjectStatus {
+    ObjectStatus {
+        kind,
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+        generation,
+        conditions: vec![problems.accepted()],
+        routes: Vec::new(),
     }
 }
 
@@ -336,17 +456,5 @@ fn unsupported_kinds(state: &ClusterState, opts: &Options, status: &mut StatusRe
             &o.metadata,
             o.spec.ingress_class_name.as_deref(),
         );
-    }
-    for o in &state.apisix_plugin_configs {
-        let class = o.spec.ingress_class_name.as_deref();
-        push(ObjectKind::ApisixPluginConfig, &o.metadata, class);
-    }
-    for o in &state.apisix_consumers {
-        let class = o.spec.ingress_class_name.as_deref();
-        push(ObjectKind::ApisixConsumer, &o.metadata, class);
-    }
-    for o in &state.apisix_global_rules {
-        let class = o.spec.ingress_class_name.as_deref();
-        push(ObjectKind::ApisixGlobalRule, &o.metadata, class);
     }
 }
