@@ -30,7 +30,7 @@ pub use cluster::{Cluster, KubectlOutput, SERVICE_CIDR, kubectl_path};
 pub use error::Error;
 pub use http::{HttpResponse, http_get};
 pub use netns::{Backend, Netns, SUBNET_POOL};
-pub use pipeline::{Pipeline, eventually, free_port};
+pub use pipeline::{Pipeline, eventually, free_port, spawn_controller, spawn_dataplane};
 
 /// The repository root: the nearest ancestor of the running test's package (cargo sets
 /// `CARGO_MANIFEST_DIR` at run time) or of the working directory that holds `Cargo.lock`.
