@@ -291,9 +291,27 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
         );
     }
     let mut consumers = Vec::new();
+    // A credential (key-auth key, basic-auth username, jwt-auth key) names one consumer:
+    // a later consumer (by namespace/name) reusing one is rejected.
+    let mut credentials: BTreeMap<(String, String), String> = BTreeMap::new();
     for (&(ns, name), ac) in &idx.consumers {
         let mut problems = Problems::default();
-        let c = plugins::consumer(ac, ns, name, &idx.secrets, &mut problems);
+        let c = plugins::consumer(ac, ns, name, &idx.secrets, &mut problems).filter(|c| {
+            let ids = plugins::credential_ids(c);
+            for (plugin, id) in &ids {
+                if let Some(owner) = credentials.get(&(plugin.clone(), id.clone())) {
+                    problems.error(
+                        "spec.authParameter",
+                        format!("the {plugin} credential is already used by consumer {owner}"),
+                    );
+                    return false;
+                }
+            }
+            for id in ids {
+                credentials.insert(id, c.name.clone());
+            }
+            true
+        });
         status.objects.push(simple_status(
             ObjectKind::ApisixConsumer,
             ns,

@@ -264,6 +264,25 @@ pub(crate) fn consumer(
     })
 }
 
+/// (plugin, identifying value) of each credential of `c`: the key-auth `key`, basic-auth
+/// `username`, jwt-auth `key`.
+pub(crate) fn credential_ids(c: &v1::Consumer) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for p in &c.plugins {
+        let field = match p.name.as_str() {
+            "key-auth" | "jwt-auth" => "key",
+            "basic-auth" => "username",
+            _ => continue,
+        };
+        if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(&p.config_json)
+            && let Some(v) = m.get(field).and_then(Value::as_str)
+        {
+            out.push((p.name.clone(), v.to_owned()));
+        }
+    }
+    out
+}
+
 fn credential<T: serde::Serialize>(
     value: Option<&T>,
     secret_ref: Option<&str>,

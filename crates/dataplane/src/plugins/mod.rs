@@ -205,7 +205,7 @@ pub struct PluginChain {
     /// Plugins of global rules (run first).
     pub global: Vec<Arc<dyn Plugin>>,
     /// The route's plugins.
-    pub route: Vec<Arc<dyn Plugin>>,
+    pub route: Arc<[Arc<dyn Plugin>]>,
     /// The snapshot's consumers (consumer plugins merge into `route`).
     pub consumers: Arc<ConsumerTable>,
     wrap_body: bool,
@@ -229,7 +229,7 @@ impl PluginChain {
             matched_uri: Arc::from(route.paths.first().map(String::as_str).unwrap_or("")),
             matched_host: Arc::from(route.hosts.first().map(String::as_str).unwrap_or("")),
             global,
-            route: plugins,
+            route: Arc::from(plugins),
             consumers,
             wrap_body,
         }))
@@ -330,7 +330,7 @@ impl PluginCtx {
     fn route_plugins(&self) -> Arc<[Arc<dyn Plugin>]> {
         match &self.merged {
             Some(m) => Arc::clone(m),
-            None => Arc::from(self.chain.route.as_slice()),
+            None => Arc::clone(&self.chain.route),
         }
     }
 }
@@ -354,7 +354,7 @@ pub async fn request_phases(req: &mut request::Parts, ctx: &mut PluginCtx) -> Ph
     for p in &chain.global {
         run(p.access(req, ctx)).await?;
     }
-    for p in &chain.route {
+    for p in chain.route.iter() {
         run(p.rewrite(req, ctx)).await?;
     }
     // The consumer's plugins override the route's of the same name (APISIX merge).
@@ -415,7 +415,8 @@ pub fn response_phases(resp: Response<ProxyBody>, mut ctx: PluginCtx) -> Respons
 }
 
 fn approx_request_head(req: &request::Parts) -> u64 {
-    let mut n = req.method.as_str().len() + req.uri.to_string().len() + 12;
+    let target = req.uri.path_and_query().map_or(1, |pq| pq.as_str().len());
+    let mut n = req.method.as_str().len() + target + 12;
     for (k, v) in &req.headers {
         n += k.as_str().len() + v.len() + 4;
     }
