@@ -111,7 +111,7 @@ async fn proxy(
             std::time::Instant::now(),
         ));
         if let Err(resp) = plugins::request_phases(&mut parts, ctx).await {
-            return Ok(resp);
+            return Ok(*resp);
         }
     }
     let upstream = route

@@ -91,6 +91,8 @@ pub trait ConsumerSchema: DeserializeOwned {
     }
 }
 
+type ValidateFn = fn(&Value) -> Result<(), ConfigError>;
+
 /// One known plugin.
 #[derive(Debug, Clone, Copy)]
 pub struct Entry {
@@ -98,8 +100,8 @@ pub struct Entry {
     pub name: &'static str,
     /// APISIX priority.
     pub priority: i32,
-    validate: fn(&Value) -> Result<(), ConfigError>,
-    validate_consumer: Option<fn(&Value) -> Result<(), ConfigError>>,
+    validate: ValidateFn,
+    validate_consumer: Option<ValidateFn>,
 }
 
 const fn entry<P: PluginSchema>() -> Entry {

@@ -54,7 +54,7 @@ fn unauthorized(msg: &str, challenge: bool) -> Flow<'static> {
             HeaderValue::from_static("Basic realm='.'"),
         );
     }
-    Flow::Respond(resp)
+    Flow::respond(resp)
 }
 
 /// (user, password) from `Basic <base64>`, whitespace removed as APISIX does.

@@ -39,7 +39,7 @@ pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigEr
 
 impl ConsumerRestriction {
     fn reject(&self) -> Flow<'static> {
-        Flow::Respond(json_response(
+        Flow::respond(json_response(
             super::status(self.conf.rejected_code),
             &json!({ "message": self.message }),
         ))
@@ -61,7 +61,7 @@ impl Plugin for ConsumerRestriction {
             _ => match ctx.consumer_name() {
                 Some(n) => n,
                 None => {
-                    return Flow::Respond(json_response(
+                    return Flow::respond(json_response(
                         StatusCode::UNAUTHORIZED,
                         &json!({"message": "Missing authentication or identity verification."}),
                     ));

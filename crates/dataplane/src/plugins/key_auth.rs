@@ -57,7 +57,7 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
 }
 
 fn unauthorized(msg: &str) -> Flow<'static> {
-    Flow::Respond(json_response(
+    Flow::respond(json_response(
         StatusCode::UNAUTHORIZED,
         &json!({ "message": msg }),
     ))

@@ -205,7 +205,7 @@ impl Plugin for LimitConn {
         let max = self.conf.conn.saturating_add(self.conf.burst);
         match &self.backend {
             Backend::Local(conns) => match conns.enter(&key, max) {
-                None => Flow::Respond(self.reject()),
+                None => Flow::respond(self.reject()),
                 Some(n) => {
                     ctx.keep(Box::new(LocalSlot(Arc::clone(conns), key)));
                     match self.delay(n) {
@@ -231,7 +231,7 @@ impl Plugin for LimitConn {
                             }
                             Ok(())
                         }
-                        Ok(&[0, _]) => Err(self.reject()),
+                        Ok(&[0, _]) => Err(Box::new(self.reject())),
                         other => {
                             tracing::error!(route = %ctx.chain.route_id, reply = ?other.map_err(|e| e.to_string()), "limit-conn: redis failed");
                             super::degrade(self.conf.allow_degradation, "failed to limit conn")

@@ -209,7 +209,7 @@ impl LimitCount {
         if v.allowed {
             Flow::Continue
         } else {
-            Flow::Respond(super::rejection(
+            Flow::respond(super::rejection(
                 super::status(self.conf.rejected_code),
                 self.conf.rejected_msg.as_deref(),
             ))

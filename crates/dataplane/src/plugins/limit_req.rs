@@ -47,8 +47,8 @@ impl Default for LocalBuckets {
     }
 }
 
-/// `Ok(delay)` to let the request through after `delay`, `Err(())` to reject.
-pub type Decision = Result<Duration, ()>;
+/// `Some(delay)` to let the request through after `delay`, `None` to reject.
+pub type Decision = Option<Duration>;
 
 impl LocalBuckets {
     /// Counts one request for `key` (lua-resty-limit-req's step: the excess leaks at `rate`,
@@ -58,7 +58,7 @@ impl LocalBuckets {
         let burst_milli = (burst * 1000.0) as u64;
         let idx = (self.hasher.hash_one(&key) as usize) % SHARDS;
         let Some(shard) = self.shards.get(idx) else {
-            return Ok(Duration::ZERO);
+            return Some(Duration::ZERO);
         };
         let mut g = match shard.lock() {
             Ok(g) => g,
@@ -78,7 +78,7 @@ impl LocalBuckets {
                 let ms = now.saturating_duration_since(b.last).as_millis() as u64;
                 let e = (b.excess + 1000).saturating_sub(rate_milli.saturating_mul(ms) / 1000);
                 if e > burst_milli {
-                    return Err(());
+                    return None;
                 }
                 *b = Bucket {
                     excess: e,
@@ -97,7 +97,7 @@ impl LocalBuckets {
                 0
             }
         };
-        Ok(Duration::from_secs_f64(
+        Some(Duration::from_secs_f64(
             excess as f64 / rate_milli.max(1) as f64,
         ))
     }
@@ -198,8 +198,8 @@ impl Plugin for LimitReq {
         match &self.backend {
             Backend::Local(b) => {
                 match b.incoming(key, self.conf.rate, self.conf.burst, Instant::now()) {
-                    Err(()) => Flow::Respond(self.reject()),
-                    Ok(d) => match self.delay(d) {
+                    None => Flow::respond(self.reject()),
+                    Some(d) => match self.delay(d) {
                         None => Flow::Continue,
                         Some(d) => Flow::Pending(Box::pin(async move {
                             tokio::time::sleep(d).await;
@@ -229,7 +229,7 @@ impl Plugin for LimitReq {
                             }
                             Ok(())
                         }
-                        Ok(&[0, _]) => Err(self.reject()),
+                        Ok(&[0, _]) => Err(Box::new(self.reject())),
                         other => {
                             tracing::error!(route = %ctx.chain.route_id, reply = ?other.map_err(|e| e.to_string()), "limit-req: redis failed");
                             super::degrade(self.conf.allow_degradation, "failed to limit req")
@@ -253,12 +253,12 @@ mod tests {
         let k = || KeyValue::Text("k".into());
         // rate 1/s, burst 1: the first passes at once, the second is delayed ~1s, the third
         // is rejected; after 2s the bucket has drained.
-        assert_eq!(b.incoming(k(), 1.0, 1.0, t0), Ok(Duration::ZERO));
-        assert_eq!(b.incoming(k(), 1.0, 1.0, t0), Ok(Duration::from_secs(1)));
-        assert_eq!(b.incoming(k(), 1.0, 1.0, t0), Err(()));
+        assert_eq!(b.incoming(k(), 1.0, 1.0, t0), Some(Duration::ZERO));
+        assert_eq!(b.incoming(k(), 1.0, 1.0, t0), Some(Duration::from_secs(1)));
+        assert_eq!(b.incoming(k(), 1.0, 1.0, t0), None);
         assert_eq!(
             b.incoming(k(), 1.0, 1.0, t0 + Duration::from_secs(2)),
-            Ok(Duration::ZERO)
+            Some(Duration::ZERO)
         );
     }
 }

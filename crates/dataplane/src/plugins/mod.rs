@@ -71,7 +71,7 @@ pub use consumer::{Consumer, ConsumerTable};
 pub use state::PluginState;
 
 /// The outcome of a request phase that may have to wait (e.g. for Redis).
-pub type PhaseResult = Result<(), Response<ProxyBody>>;
+pub type PhaseResult = Result<(), Box<Response<ProxyBody>>>;
 
 /// What a request phase decided.
 pub enum Flow<'a> {
@@ -79,9 +79,16 @@ pub enum Flow<'a> {
     Continue,
     /// Answer the client with this response; later request phases and the upstream are
     /// skipped (response phases and log still run).
-    Respond(Response<ProxyBody>),
+    Respond(Box<Response<ProxyBody>>),
     /// The decision needs I/O; await it. Only plugins that really wait allocate this.
     Pending(Pin<Box<dyn Future<Output = PhaseResult> + Send + 'a>>),
+}
+
+impl Flow<'_> {
+    /// Answers the client with `resp`.
+    pub fn respond(resp: Response<ProxyBody>) -> Self {
+        Flow::Respond(Box::new(resp))
+    }
 }
 
 impl std::fmt::Debug for Flow<'_> {
@@ -600,7 +607,10 @@ pub fn degrade(allow: bool, msg: &str) -> PhaseResult {
     if allow {
         Ok(())
     } else {
-        Err(rejection(StatusCode::INTERNAL_SERVER_ERROR, Some(msg)))
+        Err(Box::new(rejection(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Some(msg),
+        )))
     }
 }
 
