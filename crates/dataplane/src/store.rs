@@ -8,7 +8,7 @@ use sluice_proto::v1;
 
 use crate::metrics::Metrics;
 use crate::table::{InvalidSnapshot, RouteTable};
-use crate::upstream::PoolRegistry;
+use crate::upstream::{PoolConfig, PoolRegistry};
 
 /// What `/snapshot` reports.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -38,15 +38,28 @@ pub struct Store {
 }
 
 impl Store {
-    /// A store serving nothing yet.
+    /// A store serving nothing yet, with default upstream pool settings.
     pub fn new() -> anyhow::Result<Self> {
+        Self::with_pool_config(PoolConfig::default())
+    }
+
+    /// A store serving nothing yet whose upstream pools use `pool`.
+    pub fn with_pool_config(pool: PoolConfig) -> anyhow::Result<Self> {
+        let pools = PoolRegistry::with_config(pool);
+        let metrics = Metrics::new()?;
+        metrics.register(pools.health.metrics.collectors())?;
         Ok(Store {
             table: ArcSwap::from_pointee(RouteTable::empty()?),
             snapshot: Mutex::new(None),
             state: Mutex::new(SnapshotState::default()),
-            pools: PoolRegistry::default(),
-            metrics: Metrics::new()?,
+            pools,
+            metrics,
         })
+    }
+
+    /// Connection pools and endpoint health that outlive snapshots.
+    pub fn pools(&self) -> &PoolRegistry {
+        &self.pools
     }
 
     /// The table to serve one request with.
