@@ -188,7 +188,9 @@ async fn proxy(
                 let may_retry = e.retryable() || (replayable && reset);
                 if !may_retry || tried.len() >= budget || std::time::Instant::now() >= deadline
                 {
-                    if e.retryable() && tried.len() + 1 >= upstream.endpoints.len() {
+                    // Known down by the health checks, every one: 503 rather than the
+                    // 502 of a single failed connection (as nginx/APISIX answer).
+                    if e.retryable() && upstream.all_unhealthy() {
                         return Err(ProxyError::AllEndpointsDown(upstream.id.clone()));
                     }
                     return Err(e);

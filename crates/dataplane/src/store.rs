@@ -35,6 +35,7 @@ pub struct Store {
     state: Mutex<SnapshotState>,
     pools: PoolRegistry,
     metrics: Metrics,
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
@@ -54,6 +55,7 @@ impl Store {
             state: Mutex::new(SnapshotState::default()),
             pools,
             metrics,
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -131,6 +133,17 @@ impl Store {
     /// The snapshot being served, if any.
     pub fn snapshot(&self) -> Option<Arc<v1::Snapshot>> {
         lock(&self.snapshot).clone()
+    }
+
+    /// Marks the process as draining (shutting down): `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the process is draining.
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a snapshot has been loaded.

@@ -313,6 +313,11 @@ impl Upstream {
         self.endpoints.get(i)
     }
 
+    /// Whether health checks have taken every endpoint out of the rotation.
+    pub fn all_unhealthy(&self) -> bool {
+        !self.states.is_empty() && self.states.iter().all(|s| !s.is_healthy())
+    }
+
     /// How many other endpoints a failed request may be sent to.
     pub fn retry_budget(&self) -> usize {
         match self.retries {

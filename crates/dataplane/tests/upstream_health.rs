@@ -206,7 +206,17 @@ async fn all_endpoints_down_is_503_with_a_clear_body() {
         })
         .collect();
     let dp = dataplane().await;
+    // Without health checks a refused connection is a 502, as nginx answers.
     apply(&dp, 1, upstream_of("u", &closed));
+    assert_eq!(get(dp.addr, "app", "/x").await.status, StatusCode::BAD_GATEWAY);
+    // With health checks, every endpoint is known to be down: 503.
+    let mut up = upstream_of("u", &closed);
+    up.health_check = Some(health_check(true));
+    apply(&dp, 2, up);
+    let r = get(dp.addr, "app", "/x").await;
+    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(healthy_gauge(&dp, "u", closed[0]) == Some(0.0));
+    assert!(healthy_gauge(&dp, "u", closed[1]) == Some(0.0));
     let r = get(dp.addr, "app", "/x").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
@@ -214,7 +224,7 @@ async fn all_endpoints_down_is_503_with_a_clear_body() {
         "{\"error_msg\":\"503 Service Unavailable: every upstream endpoint is down\"}\n"
     );
     // An upstream without endpoints at all.
-    apply(&dp, 2, upstream_of("u", &[]));
+    apply(&dp, 3, upstream_of("u", &[]));
     let r = get(dp.addr, "app", "/x").await;
     assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(
