@@ -124,9 +124,9 @@ impl HashSource {
     /// Compiles `hash_on`/`hash_key`; `Err` names what is wrong.
     pub fn from_proto(on: v1::UpstreamHashOn, key: &str) -> Result<Self, String> {
         Ok(match on {
-            v1::UpstreamHashOn::Vars => HashSource::Var(
-                Var::parse(key).ok_or_else(|| format!("unknown variable {key:?}"))?,
-            ),
+            v1::UpstreamHashOn::Vars => {
+                HashSource::Var(Var::parse(key).ok_or_else(|| format!("unknown variable {key:?}"))?)
+            }
             v1::UpstreamHashOn::Header => HashSource::Header(
                 http::HeaderName::from_bytes(key.as_bytes())
                     .map_err(|_| format!("{key:?} is not a header name"))?,
@@ -247,12 +247,15 @@ impl HashInput<'_> {
             }
             Var::Host => {
                 let host = self.host.unwrap_or("");
-                let host = match host.rsplit_once(':') {
-                    Some((h, p)) if !h.ends_with(']') && p.bytes().all(|b| b.is_ascii_digit()) => {
-                        if h.contains(':') { host } else { h }
-                    }
-                    _ => host,
-                };
+                let host =
+                    match host.rsplit_once(':') {
+                        Some((h, p))
+                            if !h.ends_with(']') && p.bytes().all(|b| b.is_ascii_digit()) =>
+                        {
+                            if h.contains(':') { host } else { h }
+                        }
+                        _ => host,
+                    };
                 h.write(host.to_ascii_lowercase().as_bytes());
             }
             Var::ServerAddr => h.write(self.local_addr.ip().to_string().as_bytes()),
@@ -348,7 +351,9 @@ impl Ring {
             if *w == 0 {
                 continue;
             }
-            let n = (RING_POINTS * u64::from(*w)).div_ceil(u64::from(max)).max(1);
+            let n = (RING_POINTS * u64::from(*w))
+                .div_ceil(u64::from(max))
+                .max(1);
             for j in 0..n {
                 let p = hash_bytes(format!("{addr}#{j}").as_bytes());
                 points.push((p, i as u32));
@@ -423,7 +428,8 @@ impl Policy {
         hash: u64,
         tried: &Tried,
     ) -> Option<usize> {
-        let healthy = |i: usize| !tried.contains(i) && states.get(i).is_some_and(|s| s.is_healthy());
+        let healthy =
+            |i: usize| !tried.contains(i) && states.get(i).is_some_and(|s| s.is_healthy());
         let untried = |i: usize| i < states.len() && !tried.contains(i);
         self.pick_with(states, weights, hash, healthy)
             .or_else(|| self.pick_with(states, weights, hash, untried))
@@ -534,8 +540,8 @@ mod tests {
 
     #[test]
     fn combination_templates_compile() {
-        let s = HashSource::from_proto(v1::UpstreamHashOn::VarsCombinations, "$host-$arg_u")
-            .unwrap();
+        let s =
+            HashSource::from_proto(v1::UpstreamHashOn::VarsCombinations, "$host-$arg_u").unwrap();
         assert_eq!(
             s,
             HashSource::Combination(vec![
@@ -547,4 +553,3 @@ mod tests {
         assert!(HashSource::from_proto(v1::UpstreamHashOn::Vars, "nope").is_err());
     }
 }
-

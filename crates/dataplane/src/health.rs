@@ -554,7 +554,6 @@ async fn run_checker(checker: Weak<Checker>) {
             .map(|(_, s)| Arc::clone(s))
             .collect();
         let config = c.config.clone();
-        let upstream = c.upstream.clone();
         drop(c);
         futures::stream::iter(due)
             .map(|state| {
@@ -585,7 +584,6 @@ async fn run_checker(checker: Weak<Checker>) {
         // NB: wake at least once a second so a retired or dropped checker ends promptly.
         let cap = tokio::time::Instant::now() + Duration::from_secs(1);
         tokio::time::sleep_until(wake.min(cap)).await;
-        let _ = &upstream;
     }
 }
 

@@ -184,14 +184,9 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let (drain_trigger, drain) = server::Drain::channel();
-    let handles = server::spawn_workers_until(
-        args.listen_http,
-        workers,
-        Arc::clone(&store),
-        limits,
-        drain,
-    )
-    .with_context(|| format!("binding {}", args.listen_http))?;
+    let handles =
+        server::spawn_workers_until(args.listen_http, workers, Arc::clone(&store), limits, drain)
+            .with_context(|| format!("binding {}", args.listen_http))?;
     let source_name = match &source {
         Source::Standalone(path) => path.display().to_string(),
         Source::Controller(config) => config.url.clone(),
@@ -202,10 +197,19 @@ fn main() -> anyhow::Result<()> {
         tokio::spawn(admin::serve(admin_listener, Arc::clone(&store)));
         match source {
             Source::Standalone(path) => {
-                tokio::spawn(standalone::watch(path, Arc::clone(&store), version, trim_heap));
+                tokio::spawn(standalone::watch(
+                    path,
+                    Arc::clone(&store),
+                    version,
+                    trim_heap,
+                ));
             }
             Source::Controller(config) => {
-                tokio::spawn(controller_client::run(*config, Arc::clone(&store), trim_heap));
+                tokio::spawn(controller_client::run(
+                    *config,
+                    Arc::clone(&store),
+                    trim_heap,
+                ));
             }
         }
         shutdown_signal().await;

@@ -9,15 +9,15 @@ use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 
+use crate::balancer::Tried;
 use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
 use crate::h1::{Framing, H1Error, ProxyHeaders, ResponseHead, encode_request_head};
+use crate::health::Outcome;
 use crate::router::RequestInfo;
 use crate::store::Store;
 use crate::table::RouteTable;
 use crate::timer::CoarseTimer;
-use crate::balancer::Tried;
-use crate::health::Outcome;
 use crate::upstream::{Endpoint, PooledConn, Timeouts};
 
 /// Facts about the downstream connection, computed once per connection.
@@ -118,8 +118,7 @@ async fn proxy(
         .uri
         .path_and_query()
         .map(|pq| pq.as_str())
-        .unwrap_or("/")
-        .to_owned();
+        .unwrap_or("/");
     let mut head = Vec::with_capacity(512);
     let proxy_headers = ProxyHeaders {
         client_ip: conn.remote_ip.as_bytes(),
@@ -150,12 +149,13 @@ async fn proxy(
         encode_request_head(
             &mut head,
             &parts.method,
-            &target,
+            target,
             &parts.headers,
             framing,
             Some(proxy_headers),
         );
-        let started = std::time::Instant::now();
+        // NB: only `ewma` needs the latency; the clock is not read otherwise.
+        let started = upstream.measures_latency().then(std::time::Instant::now);
         let in_flight = endpoint.state.begin();
         let sent = attempt(
             endpoint,
@@ -171,7 +171,9 @@ async fn proxy(
         match sent {
             Ok((mut pooled, resp)) => {
                 upstream.report(endpoint, Outcome::Status(resp.parts.status.as_u16()));
-                endpoint.state.observe_latency(started.elapsed());
+                if let Some(t) = started {
+                    endpoint.state.observe_latency(t.elapsed());
+                }
                 pooled.hold(in_flight);
                 break (pooled, resp);
             }
@@ -180,14 +182,15 @@ async fn proxy(
                 if let Some(outcome) = failure_outcome(&e) {
                     upstream.report(endpoint, outcome);
                     // A failed endpoint looks slow to `ewma`.
-                    endpoint
-                        .state
-                        .observe_latency(started.elapsed().max(timeouts.connect));
+                    if let Some(t) = started {
+                        endpoint
+                            .state
+                            .observe_latency(t.elapsed().max(timeouts.connect));
+                    }
                 }
                 let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
                 let may_retry = e.retryable() || (replayable && reset);
-                if !may_retry || tried.len() >= budget || std::time::Instant::now() >= deadline
-                {
+                if !may_retry || tried.len() >= budget || std::time::Instant::now() >= deadline {
                     // Known down by the health checks, every one: 503 rather than the
                     // 502 of a single failed connection (as nginx/APISIX answer).
                     if e.retryable() && upstream.all_unhealthy() {

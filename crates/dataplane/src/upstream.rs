@@ -313,6 +313,12 @@ impl Upstream {
         self.endpoints.get(i)
     }
 
+    /// Whether the balancer uses response latencies (`ewma`).
+    #[inline]
+    pub fn measures_latency(&self) -> bool {
+        matches!(self.policy, Policy::Ewma(_))
+    }
+
     /// Whether health checks have taken every endpoint out of the rotation.
     pub fn all_unhealthy(&self) -> bool {
         !self.states.is_empty() && self.states.iter().all(|s| !s.is_healthy())

@@ -122,7 +122,10 @@ async fn sigterm_under_load_finishes_every_in_flight_request_and_refuses_new_one
         .collect();
     let deadline = Instant::now() + Duration::from_secs(5);
     while origin.state.requests.load(Ordering::SeqCst) < before + 40 {
-        assert!(Instant::now() < deadline, "requests did not reach the origin");
+        assert!(
+            Instant::now() < deadline,
+            "requests did not reach the origin"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 

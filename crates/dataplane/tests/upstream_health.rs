@@ -22,7 +22,11 @@ use upstream_support::*;
 fn apply(dp: &Dataplane, version: u64, up: v1::Upstream) {
     dp.store
         .apply(
-            snapshot(version, vec![route("default/r/r1", &["/*"], &up.id)], vec![up]),
+            snapshot(
+                version,
+                vec![route("default/r/r1", &["/*"], &up.id)],
+                vec![up],
+            ),
             vec![],
         )
         .unwrap();
@@ -208,7 +212,10 @@ async fn all_endpoints_down_is_503_with_a_clear_body() {
     let dp = dataplane().await;
     // Without health checks a refused connection is a 502, as nginx answers.
     apply(&dp, 1, upstream_of("u", &closed));
-    assert_eq!(get(dp.addr, "app", "/x").await.status, StatusCode::BAD_GATEWAY);
+    assert_eq!(
+        get(dp.addr, "app", "/x").await.status,
+        StatusCode::BAD_GATEWAY
+    );
     // With health checks, every endpoint is known to be down: 503.
     let mut up = upstream_of("u", &closed);
     up.health_check = Some(health_check(true));
@@ -249,10 +256,7 @@ async fn unhealthy_endpoint_leaves_the_rotation_and_stays_out_across_a_snapshot_
     );
     let before = b.state.requests.load(Ordering::SeqCst);
     for _ in 0..10 {
-        assert_eq!(
-            get(dp.addr, "app", "/x").await.headers["x-origin"],
-            "a"
-        );
+        assert_eq!(get(dp.addr, "app", "/x").await.headers["x-origin"], "a");
     }
     // A new snapshot (another route added, same upstream): the health state is kept, so b
     // gets nothing right after the swap either.
@@ -271,10 +275,7 @@ async fn unhealthy_endpoint_leaves_the_rotation_and_stays_out_across_a_snapshot_
         )
         .unwrap();
     for _ in 0..10 {
-        assert_eq!(
-            get(dp.addr, "app", "/x").await.headers["x-origin"],
-            "a"
-        );
+        assert_eq!(get(dp.addr, "app", "/x").await.headers["x-origin"], "a");
     }
     assert_eq!(b.state.requests.load(Ordering::SeqCst), before);
     // The same checker keeps running (no burst of extra probes from a second one).
@@ -363,7 +364,10 @@ async fn a_reset_before_the_response_is_retried_elsewhere_only_without_a_streame
         let (status, origin) = try_request(dp.addr, "GET", "").await.unwrap();
         assert_eq!((status, origin.as_str()), (StatusCode::OK, "good"));
     }
-    assert!(seen.load(Ordering::SeqCst) >= 2, "GETs reached the resetting endpoint");
+    assert!(
+        seen.load(Ordering::SeqCst) >= 2,
+        "GETs reached the resetting endpoint"
+    );
     let posts_before = seen.load(Ordering::SeqCst);
     let good_before = good.state.requests.load(Ordering::SeqCst);
     let mut failed = 0;

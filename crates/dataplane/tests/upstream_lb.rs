@@ -23,7 +23,11 @@ use upstream_support::*;
 fn apply(dp: &Dataplane, version: u64, up: v1::Upstream) {
     dp.store
         .apply(
-            snapshot(version, vec![route("default/r/r1", &["/*"], &up.id)], vec![up]),
+            snapshot(
+                version,
+                vec![route("default/r/r1", &["/*"], &up.id)],
+                vec![up],
+            ),
             vec![],
         )
         .unwrap();
@@ -65,7 +69,10 @@ async fn chash_on_a_header_is_sticky_and_a_new_endpoint_takes_only_its_share() {
         .map(Origin::start)
         .collect();
     let dp = dataplane().await;
-    let mut up = upstream_of("u", &origins[..4].iter().map(|o| o.addr).collect::<Vec<_>>());
+    let mut up = upstream_of(
+        "u",
+        &origins[..4].iter().map(|o| o.addr).collect::<Vec<_>>(),
+    );
     up.load_balancer = v1::LoadBalancer::Chash as i32;
     up.hash_on = v1::UpstreamHashOn::Header as i32;
     up.hash_key = "x-user".into();
@@ -166,11 +173,18 @@ async fn least_conn_sends_new_requests_away_from_the_busy_endpoint() {
     };
     for _ in 0..6 {
         let o = origin_of(&get_with(&dp, "/x", &[]).await);
-        assert_ne!(o, busy, "least_conn picked the endpoint with a request in flight");
+        assert_ne!(
+            o, busy,
+            "least_conn picked the endpoint with a request in flight"
+        );
     }
     assert_eq!(slow.await.unwrap().status, StatusCode::OK);
     let text = dp.store.metrics().render();
-    let in_flight = metric(&text, "sluice_upstream_requests_in_flight", &["upstream=\"u\""]);
+    let in_flight = metric(
+        &text,
+        "sluice_upstream_requests_in_flight",
+        &["upstream=\"u\""],
+    );
     assert_eq!(in_flight, Some(0.0), "{text}");
 }
 
@@ -228,7 +242,10 @@ async fn pass_host_node_and_rewrite_set_the_upstream_host() {
             vec![],
         )
         .unwrap_err();
-    assert!(err.to_string().contains("upstream u: upstream_host"), "{err}");
+    assert!(
+        err.to_string().contains("upstream u: upstream_host"),
+        "{err}"
+    );
     let r = get_with(&dp, "/x", &[]).await;
     assert_eq!(r.headers["x-seen-host"], "internal.example.com");
 }
@@ -253,11 +270,19 @@ async fn keepalive_pool_reuses_connections_up_to_the_request_limit() {
     let text = dp.store.metrics().render();
     let ep = format!("endpoint=\"{}\"", a.addr);
     assert_eq!(
-        metric(&text, "sluice_upstream_connections_total", &[&ep, "reused=\"false\""]),
+        metric(
+            &text,
+            "sluice_upstream_connections_total",
+            &[&ep, "reused=\"false\""]
+        ),
         Some(3.0)
     );
     assert_eq!(
-        metric(&text, "sluice_upstream_connections_total", &[&ep, "reused=\"true\""]),
+        metric(
+            &text,
+            "sluice_upstream_connections_total",
+            &[&ep, "reused=\"true\""]
+        ),
         Some(6.0)
     );
 }

@@ -30,8 +30,8 @@ use sluice_proto::v1;
 
 use crate::Index;
 use crate::problems::Problems;
-use crate::upstream_health as health;
 use crate::status::{REASON_BACKEND_NOT_FOUND, REASON_UNSUPPORTED_REF};
+use crate::upstream_health as health;
 
 /// Weight of every endpoint taken from an EndpointSlice or a Service.
 const ENDPOINT_WEIGHT: u32 = 100;
@@ -110,8 +110,7 @@ impl Settings {
             .loadbalancer
             .as_ref()
             .and_then(|lb| health::hash_on(lb, field, problems));
-        let pass_host =
-            health::pass_host(c.pass_host, c.upstream_host.as_deref(), field, problems);
+        let pass_host = health::pass_host(c.pass_host, c.upstream_host.as_deref(), field, problems);
         let health_check = c
             .health_check
             .as_ref()

@@ -193,7 +193,9 @@ mod http_authority {
             if host.parse::<std::net::IpAddr>().is_ok() {
                 return Ok(Check);
             }
-            crate::validate::node_host(host).map(|_| Check).map_err(|_| ())
+            crate::validate::node_host(host)
+                .map(|_| Check)
+                .map_err(|_| ())
         }
     }
 }
@@ -489,7 +491,12 @@ mod tests {
 
     #[test]
     fn authority() {
-        for ok in ["example.com", "example.com:8080", "10.0.0.1:80", "[fd00::1]:80"] {
+        for ok in [
+            "example.com",
+            "example.com:8080",
+            "10.0.0.1:80",
+            "[fd00::1]:80",
+        ] {
             assert!(ok.parse::<http_authority::Check>().is_ok(), "{ok}");
         }
         for bad in ["http://x", "a b", "x:0", "x:99999", ""] {
