@@ -538,6 +538,9 @@ impl HealthRegistry {
 }
 
 async fn run_checker(checker: Weak<Checker>) {
+    if let Some(c) = checker.upgrade() {
+        tracing::debug!(upstream = %c.upstream, endpoints = c.endpoints.len(), "active health checks started");
+    }
     let mut next: HashMap<String, tokio::time::Instant> = HashMap::new();
     loop {
         let Some(c) = checker.upgrade() else {

@@ -173,7 +173,12 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
         let timer = timer.clone();
         let mut drain = drain.clone();
         tokio::spawn(async move {
-            let Some(is_h2) = sniff_h2(&stream, limits.header_read_timeout).await else {
+            // A connection that has not sent a byte yet is idle: drain closes it.
+            let sniffed = tokio::select! {
+                s = sniff_h2(&stream, limits.header_read_timeout) => s,
+                _ = drain.wait() => None,
+            };
+            let Some(is_h2) = sniffed else {
                 return;
             };
             let conn = Arc::new(ConnInfo::new(remote, local, "http", timer));

@@ -186,3 +186,169 @@ fn send_sigterm(pid: i32) -> i32 {
         .map(|s| s.code().unwrap_or(1))
         .unwrap_or(1)
 }
+
+fn two_port_config(a: u16, b: u16, interval: &str) -> String {
+    format!(
+        r#"apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: default}}
+spec:
+  ports: [{{name: http, port: 80}}, {{name: alt, port: 81}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints:
+  - addresses: ["127.0.0.1"]
+ports: [{{name: http, port: {a}}}, {{name: alt, port: {b}}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: web, namespace: default}}
+spec:
+  http:
+    - name: main
+      match: {{paths: ["/main*"]}}
+      backends: [{{serviceName: web, servicePort: 80}}]
+    - name: alt
+      match: {{paths: ["/alt*"]}}
+      backends: [{{serviceName: web, servicePort: 81}}]
+    - name: other
+      match: {{paths: ["/other*"]}}
+      backends: [{{serviceName: other, servicePort: 80}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixUpstream
+metadata: {{name: web, namespace: default}}
+spec:
+  passHost: rewrite
+  upstreamHost: internal.example.com
+  healthCheck:
+    active:
+      httpPath: /healthz
+      healthy: {{interval: 1s, successes: 1}}
+      unhealthy: {{interval: 1s, httpFailures: 1}}
+  portLevelSettings:
+    - port: 81
+      passHost: node
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: other, namespace: default}}
+spec:
+  ports: [{{port: 80}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: other-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: other}}
+addressType: IPv4
+endpoints:
+  - addresses: ["127.0.0.1"]
+ports: [{{port: {a}}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixUpstream
+metadata: {{name: other, namespace: default}}
+spec:
+  passHost: rewrite
+  upstreamHost: other.example.com
+  healthCheck:
+    active:
+      healthy: {{interval: {interval}}}
+"#
+    )
+}
+
+async fn get_json_admin(admin: SocketAddr, path: &str) -> serde_json::Value {
+    get(admin, "admin", path).await.json()
+}
+
+#[tokio::test]
+async fn apisix_upstream_fields_take_effect_through_the_real_process() {
+    let a = Origin::start("a");
+    let b = Origin::start("b");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    // `other` has an invalid health check (interval under 1s): it is rejected, its Service
+    // gets default settings, and the rest keeps working.
+    std::fs::write(
+        &file,
+        two_port_config(a.addr.port(), b.addr.port(), "500ms"),
+    )
+    .unwrap();
+    let (http, admin) = (free_port(), free_port());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
+        .arg("--standalone")
+        .arg(&file)
+        .args(["--listen-http", &http.to_string()])
+        .args(["--admin", &admin.to_string(), "--workers", "1"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(http).await.is_err() {
+        assert!(Instant::now() < deadline, "dataplane did not start");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // passHost rewrite on port 80, node on port 81 (portLevelSettings).
+    let r = get(http, "client.example.com", "/main").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["x-origin"], "a");
+    assert_eq!(r.headers["x-seen-host"], "internal.example.com");
+    let r = get(http, "client.example.com", "/alt").await;
+    assert_eq!(r.headers["x-origin"], "b");
+    assert_eq!(
+        r.headers["x-seen-host"].to_str().unwrap(),
+        b.addr.to_string()
+    );
+    // The invalid ApisixUpstream is reported with its field; its Service is served with
+    // defaults (the client's Host passes).
+    let snap = get_json_admin(admin, "/snapshot").await;
+    let rejected = snap["rejected_objects"].to_string();
+    assert!(
+        rejected.contains("healthCheck.active.healthy.interval")
+            && rejected.contains("under the 1s minimum"),
+        "{snap:#}"
+    );
+    let r = get(http, "client.example.com", "/other").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["x-seen-host"], "client.example.com");
+
+    // The active check probes /healthz on both ports' endpoints.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while a.state.probes.load(Ordering::SeqCst) == 0 || b.state.probes.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "no probes arrived");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = get(admin, "admin", "/metrics").await.text();
+    assert!(
+        metrics.contains(&format!(
+            "sluice_upstream_endpoint_healthy{{endpoint=\"{}\",upstream=\"default/web:80\"}} 1",
+            a.addr
+        )),
+        "{metrics}"
+    );
+
+    // Fixing the ApisixUpstream applies its settings on reload.
+    std::fs::write(&file, two_port_config(a.addr.port(), b.addr.port(), "2s")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = get(http, "client.example.com", "/other").await;
+        if r.headers["x-seen-host"] == "other.example.com" {
+            break;
+        }
+        assert!(Instant::now() < deadline, "reload not applied");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
