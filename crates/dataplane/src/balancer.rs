@@ -552,4 +552,33 @@ mod tests {
         );
         assert!(HashSource::from_proto(v1::UpstreamHashOn::Vars, "nope").is_err());
     }
+
+    #[test]
+    fn consumer_hash_uses_the_consumer_and_falls_back_to_the_client_address() {
+        let headers = HeaderMap::new();
+        let input = |consumer, ip: &str| HashInput {
+            host: Some("a.com"),
+            path: "/",
+            query: None,
+            headers: &headers,
+            remote_addr: format!("{ip}:1000").parse().unwrap(),
+            local_addr: "127.0.0.1:80".parse().unwrap(),
+            consumer,
+        };
+        let s = HashSource::Consumer;
+        // Same consumer from two clients: same key.
+        assert_eq!(
+            s.hash(&input(Some("alice"), "10.0.0.1")),
+            s.hash(&input(Some("alice"), "10.0.0.2"))
+        );
+        assert_ne!(
+            s.hash(&input(Some("alice"), "10.0.0.1")),
+            s.hash(&input(Some("bob"), "10.0.0.1"))
+        );
+        // No consumer: the client address decides.
+        assert_eq!(
+            s.hash(&input(None, "10.0.0.1")),
+            HashSource::Var(Var::RemoteAddr).hash(&input(None, "10.0.0.1"))
+        );
+    }
 }

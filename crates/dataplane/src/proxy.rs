@@ -134,7 +134,9 @@ async fn proxy(
     let replayable = !has_body && parts.method.is_idempotent();
     let mut tried = Tried::default();
     let budget = upstream.retry_budget();
-    let deadline = std::time::Instant::now() + timeouts.connect + timeouts.read;
+    // Retries stop after connect + read timeout, counted from the first failure (so the
+    // clock is never read on the fast path).
+    let mut deadline: Option<std::time::Instant> = None;
     let (pooled, response) = loop {
         let idx = upstream
             .pick_index(hash, &tried)
@@ -190,7 +192,9 @@ async fn proxy(
                 }
                 let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
                 let may_retry = e.retryable() || (replayable && reset);
-                if !may_retry || tried.len() >= budget || std::time::Instant::now() >= deadline {
+                let now = std::time::Instant::now();
+                let until = *deadline.get_or_insert(now + timeouts.connect + timeouts.read);
+                if !may_retry || tried.len() >= budget || now >= until {
                     // Known down by the health checks, every one: 503 rather than the
                     // 502 of a single failed connection (as nginx/APISIX answer).
                     if e.retryable() && upstream.all_unhealthy() {
