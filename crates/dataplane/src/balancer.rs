@@ -471,9 +471,9 @@ impl Policy {
             Policy::Ewma(rot) => {
                 let n = states.len();
                 let start = rot.fetch_add(1, Ordering::Relaxed);
-                // NB: an endpoint not measured yet counts as fast as the fastest measured
-                // one, not as free: otherwise every concurrent request would go to a new
-                // endpoint until its first response.
+                // NB: an endpoint not measured yet counts as twice as fast as the fastest
+                // measured one: preferred while idle, so it gets measured, but not free, or
+                // every concurrent request would go to it until its first response.
                 let fastest = states
                     .iter()
                     .map(|s| s.ewma_us())
@@ -489,7 +489,7 @@ impl Policy {
                     let s = &states[i];
                     let ewma = match s.ewma_us() {
                         e if e > 0.0 => e,
-                        _ => fastest,
+                        _ => fastest / 2.0,
                     };
                     let score = ewma * (s.in_flight() + 1) as f64;
                     if best.is_none_or(|(_, b)| score < b) {
@@ -603,8 +603,8 @@ mod tests {
         let fresh = reg.state("u", "b:1");
         let states = vec![Arc::clone(&measured), Arc::clone(&fresh)];
         let policy = Policy::new(v1::LoadBalancer::Ewma, None, &[("a:1", 1), ("b:1", 1)]);
-        // Idle: the unmeasured endpoint ties with the fastest; three requests in flight on
-        // it make the measured one the better choice.
+        // Idle, the unmeasured endpoint would be preferred; three requests in flight on it
+        // make the measured one the better choice.
         let _held: Vec<_> = (0..3).map(|_| fresh.begin()).collect();
         for _ in 0..4 {
             assert_eq!(policy.pick(&states, &[1, 1], 0, &Tried::default()), Some(0));
