@@ -9,7 +9,7 @@ use sluice_proto::v1;
 
 use crate::plugins::{self, BuildCtx, ConsumerTable, PluginChain, PluginState};
 use crate::router::{InvalidRoute, Router};
-use crate::upstream::{PoolRegistry, Timeouts, Upstream, WeightedSequence};
+use crate::upstream::{InvalidUpstream, PoolRegistry, Timeouts, Upstream, WeightedSequence};
 
 /// Why a snapshot could not be compiled. The snapshot is then rejected whole and the
 /// previous one keeps serving.
@@ -39,6 +39,9 @@ pub enum InvalidSnapshot {
         /// What is wrong (names the plugin and field).
         error: sluice_plugin_config::ConfigError,
     },
+    /// An upstream's settings are invalid.
+    #[error(transparent)]
+    Upstream(#[from] InvalidUpstream),
     /// An endpoint is malformed.
     #[error("upstream {upstream}: endpoints[{index}]: {reason}")]
     Endpoint {
@@ -180,7 +183,7 @@ impl RouteTable {
                 .map(|t| timeouts(Some(t), Timeouts::default()));
             upstreams.insert(
                 &up.id,
-                Arc::new(Upstream::new(up.id.clone(), endpoints, t, pools)),
+                Arc::new(Upstream::compile(up, endpoints, t, pools)?),
             );
         }
         let mut routes = Vec::with_capacity(snapshot.routes.len());
