@@ -88,7 +88,7 @@ async fn proxy(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
     let uri = req.uri();
-    let (route, upstream, hash) = {
+    let (route, upstream, mut hash) = {
         let info = RequestInfo {
             method: req.method(),
             host: host.as_ref().and_then(|h| h.to_str().ok()),
@@ -104,7 +104,7 @@ async fn proxy(
         let upstream = route
             .pick_backend()
             .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
-        // TODO(lead): pass the consumer set by the auth plugins for `hashOn: consumer`.
+        // NB: `hashOn: consumer` is recomputed below once an auth plugin named the consumer.
         let hash = crate::balancer::request_hash(upstream, &info, None);
         (route, upstream, hash)
     };
@@ -122,6 +122,19 @@ async fn proxy(
         ));
         if let Err(resp) = plugins::request_phases(&mut parts, ctx).await {
             return Ok(*resp);
+        }
+        if let Some(consumer) = ctx.consumer_name() {
+            let info = RequestInfo {
+                method: &parts.method,
+                host: host.as_ref().and_then(|h| h.to_str().ok()),
+                path: parts.uri.path(),
+                query: parts.uri.query(),
+                headers: &parts.headers,
+                remote_addr: conn.remote_addr,
+                local_addr: conn.local_addr,
+                scheme: conn.scheme,
+            };
+            hash = crate::balancer::request_hash(upstream, &info, Some(consumer));
         }
     }
     strip_hop_by_hop(&mut parts.headers);

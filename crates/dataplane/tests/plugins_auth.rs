@@ -379,3 +379,52 @@ async fn consumer_restriction_and_consumer_plugins() {
         json!({"message": "Missing authentication or identity verification."})
     );
 }
+
+#[tokio::test]
+async fn chash_on_consumer_keeps_each_consumer_on_one_endpoint() {
+    let a = EchoServer::start("a", any()).await.unwrap();
+    let b = EchoServer::start("b", any()).await.unwrap();
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(a.addr, 1), (b.addr, 1)]);
+    up.load_balancer = v1::LoadBalancer::Chash as i32;
+    up.hash_on = v1::UpstreamHashOn::Consumer as i32;
+    let mut snap = snapshot(
+        1,
+        vec![route_with(
+            "default/r/k",
+            &["/*"],
+            "u",
+            vec![plugin("key-auth", json!({}))],
+        )],
+        vec![up],
+    );
+    snap.consumers = (0..8)
+        .map(|i| {
+            consumer(
+                &format!("default_c{i}"),
+                vec![plugin("key-auth", json!({"key": format!("k{i}")}))],
+            )
+        })
+        .collect();
+    dp.store.apply(snap, vec![]).unwrap();
+    let mut servers = std::collections::HashSet::new();
+    for i in 0..8 {
+        let key = format!("k{i}");
+        let first = get_with(dp.addr, "/", &[("apikey", &key)]).await;
+        assert_eq!(first.status, StatusCode::OK);
+        let name = first.headers["x-echo-server"].clone();
+        for _ in 0..3 {
+            let r = get_with(dp.addr, "/", &[("apikey", &key)]).await;
+            assert_eq!(
+                r.headers["x-echo-server"], name,
+                "consumer c{i} stays on one endpoint"
+            );
+        }
+        servers.insert(name);
+    }
+    assert_eq!(
+        servers.len(),
+        2,
+        "eight consumers spread over both endpoints"
+    );
+}
