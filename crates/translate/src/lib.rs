@@ -119,6 +119,8 @@ pub(crate) struct Index<'a> {
     /// Keyed by (namespace, Service name from the label); slices sorted by name.
     pub(crate) slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     pub(crate) secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    /// Pod labels, keyed by (namespace, Pod name); for subsets.
+    pub(crate) pod_labels: BTreeMap<(&'a str, &'a str), Option<&'a BTreeMap<String, String>>>,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -184,6 +186,11 @@ impl<'a> Index<'a> {
                     .push(s);
             }
         }
+        let pod_labels = state
+            .pods
+            .iter()
+            .map(|p| (key(&p.metadata), p.metadata.labels.as_ref()))
+            .collect();
         for list in slices.values_mut() {
             list.sort_by(|a, b| key(&a.metadata).cmp(&key(&b.metadata)));
             list.dedup_by(|a, b| key(&a.metadata) == key(&b.metadata));
@@ -195,6 +202,7 @@ impl<'a> Index<'a> {
             services,
             slices,
             secrets,
+            pod_labels,
         }
     }
 }

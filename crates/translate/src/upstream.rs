@@ -13,12 +13,15 @@
 //! - A Service of type `ExternalName` resolves to its `externalName` and the Service port (or
 //!   the number given in `servicePort` when the Service lists no ports), for either
 //!   granularity.
-//! - `subset`: pods are selected by labels, which EndpointSlices do not carry, so Sluice
-//!   cannot resolve subsets yet. The upstream (`...#<subset>`) is emitted with no endpoints
-//!   (requests get 503) and the route gets `ResolvedRefs=False`. The controller will resolve
-//!   subsets once it watches Pods.
+//! - `subset: NAME`: the ApisixUpstream named after the Service must define `subsets[]` entry
+//!   `NAME` (else the route is rejected, `Accepted=False` naming the `subset` field). Its
+//!   upstream (`...#<subset>`) gets only the endpoints whose `targetRef` is a Pod carrying
+//!   every label of the subset (Pod labels come from [`crate::ClusterState::pods`]). No
+//!   matching endpoint keeps the route with `ResolvedRefs=False` naming the subset and its
+//!   labels (requests get 503). A subset needs Pods, so it is resolved from EndpointSlices
+//!   even with `resolveGranularity: service`, and is unresolved for an ExternalName Service.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -30,7 +33,7 @@ use sluice_proto::v1;
 
 use crate::Index;
 use crate::problems::Problems;
-use crate::status::{REASON_BACKEND_NOT_FOUND, REASON_UNSUPPORTED_REF};
+use crate::status::REASON_BACKEND_NOT_FOUND;
 use crate::upstream_health as health;
 
 /// Weight of every endpoint taken from an EndpointSlice or a Service.
@@ -198,8 +201,8 @@ pub(crate) struct UpstreamObject {
     nodes: Vec<v1::Endpoint>,
     /// Whether `externalNodes` was given at all.
     has_external_nodes: bool,
-    /// Names of `subsets[]`.
-    subsets: BTreeSet<String>,
+    /// `subsets[]`: name -> Pod labels.
+    subsets: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl UpstreamObject {
@@ -303,11 +306,14 @@ pub(crate) fn validate_object(
     nodes.sort_by(|a, b| (&a.host, a.port, a.weight).cmp(&(&b.host, b.port, b.weight)));
     nodes.dedup();
 
-    let mut subsets = BTreeSet::new();
+    let mut subsets = BTreeMap::new();
     for (i, s) in spec.config.subsets.iter().enumerate() {
         if s.name.is_empty() {
             problems.error(format!("spec.subsets[{i}].name"), "must not be empty");
-        } else if !subsets.insert(s.name.clone()) {
+        } else if subsets
+            .insert(s.name.clone(), s.labels.clone())
+            .is_some()
+        {
             problems.error(
                 format!("spec.subsets[{i}].name"),
                 format!("duplicate subset name {:?}", s.name),
@@ -411,6 +417,35 @@ pub(crate) fn service_upstream(
     }
 
     let (ns, name) = (b.namespace, b.service);
+    let au_entry = upstreams.get(&(ns, name));
+    // The subset's Pod labels. An unknown subset is a spec error; an ApisixUpstream that is
+    // itself invalid has its own Accepted=False, so the subset is only unresolved then.
+    let subset: Option<(&str, Option<&BTreeMap<String, String>>)> = match b.subset {
+        None => None,
+        Some(subset) => match au_entry {
+            Some(Err(())) => Some((subset, None)),
+            Some(Ok(au)) if au.subsets.contains_key(subset) => {
+                Some((subset, au.subsets.get(subset)))
+            }
+            Some(Ok(_)) => {
+                problems.error(
+                    format!("{field}.subset"),
+                    format!("ApisixUpstream {ns}/{name} defines no subset {subset:?}"),
+                );
+                return None;
+            }
+            None => {
+                problems.error(
+                    format!("{field}.subset"),
+                    format!(
+                        "subset {subset:?} needs an ApisixUpstream {ns}/{name} defining it \
+                         (none found)"
+                    ),
+                );
+                return None;
+            }
+        },
+    };
     let svc = idx.services.get(&(ns, name)).copied();
     let is_external = svc
         .and_then(|s| s.spec.as_ref())
@@ -440,7 +475,7 @@ pub(crate) fn service_upstream(
         id,
         ..Default::default()
     };
-    let au = upstreams.get(&(ns, name)).and_then(|r| r.as_ref().ok());
+    let au = au_entry.and_then(|r| r.as_ref().ok());
     if let Some(au) = au {
         au.settings_for_port(port_number.unwrap_or(0))
             .apply(&mut up);
@@ -466,27 +501,31 @@ pub(crate) fn service_upstream(
         );
         return Some(up);
     };
-
-    if let Some(subset) = b.subset {
-        let defined = au.is_some_and(|au| au.subsets.contains(subset));
-        if defined {
-            problems.unresolved(
-                REASON_UNSUPPORTED_REF,
-                format!("{field}.subset"),
-                format!(
-                    "subset {subset:?} selects Pods by label, which Sluice does not resolve yet \
-                     (the upstream has no endpoints)"
-                ),
-            );
-        } else {
+    let subset = match subset {
+        None => None,
+        Some((subset, None)) => {
             problems.unresolved(
                 REASON_BACKEND_NOT_FOUND,
                 format!("{field}.subset"),
-                format!("ApisixUpstream {ns}/{name} defines no subset {subset:?}"),
+                format!("ApisixUpstream {ns}/{name} is invalid, so subset {subset:?} is unknown"),
             );
+            return Some(up);
         }
-        return Some(up);
-    }
+        Some((subset, Some(labels))) => {
+            if is_external {
+                problems.unresolved(
+                    REASON_BACKEND_NOT_FOUND,
+                    format!("{field}.subset"),
+                    format!(
+                        "Service {ns}/{name} is of type ExternalName and has no Pods for subset \
+                         {subset:?}"
+                    ),
+                );
+                return Some(up);
+            }
+            Some((subset, labels))
+        }
+    };
 
     // NB: standalone YAML skips the API server's validation, so a Service port may be 0 or
     // too large; an endpoint with it would make the dataplane reject the whole snapshot.
@@ -518,7 +557,7 @@ pub(crate) fn service_upstream(
         return Some(up);
     }
 
-    if b.granularity == ResolveGranularity::Service {
+    if b.granularity == ResolveGranularity::Service && subset.is_none() {
         let mut ips: Vec<&str> = spec
             .and_then(|s| s.cluster_ips.as_ref())
             .map(|v| v.iter().map(String::as_str).collect())
@@ -571,6 +610,11 @@ pub(crate) fn service_upstream(
             if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
                 continue;
             }
+            if let Some((_, labels)) = subset
+                && !pod_matches(idx, ns, ep, labels)
+            {
+                continue;
+            }
             for addr in &ep.addresses {
                 if addr.is_empty() {
                     continue;
@@ -584,7 +628,47 @@ pub(crate) fn service_upstream(
         }
     }
     sort_endpoints(&mut up.endpoints);
+    if let Some((subset, labels)) = subset
+        && up.endpoints.is_empty()
+    {
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        problems.unresolved(
+            REASON_BACKEND_NOT_FOUND,
+            format!("{field}.subset"),
+            format!(
+                "no ready endpoint of Service {ns}/{name} is a Pod with the labels of subset \
+                 {subset:?} ({})",
+                labels.join(",")
+            ),
+        );
+    }
     Some(up)
+}
+
+/// Whether an EndpointSlice endpoint is a Pod (in `ns` unless its `targetRef` says
+/// otherwise) carrying every label in `labels`.
+fn pod_matches(
+    idx: &Index<'_>,
+    ns: &str,
+    ep: &k8s_openapi::api::discovery::v1::Endpoint,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let Some(target) = ep.target_ref.as_ref() else {
+        return false;
+    };
+    if target.kind.as_deref().is_some_and(|k| k != "Pod") {
+        return false;
+    }
+    let Some(pod) = target.name.as_deref() else {
+        return false;
+    };
+    let pod_ns = target.namespace.as_deref().filter(|n| !n.is_empty()).unwrap_or(ns);
+    let Some(have) = idx.pod_labels.get(&(pod_ns, pod)) else {
+        return false;
+    };
+    labels
+        .iter()
+        .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
 }
 
 fn sort_endpoints(eps: &mut Vec<v1::Endpoint>) {
