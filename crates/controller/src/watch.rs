@@ -21,10 +21,10 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::core::PartialObjectMeta;
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -221,13 +221,8 @@ fn spawn_pod_watch(
 }
 
 /// Runs a reflected watch stream, firing `trigger` when an event may change the output.
-fn drive<K, S>(
-    stream: S,
-    kind: &'static str,
-    fp: fn(&K) -> u64,
-    trigger: Trigger,
-    metrics: Metrics,
-) where
+fn drive<K, S>(stream: S, kind: &'static str, fp: fn(&K) -> u64, trigger: Trigger, metrics: Metrics)
+where
     K: Resource + Send + 'static,
     S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
 {

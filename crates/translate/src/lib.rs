@@ -23,7 +23,8 @@
 //!   none of its rules enter the snapshot, as APISIX does; other objects are unaffected.
 //! - `backends[]` become upstreams `<ns>/<service>:<port>[@service][#subset]` (port = the
 //!   Service port number); `src/upstream.rs` documents how endpoints are resolved
-//!   (EndpointSlices, ClusterIP, headless and ExternalName Services, subsets). A missing Service or port keeps the route (with an upstream
+//!   (EndpointSlices, ClusterIP, headless and ExternalName Services, subsets by Pod labels).
+//!   A missing Service or port keeps the route (with an upstream
 //!   without endpoints, so requests get 503) and sets `ResolvedRefs=False`
 //!   (`BackendNotFound`).
 //! - `upstreams[]` reference ApisixUpstreams with `externalNodes`: upstream `<ns>/<name>`.

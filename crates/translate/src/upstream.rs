@@ -310,10 +310,7 @@ pub(crate) fn validate_object(
     for (i, s) in spec.config.subsets.iter().enumerate() {
         if s.name.is_empty() {
             problems.error(format!("spec.subsets[{i}].name"), "must not be empty");
-        } else if subsets
-            .insert(s.name.clone(), s.labels.clone())
-            .is_some()
-        {
+        } else if subsets.insert(s.name.clone(), s.labels.clone()).is_some() {
             problems.error(
                 format!("spec.subsets[{i}].name"),
                 format!("duplicate subset name {:?}", s.name),
@@ -662,7 +659,11 @@ fn pod_matches(
     let Some(pod) = target.name.as_deref() else {
         return false;
     };
-    let pod_ns = target.namespace.as_deref().filter(|n| !n.is_empty()).unwrap_or(ns);
+    let pod_ns = target
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(ns);
     let Some(have) = idx.pod_labels.get(&(pod_ns, pod)) else {
         return false;
     };
