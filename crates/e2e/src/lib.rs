@@ -32,7 +32,9 @@ mod process;
 pub use bins::workspace_bin;
 pub use cluster::{Cluster, KubectlOutput, SERVICE_CIDR, kubectl_path};
 pub use error::Error;
-pub use helm::{HelmOutput, RELEASE, chart_dir, helm, helm_command, helm_ok, helm_path, render_chart};
+pub use helm::{
+    HelmOutput, RELEASE, chart_dir, helm, helm_command, helm_ok, helm_path, render_chart,
+};
 pub use http::{HttpResponse, http_get};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{Pipeline, eventually, free_port};

@@ -1,14 +1,15 @@
 //! A running Sluice pipeline for e2e tests and measurements: a real kube-apiserver with the
 //! CRDs, a namespace with a Service and EndpointSlice for an echo backend in a network
-//! namespace, the `sluice-controller` binary and one `sluice-dataplane` binary connected to
-//! it over gRPC (plaintext on loopback).
+//! namespace, the `sluice-controller` binary — running as the Helm chart's ServiceAccount with
+//! the chart's RBAC, electing a leader — and one `sluice-dataplane` binary connected to it
+//! over gRPC (plaintext on loopback).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{Backend, Cluster, Error, Netns, repo_root, workspace_bin};
+use crate::{Backend, Cluster, Error, Netns, RELEASE, repo_root, workspace_bin};
 
 /// A free loopback port (bound and released; good enough for tests).
 pub fn free_port() -> Result<SocketAddr, Error> {
@@ -94,15 +95,26 @@ ports: [{{name: http, port: 8080}}]
 "#,
             addr = net.addr()
         ))?;
+        // NB: the controller runs as the chart's ServiceAccount with exactly the chart's RBAC
+        // (and elects a leader with the Lease the chart's Role allows, as the chart runs it),
+        // so a right missing from charts/sluice/templates/rbac.yaml fails these tests.
+        let kubeconfig = cluster.chart_controller_kubeconfig(&namespace)?;
         let grpc = free_port()?;
         let metrics = free_port()?;
         let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller")?);
-        cmd.arg("--kubeconfig").arg(cluster.kubeconfig()).args([
+        cmd.arg("--kubeconfig").arg(&kubeconfig).args([
             "--insecure",
             "--grpc-listen",
             &grpc.to_string(),
             "--metrics-listen",
             &metrics.to_string(),
+            "--leader-elect",
+            "--lease-name",
+            &format!("{RELEASE}-controller"),
+            "--lease-namespace",
+            &namespace,
+            "--identity",
+            "e2e-controller-0",
         ]);
         let controller = Backend::spawn(cmd, grpc, Duration::from_secs(30))?;
         let state_dir = cluster.dir().join("dataplane-state");
