@@ -69,6 +69,8 @@ while [ ${#queue[@]} -gt 0 ]; do
     for lib in $(readelf -dW "$f" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'); do
         [ -z "${seen[$lib]:-}" ] || continue
         seen[$lib]=1
+        # NB: the loader is a NEEDED entry of libc too; it goes to its interpreter path only.
+        case $lib in ld-linux*) continue ;; esac
         src=$(find_lib "$lib")
         install -m 0755 "$src" "$out/lib/$multiarch/$lib"
         queue+=("$src")
