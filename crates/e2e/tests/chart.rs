@@ -465,3 +465,72 @@ spec:
     assert_ne!(routed.status, 404, "{routed:?}");
     assert_eq!(http_get(http, "other.e2e", "/x").unwrap().status, 404);
 }
+
+#[test]
+fn cert_manager_mode_issues_both_certificates_and_needs_cert_manager() {
+    let chart = chart_dir();
+    let chart = chart.to_str().unwrap();
+    let base = ["template", "s", chart, "--namespace", "ns"];
+    let mut without = base.to_vec();
+    without.extend(["--set", "snapshotTLS.mode=certManager"]);
+    let out = helm(&without).unwrap();
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr.contains("needs cert-manager installed"),
+        "{}",
+        out.stderr
+    );
+
+    let mut with = without.clone();
+    with.extend(["--api-versions", "cert-manager.io/v1"]);
+    let yaml = helm(&with).unwrap();
+    assert!(yaml.success, "{}", yaml.stderr);
+    let y = &yaml.stdout;
+    // Self-signed root, CA certificate, CA issuer, then the two leaf certificates.
+    assert_eq!(y.matches("\nkind: Certificate\n").count(), 3, "{y}");
+    assert_eq!(y.matches("\nkind: Issuer\n").count(), 2, "{y}");
+    assert!(y.contains("secretName: s-sluice-controller-tls"), "{y}");
+    assert!(y.contains("- s-sluice-controller.ns.svc\n"), "{y}");
+    assert!(y.contains("secretName: s-sluice-dataplane-tls"), "{y}");
+    assert!(y.contains("usages: [client auth"), "{y}");
+    assert!(
+        !y.contains("\nkind: Secret\n"),
+        "no generated Secret with cert-manager: {y}"
+    );
+
+    // With an issuer of one's own, only the two leaf certificates.
+    let mut own = with.clone();
+    own.extend([
+        "--set",
+        "snapshotTLS.certManager.issuerRef.name=corp-ca",
+        "--set",
+        "snapshotTLS.certManager.issuerRef.kind=ClusterIssuer",
+    ]);
+    let yaml = helm(&own).unwrap();
+    assert!(yaml.success, "{}", yaml.stderr);
+    assert_eq!(yaml.stdout.matches("\nkind: Certificate\n").count(), 2);
+    assert_eq!(yaml.stdout.matches("\nkind: Issuer\n").count(), 0);
+    assert_eq!(yaml.stdout.matches("name: corp-ca").count(), 2);
+
+    // Existing Secrets: the names are required, and then nothing is generated.
+    let mut existing = base.to_vec();
+    existing.extend(["--set", "snapshotTLS.mode=existingSecrets"]);
+    let out = helm(&existing).unwrap();
+    assert!(!out.success);
+    assert!(
+        out.stderr.contains("controllerSecretName"),
+        "{}",
+        out.stderr
+    );
+    existing.extend([
+        "--set",
+        "snapshotTLS.controllerSecretName=c-tls",
+        "--set",
+        "snapshotTLS.dataplaneSecretName=d-tls",
+    ]);
+    let out = helm(&existing).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    assert!(!out.stdout.contains("\nkind: Secret\n"));
+    assert!(out.stdout.contains("secretName: c-tls"));
+    assert!(out.stdout.contains("secretName: d-tls"));
+}
