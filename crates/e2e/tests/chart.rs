@@ -534,3 +534,37 @@ fn cert_manager_mode_issues_both_certificates_and_needs_cert_manager() {
     assert!(out.stdout.contains("secretName: c-tls"));
     assert!(out.stdout.contains("secretName: d-tls"));
 }
+
+#[test]
+fn service_monitors_scrape_both_components_and_need_the_prometheus_operator() {
+    let chart = chart_dir();
+    let args = [
+        "template",
+        "s",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "ns",
+        "--set",
+        "serviceMonitor.enabled=true",
+    ];
+    let out = helm(&args).unwrap();
+    assert!(!out.success);
+    assert!(
+        out.stderr.contains("needs the Prometheus Operator"),
+        "{}",
+        out.stderr
+    );
+    let mut with = args.to_vec();
+    with.extend(["--api-versions", "monitoring.coreos.com/v1"]);
+    let out = helm(&with).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    let y = &out.stdout;
+    assert_eq!(y.matches("\nkind: ServiceMonitor\n").count(), 2, "{y}");
+    // Each selects a Service that exists in the release, on a port that Service has.
+    assert!(
+        y.contains("app.kubernetes.io/component: dataplane-admin\n"),
+        "{y}"
+    );
+    assert!(y.contains("- port: admin\n"), "{y}");
+    assert!(y.contains("- port: metrics\n"), "{y}");
+}
