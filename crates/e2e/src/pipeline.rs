@@ -1,8 +1,9 @@
 //! A running Sluice pipeline for e2e tests and measurements: a real kube-apiserver with the
 //! CRDs, a namespace with a Service and EndpointSlice for an echo backend in a network
 //! namespace, the `sluice-controller` binary — running as the Helm chart's ServiceAccount with
-//! the chart's RBAC, electing a leader — and one `sluice-dataplane` binary connected to it
-//! over gRPC (plaintext on loopback).
+//! exactly the chart's RBAC, electing a leader with a Lease in the pipeline's namespace unless
+//! the test passes its own `--leader-elect` flags — and one `sluice-dataplane` binary
+//! connected to it over gRPC (plaintext on loopback).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -51,6 +52,14 @@ pub struct Pipeline {
     pub controller: Option<Backend>,
     /// The controller's gRPC address.
     pub grpc: SocketAddr,
+    /// The controller's metrics address (`/metrics`).
+    pub metrics: SocketAddr,
+    /// The kubeconfig the controller runs with: the chart's controller ServiceAccount in
+    /// `namespace`, bound by the chart's ClusterRole/Role (see
+    /// [`Cluster::chart_controller_kubeconfig`]). Its default namespace is `namespace`.
+    pub controller_kubeconfig: PathBuf,
+    /// The controller's extra flags, kept for restarts.
+    controller_args: Vec<String>,
     /// The dataplane process.
     pub dataplane: Option<Backend>,
     /// The dataplane's HTTP listener.
@@ -62,6 +71,13 @@ pub struct Pipeline {
 impl Pipeline {
     /// Starts everything and waits until each process listens.
     pub fn start() -> Result<Pipeline, Error> {
+        Self::start_with(&[])
+    }
+
+    /// Like [`Pipeline::start`], with extra flags for the controller (e.g. leader election).
+    /// Without `--leader-elect` among them the controller elects itself leader with Lease
+    /// `sluice-controller` in the pipeline's namespace, as the chart runs it.
+    pub fn start_with(controller_args: &[&str]) -> Result<Pipeline, Error> {
         let cluster = Cluster::try_start()?;
         let crds = repo_root().join("charts/sluice/crds/apisix-crds.yaml");
         cluster.kubectl_ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
@@ -95,35 +111,30 @@ ports: [{{name: http, port: 8080}}]
 "#,
             addr = net.addr()
         ))?;
-        // NB: the controller runs as the chart's ServiceAccount with exactly the chart's RBAC
-        // (and elects a leader with the Lease the chart's Role allows, as the chart runs it),
-        // so a right missing from charts/sluice/templates/rbac.yaml fails these tests.
-        let kubeconfig = cluster.chart_controller_kubeconfig(&namespace)?;
+        // NB: the controller runs with exactly the chart's RBAC, so a right missing from
+        // charts/sluice/templates/rbac.yaml fails these tests.
+        let controller_kubeconfig = cluster.chart_controller_kubeconfig(&namespace)?;
+        let lease_name = format!("{RELEASE}-controller");
+        let mut controller_args: Vec<&str> = controller_args.to_vec();
+        if !controller_args.contains(&"--leader-elect") {
+            controller_args.extend([
+                "--leader-elect",
+                "--lease-name",
+                &lease_name,
+                "--identity",
+                "e2e-controller-0",
+            ]);
+        }
         let grpc = free_port()?;
         let metrics = free_port()?;
-        let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller")?);
-        cmd.arg("--kubeconfig").arg(&kubeconfig).args([
-            "--insecure",
-            "--grpc-listen",
-            &grpc.to_string(),
-            "--metrics-listen",
-            &metrics.to_string(),
-            "--leader-elect",
-            "--lease-name",
-            &format!("{RELEASE}-controller"),
-            "--lease-namespace",
-            &namespace,
-            "--identity",
-            "e2e-controller-0",
-        ]);
-        let controller = Backend::spawn(cmd, grpc, Duration::from_secs(30))?;
+        let controller = spawn_controller(&controller_kubeconfig, grpc, metrics, &controller_args)?;
         let state_dir = cluster.dir().join("dataplane-state");
         std::fs::create_dir_all(&state_dir).map_err(|e| Error::Http {
             addr: grpc,
             why: e.to_string(),
         })?;
         let http = free_port()?;
-        let dataplane = start_dataplane(grpc, &state_dir, http)?;
+        let dataplane = spawn_dataplane(&format!("http://{grpc}"), &state_dir, http)?;
         Ok(Pipeline {
             cluster,
             namespace,
@@ -131,10 +142,26 @@ ports: [{{name: http, port: 8080}}]
             echo,
             controller: Some(controller),
             grpc,
+            metrics,
+            controller_kubeconfig,
+            controller_args: controller_args.iter().map(|s| s.to_string()).collect(),
             dataplane: Some(dataplane),
             http,
             state_dir,
         })
+    }
+
+    /// Stops the controller (if running) and starts a new one on the same ports.
+    pub fn restart_controller(&mut self) -> Result<(), Error> {
+        self.controller = None;
+        let args: Vec<&str> = self.controller_args.iter().map(String::as_str).collect();
+        self.controller = Some(spawn_controller(
+            &self.controller_kubeconfig,
+            self.grpc,
+            self.metrics,
+            &args,
+        )?);
+        Ok(())
     }
 
     /// Stops the dataplane and starts a new one (same controller and state directory) on a
@@ -142,7 +169,8 @@ ports: [{{name: http, port: 8080}}]
     pub fn restart_dataplane(&mut self) -> Result<(), Error> {
         self.dataplane = None;
         self.http = free_port()?;
-        self.dataplane = Some(start_dataplane(self.grpc, &self.state_dir, self.http)?);
+        let url = format!("http://{}", self.grpc);
+        self.dataplane = Some(spawn_dataplane(&url, &self.state_dir, self.http)?);
         Ok(())
     }
 
@@ -168,23 +196,45 @@ spec:
     }
 }
 
-fn start_dataplane(grpc: SocketAddr, state: &Path, http: SocketAddr) -> Result<Backend, Error> {
+/// Starts a `sluice-controller` (plaintext gRPC on loopback) with `kubeconfig` (e.g. a
+/// pipeline's [`Pipeline::controller_kubeconfig`], the chart's RBAC) and `extra` flags, and
+/// waits until it listens on `grpc`.
+pub fn spawn_controller(
+    kubeconfig: &Path,
+    grpc: SocketAddr,
+    metrics: SocketAddr,
+    extra: &[&str],
+) -> Result<Backend, Error> {
+    let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller")?);
+    cmd.arg("--kubeconfig").arg(kubeconfig).args([
+        "--insecure",
+        "--grpc-listen",
+        &grpc.to_string(),
+        "--metrics-listen",
+        &metrics.to_string(),
+    ]);
+    cmd.args(extra);
+    Backend::spawn(cmd, grpc, Duration::from_secs(30))
+}
+
+/// Starts a `sluice-dataplane` dialing `controllers` (one URL, or several separated by
+/// commas), persisting to `state`, serving HTTP on `http`; waits until its admin listener
+/// is up.
+pub fn spawn_dataplane(
+    controllers: &str,
+    state: &Path,
+    http: SocketAddr,
+) -> Result<Backend, Error> {
     let admin = free_port()?;
     let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane")?);
-    cmd.args([
-        "--controller",
-        &format!("http://{grpc}"),
-        "--insecure",
-        "--workers",
-        "1",
-    ])
-    .arg("--state-dir")
-    .arg(state)
-    .args([
-        "--listen-http",
-        &http.to_string(),
-        "--admin",
-        &admin.to_string(),
-    ]);
+    cmd.args(["--controller", controllers, "--insecure", "--workers", "1"])
+        .arg("--state-dir")
+        .arg(state)
+        .args([
+            "--listen-http",
+            &http.to_string(),
+            "--admin",
+            &admin.to_string(),
+        ]);
     Backend::spawn(cmd, admin, Duration::from_secs(30))
 }
