@@ -16,6 +16,8 @@
 # Debian's Rust, qemu-user-static for the check). The arm64 build uses its own target
 # directory ($SLUICE_CACHE/target-image-arm64), the amd64 one $SLUICE_CACHE/target-image-amd64.
 # Release builds (fat LTO) take a long time on a small machine; `--profile fast` skips LTO.
+# SLUICE_IMAGE_PROFILE_AMD64 / SLUICE_IMAGE_PROFILE_ARM64 override the profile of one
+# architecture (the image labels and the SIZES file say which profile each image has).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -58,8 +60,9 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 
-profile_dir=$profile
-[ "$profile" != dev ] || profile_dir=debug
+profile_amd64=${SLUICE_IMAGE_PROFILE_AMD64:-$profile}
+profile_arm64=${SLUICE_IMAGE_PROFILE_ARM64:-$profile}
+pdir() { if [ "$1" = dev ]; then echo debug; else echo "$1"; fi; }
 bins=(--bin sluice-controller --bin sluice-dataplane)
 pkgs=(-p sluice-controller -p sluice-dataplane)
 work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-images.XXXXXX")
@@ -72,12 +75,12 @@ trap cleanup EXIT
 
 # ---- binaries ------------------------------------------------------------------------------
 t0=$SECONDS
-log "building linux/amd64 binaries (cargo $(cargo --version | cut -d' ' -f2), profile $profile) ..."
+log "building linux/amd64 binaries (cargo $(cargo --version | cut -d' ' -f2), profile $profile_amd64) ..."
 CARGO_TARGET_DIR="$SLUICE_CACHE/target-image-amd64" \
-    cargo build --locked --quiet --profile "$profile" "${pkgs[@]}" "${bins[@]}"
-amd64_bin="$SLUICE_CACHE/target-image-amd64/$profile_dir"
+    cargo build --locked --quiet --profile "$profile_amd64" "${pkgs[@]}" "${bins[@]}"
+amd64_bin="$SLUICE_CACHE/target-image-amd64/$(pdir "$profile_amd64")"
 
-log "building linux/arm64 binaries (Debian rustc $(/usr/bin/rustc --version | cut -d' ' -f2), profile $profile) ..."
+log "building linux/arm64 binaries (Debian rustc $(/usr/bin/rustc --version | cut -d' ' -f2), profile $profile_arm64) ..."
 # NB: the rustup cargo and rustc come first on PATH; the arm64 standard library exists only
 # for Debian's toolchain, so name it by full path.
 env -u RUSTUP_TOOLCHAIN RUSTC=/usr/bin/rustc \
@@ -85,9 +88,9 @@ env -u RUSTUP_TOOLCHAIN RUSTC=/usr/bin/rustc \
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
     CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
     AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
-    /usr/bin/cargo build --locked --quiet --profile "$profile" --target aarch64-unknown-linux-gnu \
+    /usr/bin/cargo build --locked --quiet --profile "$profile_arm64" --target aarch64-unknown-linux-gnu \
     "${pkgs[@]}" "${bins[@]}"
-arm64_bin="$SLUICE_CACHE/target-image-arm64/aarch64-unknown-linux-gnu/$profile_dir"
+arm64_bin="$SLUICE_CACHE/target-image-arm64/aarch64-unknown-linux-gnu/$(pdir "$profile_arm64")"
 log "binaries built in $((SECONDS - t0))s"
 
 # ---- images --------------------------------------------------------------------------------
@@ -99,6 +102,7 @@ sizes="$out/sluice-$version-SIZES.txt"
 : >"$sizes"
 for arch in amd64 arm64; do
     binvar=${arch}_bin
+    profvar=profile_${arch}
     rootfs="$work/rootfs-$arch"
     scripts/image-rootfs.sh "$arch" "${!binvar}" "$rootfs"
     c=$("${B[@]}" from --arch "$arch" --os linux scratch)
@@ -109,13 +113,14 @@ for arch in amd64 arm64; do
         --port 9080 --port 9443 --port 9091 --port 18000 --port 9092 \
         --label org.opencontainers.image.title=sluice \
         --label "org.opencontainers.image.version=$version" \
+        --label "io.sluice.cargo-profile=${!profvar}" \
         --label org.opencontainers.image.licenses=Apache-2.0 \
         --label "org.opencontainers.image.description=Sluice ingress controller: sluice-controller and sluice-dataplane" \
         "$c"
     "${B[@]}" commit --quiet --format oci --rm "$c" "localhost/sluice:$version-$arch" >/dev/null
     "${B[@]}" manifest add --arch "$arch" --os linux "$list" "containers-storage:localhost/sluice:$version-$arch" >/dev/null
     unpacked=$(du -sb "$rootfs" | cut -f1)
-    printf 'linux/%s  unpacked %s MiB\n' "$arch" "$(awk -v b="$unpacked" 'BEGIN{printf "%.1f", b/1048576}')" >>"$sizes"
+    printf 'linux/%s  (cargo profile %s)  unpacked %s MiB\n' "$arch" "${!profvar}" "$(awk -v b="$unpacked" 'BEGIN{printf "%.1f", b/1048576}')" >>"$sizes"
 done
 archive="$out/sluice-$version.oci.tar"
 rm -f "$archive"
