@@ -6,6 +6,10 @@
 # non-root user (65532), then one multi-arch OCI index, written as an OCI archive:
 #
 #   scripts/build-images.sh [--profile release|fast] [--out DIR]
+#                           [--amd64-bins DIR] [--arm64-bins DIR]
+#
+#   --amd64-bins / --arm64-bins take that architecture's sluice-controller and
+#   sluice-dataplane from DIR (e.g. a CI artifact) instead of building them.
 #
 #   dist/sluice-VERSION.oci.tar     the multi-arch index (reference name sluice:VERSION)
 #   dist/sluice-VERSION-SIZES.txt   per-architecture image sizes
@@ -24,10 +28,14 @@ root=$(pwd)
 
 profile=release
 out=dist
+amd64_prebuilt=
+arm64_prebuilt=
 while [ $# -gt 0 ]; do
     case $1 in
     --profile) profile=${2:?--profile needs a name}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
+    --amd64-bins) amd64_prebuilt=${2:?--amd64-bins needs a directory}; shift 2 ;;
+    --arm64-bins) arm64_prebuilt=${2:?--arm64-bins needs a directory}; shift 2 ;;
     -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-images: unknown option $1" >&2; exit 2 ;;
     esac
@@ -75,22 +83,34 @@ trap cleanup EXIT
 
 # ---- binaries ------------------------------------------------------------------------------
 t0=$SECONDS
-log "building linux/amd64 binaries (cargo $(cargo --version | cut -d' ' -f2), profile $profile_amd64) ..."
-CARGO_TARGET_DIR="$SLUICE_CACHE/target-image-amd64" \
-    cargo build --locked --quiet --profile "$profile_amd64" "${pkgs[@]}" "${bins[@]}"
-amd64_bin="$SLUICE_CACHE/target-image-amd64/$(pdir "$profile_amd64")"
+if [ -n "$amd64_prebuilt" ]; then
+    amd64_bin=$amd64_prebuilt
+    profile_amd64="prebuilt ($amd64_prebuilt)"
+    log "linux/amd64 binaries: prebuilt in $amd64_bin"
+else
+    log "building linux/amd64 binaries (cargo $(cargo --version | cut -d' ' -f2), profile $profile_amd64) ..."
+    CARGO_TARGET_DIR="$SLUICE_CACHE/target-image-amd64" \
+        cargo build --locked --quiet --profile "$profile_amd64" "${pkgs[@]}" "${bins[@]}"
+    amd64_bin="$SLUICE_CACHE/target-image-amd64/$(pdir "$profile_amd64")"
+fi
 
-log "building linux/arm64 binaries (Debian rustc $(/usr/bin/rustc --version | cut -d' ' -f2), profile $profile_arm64) ..."
-# NB: the rustup cargo and rustc come first on PATH; the arm64 standard library exists only
-# for Debian's toolchain, so name it by full path.
-env -u RUSTUP_TOOLCHAIN RUSTC=/usr/bin/rustc \
-    CARGO_TARGET_DIR="$SLUICE_CACHE/target-image-arm64" \
-    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
-    CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
-    AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
-    /usr/bin/cargo build --locked --quiet --profile "$profile_arm64" --target aarch64-unknown-linux-gnu \
-    "${pkgs[@]}" "${bins[@]}"
-arm64_bin="$SLUICE_CACHE/target-image-arm64/aarch64-unknown-linux-gnu/$(pdir "$profile_arm64")"
+if [ -n "$arm64_prebuilt" ]; then
+    arm64_bin=$arm64_prebuilt
+    profile_arm64="prebuilt ($arm64_prebuilt)"
+    log "linux/arm64 binaries: prebuilt in $arm64_bin"
+else
+    log "building linux/arm64 binaries (Debian rustc $(/usr/bin/rustc --version | cut -d' ' -f2), profile $profile_arm64) ..."
+    # NB: the rustup cargo and rustc come first on PATH; the arm64 standard library exists only
+    # for Debian's toolchain, so name it by full path.
+    env -u RUSTUP_TOOLCHAIN RUSTC=/usr/bin/rustc \
+        CARGO_TARGET_DIR="$SLUICE_CACHE/target-image-arm64" \
+        CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+        CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
+        AR_aarch64_unknown_linux_gnu=aarch64-linux-gnu-ar \
+        /usr/bin/cargo build --locked --quiet --profile "$profile_arm64" --target aarch64-unknown-linux-gnu \
+        "${pkgs[@]}" "${bins[@]}"
+    arm64_bin="$SLUICE_CACHE/target-image-arm64/aarch64-unknown-linux-gnu/$(pdir "$profile_arm64")"
+fi
 log "binaries built in $((SECONDS - t0))s"
 
 # ---- images --------------------------------------------------------------------------------

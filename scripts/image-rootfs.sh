@@ -25,8 +25,8 @@ die() { echo "image-rootfs: error: $*" >&2; exit 1; }
 [ $# -eq 3 ] || die "usage: $0 ARCH BIN_DIR OUT_DIR"
 arch=$1 bins=$2 out=$3
 case $arch in
-amd64) multiarch=x86_64-linux-gnu ;;
-arm64) multiarch=aarch64-linux-gnu ;;
+amd64) multiarch=x86_64-linux-gnu machine="X86-64" ;;
+arm64) multiarch=aarch64-linux-gnu machine="AArch64" ;;
 *) die "unknown ARCH $arch (amd64 or arm64)" ;;
 esac
 command -v readelf >/dev/null || die "readelf is missing (apt-get install binutils)"
@@ -57,6 +57,8 @@ declare -A seen=()
 queue=()
 for bin in sluice-controller sluice-dataplane; do
     [ -x "$bins/$bin" ] || die "$bins/$bin is missing"
+    readelf -hW "$bins/$bin" | grep -q "Machine:.*$machine" ||
+        die "$bins/$bin is not a $arch ($machine) executable"
     install -m 0755 "$bins/$bin" "$out/usr/local/bin/$bin"
     queue+=("$bins/$bin")
 done
