@@ -51,14 +51,17 @@ find_lib() {
     die "$1 (needed by the $arch binaries) not found in ${libdirs[*]}"
 }
 
+for bin in sluice-controller sluice-dataplane; do
+    [ -x "$bins/$bin" ] || die "$bins/$bin is missing"
+    readelf -hW "$bins/$bin" | grep -q "Machine:.*$machine" ||
+        die "$bins/$bin is not an $arch ($machine) executable"
+done
+
 mkdir -p "$out/usr/local/bin" "$out/lib/$multiarch" "$out/etc/ssl/certs" "$out/tmp"
 chmod 1777 "$out/tmp"
 declare -A seen=()
 queue=()
 for bin in sluice-controller sluice-dataplane; do
-    [ -x "$bins/$bin" ] || die "$bins/$bin is missing"
-    readelf -hW "$bins/$bin" | grep -q "Machine:.*$machine" ||
-        die "$bins/$bin is not a $arch ($machine) executable"
     install -m 0755 "$bins/$bin" "$out/usr/local/bin/$bin"
     queue+=("$bins/$bin")
 done
