@@ -99,6 +99,10 @@ fn the_values_schema_refuses_bad_values_with_the_field_named() {
             &["--set", "controller.leaderElection=false"],
             "needs leader election",
         ),
+        (
+            &["--set", "dataplane.drainTimeoutSeconds=30"],
+            "must be below dataplane.terminationGracePeriodSeconds (30)",
+        ),
     ];
     let chart = chart_dir();
     for (args, want) in cases {
