@@ -81,12 +81,19 @@ pub fn helm_ok(args: &[&str]) -> Result<String, Error> {
 }
 
 /// `helm template RELEASE charts/sluice --namespace NAMESPACE` with `extra` arguments
-/// (e.g. `["--show-only", "templates/rbac.yaml"]` or `["-f", "values.yaml"]`).
+/// (e.g. `["--show-only", "templates/rbac.yaml"]` or `["-f", "values.yaml"]`), for release
+/// [`RELEASE`].
 pub fn render_chart(namespace: &str, extra: &[&str]) -> Result<String, Error> {
+    render_release(RELEASE, namespace, extra)
+}
+
+/// Like [`render_chart`] for another release name (object names start with
+/// `RELEASE-sluice-` unless the release name contains `sluice`).
+pub fn render_release(release: &str, namespace: &str, extra: &[&str]) -> Result<String, Error> {
     let chart = chart_dir();
     let mut args = vec![
         "template",
-        RELEASE,
+        release,
         chart.to_str().unwrap_or("charts/sluice"),
         "--namespace",
         namespace,
@@ -122,7 +129,19 @@ impl Cluster {
     /// kubeconfig that authenticates as that ServiceAccount: a client with exactly the
     /// rights the chart grants the controller.
     pub fn chart_controller_kubeconfig(&self, namespace: &str) -> Result<PathBuf, Error> {
-        let rbac = render_chart(
+        self.chart_controller_kubeconfig_for(RELEASE, namespace)
+    }
+
+    /// Like [`Cluster::chart_controller_kubeconfig`] for release `release`, whose
+    /// cluster-wide objects (ClusterRole, ClusterRoleBinding) have names of their own, so
+    /// several can live in one cluster. The ServiceAccount is `<fullname>-controller`.
+    pub fn chart_controller_kubeconfig_for(
+        &self,
+        release: &str,
+        namespace: &str,
+    ) -> Result<PathBuf, Error> {
+        let rbac = render_release(
+            release,
             namespace,
             &[
                 "--show-only",
@@ -132,6 +151,11 @@ impl Cluster {
             ],
         )?;
         self.apply(&rbac)?;
-        self.service_account_kubeconfig(namespace, &format!("{RELEASE}-controller"))
+        let fullname = if release.contains("sluice") {
+            release.to_owned()
+        } else {
+            format!("{release}-sluice")
+        };
+        self.service_account_kubeconfig(namespace, &format!("{fullname}-controller"))
     }
 }

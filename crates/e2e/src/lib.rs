@@ -34,6 +34,7 @@ pub use cluster::{Cluster, KubectlOutput, SERVICE_CIDR, kubectl_path};
 pub use error::Error;
 pub use helm::{
     HelmOutput, RELEASE, chart_dir, helm, helm_command, helm_ok, helm_path, render_chart,
+    render_release,
 };
 pub use http::{HttpResponse, http_get};
 pub use netns::{Backend, Netns, SUBNET_POOL};

@@ -13,7 +13,7 @@ use base64::Engine as _;
 use serde_json::Value;
 use sluice_e2e::{
     Backend, Cluster, chart_dir, eventually, free_port, helm, helm_path, http_get, render_chart,
-    repo_root, workspace_bin,
+    render_release, repo_root, workspace_bin,
 };
 
 fn graviton_values() -> String {
@@ -358,29 +358,20 @@ fn helm_install_creates_every_object_with_default_and_graviton_values() {
 /// dataplane with the dataplane Secret, verifying the controller by its in-cluster DNS name.
 #[test]
 fn chart_certificates_and_rbac_carry_a_real_snapshot_stream() {
-    // NB: a cluster of its own: the chart's cluster-wide RBAC applied here would clash with
-    // the helm releases of the other tests.
-    let cluster = &Cluster::start();
-    let crds = chart_dir().join("crds/apisix-crds.yaml");
-    cluster
-        .kubectl_ok(&["apply", "--server-side", "-f", crds.to_str().unwrap()])
+    // NB: release `mtls`: its ClusterRole and Secrets have names of their own, so it shares
+    // the cluster with the helm releases of the other tests.
+    let cluster = cluster();
+    let ns = cluster.create_namespace("mtls").unwrap();
+    let yaml = render_release(
+        "mtls",
+        &ns,
+        &["--show-only", "templates/snapshot-tls-secret.yaml"],
+    )
+    .unwrap();
+    cluster.apply(&yaml).unwrap();
+    let kubeconfig = cluster
+        .chart_controller_kubeconfig_for("mtls", &ns)
         .unwrap();
-    cluster
-        .kubectl_ok(&[
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/apisixroutes.apisix.apache.org",
-        ])
-        .unwrap();
-    let ns = {
-        let ns = cluster.create_namespace("mtls").unwrap();
-        let yaml =
-            render_chart(&ns, &["--show-only", "templates/snapshot-tls-secret.yaml"]).unwrap();
-        cluster.apply(&yaml).unwrap();
-        ns
-    };
-    let kubeconfig = cluster.chart_controller_kubeconfig(&ns).unwrap();
     let dir = cluster.dir().join(format!("mtls-{ns}"));
     std::fs::create_dir_all(&dir).unwrap();
     let write = |secret: &str, key: &str| -> PathBuf {
@@ -404,24 +395,27 @@ fn chart_certificates_and_rbac_carry_a_real_snapshot_stream() {
         ])
         .args(["--watch-namespace", &ns])
         .arg("--tls-cert")
-        .arg(write("sluice-controller-tls", "tls.crt"))
+        .arg(write("mtls-sluice-controller-tls", "tls.crt"))
         .arg("--tls-key")
-        .arg(write("sluice-controller-tls", "tls.key"))
+        .arg(write("mtls-sluice-controller-tls", "tls.key"))
         .arg("--tls-ca")
-        .arg(write("sluice-controller-tls", "ca.crt"));
+        .arg(write("mtls-sluice-controller-tls", "ca.crt"));
     let _controller = Backend::spawn(cmd, grpc, Duration::from_secs(30)).unwrap();
 
     let admin = free_port().unwrap();
     let http = free_port().unwrap();
     let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane").unwrap());
     cmd.args(["--controller", &format!("https://{grpc}")])
-        .args(["--tls-server-name", &format!("sluice-controller.{ns}.svc")])
+        .args([
+            "--tls-server-name",
+            &format!("mtls-sluice-controller.{ns}.svc"),
+        ])
         .arg("--tls-cert")
-        .arg(write("sluice-dataplane-tls", "tls.crt"))
+        .arg(write("mtls-sluice-dataplane-tls", "tls.crt"))
         .arg("--tls-key")
-        .arg(write("sluice-dataplane-tls", "tls.key"))
+        .arg(write("mtls-sluice-dataplane-tls", "tls.key"))
         .arg("--tls-ca")
-        .arg(write("sluice-dataplane-tls", "ca.crt"))
+        .arg(write("mtls-sluice-dataplane-tls", "ca.crt"))
         .args(["--workers", "1", "--dataplane-id", "mtls-dp"])
         .args([
             "--listen-http",
