@@ -560,4 +560,54 @@ mod tests {
         assert_eq!(ann.len(), 1);
         assert_eq!(ann["keep"], "me");
     }
+
+    fn pod(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> PartialObjectMeta<Pod> {
+        let map = |kv: &[(&str, &str)]| {
+            Some(
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        PartialObjectMeta {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("web-a".into()),
+                namespace: Some("ns".into()),
+                labels: map(labels),
+                annotations: map(annotations),
+                resource_version: Some("7".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_pod_label_changes_trigger() {
+        let mut fp = Fingerprints::default();
+        let seen = |fp: &mut Fingerprints, p: PartialObjectMeta<Pod>| {
+            fp.observe_by(&Event::Apply(p), pod_fingerprint)
+        };
+        assert!(seen(&mut fp, pod(&[("version", "v1")], &[])), "new Pod");
+        let mut churn = pod(&[("version", "v1")], &[("note", "x")]);
+        churn.metadata.resource_version = Some("8".into());
+        assert!(!seen(&mut fp, churn), "annotation/resourceVersion churn");
+        assert!(seen(&mut fp, pod(&[("version", "v2")], &[])), "relabel");
+        assert!(fp.observe_by(
+            &Event::Delete(pod(&[("version", "v2")], &[])),
+            pod_fingerprint
+        ));
+    }
+
+    #[test]
+    fn slim_pod_keeps_name_namespace_and_labels_only() {
+        let mut p = pod(&[("version", "v1")], &[("big", "annotation")]);
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        slim_pod(&mut p);
+        assert_eq!(p.metadata.name.as_deref(), Some("web-a"));
+        assert_eq!(p.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(p.metadata.labels.unwrap()["version"], "v1");
+        assert!(p.metadata.annotations.is_none());
+        assert!(p.metadata.managed_fields.is_none());
+    }
 }
