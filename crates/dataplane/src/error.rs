@@ -42,6 +42,14 @@ pub enum ProxyError {
     /// The upstream did not answer within the read timeout.
     #[error("upstream {0} timed out")]
     ReadTimeout(String),
+    /// The TLS handshake with the upstream failed (e.g. its certificate did not verify).
+    #[error("TLS to upstream {addr} failed: {source}")]
+    UpstreamTls {
+        /// Endpoint address.
+        addr: String,
+        /// Underlying error (rustls errors arrive wrapped in I/O errors).
+        source: std::io::Error,
+    },
     /// The upstream connection failed while sending the request or reading the response head.
     #[error("upstream {addr} failed: {source}")]
     Upstream {
@@ -84,7 +92,9 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
             ProxyError::NoEndpoint(_) => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Connect { .. }
+            | ProxyError::Upstream { .. }
+            | ProxyError::UpstreamTls { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)
             | ProxyError::SendTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -99,6 +109,9 @@ impl ProxyError {
             ProxyError::NoEndpoint(_) => "{\"error_msg\":\"503 No Available Upstream Endpoint\"}\n",
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => {
                 "{\"error_msg\":\"502 Bad Gateway\"}\n"
+            }
+            ProxyError::UpstreamTls { .. } => {
+                "{\"error_msg\":\"502 Bad Gateway: TLS handshake with the upstream failed\"}\n"
             }
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)

@@ -97,6 +97,14 @@ async fn proxy(
         .pick()
         .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
+    // Protocols other than plain HTTP/1.1 (see `websocket` and `h2up`).
+    if route.websocket && crate::websocket::is_upgrade(&req) {
+        let tls = upstream.protocol.as_ref().and_then(|p| p.tls.as_deref());
+        return crate::websocket::proxy(req, host, conn, tls, &endpoint.address, timeouts).await;
+    }
+    if let Some(protocol) = &upstream.protocol {
+        return crate::h2up::proxy(req, host, conn, protocol, &endpoint.address, timeouts).await;
+    }
 
     let (mut parts, mut body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -236,7 +244,7 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 /// Removes hop-by-hop headers, including those named in `Connection`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names, without hashing, finds which are present; typically only
     // `connection`, or none.
     let mut present = 0u8;

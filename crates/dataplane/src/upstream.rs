@@ -107,6 +107,9 @@ pub struct Upstream {
     pub endpoints: Vec<Endpoint>,
     /// Upstream-level timeouts, overriding the route's when set.
     pub timeouts: Option<Timeouts>,
+    /// How to speak to the endpoints when the scheme is not plain `http` (see
+    /// [`crate::h2up`]); `None` = HTTP/1.1 over TCP.
+    pub protocol: Option<Arc<crate::h2up::UpstreamProtocol>>,
     order: Option<WeightedSequence>,
 }
 
@@ -133,7 +136,14 @@ impl Upstream {
             order: WeightedSequence::new(&weights),
             endpoints,
             timeouts,
+            protocol: None,
         }
+    }
+
+    /// The upstream with its non-HTTP/1.1 protocol settings.
+    pub fn with_protocol(mut self, protocol: Option<crate::h2up::UpstreamProtocol>) -> Self {
+        self.protocol = protocol.map(Arc::new);
+        self
     }
 
     /// The next endpoint in smooth weighted round-robin order.
@@ -149,6 +159,8 @@ impl Upstream {
 #[derive(Debug, Default)]
 pub struct PoolRegistry {
     pools: Mutex<HashMap<String, Weak<Pool>>>,
+    /// Pools of HTTP/2 and TLS upstream connections ([`crate::h2up`]).
+    pub hyper: crate::h2up::HyperRegistry,
 }
 
 impl PoolRegistry {
@@ -171,6 +183,7 @@ impl PoolRegistry {
         if let Ok(mut pools) = self.pools.lock() {
             pools.retain(|_, p| p.strong_count() > 0);
         }
+        self.hyper.prune();
     }
 }
 
