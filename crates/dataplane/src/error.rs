@@ -122,6 +122,38 @@ impl ProxyError {
         }
     }
 
+    /// The gRPC status code for a gRPC client (the HTTP-to-gRPC mapping of the gRPC spec:
+    /// 404 UNIMPLEMENTED, 400 INTERNAL, 502/503/504 UNAVAILABLE).
+    pub fn grpc_status(&self) -> u8 {
+        match self.status() {
+            StatusCode::NOT_FOUND => 12,
+            StatusCode::BAD_REQUEST => 13,
+            _ => 14,
+        }
+    }
+
+    /// Maps the error to the response sent to a gRPC client (`content-type:
+    /// application/grpc...`): a trailers-only response, HTTP 200 with `grpc-status` and
+    /// `grpc-message`, as gRPC clients cannot read the JSON body of other errors.
+    pub fn into_grpc_response(self) -> Response<ProxyBody> {
+        let mut resp = Response::new(ProxyBody::empty());
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        h.insert("grpc-status", HeaderValue::from(u16::from(self.grpc_status())));
+        let message = self.body();
+        let message = message
+            .trim_end()
+            .trim_start_matches("{\"error_msg\":\"")
+            .trim_end_matches("\"}");
+        if let Ok(v) = HeaderValue::from_str(message) {
+            h.insert("grpc-message", v);
+        }
+        resp
+    }
+
     /// Maps the error to the response sent downstream. This is the only place that does so.
     pub fn into_response(self) -> Response<ProxyBody> {
         let mut resp = Response::new(ProxyBody::full(Bytes::from_static(self.body().as_bytes())));

@@ -321,6 +321,14 @@ fn add_forwarding_headers(headers: &mut HeaderMap, conn: &ConnInfo, host: Option
     }
 }
 
+/// Whether `req` is a gRPC call (`content-type: application/grpc` or `application/grpc+...`),
+/// whose errors must be answered in gRPC's own terms.
+pub fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
 /// Whether any `te` value lists `trailers` (gRPC requires it to reach the upstream).
 fn wants_trailers(headers: &HeaderMap) -> bool {
     headers.get_all(header::TE).iter().any(|v| {

@@ -56,13 +56,18 @@ impl ConnInfo {
 /// Serves one request against the current snapshot. Never fails: errors become responses.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
     let table = store.table();
+    let grpc = crate::h2up::is_grpc(&req);
     let resp = match proxy(req, conn, &table).await {
         Ok(resp) => resp,
         Err(err) => {
             if !matches!(err, ProxyError::NoRoute) {
                 tracing::warn!(error = %err, "request failed");
             }
-            err.into_response()
+            if grpc {
+                err.into_grpc_response()
+            } else {
+                err.into_response()
+            }
         }
     };
     store.metrics().observe_status(resp.status());
