@@ -13,6 +13,10 @@
 //! - A Service of type `ExternalName` resolves to its `externalName` and the Service port (or
 //!   the number given in `servicePort` when the Service lists no ports), for either
 //!   granularity.
+//! - `scheme: https|grpcs`: the upstream gets `tls` (see [`tls_from_secret`]): the server
+//!   name verified and sent as SNI is `<service>.<namespace>.svc` for Service backends (the
+//!   Service's cluster DNS name, which in-cluster certificates carry), and the node or
+//!   externalName host otherwise (the dataplane's default for an empty `sni`).
 //! - `subset`: pods are selected by labels, which EndpointSlices do not carry, so Sluice
 //!   cannot resolve subsets yet. The upstream (`...#<subset>`) is emitted with no endpoints
 //!   (requests get 503) and the route gets `ResolvedRefs=False`. The controller will resolve
@@ -76,10 +80,17 @@ pub(crate) struct Settings {
     retries: Option<u32>,
     /// connect, send, read in ms.
     timeout: [Option<u64>; 3],
+    /// CA and client certificate from `tlsSecret`.
+    tls: Option<v1::UpstreamTls>,
 }
 
 impl Settings {
-    fn parse(c: &ApisixUpstreamConfig, field: &str, problems: &mut Problems) -> Self {
+    fn parse(
+        c: &ApisixUpstreamConfig,
+        field: &str,
+        idx: &Index<'_>,
+        problems: &mut Problems,
+    ) -> Self {
         let retries = c.retries.and_then(|r| match u32::try_from(r) {
             Ok(r) => Some(r),
             Err(_) if r < 0 => {
@@ -101,11 +112,33 @@ impl Settings {
             .unwrap_or_default();
         // NB: settings the snapshot cannot carry yet are listed in the Accepted message by the
         // caller rather than silently dropped.
+        let tls = c.tls_secret.as_ref().and_then(|s| {
+            tls_from_secret(idx, &s.namespace, &s.name)
+                .map_err(|e| problems.error(format!("{field}tlsSecret"), e))
+                .ok()
+        });
+        if tls.is_some()
+            && matches!(
+                c.scheme.unwrap_or_default(),
+                UpstreamScheme::Http | UpstreamScheme::Grpc
+            )
+            && c.scheme.is_some()
+        {
+            problems.notes.push(format!(
+                "{field}tlsSecret has no effect with scheme {}",
+                if c.scheme == Some(UpstreamScheme::Grpc) {
+                    "grpc"
+                } else {
+                    "http"
+                }
+            ));
+        }
         Self {
             lb: c.loadbalancer.as_ref().map(|lb| lb.type_),
             scheme: c.scheme,
             retries,
             timeout,
+            tls,
         }
     }
 
@@ -117,6 +150,7 @@ impl Settings {
             scheme: over.scheme.or(self.scheme),
             retries: over.retries.or(self.retries),
             timeout: [t(0), t(1), t(2)],
+            tls: over.tls.clone().or_else(|| self.tls.clone()),
         }
     }
 
@@ -127,7 +161,14 @@ impl Settings {
             LoadBalancerType::Ewma => v1::LoadBalancer::Ewma,
             LoadBalancerType::LeastConn => v1::LoadBalancer::LeastConn,
         } as i32;
-        up.scheme = proto_scheme(self.scheme.unwrap_or_default()) as i32;
+        let scheme = self.scheme.unwrap_or_default();
+        up.scheme = proto_scheme(scheme) as i32;
+        up.tls = match scheme {
+            UpstreamScheme::Https | UpstreamScheme::Grpcs => {
+                Some(self.tls.clone().unwrap_or_default())
+            }
+            UpstreamScheme::Http | UpstreamScheme::Grpc => None,
+        };
         up.retries = self.retries;
         up.timeout = timeouts(self.timeout);
     }
@@ -199,7 +240,7 @@ pub(crate) fn validate_object(
     problems: &mut Problems,
 ) -> Result<UpstreamObject, ()> {
     let spec = &au.spec;
-    let base = Settings::parse(&spec.config, "spec.", problems);
+    let base = Settings::parse(&spec.config, "spec.", idx, problems);
     let mut ports = BTreeMap::new();
     for (i, pls) in spec.port_level_settings.iter().enumerate() {
         let field = format!("spec.portLevelSettings[{i}].");
@@ -210,7 +251,7 @@ pub(crate) fn validate_object(
             );
             continue;
         }
-        let s = Settings::parse(&pls.config, &field, problems);
+        let s = Settings::parse(&pls.config, &field, idx, problems);
         if ports.insert(pls.port, base.overlay(&s)).is_some() {
             problems.error(
                 format!("{field}port"),
@@ -305,9 +346,6 @@ fn note_unsupported(c: &ApisixUpstreamConfig, field: &str, problems: &mut Proble
     if c.health_check.is_some() {
         ignored.push("healthCheck");
     }
-    if c.tls_secret.is_some() {
-        ignored.push("tlsSecret");
-    }
     if c.pass_host.is_some() || c.upstream_host.is_some() {
         ignored.push("passHost/upstreamHost");
     }
@@ -316,6 +354,60 @@ fn note_unsupported(c: &ApisixUpstreamConfig, field: &str, problems: &mut Proble
         problems
             .notes
             .push(format!("not applied yet: {}", list.join(", ")));
+    }
+}
+
+/// The upstream TLS settings of the `tlsSecret` `<ns>/<name>`: keys `tls.crt` + `tls.key`
+/// (the client certificate for upstream mTLS, as in a `kubernetes.io/tls` Secret) and/or
+/// `ca.crt` (the CA that signs the upstream's certificate; without it the dataplane verifies
+/// against the system roots). Each present key must hold valid PEM.
+pub(crate) fn tls_from_secret(
+    idx: &Index<'_>,
+    ns: &str,
+    name: &str,
+) -> Result<v1::UpstreamTls, String> {
+    let secret = idx
+        .secrets
+        .get(&(ns, name))
+        .ok_or_else(|| format!("Secret {ns}/{name} not found"))?;
+    let get = |key: &str| -> Result<Option<String>, String> {
+        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(key)) else {
+            return Ok(None);
+        };
+        String::from_utf8(bytes.0.clone())
+            .map(Some)
+            .map_err(|_| format!("Secret {ns}/{name}: {key} is not PEM text"))
+    };
+    let (cert, key, ca) = (get("tls.crt")?, get("tls.key")?, get("ca.crt")?);
+    let bad = |key: &str, what: &str| format!("Secret {ns}/{name}: {key} holds no valid {what}");
+    if let Some(cert) = &cert
+        && !crate::validate::pem_has_certificate(cert)
+    {
+        return Err(bad("tls.crt", "PEM certificate"));
+    }
+    if let Some(key) = &key
+        && !crate::validate::pem_has_private_key(key)
+    {
+        return Err(bad("tls.key", "PEM private key"));
+    }
+    if let Some(ca) = &ca
+        && !crate::validate::pem_has_certificate(ca)
+    {
+        return Err(bad("ca.crt", "PEM certificate"));
+    }
+    match (&cert, &key, &ca) {
+        (Some(_), None, _) | (None, Some(_), _) => Err(format!(
+            "Secret {ns}/{name}: tls.crt and tls.key must be given together"
+        )),
+        (None, None, None) => Err(format!(
+            "Secret {ns}/{name} has none of tls.crt/tls.key or ca.crt"
+        )),
+        _ => Ok(v1::UpstreamTls {
+            ca_pem: ca.unwrap_or_default(),
+            client_cert_pem: cert.unwrap_or_default(),
+            client_key_pem: key.unwrap_or_default(),
+            sni: String::new(),
+        }),
     }
 }
 
@@ -422,6 +514,10 @@ pub(crate) fn service_upstream(
     if let Some(au) = au {
         au.settings_for_port(port_number.unwrap_or(0))
             .apply(&mut up);
+    }
+
+    if !is_external && let Some(tls) = up.tls.as_mut() {
+        tls.sni = format!("{name}.{ns}.svc");
     }
 
     let Some(svc) = svc else {
