@@ -142,7 +142,10 @@ impl ProxyError {
             header::CONTENT_TYPE,
             HeaderValue::from_static("application/grpc"),
         );
-        h.insert("grpc-status", HeaderValue::from(u16::from(self.grpc_status())));
+        h.insert(
+            "grpc-status",
+            HeaderValue::from(u16::from(self.grpc_status())),
+        );
         let message = self.body();
         let message = message
             .trim_end()

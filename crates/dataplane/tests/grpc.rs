@@ -143,9 +143,8 @@ async fn bidi_stream_is_interactive_and_survives_snapshot_swaps() {
     let other = GrpcEchoServer::start("g2", any()).await.unwrap();
     let (dp, mut client) = grpc_dataplane(backend.addr).await;
     let (tx, rx) = tokio::sync::mpsc::channel::<EchoRequest>(1);
-    let outbound = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|m| (m, rx))
-    });
+    let outbound =
+        futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
     let mut inbound = client.bidi(outbound).await.unwrap().into_inner();
     let swaps = [
         snapshot(

@@ -84,10 +84,12 @@ async fn tls_origin(
             for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
                 roots.add(c.unwrap()).unwrap();
             }
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
-                    .build()
-                    .unwrap();
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -229,7 +231,12 @@ async fn a_certificate_from_another_ca_is_refused_with_502() {
     .await;
     let resp = get(dp.addr, "client.example", "/").await;
     assert_eq!(resp.status, 502);
-    assert!(resp.text().contains("TLS handshake with the upstream failed"), "{}", resp.text());
+    assert!(
+        resp.text()
+            .contains("TLS handshake with the upstream failed"),
+        "{}",
+        resp.text()
+    );
 
     // A name the certificate does not carry is refused too.
     let dp = dataplane_with(tls_upstream(
@@ -365,6 +372,9 @@ async fn unusable_tls_settings_reject_the_snapshot_and_keep_the_last_good_one() 
             vec![],
         )
         .unwrap_err();
-    assert!(err.to_string().starts_with("upstream u: tls.ca_pem:"), "{err}");
+    assert!(
+        err.to_string().starts_with("upstream u: tls.ca_pem:"),
+        "{err}"
+    );
     assert_eq!(get(dp.addr, "a", "/").await.status, 200);
 }

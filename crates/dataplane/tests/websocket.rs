@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
 
+#[allow(clippy::result_large_err)]
 /// A WebSocket server that greets each session with `hello from <name> <path>`, then echoes
 /// every text message as `<name>: <text>` and sends `tick` on its own when asked (`tick?`).
 async fn ws_server(name: &'static str) -> SocketAddr {
@@ -28,8 +29,7 @@ async fn ws_server(name: &'static str) -> SocketAddr {
                     path = req.uri().path().to_owned();
                     Ok(resp)
                 };
-                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(stream, callback).await
-                else {
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(stream, callback).await else {
                     return;
                 };
                 ws.send(Message::text(format!("hello from {name} {path}")))
@@ -83,7 +83,11 @@ async fn websocket_session_stays_open_across_three_snapshot_swaps() {
     let dp = dataplane().await;
     dp.store
         .apply(
-            snapshot(1, vec![ws_route(true, "u")], vec![upstream("u", &[(backend, 1)])]),
+            snapshot(
+                1,
+                vec![ws_route(true, "u")],
+                vec![upstream("u", &[(backend, 1)])],
+            ),
             vec![],
         )
         .unwrap();
@@ -95,11 +99,19 @@ async fn websocket_session_stays_open_across_three_snapshot_swaps() {
 
     let swaps = [
         // The route moves to another upstream.
-        snapshot(2, vec![ws_route(true, "v")], vec![upstream("v", &[(other, 1)])]),
+        snapshot(
+            2,
+            vec![ws_route(true, "v")],
+            vec![upstream("v", &[(other, 1)])],
+        ),
         // The route disappears.
         snapshot(3, vec![], vec![]),
         // The route comes back without websocket.
-        snapshot(4, vec![ws_route(false, "u")], vec![upstream("u", &[(backend, 1)])]),
+        snapshot(
+            4,
+            vec![ws_route(false, "u")],
+            vec![upstream("u", &[(backend, 1)])],
+        ),
     ];
     for (i, swap) in swaps.into_iter().enumerate() {
         dp.store.apply(swap, vec![]).unwrap();
@@ -109,7 +121,9 @@ async fn websocket_session_stays_open_across_three_snapshot_swaps() {
         ws.send(Message::text("tick?")).await.unwrap();
         assert_eq!(next_text(&mut ws).await, "tick");
     }
-    ws.send(Message::binary(vec![0u8, 1, 2, 255])).await.unwrap();
+    ws.send(Message::binary(vec![0u8, 1, 2, 255]))
+        .await
+        .unwrap();
     let echoed = tokio::time::timeout(Duration::from_secs(10), ws.next())
         .await
         .unwrap()
@@ -148,7 +162,11 @@ async fn many_sessions_in_parallel_each_get_their_own_upstream_connection() {
     let dp = dataplane().await;
     dp.store
         .apply(
-            snapshot(1, vec![ws_route(true, "u")], vec![upstream("u", &[(backend, 1)])]),
+            snapshot(
+                1,
+                vec![ws_route(true, "u")],
+                vec![upstream("u", &[(backend, 1)])],
+            ),
             vec![],
         )
         .unwrap();

@@ -17,7 +17,10 @@ struct Args {
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let server = sluice_testkit::grpc::GrpcEchoServer::start(&args.name, args.listen).await?;
-    eprintln!("sluice-grpc-echo `{}` listening on {}", args.name, server.addr);
+    eprintln!(
+        "sluice-grpc-echo `{}` listening on {}",
+        args.name, server.addr
+    );
     tokio::signal::ctrl_c().await?;
     Ok(())
 }
