@@ -117,6 +117,7 @@ async fn tls_origin(
                         "path": req.uri().path(),
                         "x_forwarded_for": req.headers().get("x-forwarded-for")
                             .map(|v| v.to_str().unwrap().to_owned()),
+                        "te": req.headers().get("te").map(|v| v.to_str().unwrap().to_owned()),
                     });
                     async move {
                         Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(
@@ -180,10 +181,18 @@ async fn https_upstream_speaks_h2_when_alpn_offers_it_and_sends_the_sni() {
     ))
     .await;
     for _ in 0..3 {
-        let resp = get(dp.addr, "client.example", "/a").await;
+        let req = http::Request::get("/a")
+            .header("host", "client.example")
+            .header("te", "trailers")
+            .header("connection", "te")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = send(dp.addr, req).await;
         assert_eq!(resp.status, 200, "{}", resp.text());
         let body = resp.json();
         assert_eq!(body["version"], "HTTP/2.0");
+        // `te: trailers` is the one hop-by-hop header HTTP/2 (and gRPC) needs.
+        assert_eq!(body["te"], "trailers");
         assert_eq!(body["sni"], "upstream.test");
         assert_eq!(body["path"], "/a");
         assert_eq!(body["x_forwarded_for"], "127.0.0.1");
