@@ -106,6 +106,9 @@ http {
     server {
         listen 127.0.0.1:$nginx_port http2;
         http2_max_concurrent_streams 1024;
+        # NB: the default (1000) makes nginx close each h2load connection after 1000
+        # requests, and h2load does not reconnect.
+        keepalive_requests 10000000;
         location /hello {
             proxy_pass http://backend;
             proxy_http_version 1.1;
@@ -164,7 +167,7 @@ proxy_ticks() { # pid -> CPU ticks of the process and its children (nginx worker
 }
 
 run() { # name pid port path extra-args... -> prints "succeeded req_per_s cpu_s"
-    local pid=$2 port=$3 path=$4; shift 4
+    local name=$1 pid=$2 port=$3 path=$4; shift 4
     taskset -c $load_cpu h2load -t1 -c "$clients" -m "$streams" -D 2 "$@" \
         "http://127.0.0.1:$port$path" >/dev/null 2>&1
     local before after out
@@ -180,7 +183,7 @@ run() { # name pid port path extra-args... -> prints "succeeded req_per_s cpu_s"
     local codes
     codes=$(echo "$out" | awk '/^status codes:/')
     echo "$ok $rps $(awk -v t=$((after - before)) -v h="$tck" 'BEGIN {printf "%.2f", t / h}') $fail" 
-    echo "    $1 port $port: $codes" >&2
+    echo "    $name: $codes" >&2
 }
 
 ts=$(date -u +%Y%m%dT%H%M%SZ)
