@@ -514,6 +514,21 @@ pub(crate) fn service_upstream(
     if let Some(au) = au {
         au.settings_for_port(port_number.unwrap_or(0))
             .apply(&mut up);
+    } else if let Some(raw) = idx.upstreams.get(&(ns, name)) {
+        // NB: a rejected ApisixUpstream (e.g. its tlsSecret is missing) leaves the defaults,
+        // but one that asks for TLS must not fall back to plain text: keep the scheme with
+        // default TLS settings (system roots), so the dataplane fails closed instead.
+        let scheme = raw
+            .spec
+            .port_level_settings
+            .iter()
+            .find(|p| Some(p.port) == port_number)
+            .and_then(|p| p.config.scheme)
+            .or(raw.spec.config.scheme);
+        if let Some(s @ (UpstreamScheme::Https | UpstreamScheme::Grpcs)) = scheme {
+            up.scheme = proto_scheme(s) as i32;
+            up.tls = Some(v1::UpstreamTls::default());
+        }
     }
 
     if !is_external && let Some(tls) = up.tls.as_mut() {
