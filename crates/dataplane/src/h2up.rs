@@ -142,6 +142,7 @@ impl HyperRegistry {
             scheme: key.scheme,
             tls,
             conns: Mutex::new(Vec::new()),
+            connecting: tokio::sync::Mutex::new(()),
         });
         pools.insert(key, Arc::downgrade(&pool));
         pool
@@ -181,9 +182,28 @@ struct HyperPool {
     scheme: UpstreamScheme,
     tls: Option<Arc<UpstreamTlsClient>>,
     conns: Mutex<Vec<Sender>>,
+    /// Held while an HTTP/2-only connection is being set up, so that a burst of requests
+    /// on a cold pool waits for that one connection instead of each dialing its own.
+    connecting: tokio::sync::Mutex<()>,
 }
 
 impl HyperPool {
+    /// A sender for one request: an idle one, or a new connection.
+    async fn checkout(&self, timeouts: Timeouts, conn: &ConnInfo) -> Result<Sender, ProxyError> {
+        if let Some(s) = self.checkout_idle() {
+            return Ok(s);
+        }
+        if self.scheme == UpstreamScheme::Https {
+            // HTTP/1.1 is possible: connections are not shared, so dial in parallel.
+            return self.connect(timeouts, conn).await;
+        }
+        let _guard = self.connecting.lock().await;
+        match self.checkout_idle() {
+            Some(s) => Ok(s),
+            None => self.connect(timeouts, conn).await,
+        }
+    }
+
     /// A sender that can take a request now, without connecting.
     fn checkout_idle(&self) -> Option<Sender> {
         let me = std::thread::current().id();
@@ -376,10 +396,7 @@ pub async fn proxy(
         .to_owned();
     let mut req = Request::from_parts(parts, body);
 
-    let mut sender = match pool.checkout_idle() {
-        Some(s) => s,
-        None => pool.connect(timeouts, conn).await?,
-    };
+    let mut sender = pool.checkout(timeouts, conn).await?;
     let mut retried = false;
     let response = loop {
         let sent = match &mut sender {
