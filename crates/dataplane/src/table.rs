@@ -8,7 +8,7 @@ use std::time::Duration;
 use sluice_proto::v1;
 
 use crate::router::{InvalidRoute, Router};
-use crate::upstream::{PoolRegistry, Timeouts, Upstream, WeightedSequence};
+use crate::upstream::{InvalidUpstream, PoolRegistry, Timeouts, Upstream, WeightedSequence};
 
 /// Why a snapshot could not be compiled. The snapshot is then rejected whole and the
 /// previous one keeps serving.
@@ -38,6 +38,9 @@ pub enum InvalidSnapshot {
         /// What is wrong.
         source: crate::upstream_tls::InvalidUpstreamTls,
     },
+    /// An upstream's settings are invalid.
+    #[error(transparent)]
+    Upstream(#[from] InvalidUpstream),
     /// An endpoint is malformed.
     #[error("upstream {upstream}: endpoints[{index}]: {reason}")]
     Endpoint {
@@ -150,7 +153,7 @@ impl RouteTable {
                 })?;
             upstreams.insert(
                 &up.id,
-                Arc::new(Upstream::new(up.id.clone(), endpoints, t, pools).with_protocol(protocol)),
+                Arc::new(Upstream::compile(up, endpoints, t, pools)?.with_protocol(protocol)),
             );
         }
         let mut routes = Vec::with_capacity(snapshot.routes.len());

@@ -125,17 +125,30 @@ fn endpointslice_change_to_traffic_latency() {
 fn bulk_apply_to_programmed_and_controller_rss() {
     let n = rounds("SLUICE_BULK_ROUTES", 2000);
     let p = Pipeline::start().unwrap();
-    let mut yaml = String::new();
-    for i in 0..n {
-        yaml.push_str(&p.route_yaml(&format!("bulk-{i}"), &format!("/bulk/{i}")));
-        yaml.push_str("---\n");
+    // kubectl applies one object per request; several at once get closer to "at once".
+    let parallel = rounds("SLUICE_BULK_PARALLEL", 8).max(1);
+    let mut files = Vec::new();
+    for chunk in 0..parallel {
+        let mut yaml = String::new();
+        for i in (chunk..n).step_by(parallel) {
+            yaml.push_str(&p.route_yaml(&format!("bulk-{i}"), &format!("/bulk/{i}")));
+            yaml.push_str("---\n");
+        }
+        let file = p.cluster.dir().join(format!("bulk-{chunk}.yaml"));
+        std::fs::write(&file, yaml).unwrap();
+        files.push(file);
     }
-    let file = p.cluster.dir().join("bulk.yaml");
-    std::fs::write(&file, yaml).unwrap();
     let start = Instant::now();
-    p.cluster
-        .kubectl_ok(&["apply", "--server-side", "-f", &file.to_string_lossy()])
-        .unwrap();
+    std::thread::scope(|s| {
+        for file in &files {
+            let cluster = &p.cluster;
+            s.spawn(move || {
+                cluster
+                    .kubectl_ok(&["apply", "--server-side", "-f", &file.to_string_lossy()])
+                    .unwrap();
+            });
+        }
+    });
     let applied = start.elapsed();
     let ns = p.namespace.clone();
     eventually(Duration::from_secs(300), || {

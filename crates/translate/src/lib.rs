@@ -65,6 +65,7 @@ mod route;
 pub mod state;
 pub mod status;
 mod upstream;
+mod upstream_health;
 mod validate;
 
 use std::collections::BTreeMap;
