@@ -20,6 +20,10 @@
 //!   matching endpoint keeps the route with `ResolvedRefs=False` naming the subset and its
 //!   labels (requests get 503). A subset needs Pods, so it is resolved from EndpointSlices
 //!   even with `resolveGranularity: service`, and is unresolved for an ExternalName Service.
+//! - `scheme: https|grpcs`: the upstream gets `tls` (see [`tls_from_secret`]): the server
+//!   name verified and sent as SNI is `<service>.<namespace>.svc` for Service backends (the
+//!   Service's cluster DNS name, which in-cluster certificates carry), and the node or
+//!   externalName host otherwise (the dataplane's default for an empty `sni`).
 
 use std::collections::BTreeMap;
 
@@ -86,10 +90,17 @@ pub(crate) struct Settings {
     pass_host: Option<(v1::UpstreamPassHost, String)>,
     /// `healthCheck`, defaults filled in.
     health_check: Option<v1::UpstreamHealthCheck>,
+    /// CA and client certificate from `tlsSecret`.
+    tls: Option<v1::UpstreamTls>,
 }
 
 impl Settings {
-    fn parse(c: &ApisixUpstreamConfig, field: &str, problems: &mut Problems) -> Self {
+    fn parse(
+        c: &ApisixUpstreamConfig,
+        field: &str,
+        idx: &Index<'_>,
+        problems: &mut Problems,
+    ) -> Self {
         let retries = c.retries.and_then(|r| match u32::try_from(r) {
             Ok(r) => Some(r),
             Err(_) if r < 0 => {
@@ -120,6 +131,27 @@ impl Settings {
             .map(|hc| health::health_check(hc, field, problems));
         // NB: settings the snapshot cannot carry yet are listed in the Accepted message by the
         // caller rather than silently dropped.
+        let tls = c.tls_secret.as_ref().and_then(|s| {
+            tls_from_secret(idx, &s.namespace, &s.name)
+                .map_err(|e| problems.error(format!("{field}tlsSecret"), e))
+                .ok()
+        });
+        if tls.is_some()
+            && matches!(
+                c.scheme.unwrap_or_default(),
+                UpstreamScheme::Http | UpstreamScheme::Grpc
+            )
+            && c.scheme.is_some()
+        {
+            problems.notes.push(format!(
+                "{field}tlsSecret has no effect with scheme {}",
+                if c.scheme == Some(UpstreamScheme::Grpc) {
+                    "grpc"
+                } else {
+                    "http"
+                }
+            ));
+        }
         Self {
             lb: c.loadbalancer.as_ref().map(|lb| lb.type_),
             scheme: c.scheme,
@@ -128,6 +160,7 @@ impl Settings {
             hash,
             pass_host,
             health_check,
+            tls,
         }
     }
 
@@ -145,6 +178,7 @@ impl Settings {
                 .health_check
                 .clone()
                 .or_else(|| self.health_check.clone()),
+            tls: over.tls.clone().or_else(|| self.tls.clone()),
         }
     }
 
@@ -155,7 +189,14 @@ impl Settings {
             LoadBalancerType::Ewma => v1::LoadBalancer::Ewma,
             LoadBalancerType::LeastConn => v1::LoadBalancer::LeastConn,
         } as i32;
-        up.scheme = proto_scheme(self.scheme.unwrap_or_default()) as i32;
+        let scheme = self.scheme.unwrap_or_default();
+        up.scheme = proto_scheme(scheme) as i32;
+        up.tls = match scheme {
+            UpstreamScheme::Https | UpstreamScheme::Grpcs => {
+                Some(self.tls.clone().unwrap_or_default())
+            }
+            UpstreamScheme::Http | UpstreamScheme::Grpc => None,
+        };
         up.retries = self.retries;
         up.timeout = timeouts(self.timeout);
         if let Some((on, key)) = &self.hash {
@@ -236,7 +277,7 @@ pub(crate) fn validate_object(
     problems: &mut Problems,
 ) -> Result<UpstreamObject, ()> {
     let spec = &au.spec;
-    let base = Settings::parse(&spec.config, "spec.", problems);
+    let base = Settings::parse(&spec.config, "spec.", idx, problems);
     let mut ports = BTreeMap::new();
     for (i, pls) in spec.port_level_settings.iter().enumerate() {
         let field = format!("spec.portLevelSettings[{i}].");
@@ -247,16 +288,14 @@ pub(crate) fn validate_object(
             );
             continue;
         }
-        let s = Settings::parse(&pls.config, &field, problems);
+        let s = Settings::parse(&pls.config, &field, idx, problems);
         if ports.insert(pls.port, base.overlay(&s)).is_some() {
             problems.error(
                 format!("{field}port"),
                 format!("port {} is listed twice", pls.port),
             );
         }
-        note_unsupported(&pls.config, &field, problems);
     }
-    note_unsupported(&spec.config, "spec.", problems);
 
     let scheme = spec.config.scheme.unwrap_or_default();
     let mut nodes = Vec::new();
@@ -330,17 +369,57 @@ pub(crate) fn validate_object(
     })
 }
 
-/// Adds a note for each setting that is valid but not carried by the snapshot yet.
-fn note_unsupported(c: &ApisixUpstreamConfig, field: &str, problems: &mut Problems) {
-    let mut ignored = Vec::new();
-    if c.tls_secret.is_some() {
-        ignored.push("tlsSecret");
+/// The upstream TLS settings of the `tlsSecret` `<ns>/<name>`: keys `tls.crt` + `tls.key`
+/// (the client certificate for upstream mTLS, as in a `kubernetes.io/tls` Secret) and/or
+/// `ca.crt` (the CA that signs the upstream's certificate; without it the dataplane verifies
+/// against the system roots). Each present key must hold valid PEM.
+pub(crate) fn tls_from_secret(
+    idx: &Index<'_>,
+    ns: &str,
+    name: &str,
+) -> Result<v1::UpstreamTls, String> {
+    let secret = idx
+        .secrets
+        .get(&(ns, name))
+        .ok_or_else(|| format!("Secret {ns}/{name} not found"))?;
+    let get = |key: &str| -> Result<Option<String>, String> {
+        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(key)) else {
+            return Ok(None);
+        };
+        String::from_utf8(bytes.0.clone())
+            .map(Some)
+            .map_err(|_| format!("Secret {ns}/{name}: {key} is not PEM text"))
+    };
+    let (cert, key, ca) = (get("tls.crt")?, get("tls.key")?, get("ca.crt")?);
+    let bad = |key: &str, what: &str| format!("Secret {ns}/{name}: {key} holds no valid {what}");
+    if let Some(cert) = &cert
+        && !crate::validate::pem_has_certificate(cert)
+    {
+        return Err(bad("tls.crt", "PEM certificate"));
     }
-    if !ignored.is_empty() {
-        let list: Vec<String> = ignored.iter().map(|f| format!("{field}{f}")).collect();
-        problems
-            .notes
-            .push(format!("not applied yet: {}", list.join(", ")));
+    if let Some(key) = &key
+        && !crate::validate::pem_has_private_key(key)
+    {
+        return Err(bad("tls.key", "PEM private key"));
+    }
+    if let Some(ca) = &ca
+        && !crate::validate::pem_has_certificate(ca)
+    {
+        return Err(bad("ca.crt", "PEM certificate"));
+    }
+    match (&cert, &key, &ca) {
+        (Some(_), None, _) | (None, Some(_), _) => Err(format!(
+            "Secret {ns}/{name}: tls.crt and tls.key must be given together"
+        )),
+        (None, None, None) => Err(format!(
+            "Secret {ns}/{name} has none of tls.crt/tls.key or ca.crt"
+        )),
+        _ => Ok(v1::UpstreamTls {
+            ca_pem: ca.unwrap_or_default(),
+            client_cert_pem: cert.unwrap_or_default(),
+            client_key_pem: key.unwrap_or_default(),
+            sni: String::new(),
+        }),
     }
 }
 
@@ -476,6 +555,25 @@ pub(crate) fn service_upstream(
     if let Some(au) = au {
         au.settings_for_port(port_number.unwrap_or(0))
             .apply(&mut up);
+    } else if let Some(raw) = idx.upstreams.get(&(ns, name)) {
+        // NB: a rejected ApisixUpstream (e.g. its tlsSecret is missing) leaves the defaults,
+        // but one that asks for TLS must not fall back to plain text: keep the scheme with
+        // default TLS settings (system roots), so the dataplane fails closed instead.
+        let scheme = raw
+            .spec
+            .port_level_settings
+            .iter()
+            .find(|p| Some(p.port) == port_number)
+            .and_then(|p| p.config.scheme)
+            .or(raw.spec.config.scheme);
+        if let Some(s @ (UpstreamScheme::Https | UpstreamScheme::Grpcs)) = scheme {
+            up.scheme = proto_scheme(s) as i32;
+            up.tls = Some(v1::UpstreamTls::default());
+        }
+    }
+
+    if !is_external && let Some(tls) = up.tls.as_mut() {
+        tls.sni = format!("{name}.{ns}.svc");
     }
 
     let Some(svc) = svc else {
