@@ -62,13 +62,18 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
     let apisix = &store.plugin_state().apisix;
     apisix.request_started();
     let mut plugin_ctx = None;
+    let grpc = crate::h2up::is_grpc(&req);
     let resp = match proxy(req, conn, &table, &mut plugin_ctx).await {
         Ok(resp) => resp,
         Err(err) => {
             if !matches!(err, ProxyError::NoRoute) {
                 tracing::warn!(error = %err, "request failed");
             }
-            err.into_response()
+            if grpc {
+                err.into_grpc_response()
+            } else {
+                err.into_response()
+            }
         }
     };
     store.metrics().observe_status(resp.status());
@@ -109,10 +114,10 @@ async fn proxy(
         (route, upstream, hash)
     };
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
-
-    let (mut parts, mut body) = req.into_parts();
-    // Plugins: request phases (rewrite, access, before_proxy); a plugin may answer.
-    if let Some(chain) = &route.plugins {
+    // Plugins: request phases (rewrite, access, before_proxy); a plugin may answer. They run
+    // before every protocol (WebSocket, h2/gRPC upstreams too), so auth is never bypassed.
+    let req = if let Some(chain) = &route.plugins {
+        let (mut parts, body) = req.into_parts();
         let ctx = plugin_ctx.insert(PluginCtx::new(
             Arc::clone(chain),
             conn.remote_addr,
@@ -136,7 +141,30 @@ async fn proxy(
             };
             hash = crate::balancer::request_hash(upstream, &info, Some(consumer));
         }
+        Request::from_parts(parts, body)
+    } else {
+        req
+    };
+    // Protocols other than plain HTTP/1.1 (see `websocket` and `h2up`): one endpoint, no
+    // retries to others.
+    let upgrade = route.websocket && crate::websocket::is_upgrade(&req);
+    if upgrade || upstream.protocol.is_some() {
+        let endpoint = upstream
+            .pick_index(hash, &Tried::default())
+            .and_then(|i| upstream.endpoints.get(i))
+            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+        let host = upstream.host_header(endpoint).cloned().or(host.clone());
+        let address = &endpoint.address;
+        if upgrade {
+            let tls = upstream.protocol.as_ref().and_then(|p| p.tls.as_deref());
+            return crate::websocket::proxy(req, host, conn, tls, address, timeouts).await;
+        }
+        if let Some(protocol) = &upstream.protocol {
+            return crate::h2up::proxy(req, host, conn, protocol, address, timeouts).await;
+        }
     }
+
+    let (mut parts, mut body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
 
     let has_body = !body.is_end_stream();
@@ -379,7 +407,7 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 /// Removes hop-by-hop headers, including those named in `Connection`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names, without hashing, finds which are present; typically only
     // `connection`, or none.
     let mut present = 0u8;

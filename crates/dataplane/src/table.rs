@@ -39,6 +39,14 @@ pub enum InvalidSnapshot {
         /// What is wrong (names the plugin and field).
         error: sluice_plugin_config::ConfigError,
     },
+    /// An upstream's TLS settings are unusable.
+    #[error("upstream {upstream}: {source}")]
+    UpstreamTls {
+        /// Upstream id.
+        upstream: String,
+        /// What is wrong.
+        source: crate::upstream_tls::InvalidUpstreamTls,
+    },
     /// An upstream's settings are invalid.
     #[error(transparent)]
     Upstream(#[from] InvalidUpstream),
@@ -181,9 +189,15 @@ impl RouteTable {
                 .timeout
                 .as_ref()
                 .map(|t| timeouts(Some(t), Timeouts::default()));
+            let addresses: Vec<String> = endpoints.iter().map(|(a, _)| a.clone()).collect();
+            let protocol = crate::h2up::UpstreamProtocol::compile(up, &addresses, &pools.hyper)
+                .map_err(|source| InvalidSnapshot::UpstreamTls {
+                    upstream: up.id.clone(),
+                    source,
+                })?;
             upstreams.insert(
                 &up.id,
-                Arc::new(Upstream::compile(up, endpoints, t, pools)?),
+                Arc::new(Upstream::compile(up, endpoints, t, pools)?.with_protocol(protocol)),
             );
         }
         let mut routes = Vec::with_capacity(snapshot.routes.len());

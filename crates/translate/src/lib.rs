@@ -23,7 +23,8 @@
 //!   none of its rules enter the snapshot, as APISIX does; other objects are unaffected.
 //! - `backends[]` become upstreams `<ns>/<service>:<port>[@service][#subset]` (port = the
 //!   Service port number); `src/upstream.rs` documents how endpoints are resolved
-//!   (EndpointSlices, ClusterIP, headless and ExternalName Services, subsets). A missing Service or port keeps the route (with an upstream
+//!   (EndpointSlices, ClusterIP, headless and ExternalName Services, subsets by Pod labels).
+//!   A missing Service or port keeps the route (with an upstream
 //!   without endpoints, so requests get 503) and sets `ResolvedRefs=False`
 //!   (`BackendNotFound`).
 //! - `upstreams[]` reference ApisixUpstreams with `externalNodes`: upstream `<ns>/<name>`.
@@ -132,6 +133,8 @@ pub(crate) struct Index<'a> {
     pub(crate) plugin_configs: BTreeMap<(&'a str, &'a str), &'a ApisixPluginConfig>,
     pub(crate) consumers: BTreeMap<(&'a str, &'a str), &'a ApisixConsumer>,
     pub(crate) global_rules: BTreeMap<(&'a str, &'a str), &'a ApisixGlobalRule>,
+    /// Pod labels, keyed by (namespace, Pod name); for subsets.
+    pub(crate) pod_labels: BTreeMap<(&'a str, &'a str), Option<&'a BTreeMap<String, String>>>,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -197,6 +200,11 @@ impl<'a> Index<'a> {
                     .push(s);
             }
         }
+        let pod_labels = state
+            .pods
+            .iter()
+            .map(|p| (key(&p.metadata), p.metadata.labels.as_ref()))
+            .collect();
         for list in slices.values_mut() {
             list.sort_by(|a, b| key(&a.metadata).cmp(&key(&b.metadata)));
             list.dedup_by(|a, b| key(&a.metadata) == key(&b.metadata));
@@ -229,6 +237,7 @@ impl<'a> Index<'a> {
             plugin_configs,
             consumers,
             global_rules,
+            pod_labels,
         }
     }
 }
