@@ -39,10 +39,20 @@
 pub mod basic_auth;
 pub mod consumer;
 pub mod consumer_restriction;
+pub mod cors;
+pub mod fault_injection;
+pub mod gzip;
+pub mod ip_restriction;
 pub mod jwt_auth;
 pub mod key_auth;
 pub mod limit_count;
 pub mod prometheus;
+pub mod proxy_rewrite;
+pub mod real_ip;
+pub mod redirect;
+pub mod request_id;
+pub mod response_rewrite;
+pub mod rewrite;
 pub mod state;
 pub mod vars;
 
@@ -99,6 +109,11 @@ pub trait BodyFilter: Send {
     /// The body ended: anything still held back. Default: nothing.
     fn end(&mut self, _ctx: &mut PluginCtx) -> Option<Bytes> {
         None
+    }
+    /// Whether this filter encodes the body (gzip) and so must run after every other
+    /// filter, as nginx's gzip filter does. Default false.
+    fn runs_last(&self) -> bool {
+        false
     }
 }
 
@@ -164,6 +179,15 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("basic-auth", basic_auth::build),
     ("jwt-auth", jwt_auth::build),
     ("consumer-restriction", consumer_restriction::build),
+    ("proxy-rewrite", proxy_rewrite::build),
+    ("cors", cors::build),
+    ("redirect", redirect::build),
+    ("ip-restriction", ip_restriction::build),
+    ("real-ip", real_ip::build),
+    ("request-id", request_id::build),
+    ("response-rewrite", response_rewrite::build),
+    ("fault-injection", fault_injection::build),
+    ("gzip", gzip::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.
@@ -265,6 +289,9 @@ pub struct PluginCtx {
     merged: Option<Arc<[Arc<dyn Plugin>]>>,
     /// Values kept until the request ends (e.g. a limit-conn slot released on drop).
     keep: Vec<Box<dyn Any + Send>>,
+    /// Typed per-request values plugins hand from request to response phases (e.g. the
+    /// request's `Origin` for cors, a copy of the request head).
+    pub extensions: http::Extensions,
 }
 
 impl std::fmt::Debug for PluginCtx {
@@ -303,6 +330,7 @@ impl PluginCtx {
             response_headers: Vec::new(),
             merged: None,
             keep: Vec::new(),
+            extensions: http::Extensions::new(),
         }
     }
 
@@ -394,6 +422,8 @@ pub fn response_phases(resp: Response<ProxyBody>, mut ctx: PluginCtx) -> Respons
     if filters.is_empty() && !chain.wrap_body {
         return Response::from_parts(parts, body);
     }
+    // Encoders (gzip) see the body every other filter made; the sort is stable.
+    filters.sort_by_key(|f| f.runs_last());
     if !filters.is_empty() {
         // The length changes under a filter.
         parts.headers.remove(http::header::CONTENT_LENGTH);

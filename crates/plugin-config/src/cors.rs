@@ -1,0 +1,130 @@
+//! `cors`: Cross-Origin Resource Sharing headers and preflight answers.
+
+use regex::Regex;
+use serde::Deserialize;
+
+use crate::{FieldError, PluginSchema};
+
+/// Configuration of `cors` (APISIX 3.x schema and defaults).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Cors {
+    /// Comma-separated origins (`scheme://host[:port]`), `*` (any; not with
+    /// `allow_credential`) or `**` (any, echoing the request's Origin); default `*`.
+    #[serde(default = "star")]
+    pub allow_origins: String,
+    /// Comma-separated methods, `*` or `**`; default `*`.
+    #[serde(default = "star")]
+    pub allow_methods: String,
+    /// Comma-separated request headers, `*` or `**` (echo `Access-Control-Request-Headers`);
+    /// default `*`.
+    #[serde(default = "star")]
+    pub allow_headers: String,
+    /// Comma-separated response headers exposed, `*` or `**`; default: none sent.
+    #[serde(default)]
+    pub expose_headers: Option<String>,
+    /// Seconds a preflight result may be cached (`-1` disables); default 5.
+    #[serde(default = "default_max_age")]
+    pub max_age: i64,
+    /// Allow credentials (cookies); then `*` is not allowed in the other fields. Default
+    /// false.
+    #[serde(default)]
+    pub allow_credential: bool,
+    /// Origins allowed by regex; when set, `allow_origins` is ignored.
+    #[serde(default)]
+    pub allow_origins_by_regex: Option<Vec<String>>,
+    /// Plugin metadata is not supported by Sluice (rejected).
+    #[serde(default)]
+    pub allow_origins_by_metadata: Option<serde_json::Value>,
+    /// `Timing-Allow-Origin` origins (not supported yet; rejected).
+    #[serde(default)]
+    pub timing_allow_origins: Option<serde_json::Value>,
+    /// `Timing-Allow-Origin` regexes (not supported yet; rejected).
+    #[serde(default)]
+    pub timing_allow_origins_by_regex: Option<serde_json::Value>,
+}
+
+fn star() -> String {
+    "*".into()
+}
+
+fn default_max_age() -> i64 {
+    5
+}
+
+impl Cors {
+    /// The compiled `allow_origins_by_regex`.
+    pub fn origin_regexes(&self) -> Result<Vec<Regex>, FieldError> {
+        self.allow_origins_by_regex
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(i, p)| {
+                // NB: anchored at both ends, as APISIX matches the whole origin.
+                Regex::new(&format!("^(?:{p})$")).map_err(|e| {
+                    FieldError::new(
+                        format!("allow_origins_by_regex[{i}]"),
+                        format!("bad regex: {e}"),
+                    )
+                })
+            })
+            .collect()
+    }
+}
+
+impl PluginSchema for Cors {
+    const NAME: &'static str = "cors";
+    const PRIORITY: i32 = 4000;
+
+    fn check(&self) -> Result<(), FieldError> {
+        if self.allow_credential {
+            for (field, v) in [
+                ("allow_origins", Some(&self.allow_origins)),
+                ("allow_methods", Some(&self.allow_methods)),
+                ("allow_headers", Some(&self.allow_headers)),
+                ("expose_headers", self.expose_headers.as_ref()),
+            ] {
+                if v.is_some_and(|v| v == "*") {
+                    return Err(FieldError::new(
+                        field,
+                        "\"*\" is not allowed when allow_credential is true (use \"**\" to \
+                         allow any value anyway, or list the values)",
+                    ));
+                }
+            }
+        }
+        if self.max_age < -1 {
+            return Err(FieldError::new("max_age", "must be -1 or more"));
+        }
+        for (field, v) in [
+            ("allow_origins_by_metadata", &self.allow_origins_by_metadata),
+            ("timing_allow_origins", &self.timing_allow_origins),
+            (
+                "timing_allow_origins_by_regex",
+                &self.timing_allow_origins_by_regex,
+            ),
+        ] {
+            if v.is_some() {
+                return Err(FieldError::new(field, "is not supported by Sluice"));
+            }
+        }
+        for (field, v) in [
+            ("allow_origins", &self.allow_origins),
+            ("allow_methods", &self.allow_methods),
+            ("allow_headers", &self.allow_headers),
+        ] {
+            if v.trim().is_empty() {
+                return Err(FieldError::new(field, "must not be empty"));
+            }
+            if http::HeaderValue::from_str(v).is_err() {
+                return Err(FieldError::new(field, "must be printable ASCII"));
+            }
+        }
+        if let Some(v) = &self.expose_headers
+            && http::HeaderValue::from_str(v).is_err()
+        {
+            return Err(FieldError::new("expose_headers", "must be printable ASCII"));
+        }
+        self.origin_regexes().map(|_| ())
+    }
+}
