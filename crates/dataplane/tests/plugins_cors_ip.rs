@@ -79,7 +79,13 @@ async fn cors_defaults_allow_any_origin_and_answer_preflight() {
     assert_eq!(r.json()["path"], "/api");
     assert_eq!(h(&r, "access-control-allow-origin"), Some("*"));
 
-    let free = request(dp.addr, "GET", "/free", &[("origin", "https://app.example")]).await;
+    let free = request(
+        dp.addr,
+        "GET",
+        "/free",
+        &[("origin", "https://app.example")],
+    )
+    .await;
     assert!(h(&free, "access-control-allow-origin").is_none());
 }
 
@@ -138,10 +144,28 @@ async fn cors_origins_by_regex_and_echo() {
     )])
     .await;
     let r = request(dp.addr, "GET", "/", &[("origin", "https://api.test.com")]).await;
-    assert_eq!(h(&r, "access-control-allow-origin"), Some("https://api.test.com"));
-    let r = request(dp.addr, "GET", "/", &[("origin", "https://api.test.com.evil")]).await;
-    assert!(h(&r, "access-control-allow-origin").is_none(), "whole-origin match");
-    let r = request(dp.addr, "GET", "/", &[("origin", "https://ignored.example")]).await;
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        Some("https://api.test.com")
+    );
+    let r = request(
+        dp.addr,
+        "GET",
+        "/",
+        &[("origin", "https://api.test.com.evil")],
+    )
+    .await;
+    assert!(
+        h(&r, "access-control-allow-origin").is_none(),
+        "whole-origin match"
+    );
+    let r = request(
+        dp.addr,
+        "GET",
+        "/",
+        &[("origin", "https://ignored.example")],
+    )
+    .await;
     assert!(h(&r, "access-control-allow-origin").is_none());
 
     let (_echo, dp) = with_plugins(vec![plugin(
@@ -150,7 +174,10 @@ async fn cors_origins_by_regex_and_echo() {
     )])
     .await;
     let r = request(dp.addr, "GET", "/", &[("origin", "https://any.example")]).await;
-    assert_eq!(h(&r, "access-control-allow-origin"), Some("https://any.example"));
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        Some("https://any.example")
+    );
     assert_eq!(
         h(&r, "access-control-allow-methods"),
         Some("GET,POST,PUT,DELETE,PATCH,HEAD,OPTIONS,CONNECT,TRACE")
@@ -166,9 +193,15 @@ async fn ip_restriction_whitelist_and_blacklist() {
     .await;
     let r = request(dp.addr, "GET", "/", &[]).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
-    assert_eq!(r.json(), json!({"message": "Your IP address is not allowed"}));
+    assert_eq!(
+        r.json(),
+        json!({"message": "Your IP address is not allowed"})
+    );
     assert!(h(&r, "x-echo-server").is_none());
-    assert_eq!(request(dp.addr, "GET", "/free", &[]).await.status, StatusCode::OK);
+    assert_eq!(
+        request(dp.addr, "GET", "/free", &[]).await.status,
+        StatusCode::OK
+    );
 
     let (_echo, dp) = with_plugins(vec![plugin(
         "ip-restriction",
@@ -184,7 +217,10 @@ async fn ip_restriction_whitelist_and_blacklist() {
         json!({"whitelist": ["127.0.0.1"]}),
     )])
     .await;
-    assert_eq!(request(dp.addr, "GET", "/", &[]).await.status, StatusCode::OK);
+    assert_eq!(
+        request(dp.addr, "GET", "/", &[]).await.status,
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
@@ -236,7 +272,11 @@ async fn real_ip_ignores_untrusted_peers_and_reads_other_sources() {
     )])
     .await;
     let r = request(dp.addr, "GET", "/", &[("x-forwarded-for", "198.51.100.1")]).await;
-    assert_eq!(r.json()["headers"]["x-real-ip"], "127.0.0.1", "peer not trusted");
+    assert_eq!(
+        r.json()["headers"]["x-real-ip"],
+        "127.0.0.1",
+        "peer not trusted"
+    );
 
     let (_echo, dp) = with_plugins(vec![plugin("real-ip", json!({"source": "arg_realip"}))]).await;
     let r = request(dp.addr, "GET", "/?realip=192.0.2.44:1234", &[]).await;
@@ -267,7 +307,10 @@ async fn bad_configs_are_rejected_naming_plugin_and_field() {
             "plugin \"ip-restriction\": whitelist[0]: \"10.0.0.0/33\" is not an IP address or CIDR",
         ),
         (
-            plugin("ip-restriction", json!({"whitelist": ["1.1.1.1"], "blacklist": ["2.2.2.2"]})),
+            plugin(
+                "ip-restriction",
+                json!({"whitelist": ["1.1.1.1"], "blacklist": ["2.2.2.2"]}),
+            ),
             "plugin \"ip-restriction\": exactly one of whitelist and blacklist",
         ),
         (

@@ -151,7 +151,13 @@ async fn proxy_rewrite_repeated_headers_reach_the_upstream_as_lines() {
             vec![],
         )
         .unwrap();
-    let r = request(dp.addr, "GET", "/", &[("x-added", "orig"), ("x-multi", "0")]).await;
+    let r = request(
+        dp.addr,
+        "GET",
+        "/",
+        &[("x-added", "orig"), ("x-multi", "0")],
+    )
+    .await;
     let head = r.text();
     assert!(head.contains("x-added: orig\r\nx-added: new\r\n"), "{head}");
     assert!(head.contains("x-multi: 1\r\nx-multi: 2\r\n"), "{head}");
@@ -170,7 +176,10 @@ async fn proxy_rewrite_uri_with_variables_and_legacy_headers() {
     assert_eq!(j["path"], "/fixed/7/a%20b", "unsafe characters are escaped");
     assert_eq!(j["query"], "id=7");
     assert_eq!(j["headers"]["x-api"], "v2");
-    assert!(j["headers"].get("x-drop").is_none(), "an empty value removes");
+    assert!(
+        j["headers"].get("x-drop").is_none(),
+        "an empty value removes"
+    );
 }
 
 #[tokio::test]
@@ -183,7 +192,11 @@ async fn redirect_http_to_https() {
     let r = request(dp.addr, "HEAD", "/a", &[]).await;
     assert_eq!(r.status, StatusCode::MOVED_PERMANENTLY);
     let r = request(dp.addr, "POST", "/a", &[]).await;
-    assert_eq!(r.status, StatusCode::PERMANENT_REDIRECT, "keeps method and body");
+    assert_eq!(
+        r.status,
+        StatusCode::PERMANENT_REDIRECT,
+        "keeps method and body"
+    );
     assert_eq!(h(&r, "location"), Some("https://example.com/a"));
     // Behind a TLS-terminating proxy the request is already HTTPS.
     let r = request(dp.addr, "GET", "/a", &[("x-forwarded-proto", "HTTPS")]).await;
@@ -259,7 +272,11 @@ async fn response_rewrite_base64_body_and_vars_on_status() {
     assert_eq!(r.status, StatusCode::OK);
     assert_eq!(r.text(), "hello");
     let r = request(dp.addr, "GET", "/status/503", &[]).await;
-    assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE, "vars do not hold");
+    assert_eq!(
+        r.status,
+        StatusCode::SERVICE_UNAVAILABLE,
+        "vars do not hold"
+    );
     assert_eq!(r.json()["path"], "/status/503");
     let r = request(dp.addr, "GET", "/status/200?debug=1", &[]).await;
     assert_eq!(r.status, StatusCode::OK);
@@ -322,15 +339,24 @@ async fn bad_configs_are_rejected_naming_plugin_and_field() {
             "plugin \"response-rewrite\": status_code: 600 is out of range",
         ),
         (
-            plugin("response-rewrite", json!({"vars": [["arg_a", "like", "b"]]})),
+            plugin(
+                "response-rewrite",
+                json!({"vars": [["arg_a", "like", "b"]]}),
+            ),
             "plugin \"response-rewrite\": vars[0]: operator \"like\" is not supported",
         ),
         (
-            plugin("response-rewrite", json!({"body": "!!", "body_base64": true})),
+            plugin(
+                "response-rewrite",
+                json!({"body": "!!", "body_base64": true}),
+            ),
             "plugin \"response-rewrite\": body: not base64",
         ),
         (
-            plugin("response-rewrite", json!({"headers": {"set": {"X-A": {"no": 1}}}})),
+            plugin(
+                "response-rewrite",
+                json!({"headers": {"set": {"X-A": {"no": 1}}}}),
+            ),
             "plugin \"response-rewrite\": headers.set.X-A: must be a string",
         ),
     ] {

@@ -2,8 +2,8 @@
 //! client accepts gzip (`Accept-Encoding`, HTTP version at least `http_version`), the
 //! upstream did not encode it, its type is one of `types` (`*` for any) and its
 //! `Content-Length` (when known) is at least `min_length`. Sets `Content-Encoding: gzip`,
-//! drops `Content-Length`, and adds `Vary: Accept-Encoding` with `vary`. The encoder runs
-//! after every other body filter (as nginx's gzip filter). `buffers` is accepted and
+//! drops `Content-Length`, and adds `Vary: Accept-Encoding` with `vary`. Its response phases
+//! run after every other plugin's (as nginx's gzip filter). `buffers` is accepted and
 //! ignored.
 
 use std::io::Write as _;
@@ -140,6 +140,10 @@ impl Plugin for Gzip {
         ctx.extensions.insert(On);
     }
 
+    fn encodes_body(&self) -> bool {
+        true
+    }
+
     fn body_filter(&self, ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {
         ctx.extensions.remove::<On>()?;
         Some(Box::new(Encoder {
@@ -166,9 +170,5 @@ impl BodyFilter for Encoder {
     fn end(&mut self, _ctx: &mut PluginCtx) -> Option<Bytes> {
         let enc = self.enc.take()?;
         enc.finish().ok().map(Bytes::from)
-    }
-
-    fn runs_last(&self) -> bool {
-        true
     }
 }

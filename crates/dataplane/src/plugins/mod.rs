@@ -54,6 +54,7 @@ pub mod request_id;
 pub mod response_rewrite;
 pub mod rewrite;
 pub mod state;
+pub mod traffic_split;
 pub mod vars;
 
 use std::any::Any;
@@ -110,11 +111,6 @@ pub trait BodyFilter: Send {
     fn end(&mut self, _ctx: &mut PluginCtx) -> Option<Bytes> {
         None
     }
-    /// Whether this filter encodes the body (gzip) and so must run after every other
-    /// filter, as nginx's gzip filter does. Default false.
-    fn runs_last(&self) -> bool {
-        false
-    }
 }
 
 /// A plugin instance, built from its typed config when a snapshot compiles and shared by
@@ -145,6 +141,13 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
     /// A streaming body filter for this response, if the plugin transforms bodies.
     fn body_filter(&self, _ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {
         None
+    }
+
+    /// Whether the plugin encodes the response (gzip): its response phases then run after
+    /// every other plugin's, so it sees the final headers and body (as nginx's gzip filter
+    /// runs after the Lua filters). Default false.
+    fn encodes_body(&self) -> bool {
+        false
     }
 
     /// Whether [`Plugin::log`] does anything; the body is only wrapped when some plugin
@@ -188,6 +191,7 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("response-rewrite", response_rewrite::build),
     ("fault-injection", fault_injection::build),
     ("gzip", gzip::build),
+    ("traffic-split", traffic_split::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.
@@ -413,17 +417,21 @@ pub fn response_phases(resp: Response<ProxyBody>, mut ctx: PluginCtx) -> Respons
     let chain = Arc::clone(&ctx.chain);
     let plugins = ctx.route_plugins();
     let mut filters = Vec::new();
-    for p in plugins.iter().chain(chain.global.iter()) {
-        p.response_headers(&mut parts, &mut ctx);
-        if let Some(f) = p.body_filter(&mut ctx) {
-            filters.push(f);
+    // Encoders (gzip) last: they see the headers and body every other plugin made.
+    for last in [false, true] {
+        for p in plugins.iter().chain(chain.global.iter()) {
+            if p.encodes_body() != last {
+                continue;
+            }
+            p.response_headers(&mut parts, &mut ctx);
+            if let Some(f) = p.body_filter(&mut ctx) {
+                filters.push(f);
+            }
         }
     }
     if filters.is_empty() && !chain.wrap_body {
         return Response::from_parts(parts, body);
     }
-    // Encoders (gzip) see the body every other filter made; the sort is stable.
-    filters.sort_by_key(|f| f.runs_last());
     if !filters.is_empty() {
         // The length changes under a filter.
         parts.headers.remove(http::header::CONTENT_LENGTH);
