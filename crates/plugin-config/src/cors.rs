@@ -128,3 +128,35 @@ impl PluginSchema for Cors {
         self.origin_regexes().map(|_| ())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn checks() {
+        validate("cors", &json!({})).unwrap();
+        validate("cors", &json!({"allow_origins": "**", "allow_credential": true, "allow_methods": "**", "allow_headers": "**"})).unwrap();
+        let e = validate("cors", &json!({"allow_credential": true, "allow_origins": "https://a", "allow_methods": "GET", "allow_headers": "x", "expose_headers": "*"})).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("expose_headers: \"*\" is not allowed"),
+            "{e}"
+        );
+        let e = validate("cors", &json!({"max_age": -2})).unwrap_err();
+        assert!(e.to_string().contains("max_age: must be -1 or more"), "{e}");
+        let e = validate("cors", &json!({"allow_origins_by_metadata": ["x"]})).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("allow_origins_by_metadata: is not supported"),
+            "{e}"
+        );
+        let e = validate("cors", &json!({"allow_origin": "*"})).unwrap_err();
+        assert!(
+            e.to_string().contains("unknown field `allow_origin`"),
+            "{e}"
+        );
+    }
+}

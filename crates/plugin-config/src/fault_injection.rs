@@ -110,3 +110,25 @@ impl PluginSchema for FaultInjection {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn checks() {
+        validate(
+            "fault-injection",
+            &json!({"delay": {"duration": "0.5", "percentage": 50}}),
+        )
+        .unwrap();
+        let e = validate("fault-injection", &json!({"abort": {"body": "x"}})).unwrap_err();
+        assert!(e.to_string().contains("missing field `http_status`"), "{e}");
+        let e = validate("fault-injection", &json!({"delay": {"duration": 0}})).unwrap_err();
+        assert!(e.to_string().contains("delay.duration: must be > 0"), "{e}");
+        let e = validate("fault-injection", &json!({"abort": {"http_status": 100}})).unwrap_err();
+        assert!(e.to_string().contains("abort.http_status"), "{e}");
+    }
+}

@@ -89,3 +89,28 @@ impl PluginSchema for Gzip {
         self.type_list().map(|_| ())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn checks() {
+        let g: Gzip = crate::parse(&json!({})).unwrap();
+        assert_eq!(g.type_list().unwrap(), Some(vec!["text/html".to_owned()]));
+        assert_eq!(g.min_length, 20);
+        assert_eq!(g.comp_level, 1);
+        let g: Gzip = crate::parse(&json!({"types": "*"})).unwrap();
+        assert_eq!(g.type_list().unwrap(), None);
+        let e = validate("gzip", &json!({"http_version": 2})).unwrap_err();
+        assert!(
+            e.to_string().contains("http_version: must be 1.1 or 1.0"),
+            "{e}"
+        );
+        let e = validate("gzip", &json!({"types": "text/html"})).unwrap_err();
+        assert!(e.to_string().contains("types: must be"), "{e}");
+    }
+}

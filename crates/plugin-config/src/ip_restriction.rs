@@ -78,3 +78,41 @@ impl PluginSchema for IpRestriction {
         self.nets().map(|_| ())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn checks() {
+        validate(
+            "ip-restriction",
+            &json!({"whitelist": ["10.0.0.0/8", "::1", "fe80::/10"]}),
+        )
+        .unwrap();
+        let e = validate("ip-restriction", &json!({})).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("exactly one of whitelist and blacklist"),
+            "{e}"
+        );
+        let e = validate("ip-restriction", &json!({"blacklist": []})).unwrap_err();
+        assert!(
+            e.to_string().contains("blacklist: must not be empty"),
+            "{e}"
+        );
+        let e = validate(
+            "ip-restriction",
+            &json!({"blacklist": ["1.1.1.1"], "response_code": 401}),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("response_code: must be 403 or 404"),
+            "{e}"
+        );
+        let e = validate("ip-restriction", &json!({"blacklist": "1.1.1.1"})).unwrap_err();
+        assert!(e.to_string().contains("blacklist: invalid type"), "{e}");
+    }
+}

@@ -119,3 +119,32 @@ impl PluginSchema for ProxyRewrite {
         self.compile().map(|_| ())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn checks() {
+        let e = validate("proxy-rewrite", &json!({"uri": ["/x"]})).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "plugin \"proxy-rewrite\": uri: invalid type: sequence, expected a string"
+        );
+        let e = validate("proxy-rewrite", &json!({"uri": "no-slash"})).unwrap_err();
+        assert!(e.to_string().contains("uri: must start with /"), "{e}");
+        let e = validate("proxy-rewrite", &json!({"host": ""})).unwrap_err();
+        assert!(e.to_string().contains("host: must not be empty"), "{e}");
+        let e = validate("proxy-rewrite", &json!({"scheme": "https"})).unwrap_err();
+        assert!(e.to_string().contains("scheme: only http"), "{e}");
+        let e = validate("proxy-rewrite", &json!({"hots": "x"})).unwrap_err();
+        assert!(e.to_string().contains("unknown field `hots`"), "{e}");
+        validate(
+            "proxy-rewrite",
+            &json!({"uri": "/$arg_x", "method": "PUT", "use_real_request_uri_unsafe": "true"}),
+        )
+        .unwrap();
+    }
+}

@@ -51,3 +51,23 @@ impl PluginSchema for RealIp {
         self.compile().map(|_| ())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn checks() {
+        validate("real-ip", &json!({"source": "http_x_real_ip"})).unwrap();
+        let e = validate(
+            "real-ip",
+            &json!({"source": "http_x_forwarded_for", "trusted_addresses": ["x"]}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("trusted_addresses[0]"), "{e}");
+        let e = validate("real-ip", &json!({"source": ""})).unwrap_err();
+        assert!(e.to_string().contains("source: must not be empty"), "{e}");
+    }
+}

@@ -96,3 +96,29 @@ impl PluginSchema for Redirect {
         self.target().map(|_| ())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn checks() {
+        validate("redirect", &json!({"http_to_https": "true"})).unwrap();
+        let e = validate("redirect", &json!({})).unwrap_err();
+        assert!(e.to_string().contains("exactly one of"), "{e}");
+        let e = validate(
+            "redirect",
+            &json!({"http_to_https": true, "append_query_string": true}),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("append_query_string: cannot be used"),
+            "{e}"
+        );
+        let e = validate("redirect", &json!({"regex_uri": ["a", "b", "c", "d"]})).unwrap_err();
+        assert!(e.to_string().contains("regex_uri: at most 1"), "{e}");
+    }
+}

@@ -90,3 +90,27 @@ impl PluginSchema for RequestId {
         Ok(())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn checks() {
+        let c: RequestId = crate::parse(&json!({})).unwrap();
+        assert_eq!(c.header_name, "X-Request-Id");
+        assert!(c.include_in_response);
+        assert_eq!(c.algorithm, Algorithm::Uuid);
+        let e = validate("request-id", &json!({"header_name": "bad header"})).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("header_name: not a valid header name"),
+            "{e}"
+        );
+        let e = validate("request-id", &json!({"range_id": {"char_set": "abc"}})).unwrap_err();
+        assert!(e.to_string().contains("range_id.char_set"), "{e}");
+    }
+}

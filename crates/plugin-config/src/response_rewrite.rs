@@ -215,4 +215,34 @@ mod tests {
     fn replacements() {
         assert_eq!(replacement("a$1b${2}c$x"), "a${1}b${2}c$$x");
     }
+
+    #[test]
+    fn checks() {
+        crate::validate(
+            "response-rewrite",
+            &serde_json::json!({"status_code": "404", "vars": [["status", "==", 200]]}),
+        )
+        .unwrap();
+        let e = crate::validate(
+            "response-rewrite",
+            &serde_json::json!({"body": "x", "filters": [{"regex": "a", "replace": "b"}]}),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("filters: cannot be used with body"),
+            "{e}"
+        );
+        let e = crate::validate(
+            "response-rewrite",
+            &serde_json::json!({"filters": [{"regex": "a", "replace": "b", "options": "jx"}]}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("filters[0].options"), "{e}");
+        let e = crate::validate(
+            "response-rewrite",
+            &serde_json::json!({"filters": [{"regex": "a", "replace": "b", "scope": "all"}]}),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown variant `all`"), "{e}");
+    }
 }

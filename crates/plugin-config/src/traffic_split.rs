@@ -72,3 +72,25 @@ impl PluginSchema for TrafficSplit {
         ))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use crate::validate;
+    use serde_json::json;
+
+    #[test]
+    fn always_refused_with_the_field_named() {
+        let e = validate("traffic-split", &json!({"rules": [{"weighted_upstreams": [{"weight": 1}, {"upstream": {"nodes": {}}}]}]})).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("rules[0].weighted_upstreams[1].upstream: upstreams referenced"),
+            "{e}"
+        );
+        let e = validate("traffic-split", &json!({"rules": [{"match": []}]})).unwrap_err();
+        assert!(
+            e.to_string().contains("missing field `weighted_upstreams`"),
+            "{e}"
+        );
+    }
+}
