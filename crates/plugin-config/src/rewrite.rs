@@ -121,7 +121,7 @@ pub struct RegexUri {
 /// Compiles a flat `[pattern, replacement, pattern, replacement, ...]` array (field
 /// `regex_uri`); `max_pairs` limits the number of pairs (redirect allows one).
 pub fn compile_regex_uri(list: &[String], max_pairs: usize) -> Result<Vec<RegexUri>, FieldError> {
-    if list.is_empty() || list.len() % 2 != 0 {
+    if list.is_empty() || !list.len().is_multiple_of(2) {
         return Err(FieldError::new(
             "regex_uri",
             "must hold pairs [pattern, replacement, ...] (an even, non-zero number of strings)",
