@@ -134,13 +134,39 @@ async fn cors_listed_origins_with_credentials() {
     assert_eq!(r.status, StatusCode::OK);
     assert!(h(&r, "access-control-allow-origin").is_none());
     assert!(h(&r, "access-control-allow-credentials").is_none());
+    assert_eq!(
+        h(&r, "vary"),
+        Some("Origin"),
+        "caches must still key on Origin"
+    );
+}
+
+#[tokio::test]
+async fn cors_single_origin_is_always_sent_and_timing_allow_origin() {
+    let (_echo, dp) = with_plugins(vec![plugin(
+        "cors",
+        json!({"allow_origins": "https://app.example",
+               "timing_allow_origins": "https://app.example,https://perf.example"}),
+    )])
+    .await;
+    // As APISIX: one configured origin is sent whatever the request's Origin is.
+    let r = request(dp.addr, "GET", "/", &[("origin", "https://other.example")]).await;
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        Some("https://app.example")
+    );
+    assert_eq!(h(&r, "vary"), Some("Origin"));
+    assert!(h(&r, "timing-allow-origin").is_none());
+    let r = request(dp.addr, "GET", "/", &[("origin", "https://perf.example")]).await;
+    assert_eq!(h(&r, "timing-allow-origin"), Some("https://perf.example"));
 }
 
 #[tokio::test]
 async fn cors_origins_by_regex_and_echo() {
     let (_echo, dp) = with_plugins(vec![plugin(
         "cors",
-        json!({"allow_origins_by_regex": [".*\\.test\\.com"], "allow_origins": "https://ignored.example"}),
+        json!({"allow_origins_by_regex": ["^https://.*\\.test\\.com$", "partner"],
+               "allow_origins": "https://ignored.example"}),
     )])
     .await;
     let r = request(dp.addr, "GET", "/", &[("origin", "https://api.test.com")]).await;
@@ -148,6 +174,7 @@ async fn cors_origins_by_regex_and_echo() {
         h(&r, "access-control-allow-origin"),
         Some("https://api.test.com")
     );
+    assert_eq!(h(&r, "vary"), Some("Origin"));
     let r = request(
         dp.addr,
         "GET",
@@ -157,7 +184,19 @@ async fn cors_origins_by_regex_and_echo() {
     .await;
     assert!(
         h(&r, "access-control-allow-origin").is_none(),
-        "whole-origin match"
+        "anchored pattern"
+    );
+    // NB: a search, as ngx.re.find: an unanchored pattern matches anywhere.
+    let r = request(
+        dp.addr,
+        "GET",
+        "/",
+        &[("origin", "https://partner.example")],
+    )
+    .await;
+    assert_eq!(
+        h(&r, "access-control-allow-origin"),
+        Some("https://partner.example")
     );
     let r = request(
         dp.addr,
@@ -166,7 +205,12 @@ async fn cors_origins_by_regex_and_echo() {
         &[("origin", "https://ignored.example")],
     )
     .await;
-    assert!(h(&r, "access-control-allow-origin").is_none());
+    assert!(
+        h(&r, "access-control-allow-origin").is_none(),
+        "regexes replace the list"
+    );
+    let r = request(dp.addr, "GET", "/", &[]).await;
+    assert!(h(&r, "access-control-allow-origin").is_none(), "no Origin");
 
     let (_echo, dp) = with_plugins(vec![plugin(
         "cors",

@@ -36,12 +36,12 @@ pub struct Cors {
     /// Plugin metadata is not supported by Sluice (rejected).
     #[serde(default)]
     pub allow_origins_by_metadata: Option<serde_json::Value>,
-    /// `Timing-Allow-Origin` origins (not supported yet; rejected).
+    /// Origins given `Timing-Allow-Origin` (same forms as `allow_origins`); default none.
     #[serde(default)]
-    pub timing_allow_origins: Option<serde_json::Value>,
-    /// `Timing-Allow-Origin` regexes (not supported yet; rejected).
+    pub timing_allow_origins: Option<String>,
+    /// Origins given `Timing-Allow-Origin` by regex; replaces `timing_allow_origins`.
     #[serde(default)]
-    pub timing_allow_origins_by_regex: Option<serde_json::Value>,
+    pub timing_allow_origins_by_regex: Option<Vec<String>>,
 }
 
 fn star() -> String {
@@ -55,21 +55,35 @@ fn default_max_age() -> i64 {
 impl Cors {
     /// The compiled `allow_origins_by_regex`.
     pub fn origin_regexes(&self) -> Result<Vec<Regex>, FieldError> {
-        self.allow_origins_by_regex
-            .iter()
-            .flatten()
-            .enumerate()
-            .map(|(i, p)| {
-                // NB: anchored at both ends, as APISIX matches the whole origin.
-                Regex::new(&format!("^(?:{p})$")).map_err(|e| {
-                    FieldError::new(
-                        format!("allow_origins_by_regex[{i}]"),
-                        format!("bad regex: {e}"),
-                    )
-                })
-            })
-            .collect()
+        compile_regexes(
+            "allow_origins_by_regex",
+            self.allow_origins_by_regex.as_ref(),
+        )
     }
+
+    /// The compiled `timing_allow_origins_by_regex`.
+    pub fn timing_regexes(&self) -> Result<Vec<Regex>, FieldError> {
+        compile_regexes(
+            "timing_allow_origins_by_regex",
+            self.timing_allow_origins_by_regex.as_ref(),
+        )
+    }
+}
+
+fn compile_regexes(field: &str, list: Option<&Vec<String>>) -> Result<Vec<Regex>, FieldError> {
+    if list.is_some_and(Vec::is_empty) {
+        return Err(FieldError::new(field, "must not be empty"));
+    }
+    list.into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(i, p)| {
+            // NB: a search, not a whole match, as APISIX (`ngx.re.find`): anchor the pattern
+            // (`^https://.*\.example\.com$`) to match whole origins.
+            Regex::new(p)
+                .map_err(|e| FieldError::new(format!("{field}[{i}]"), format!("bad regex: {e}")))
+        })
+        .collect()
 }
 
 impl PluginSchema for Cors {
@@ -96,18 +110,22 @@ impl PluginSchema for Cors {
         if self.max_age < -1 {
             return Err(FieldError::new("max_age", "must be -1 or more"));
         }
-        for (field, v) in [
-            ("allow_origins_by_metadata", &self.allow_origins_by_metadata),
-            ("timing_allow_origins", &self.timing_allow_origins),
-            (
-                "timing_allow_origins_by_regex",
-                &self.timing_allow_origins_by_regex,
-            ),
-        ] {
-            if v.is_some() {
-                return Err(FieldError::new(field, "is not supported by Sluice"));
-            }
+        if self.allow_origins_by_metadata.is_some() {
+            return Err(FieldError::new(
+                "allow_origins_by_metadata",
+                "is not supported by Sluice (no plugin metadata); list the origins in \
+                 allow_origins or allow_origins_by_regex",
+            ));
         }
+        if let Some(t) = &self.timing_allow_origins
+            && (t.trim().is_empty() || http::HeaderValue::from_str(t).is_err())
+        {
+            return Err(FieldError::new(
+                "timing_allow_origins",
+                "must be non-empty printable ASCII",
+            ));
+        }
+        self.timing_regexes()?;
         for (field, v) in [
             ("allow_origins", &self.allow_origins),
             ("allow_methods", &self.allow_methods),
@@ -151,6 +169,12 @@ mod tests {
         assert!(
             e.to_string()
                 .contains("allow_origins_by_metadata: is not supported"),
+            "{e}"
+        );
+        let e = validate("cors", &json!({"timing_allow_origins_by_regex": []})).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("timing_allow_origins_by_regex: must not be empty"),
             "{e}"
         );
         let e = validate("cors", &json!({"allow_origin": "*"})).unwrap_err();
