@@ -165,6 +165,38 @@ async fn proxy_rewrite_repeated_headers_reach_the_upstream_as_lines() {
 }
 
 #[tokio::test]
+async fn proxy_rewrite_regex_uri_replaces_only_the_match_and_header_order() {
+    let (_echo, dp) = with_plugins(vec![plugin(
+        "proxy-rewrite",
+        json!({"regex_uri": ["^/api", "/v2"],
+               "headers": {"set": {"X-Both": "set"}, "remove": ["X-Both"], "add": {"X-Kept": "1"}}}),
+    )])
+    .await;
+    let r = request(dp.addr, "GET", "/api/users/7?a=1", &[("x-both", "client")]).await;
+    let j = r.json();
+    assert_eq!(
+        j["path"], "/v2/users/7",
+        "ngx.re.sub: the rest of the path is kept"
+    );
+    assert_eq!(j["query"], "a=1");
+    assert!(
+        j["headers"].get("x-both").is_none(),
+        "add, set, then remove"
+    );
+    assert_eq!(j["headers"]["x-kept"], "1");
+}
+
+#[tokio::test]
+async fn proxy_rewrite_variable_cannot_start_a_query() {
+    let (_echo, dp) =
+        with_plugins(vec![plugin("proxy-rewrite", json!({"uri": "/p/$arg_x"}))]).await;
+    let r = request(dp.addr, "GET", "/any?x=a%3Fb", &[]).await;
+    let j = r.json();
+    assert_eq!(j["path"], "/p/a%3Fb");
+    assert_eq!(j["query"], "x=a%3Fb");
+}
+
+#[tokio::test]
 async fn proxy_rewrite_uri_with_variables_and_legacy_headers() {
     let (_echo, dp) = with_plugins(vec![plugin(
         "proxy-rewrite",
@@ -198,6 +230,9 @@ async fn redirect_http_to_https() {
         "keeps method and body"
     );
     assert_eq!(h(&r, "location"), Some("https://example.com/a"));
+    // Anything but https is redirected, as APISIX.
+    let r = request(dp.addr, "GET", "/a", &[("x-forwarded-proto", "ws")]).await;
+    assert_eq!(r.status, StatusCode::MOVED_PERMANENTLY);
     // Behind a TLS-terminating proxy the request is already HTTPS.
     let r = request(dp.addr, "GET", "/a", &[("x-forwarded-proto", "HTTPS")]).await;
     assert_eq!(r.status, StatusCode::OK);
@@ -233,6 +268,19 @@ async fn redirect_uri_and_regex_uri() {
     let r = request(dp.addr, "GET", "/shop", &[]).await;
     assert_eq!(r.status, StatusCode::OK, "no match: proxied");
     assert_eq!(r.json()["path"], "/shop");
+
+    let (_echo, dp) = with_plugins(vec![plugin(
+        "redirect",
+        json!({"regex_uri": ["^/old", "/new"]}),
+    )])
+    .await;
+    let r = request(dp.addr, "GET", "/old/page", &[]).await;
+    assert_eq!(r.status, StatusCode::FOUND);
+    assert_eq!(
+        h(&r, "location"),
+        Some("/new/page"),
+        "the match is replaced"
+    );
 }
 
 #[tokio::test]
@@ -299,6 +347,79 @@ async fn response_rewrite_filters() {
     assert_eq!(j["server"], "hidden-a");
     assert_eq!(j["path"], "/P1/P2");
     assert!(h(&r, "content-length").is_none());
+}
+
+/// An origin that answers every request with `body` gzip-compressed.
+async fn gzip_origin(body: &'static str) -> SocketAddr {
+    use std::io::Write as _;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(body.as_bytes()).unwrap();
+    let gz = enc.finish().unwrap();
+    let l = tokio::net::TcpListener::bind(any()).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            let gz = gz.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut chunk).await.unwrap();
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-encoding: gzip\r\n\
+                     etag: \"v1\"\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    gz.len()
+                );
+                s.write_all(head.as_bytes()).await.unwrap();
+                s.write_all(&gz).await.unwrap();
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn response_rewrite_filters_decode_gzip_and_respect_max_body() {
+    let origin = gzip_origin("hello world, hello moon").await;
+    let dp = dataplane().await;
+    let rr = |max: u64| {
+        plugin(
+            "response-rewrite",
+            json!({"filters": [{"regex": "hello", "scope": "global", "replace": "bye"}],
+                   "max_resp_body_size": max}),
+        )
+    };
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![
+                    route_with("default/r/big", &["/big"], "u", vec![rr(1 << 20)]),
+                    route_with("default/r/small", &["/small"], "u", vec![rr(5)]),
+                ],
+                vec![upstream("u", &[(origin, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let r = request(dp.addr, "GET", "/big", &[]).await;
+    assert_eq!(r.text(), "bye world, bye moon");
+    assert!(h(&r, "content-encoding").is_none(), "sent decoded");
+    assert!(h(&r, "etag").is_none());
+    let r = request(dp.addr, "GET", "/small", &[]).await;
+    assert_eq!(
+        r.text(),
+        "hello world, hello moon",
+        "over max_resp_body_size: unfiltered"
+    );
+    assert!(h(&r, "content-encoding").is_none());
 }
 
 #[tokio::test]

@@ -62,6 +62,14 @@ pub struct ResponseRewrite {
     /// Regex replacements in the body (not with `body`).
     #[serde(default)]
     pub filters: Option<Vec<Filter>>,
+    /// Largest body `filters` buffer, in bytes; a longer body passes unfiltered. Default
+    /// 64 MiB.
+    #[serde(default = "default_max_body")]
+    pub max_resp_body_size: u64,
+}
+
+fn default_max_body() -> u64 {
+    67_108_864
 }
 
 /// A compiled body filter.
@@ -88,6 +96,8 @@ pub struct Compiled {
     pub vars: Option<Expr>,
     /// Body filters.
     pub filters: Vec<CompiledFilter>,
+    /// `max_resp_body_size`.
+    pub max_body: usize,
 }
 
 /// Turns `$1` / `${1}` into the `regex` crate's `${1}`.
@@ -124,6 +134,9 @@ fn replacement(s: &str) -> String {
 impl ResponseRewrite {
     /// Compiles the config.
     pub fn compile(&self) -> Result<Compiled, FieldError> {
+        if self.max_resp_body_size == 0 {
+            return Err(FieldError::new("max_resp_body_size", "must be at least 1"));
+        }
         if let Some(s) = self.status_code
             && !(200..=598).contains(&s)
         {
@@ -193,6 +206,7 @@ impl ResponseRewrite {
             headers,
             vars,
             filters,
+            max_body: usize::try_from(self.max_resp_body_size).unwrap_or(usize::MAX),
         })
     }
 }

@@ -158,7 +158,7 @@ pub fn compile_regex_uri(list: &[String], max_pairs: usize) -> Result<Vec<RegexU
     Ok(out)
 }
 
-/// Header operations, applied in the order add, remove, set (APISIX 3.x).
+/// Header operations, applied in the order add, set, remove (APISIX 3.x).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeaderOps {
     /// Appended values.

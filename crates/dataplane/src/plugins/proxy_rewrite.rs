@@ -1,7 +1,7 @@
 //! `proxy-rewrite` (priority 1008, rewrite phase): rewrites the request forwarded upstream
 //! — path (`uri` with `$var`s, or the first matching `regex_uri` pair with `$1`...
 //! captures; the query string of the request is appended), method, `Host`, and headers
-//! (`add`, `remove`, `set`, in that order; values may hold `$var`s and captures).
+//! (`add`, `set`, `remove`, in that order; values may hold `$var`s and captures).
 
 use std::sync::Arc;
 
@@ -9,7 +9,7 @@ use http::request;
 use sluice_plugin_config::proxy_rewrite::{Compiled, ProxyRewrite as Config};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::rewrite::{self, render};
+use super::rewrite::{self, render_escaped};
 use super::{BuildCtx, Flow, Plugin, PluginCtx};
 
 /// The plugin.
@@ -74,11 +74,13 @@ impl Plugin for ProxyRewrite {
         let mut new_uri = None;
         if !self.raw_uri {
             if let Some(t) = &self.c.uri {
-                new_uri = Some(render(t, req, ctx, None));
+                new_uri = Some(render_escaped(t, req, ctx, None, true));
             } else {
+                // As APISIX: the first pattern that matches; its match in the path is
+                // replaced (`ngx.re.sub`), the rest of the path kept.
                 for pair in &self.c.regex_uri {
                     if let Some(c) = pair.regex.captures(&path) {
-                        new_uri = Some(render(&pair.template, req, ctx, Some(&c)));
+                        new_uri = rewrite::regex_sub(&pair.regex, &pair.template, &path, req, ctx);
                         caps = Some(c);
                         break;
                     }

@@ -1,7 +1,7 @@
 //! `redirect` (priority 900, rewrite phase): answers with a redirect.
 //!
-//! - `http_to_https`: a request that is plain HTTP (its connection, or `X-Forwarded-Proto`
-//!   when present) gets `Location: https://$host$request_uri` with 301 for GET/HEAD and 308
+//! - `http_to_https`: a request that is not HTTPS (`X-Forwarded-Proto` when present, else
+//!   its connection) gets `Location: https://$host$request_uri` with 301 for GET/HEAD and 308
 //!   otherwise (so the method and body are kept), as APISIX. The port is left out (443):
 //!   in a cluster the HTTPS listener is published on 443.
 //! - `uri` (`$var`s rendered; absent variables are empty) or `regex_uri` (the request is
@@ -18,7 +18,7 @@ use sluice_plugin_config::redirect::{Redirect as Config, Target};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
 use super::proxy_rewrite::encode_path;
-use super::rewrite::render;
+use super::rewrite::{self, render};
 use super::{BuildCtx, Flow, Plugin, PluginCtx, vars};
 use crate::body::ProxyBody;
 
@@ -97,7 +97,7 @@ impl Plugin for Redirect {
                     .get("x-forwarded-proto")
                     .and_then(|v| v.to_str().ok())
                     .unwrap_or(ctx.scheme);
-                if !proto.eq_ignore_ascii_case("http") {
+                if proto.eq_ignore_ascii_case("https") {
                     return Flow::Continue;
                 }
                 let host = vars::get(&sluice_plugin_config::vars::Var::Host, req, ctx)
@@ -116,11 +116,12 @@ impl Plugin for Redirect {
                 redirect(self.ret_code, &loc)
             }
             Target::Regex(pair) => {
-                let path = req.uri.path();
-                let Some(caps) = pair.regex.captures(path) else {
+                // As APISIX (`ngx.re.sub`): the match in the path is replaced.
+                let Some(loc) =
+                    rewrite::regex_sub(&pair.regex, &pair.template, req.uri.path(), req, ctx)
+                else {
                     return Flow::Continue;
                 };
-                let loc = render(&pair.template, req, ctx, Some(&caps));
                 let loc = self.finish(loc, req);
                 redirect(self.ret_code, &loc)
             }

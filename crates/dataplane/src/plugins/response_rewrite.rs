@@ -1,13 +1,17 @@
 //! `response-rewrite` (priority 899, response phases): when `vars` holds (always without
 //! `vars`; `status` is the upstream's status), sets `status_code`, applies `headers`
-//! (`add`, `remove`, `set`; values may hold request `$var`s), and replaces the body with
+//! (values may hold request `$var`s), and replaces the body with
 //! `body` or applies `filters` (regex replacements over the whole body, which is then
-//! buffered; skipped for an encoded body, as APISIX). A changed body loses
-//! `Content-Length` (sent chunked), `ETag` and `Last-Modified`.
+//! buffered up to `max_resp_body_size`; a gzip body is decoded first, another encoding is
+//! left alone). A changed body loses `Content-Length` (sent chunked),
+//! `Content-Encoding`, `ETag` and `Last-Modified`. Headers are applied in the order add,
+//! set, remove.
 
+use std::io::Write as _;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
+use flate2::write::GzDecoder;
 use http::header;
 use http::{request, response};
 use sluice_plugin_config::response_rewrite::{Compiled, ResponseRewrite as Config};
@@ -27,6 +31,7 @@ pub struct ResponseRewrite {
 #[derive(Debug, Clone, Copy)]
 struct Applied {
     filters: bool,
+    gzip: bool,
 }
 
 /// Builds `response-rewrite`.
@@ -82,19 +87,23 @@ impl Plugin for ResponseRewrite {
             resp.status = super::status(s);
             ctx.status = resp.status;
         }
-        if !self.c.headers.is_empty() {
-            rewrite::render_ops(&self.c.headers, &req, ctx, None).apply(&mut resp.headers);
-        }
-        let encoded = resp.headers.contains_key(header::CONTENT_ENCODING);
-        let filters = !self.c.filters.is_empty() && !encoded;
+        let encoding = resp
+            .headers
+            .get(header::CONTENT_ENCODING)
+            .map(|v| v.as_bytes().to_ascii_lowercase());
+        let gzip = encoding.as_deref() == Some(b"gzip");
+        // NB: filters need the plain text; a gzip body is decoded, another encoding is
+        // left alone (APISIX would drop the header and garble the body).
+        let filters = !self.c.filters.is_empty() && (encoding.is_none() || gzip);
         if self.c.body.is_some() || filters {
             resp.headers.remove(header::CONTENT_LENGTH);
+            resp.headers.remove(header::CONTENT_ENCODING);
             resp.headers.remove(header::ETAG);
             resp.headers.remove(header::LAST_MODIFIED);
-            if self.c.body.is_some() {
-                resp.headers.remove(header::CONTENT_ENCODING);
-            }
-            ctx.extensions.insert(Applied { filters });
+            ctx.extensions.insert(Applied { filters, gzip });
+        }
+        if !self.c.headers.is_empty() {
+            rewrite::render_ops(&self.c.headers, &req, ctx, None).apply(&mut resp.headers);
         }
     }
 
@@ -109,6 +118,8 @@ impl Plugin for ResponseRewrite {
             Box::new(Filters {
                 c: Arc::clone(&self.c),
                 buf: BytesMut::new(),
+                gunzip: applied.gzip.then(|| GzDecoder::new(Vec::new())),
+                overflow: false,
             }) as Box<dyn BodyFilter>
         })
     }
@@ -129,20 +140,61 @@ impl BodyFilter for Replace {
     }
 }
 
-/// Buffers the body and applies the regex filters at the end.
+/// Buffers the (decoded) body and applies the regex filters at the end; a body longer
+/// than `max_resp_body_size` passes unfiltered.
 struct Filters {
     c: Arc<Compiled>,
     buf: BytesMut,
+    gunzip: Option<GzDecoder<Vec<u8>>>,
+    overflow: bool,
+}
+
+impl Filters {
+    fn decode(&mut self, chunk: &[u8]) -> Bytes {
+        match self.gunzip.as_mut() {
+            // NB: a corrupt gzip stream yields what decoded so far.
+            Some(d) => {
+                let _ = d.write_all(chunk);
+                Bytes::from(std::mem::take(d.get_mut()))
+            }
+            None => Bytes::copy_from_slice(chunk),
+        }
+    }
 }
 
 impl BodyFilter for Filters {
     fn data(&mut self, chunk: Bytes, _ctx: &mut PluginCtx) -> Bytes {
-        self.buf.extend_from_slice(&chunk);
+        let plain = if self.gunzip.is_some() {
+            self.decode(&chunk)
+        } else {
+            chunk
+        };
+        if self.overflow {
+            return plain;
+        }
+        self.buf.extend_from_slice(&plain);
+        if self.buf.len() > self.c.max_body {
+            self.overflow = true;
+            return std::mem::take(&mut self.buf).freeze();
+        }
         Bytes::new()
     }
 
     fn end(&mut self, _ctx: &mut PluginCtx) -> Option<Bytes> {
+        if let Some(d) = self.gunzip.take() {
+            let rest = d.finish().unwrap_or_default();
+            if self.overflow {
+                return Some(Bytes::from(rest));
+            }
+            self.buf.extend_from_slice(&rest);
+        }
+        if self.overflow {
+            return None;
+        }
         let raw = std::mem::take(&mut self.buf);
+        if raw.len() > self.c.max_body {
+            return Some(raw.freeze());
+        }
         // NB: a body that is not UTF-8 text is sent as it came.
         let Ok(text) = std::str::from_utf8(&raw) else {
             return Some(raw.freeze());

@@ -20,13 +20,29 @@ pub fn render(
     ctx: &PluginCtx,
     caps: Option<&regex::Captures<'_>>,
 ) -> String {
+    render_escaped(t, req, ctx, caps, false)
+}
+
+/// Like [`render`]; with `escape_query`, a `?` in a variable's value becomes `%3F` so that
+/// a value cannot start a query string (APISIX proxy-rewrite `uri`).
+pub fn render_escaped(
+    t: &ValueTemplate,
+    req: &request::Parts,
+    ctx: &PluginCtx,
+    caps: Option<&regex::Captures<'_>>,
+    escape_query: bool,
+) -> String {
     let mut out = String::new();
     for p in &t.pieces {
         match p {
             TPiece::Text(s) => out.push_str(s),
             TPiece::Var(v) => {
                 if let Some(s) = vars::get(v, req, ctx) {
-                    out.push_str(&s);
+                    if escape_query {
+                        out.push_str(&s.replace('?', "%3F"));
+                    } else {
+                        out.push_str(&s);
+                    }
                 }
             }
             TPiece::Capture(n) => {
@@ -90,13 +106,10 @@ pub fn render_ops(
 }
 
 impl RenderedOps {
-    /// Applies the operations to `headers` in APISIX's order: add, remove, set.
+    /// Applies the operations to `headers` in APISIX's order: add, set, remove.
     pub fn apply(self, headers: &mut HeaderMap) {
         for (name, v) in self.add {
             headers.append(name, v);
-        }
-        for name in &self.remove {
-            headers.remove(name);
         }
         for (name, vs) in self.set {
             headers.remove(&name);
@@ -104,7 +117,28 @@ impl RenderedOps {
                 headers.append(name.clone(), v);
             }
         }
+        for name in &self.remove {
+            headers.remove(name);
+        }
     }
+}
+
+/// Replaces the first match of `re` in `subject` with `t` (captures and variables), as
+/// `ngx.re.sub`; `None` when nothing matches.
+pub fn regex_sub(
+    re: &regex::Regex,
+    t: &ValueTemplate,
+    subject: &str,
+    req: &request::Parts,
+    ctx: &PluginCtx,
+) -> Option<String> {
+    let caps = re.captures(subject)?;
+    let whole = caps.get(0)?;
+    let mut out = String::with_capacity(subject.len() + 16);
+    out.push_str(&subject[..whole.start()]);
+    out.push_str(&render(t, req, ctx, Some(&caps)));
+    out.push_str(&subject[whole.end()..]);
+    Some(out)
 }
 
 /// Evaluates `e` on the request (and the response `status`, when known).
