@@ -96,6 +96,66 @@ async fn request_id_generated_kept_and_returned() {
     assert_eq!(h(&r, "x-request-id").unwrap().len(), 21);
 }
 
+/// An origin that answers with a fixed head and `ok`.
+async fn fixed_origin(extra_headers: &'static str) -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let l = tokio::net::TcpListener::bind(any()).await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = l.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut chunk).await.unwrap();
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                let head = format!(
+                    "HTTP/1.1 200 OK\r\n{extra_headers}content-length: 2\r\nconnection: close\r\n\r\nok"
+                );
+                s.write_all(head.as_bytes()).await.unwrap();
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn request_id_empty_is_replaced_and_the_upstreams_is_kept() {
+    let (_echo, dp) =
+        with_plugins(vec![plugin("request-id", json!({"algorithm": "uuidv7"}))]).await;
+    let r = request(dp.addr, "GET", "/", &[("x-request-id", "")]).await;
+    let id = h(&r, "x-request-id").unwrap().to_owned();
+    assert_eq!(id.len(), 36, "an empty id is replaced: {id:?}");
+    assert_eq!(&id[14..15], "7", "uuid v7: {id}");
+    assert_eq!(r.json()["headers"]["x-request-id"], id.as_str());
+
+    let origin = fixed_origin("x-request-id: from-upstream\r\n").await;
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route_with(
+                    "default/r/p",
+                    &["/*"],
+                    "u",
+                    vec![plugin("request-id", json!({"algorithm": "ksuid"}))],
+                )],
+                vec![upstream("u", &[(origin, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let r = request(dp.addr, "GET", "/", &[]).await;
+    assert_eq!(h(&r, "x-request-id"), Some("from-upstream"));
+    assert_eq!(r.headers.get_all("x-request-id").iter().count(), 1);
+}
+
 #[tokio::test]
 async fn fault_injection_abort_with_vars_and_headers() {
     let (_echo, dp) = with_plugins(vec![plugin(

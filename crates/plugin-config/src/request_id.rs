@@ -15,6 +15,10 @@ pub enum Algorithm {
     RangeId,
     /// nanoid (21 characters of `A-Za-z0-9_-`).
     Nanoid,
+    /// KSUID: 27 base62 characters, ordered by time (seconds).
+    Ksuid,
+    /// UUID v7: ordered by time (milliseconds).
+    Uuidv7,
 }
 
 /// `range_id` settings.

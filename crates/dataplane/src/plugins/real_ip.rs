@@ -2,9 +2,11 @@
 //! plugins (`ip-restriction`, `limit-count` keyed by `remote_addr`, ...) and the upstream
 //! (`X-Real-IP`, the last `X-Forwarded-For` entry) see, reading it from `source`.
 //!
-//! Only when the connection comes from `trusted_addresses` (when set). From a list
-//! (`X-Forwarded-For`), the last address is taken; with `recursive`, the rightmost address
-//! that is not trusted. A value that is not an IP (optionally with a port) changes nothing.
+//! Only when the connection comes from `trusted_addresses` (when set). From
+//! `X-Forwarded-For` (its last line, as APISIX), the last address is taken; with
+//! `recursive` (and `trusted_addresses`), the rightmost address that is not trusted. Other
+//! sources are one address. A value that is not an IP (optionally with a port) changes
+//! nothing.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -85,28 +87,26 @@ impl Plugin for RealIp {
         if !self.trusted.is_empty() && !self.trusted(ctx.remote_addr.ip()) {
             return Flow::Continue;
         }
-        // X-Forwarded-For may come as several header lines: join them.
-        let joined;
         let value = match &self.source {
-            Var::Header(h) => {
-                let all: Vec<&str> = req
+            // As APISIX: the last X-Forwarded-For line, read as a list.
+            Var::Header(h) if h == "x-forwarded-for" => {
+                let Some(last) = req
                     .headers
                     .get_all(h.as_str())
                     .iter()
-                    .filter_map(|v| v.to_str().ok())
-                    .collect();
-                if all.is_empty() {
+                    .next_back()
+                    .and_then(|v| v.to_str().ok())
+                else {
                     return Flow::Continue;
-                }
-                joined = all.join(",");
-                std::borrow::Cow::Borrowed(joined.as_str())
+                };
+                std::borrow::Cow::Borrowed(self.pick(last))
             }
             other => match vars::get(other, req, ctx) {
                 Some(v) => v,
                 None => return Flow::Continue,
             },
         };
-        if let Some((ip, port)) = parse_addr(self.pick(&value)) {
+        if let Some((ip, port)) = parse_addr(&value) {
             ctx.remote_addr =
                 SocketAddr::new(ip.to_canonical(), port.unwrap_or(ctx.remote_addr.port()));
         }
