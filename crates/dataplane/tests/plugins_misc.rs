@@ -162,7 +162,7 @@ async fn fault_injection_abort_with_vars_and_headers() {
         "fault-injection",
         json!({"abort": {"http_status": 418, "body": "no tea for $arg_name\n",
                          "headers": {"X-Fault": "yes"},
-                         "vars": [["arg_name", "~~", "^b"]]}}),
+                         "vars": [[["arg_name", "~~", "^b"]], [["http_x_vip", "==", "1"]]]}}),
     )])
     .await;
     let r = request(dp.addr, "GET", "/?name=bob", &[]).await;
@@ -173,6 +173,12 @@ async fn fault_injection_abort_with_vars_and_headers() {
     let r = request(dp.addr, "GET", "/?name=alice", &[]).await;
     assert_eq!(r.status, StatusCode::OK, "vars do not hold");
     assert_eq!(r.json()["query"], "name=alice");
+    let r = request(dp.addr, "GET", "/?name=alice", &[("x-vip", "1")]).await;
+    assert_eq!(
+        r.status,
+        StatusCode::IM_A_TEAPOT,
+        "one expression of vars is enough"
+    );
 
     let (_echo, dp) = with_plugins(vec![plugin(
         "fault-injection",
@@ -192,7 +198,7 @@ async fn fault_injection_delay_then_abort() {
     let (_echo, dp) = with_plugins(vec![plugin(
         "fault-injection",
         json!({"delay": {"duration": 0.3},
-               "abort": {"http_status": 503, "vars": [["http_x_fail", "==", "1"]]}}),
+               "abort": {"http_status": 503, "vars": [[["http_x_fail", "==", "1"]]]}}),
     )])
     .await;
     let t = Instant::now();
@@ -308,9 +314,16 @@ async fn bad_configs_are_rejected_naming_plugin_and_field() {
         (
             plugin(
                 "fault-injection",
-                json!({"delay": {"duration": 1, "vars": [["status", "==", 200]]}}),
+                json!({"delay": {"duration": 1, "vars": [[["status", "==", 200]]]}}),
             ),
             "plugin \"fault-injection\": delay.vars: `status` is not known",
+        ),
+        (
+            plugin(
+                "fault-injection",
+                json!({"abort": {"http_status": 500, "vars": [["arg_a", "==", "1"]]}}),
+            ),
+            "plugin \"fault-injection\": abort.vars[0]: a rule must be wrapped inside brackets",
         ),
         (
             plugin("gzip", json!({"comp_level": 10})),

@@ -1,6 +1,6 @@
-//! The subset of lua-resty-expr that plugin `vars` conditions use:
-//! `[[var, op, value], ...]` (all must hold), optionally `["OR", expr, expr, ...]` /
-//! `["AND", ...]` and a `"!"` before the operator to negate it.
+//! lua-resty-expr as plugin `vars` conditions use it: `[[var, op, value], ...]` (all must
+//! hold), `["OR" | "AND" | "!OR" | "!AND", rule, rule, ...]` (nesting), a `"!"` before the
+//! operator to negate it, and `[var, value]` for `==`.
 //!
 //! Operators: `==`, `~=`, `>`, `>=`, `<`, `<=` (numeric when the value is a number),
 //! `~~` (regex), `~*` (case-insensitive regex), `in`, `has`, `ipmatch`. Variables: the
@@ -49,6 +49,8 @@ pub enum Expr {
     All(Vec<Expr>),
     /// One must hold (`OR`).
     Any(Vec<Expr>),
+    /// Negated (`!AND`, `!OR`).
+    Not(Box<Expr>),
     /// One comparison.
     Cond {
         /// The variable.
@@ -91,16 +93,24 @@ fn compile_cond(field: &str, items: &[Value]) -> Result<Expr, FieldError> {
     };
     let mut rest = &items[1..];
     let mut negate = false;
-    if rest.first().and_then(Value::as_str) == Some("!") {
+    if rest.len() == 3 && rest.first().and_then(Value::as_str) == Some("!") {
         negate = true;
         rest = &rest[1..];
     }
-    let (Some(op), Some(val)) = (rest.first().and_then(Value::as_str), rest.get(1)) else {
-        return Err(err("expected [var, operator, value]".into()));
+    // NB: lua-resty-expr's compatibility form `[var, value]` means `==`.
+    let eq = Value::String("==".into());
+    let (op, val) = match rest {
+        [val] => (&eq, val),
+        [op, val] => (op, val),
+        _ => {
+            return Err(err(
+                "expected [var, operator, value] or [var, \"!\", operator, value]".into(),
+            ));
+        }
     };
-    if rest.len() > 2 {
-        return Err(err("expected [var, operator, value]".into()));
-    }
+    let Some(op) = op.as_str() else {
+        return Err(err("the operator must be a string".into()));
+    };
     let num = val.as_f64();
     let op = match op.to_ascii_lowercase().as_str() {
         "==" => match num {
@@ -179,40 +189,92 @@ fn compile_list(field: &str, items: &[Value]) -> Result<Vec<Expr>, FieldError> {
     items
         .iter()
         .enumerate()
-        .map(|(i, v)| compile_one(&format!("{field}[{i}]"), v))
+        .map(|(i, v)| compile_rule(&format!("{field}[{i}]"), v))
         .collect()
 }
 
-fn compile_one(field: &str, v: &Value) -> Result<Expr, FieldError> {
+/// lua-resty-expr's `compile`: a list of rules (AND), a logic operator with its rules, or
+/// one comparison.
+fn compile_rule(field: &str, v: &Value) -> Result<Expr, FieldError> {
     let Value::Array(items) = v else {
         return Err(FieldError::new(field, "must be an array"));
     };
     match items.first() {
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("or") => {
-            Ok(Expr::Any(compile_list(field, &items[1..])?))
-        }
-        Some(Value::String(s)) if s.eq_ignore_ascii_case("and") => {
-            Ok(Expr::All(compile_list(field, &items[1..])?))
-        }
-        Some(Value::String(_)) => compile_cond(field, items),
+        None => Err(FieldError::new(field, "rule too short")),
         Some(Value::Array(_)) => Ok(Expr::All(compile_list(field, items)?)),
-        _ => Err(FieldError::new(
+        Some(Value::String(s)) => match logic_op(s) {
+            Some((any, not)) => {
+                if items.len() <= 2 {
+                    return Err(FieldError::new(field, "rule too short"));
+                }
+                let inner = compile_list(field, &items[1..])?;
+                let e = if any {
+                    Expr::Any(inner)
+                } else {
+                    Expr::All(inner)
+                };
+                Ok(if not { Expr::Not(Box::new(e)) } else { e })
+            }
+            None => compile_cond(field, items),
+        },
+        Some(_) => Err(FieldError::new(
             field,
             "must be [var, operator, value] or a list of them",
         )),
     }
 }
 
-/// Compiles a `vars` array (field `field`).
+/// `OR`, `AND`, `!OR`, `!AND`: (any, negated).
+fn logic_op(s: &str) -> Option<(bool, bool)> {
+    match s.to_ascii_uppercase().as_str() {
+        "AND" => Some((false, false)),
+        "OR" => Some((true, false)),
+        "!AND" => Some((false, true)),
+        "!OR" => Some((true, true)),
+        _ => None,
+    }
+}
+
+/// Compiles one lua-resty-expr expression (field `field`): a list of rules
+/// (`[[var, op, value], ...]`, all must hold) or `["OR"|"AND"|"!OR"|"!AND", rule, ...]`.
+/// An empty list always holds. A bare `[var, op, value]` is rejected, as
+/// lua-resty-expr does ("wrap it in brackets").
 pub fn compile(field: &str, v: &Value) -> Result<Expr, FieldError> {
-    match v {
-        Value::Array(items) if items.is_empty() => Ok(Expr::All(Vec::new())),
-        Value::Array(_) => compile_one(field, v),
-        _ => Err(FieldError::new(
+    let Value::Array(items) = v else {
+        return Err(FieldError::new(
             field,
             "must be an array of [var, operator, value]",
+        ));
+    };
+    match items.first() {
+        None => Ok(Expr::All(Vec::new())),
+        Some(Value::String(s)) if logic_op(s).is_none() => Err(FieldError::new(
+            field,
+            format!(
+                "a rule must be wrapped inside brackets: [[{}, ...]]",
+                Value::String(s.clone())
+            ),
         )),
+        Some(_) => compile_rule(field, v),
     }
+}
+
+/// Compiles a list of expressions of which one must hold (fault-injection's `vars`:
+/// `[[[var, op, value], ...], ...]`).
+pub fn compile_any(field: &str, v: &Value) -> Result<Expr, FieldError> {
+    let Value::Array(items) = v else {
+        return Err(FieldError::new(field, "must be an array of expressions"));
+    };
+    if items.is_empty() {
+        return Ok(Expr::All(Vec::new()));
+    }
+    Ok(Expr::Any(
+        items
+            .iter()
+            .enumerate()
+            .map(|(i, e)| compile(&format!("{field}[{i}]"), e))
+            .collect::<Result<_, _>>()?,
+    ))
 }
 
 impl Expr {
@@ -220,6 +282,7 @@ impl Expr {
     pub fn uses_status(&self) -> bool {
         match self {
             Expr::All(v) | Expr::Any(v) => v.iter().any(Expr::uses_status),
+            Expr::Not(e) => e.uses_status(),
             Expr::Cond { var, .. } => *var == ExprVar::Status,
         }
     }
@@ -232,6 +295,7 @@ impl Expr {
         match self {
             Expr::All(v) => v.iter().all(|e| e.eval(get)),
             Expr::Any(v) => v.iter().any(|e| e.eval(get)),
+            Expr::Not(e) => !e.eval(get),
             Expr::Cond { var, negate, op } => {
                 let val = get(var);
                 let hit = match (op, val.as_deref()) {
@@ -303,6 +367,18 @@ mod tests {
             &[("arg_b", "2")]
         ));
         assert!(eval(&json!([]), &[]));
+        assert!(
+            eval(&json!([["arg_a", "x"]]), &[("arg_a", "x")]),
+            "[var, value] is =="
+        );
+        assert!(eval(
+            &json!(["!OR", ["arg_a", "==", "1"], ["arg_b", "==", "2"]]),
+            &[("arg_b", "3")]
+        ));
+        assert!(
+            eval(&json!([["arg_a", "!", "==", "x"]]), &[]),
+            "absent is not x"
+        );
     }
 
     #[test]
@@ -317,5 +393,9 @@ mod tests {
         let e = compile("vars", &json!([["nope", "==", "x"]])).unwrap_err();
         assert!(e.reason.contains("unknown variable"), "{}", e.reason);
         assert!(compile("vars", &json!("x")).is_err());
+        let e = compile("vars", &json!(["arg_a", "==", "x"])).unwrap_err();
+        assert!(e.reason.contains("wrapped inside brackets"), "{}", e.reason);
+        let e = compile("vars", &json!([["OR", ["arg_a", "==", "x"]]])).unwrap_err();
+        assert_eq!(e.reason, "rule too short");
     }
 }

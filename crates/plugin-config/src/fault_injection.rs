@@ -21,7 +21,7 @@ pub struct Abort {
     /// Share of requests aborted, 0..=100; default all.
     #[serde(default)]
     pub percentage: Option<u8>,
-    /// Condition (lua-resty-expr subset).
+    /// Expressions of which one must hold: `[[[var, op, value], ...], ...]` (APISIX).
     #[serde(default)]
     pub vars: Option<Value>,
 }
@@ -35,7 +35,7 @@ pub struct Delay {
     /// Share of requests delayed, 0..=100; default all.
     #[serde(default)]
     pub percentage: Option<u8>,
-    /// Condition (lua-resty-expr subset).
+    /// Expressions of which one must hold: `[[[var, op, value], ...], ...]` (APISIX).
     #[serde(default)]
     pub vars: Option<Value>,
 }
@@ -62,7 +62,8 @@ fn check_pct(field: &str, p: Option<u8>) -> Result<(), FieldError> {
 /// Compiles an optional `vars`.
 pub fn compile_vars(field: &str, v: Option<&Value>) -> Result<Option<Expr>, FieldError> {
     let Some(v) = v else { return Ok(None) };
-    let e = expr::compile(field, v)?;
+    // NB: a list of expressions, one of which must hold (APISIX fault-injection).
+    let e = expr::compile_any(field, v)?;
     if e.uses_status() {
         return Err(FieldError::new(
             field,
