@@ -276,6 +276,30 @@ async fn gzip_skips_other_types_and_short_bodies() {
 }
 
 #[tokio::test]
+async fn gzip_needs_a_content_type_even_for_any_type() {
+    let origin = fixed_origin("").await;
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route_with(
+                    "default/r/p",
+                    &["/*"],
+                    "u",
+                    vec![plugin("gzip", json!({"types": "*", "min_length": 1}))],
+                )],
+                vec![upstream("u", &[(origin, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let r = request(dp.addr, "GET", "/", &[("accept-encoding", "gzip")]).await;
+    assert!(h(&r, "content-encoding").is_none(), "as nginx");
+    assert_eq!(r.text(), "ok");
+}
+
+#[tokio::test]
 async fn gzip_compresses_the_body_response_rewrite_made() {
     let (_echo, dp) = with_plugins(vec![
         plugin("gzip", json!({"types": "*", "min_length": 1})),

@@ -99,10 +99,10 @@ impl PluginSchema for FaultInjection {
             }
         }
         if let Some(d) = &self.delay {
-            if !(d.duration > 0.0 && d.duration <= 3600.0) {
+            if !(0.0..=3600.0).contains(&d.duration) {
                 return Err(FieldError::new(
                     "delay.duration",
-                    "must be > 0 and at most 3600 seconds",
+                    "must be 0..=3600 seconds",
                 ));
             }
             check_pct("delay.percentage", d.percentage)?;
@@ -127,8 +127,11 @@ mod tests {
         .unwrap();
         let e = validate("fault-injection", &json!({"abort": {"body": "x"}})).unwrap_err();
         assert!(e.to_string().contains("missing field `http_status`"), "{e}");
-        let e = validate("fault-injection", &json!({"delay": {"duration": 0}})).unwrap_err();
-        assert!(e.to_string().contains("delay.duration: must be > 0"), "{e}");
+        let e = validate("fault-injection", &json!({"delay": {"duration": -1}})).unwrap_err();
+        assert!(
+            e.to_string().contains("delay.duration: must be 0..=3600"),
+            "{e}"
+        );
         let e = validate("fault-injection", &json!({"abort": {"http_status": 100}})).unwrap_err();
         assert!(e.to_string().contains("abort.http_status"), "{e}");
     }

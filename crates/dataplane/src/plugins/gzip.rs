@@ -1,6 +1,6 @@
 //! `gzip` (priority 995, response phases): compresses the response as it streams when the
 //! client accepts gzip (`Accept-Encoding`, HTTP version at least `http_version`), the
-//! upstream did not encode it, its type is one of `types` (`*` for any) and its
+//! upstream did not encode it, it has a `Content-Type` in `types` (`*` for any) and its
 //! `Content-Length` (when known) is at least `min_length`. Sets `Content-Encoding: gzip`,
 //! drops `Content-Length`, and adds `Vary: Accept-Encoding` with `vary`. Its response phases
 //! run after every other plugin's (as nginx's gzip filter). `buffers` is accepted and
@@ -111,16 +111,20 @@ impl Plugin for Gzip {
         {
             return;
         }
-        if let Some(types) = &self.types {
-            let ct = resp
-                .headers
-                .get(header::CONTENT_TYPE)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.split(';').next())
-                .map(|v| v.trim().to_ascii_lowercase());
-            if !ct.is_some_and(|ct| types.contains(&ct)) {
-                return;
-            }
+        // Like nginx: no Content-Type, no compression (even with `*`).
+        let Some(ct) = resp
+            .headers
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split(';').next())
+            .map(|v| v.trim().to_ascii_lowercase())
+        else {
+            return;
+        };
+        if let Some(types) = &self.types
+            && !types.contains(&ct)
+        {
+            return;
         }
         let len = resp
             .headers
