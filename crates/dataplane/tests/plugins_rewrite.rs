@@ -197,6 +197,33 @@ async fn proxy_rewrite_variable_cannot_start_a_query() {
 }
 
 #[tokio::test]
+async fn proxy_rewrite_real_request_uri_unsafe() {
+    let (_echo, dp) = with_plugins(vec![plugin(
+        "proxy-rewrite",
+        json!({"use_real_request_uri_unsafe": true, "regex_uri": ["^/old(.*)", "/new$1"]}),
+    )])
+    .await;
+    let r = request(dp.addr, "GET", "/old/a%2Fb?y=1", &[]).await;
+    assert_eq!(
+        r.json()["path"],
+        "/new/a%2Fb",
+        "matched against path and query"
+    );
+    assert_eq!(r.json()["query"], "y=1");
+    let r = request(dp.addr, "GET", "/keep/a%2Fb?y=1", &[]).await;
+    assert_eq!(r.json()["path"], "/keep/a%2Fb");
+
+    let (_echo, dp) = with_plugins(vec![plugin(
+        "proxy-rewrite",
+        json!({"use_real_request_uri_unsafe": true, "uri": "/fixed?from=$arg_u"}),
+    )])
+    .await;
+    let r = request(dp.addr, "GET", "/x?u=me", &[]).await;
+    assert_eq!(r.json()["path"], "/fixed");
+    assert_eq!(r.json()["query"], "from=me&u=me");
+}
+
+#[tokio::test]
 async fn proxy_rewrite_uri_with_variables_and_legacy_headers() {
     let (_echo, dp) = with_plugins(vec![plugin(
         "proxy-rewrite",
