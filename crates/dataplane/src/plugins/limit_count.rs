@@ -1,5 +1,10 @@
 //! `limit-count` (priority 1002): at most `count` requests per `time_window` per key.
 //!
+//! Redis policy (`policy: redis`): one counter per key in Redis, shared by every replica,
+//! created with the window as its TTL and decremented atomically by a script; when Redis
+//! fails, `allow_degradation: true` lets the request through and `false` answers 500
+//! `{"error_msg":"failed to limit count"}`.
+//!
 //! Local policy: a fixed window per key that starts with the key's first request (as
 //! lua-resty-limit-count does), kept in sharded maps in process memory; expired windows are
 //! swept when a map grows. Counters are shared by all workers of the process and survive
@@ -16,6 +21,7 @@ use sluice_plugin_config::common::{LimitKey, Policy};
 use sluice_plugin_config::limit_count::LimitCount as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
+use super::redis::{RedisClient, stable_hash};
 use super::vars::{self, KeyValue};
 use super::{BuildCtx, Flow, Plugin, PluginCtx};
 
@@ -117,6 +123,27 @@ impl LocalWindows {
     }
 }
 
+#[derive(Debug)]
+enum Backend {
+    Local(Arc<LocalWindows>),
+    Redis {
+        client: Arc<RedisClient>,
+        /// `sluice:limit-count:<route or group>:<config hash>:`.
+        prefix: String,
+    },
+}
+
+/// Decrements the window's budget; creates it (with the window as TTL) on first use.
+/// Returns `{remaining, ttl}`; a negative remaining means rejected.
+const REDIS_SCRIPT: &str = r"
+local ttl = redis.call('ttl', KEYS[1])
+if ttl < 0 then
+  redis.call('set', KEYS[1], ARGV[1] - 1, 'EX', ARGV[2])
+  return {ARGV[1] - 1, tonumber(ARGV[2])}
+end
+return {redis.call('decr', KEYS[1]), ttl}
+";
+
 /// The plugin.
 #[derive(Debug)]
 pub struct LimitCount {
@@ -124,7 +151,8 @@ pub struct LimitCount {
     key: LimitKey,
     window: Duration,
     limit_value: HeaderValue,
-    local: Arc<LocalWindows>,
+    backend: Backend,
+    script: redis::Script,
 }
 
 /// Builds `limit-count` from its config.
@@ -135,25 +163,39 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
         field: e.field,
         reason: e.reason,
     })?;
-    if conf.policy != Policy::Local {
-        return Err(ConfigError::Field {
-            plugin: Config::NAME.into(),
-            field: "policy".into(),
-            reason: "only local is supported by this dataplane build".into(),
-        });
-    }
     // NB: routes in one group share one budget, as in APISIX.
-    let shared_key = match &conf.group {
-        Some(g) => format!("limit-count:group:{g}"),
-        None => format!("limit-count:{}:{json}", cx.owner),
+    let backend = match conf.policy {
+        Policy::Redis => {
+            let client =
+                RedisClient::shared(&conf.redis, cx.state).map_err(|e| ConfigError::Field {
+                    plugin: Config::NAME.into(),
+                    field: "redis_host".into(),
+                    reason: e,
+                })?;
+            let scope = match &conf.group {
+                Some(g) => format!("group:{g}"),
+                None => cx.owner.to_owned(),
+            };
+            Backend::Redis {
+                client,
+                prefix: format!("sluice:limit-count:{scope}:{:016x}:", stable_hash(json)),
+            }
+        }
+        _ => {
+            let shared_key = match &conf.group {
+                Some(g) => format!("limit-count:group:{g}"),
+                None => format!("limit-count:{}:{json}", cx.owner),
+            };
+            Backend::Local(cx.state.shared(&shared_key, LocalWindows::default))
+        }
     };
-    let local = cx.state.shared(&shared_key, LocalWindows::default);
     Ok(Arc::new(LimitCount {
         window: Duration::from_secs(conf.time_window),
         limit_value: HeaderValue::from(conf.count),
         key,
         conf,
-        local,
+        backend,
+        script: redis::Script::new(REDIS_SCRIPT),
     }))
 }
 
@@ -186,10 +228,43 @@ impl Plugin for LimitCount {
 
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let key = vars::limit_key(&self.key, req, ctx);
-        let v = self
-            .local
-            .incoming(key, self.conf.count, self.window, Instant::now());
-        self.apply(v, ctx)
+        match &self.backend {
+            Backend::Local(local) => {
+                let v = local.incoming(key, self.conf.count, self.window, Instant::now());
+                self.apply(v, ctx)
+            }
+            Backend::Redis { client, prefix } => {
+                let redis_key = format!("{prefix}{key}");
+                Flow::Pending(Box::pin(async move {
+                    let count = i64::try_from(self.conf.count).unwrap_or(i64::MAX);
+                    let window = i64::try_from(self.conf.time_window).unwrap_or(i64::MAX);
+                    let res: Result<Vec<i64>, _> = client
+                        .run(&self.script, &[&redis_key], &[count, window])
+                        .await;
+                    match res.as_deref() {
+                        Ok(&[left, ttl]) => {
+                            let verdict = Verdict {
+                                allowed: left >= 0,
+                                remaining: u64::try_from(left).unwrap_or(0),
+                                reset: u64::try_from(ttl).unwrap_or(0),
+                            };
+                            match self.apply(verdict, ctx) {
+                                Flow::Respond(r) => Err(r),
+                                _ => Ok(()),
+                            }
+                        }
+                        other => {
+                            let err = match other {
+                                Err(e) => e.to_string(),
+                                Ok(v) => format!("unexpected reply {v:?}"),
+                            };
+                            tracing::error!(route = %ctx.chain.route_id, error = %err, "limit-count: redis failed");
+                            super::degrade(self.conf.allow_degradation, "failed to limit count")
+                        }
+                    }
+                }))
+            }
+        }
     }
 }
 

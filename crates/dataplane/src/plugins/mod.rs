@@ -45,11 +45,14 @@ pub mod gzip;
 pub mod ip_restriction;
 pub mod jwt_auth;
 pub mod key_auth;
+pub mod limit_conn;
 pub mod limit_count;
+pub mod limit_req;
 pub mod prometheus;
 pub mod proxy_rewrite;
 pub mod real_ip;
 pub mod redirect;
+pub mod redis;
 pub mod request_id;
 pub mod response_rewrite;
 pub mod rewrite;
@@ -182,6 +185,8 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("basic-auth", basic_auth::build),
     ("jwt-auth", jwt_auth::build),
     ("consumer-restriction", consumer_restriction::build),
+    ("limit-req", limit_req::build),
+    ("limit-conn", limit_conn::build),
     ("proxy-rewrite", proxy_rewrite::build),
     ("cors", cors::build),
     ("redirect", redirect::build),
@@ -429,7 +434,8 @@ pub fn response_phases(resp: Response<ProxyBody>, mut ctx: PluginCtx) -> Respons
             }
         }
     }
-    if filters.is_empty() && !chain.wrap_body {
+    // NB: values kept by request phases (limit-conn slots) live until the body is sent.
+    if filters.is_empty() && !chain.wrap_body && ctx.keep.is_empty() {
         return Response::from_parts(parts, body);
     }
     if !filters.is_empty() {
@@ -625,7 +631,50 @@ pub fn remove_query_arg(req: &mut request::Parts, name: &str) {
     }
 }
 
+/// What a rate limit does when its Redis fails: let the request through
+/// (`allow_degradation: true`) or answer 500 `{"error_msg":"<msg>"}`.
+pub fn degrade(allow: bool, msg: &str) -> PhaseResult {
+    if allow {
+        Ok(())
+    } else {
+        Err(rejection(StatusCode::INTERNAL_SERVER_ERROR, Some(msg)))
+    }
+}
+
 /// A status code from a validated config (200..=599).
 pub fn status(code: u16) -> StatusCode {
     StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_known_plugin_has_a_builder_with_its_priority() {
+        let state = PluginState::default();
+        let consumers = Arc::new(ConsumerTable::default());
+        let cx = BuildCtx {
+            owner: "t",
+            state: &state,
+            consumers: &consumers,
+        };
+        for e in sluice_plugin_config::REGISTRY {
+            assert!(
+                BUILDERS.iter().any(|(n, _)| *n == e.name),
+                "{} validates in translate but the dataplane cannot build it",
+                e.name
+            );
+        }
+        let p = build(
+            &v1::Plugin {
+                name: "limit-count".into(),
+                config_json: r#"{"count":1,"time_window":1}"#.into(),
+            },
+            &cx,
+        )
+        .unwrap();
+        assert_eq!(p.priority(), 1002);
+    }
 }
