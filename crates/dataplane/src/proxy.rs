@@ -184,8 +184,16 @@ async fn proxy(
         .map(|pq| pq.as_str())
         .unwrap_or("/");
     let mut head = Vec::with_capacity(512);
+    // Plugins (real-ip) may have replaced the client address.
+    let real_ip = match plugin_ctx.as_ref() {
+        Some(ctx) if ctx.remote_addr.ip() != conn.remote_addr.ip() => {
+            HeaderValue::from_str(&ctx.remote_addr.ip().to_string()).ok()
+        }
+        _ => None,
+    };
+    let client_ip = real_ip.as_ref().unwrap_or(&conn.remote_ip);
     let proxy_headers = ProxyHeaders {
-        client_ip: conn.remote_ip.as_bytes(),
+        client_ip: client_ip.as_bytes(),
         proto: conn.scheme,
         host: host.as_ref().map(HeaderValue::as_bytes),
     };

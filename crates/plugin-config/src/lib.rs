@@ -20,12 +20,24 @@
 pub mod basic_auth;
 pub mod common;
 pub mod consumer_restriction;
+pub mod cors;
+pub mod expr;
+pub mod fault_injection;
+pub mod gzip;
+pub mod ip_restriction;
 pub mod jwt_auth;
 pub mod key_auth;
 pub mod limit_conn;
 pub mod limit_count;
 pub mod limit_req;
 pub mod prometheus;
+pub mod proxy_rewrite;
+pub mod real_ip;
+pub mod redirect;
+pub mod request_id;
+pub mod response_rewrite;
+pub mod rewrite;
+pub mod traffic_split;
 pub mod vars;
 
 use serde::de::DeserializeOwned;
@@ -132,6 +144,16 @@ pub const REGISTRY: &[Entry] = &[
     entry_with_consumer::<basic_auth::BasicAuth, basic_auth::BasicAuthConsumer>(),
     entry_with_consumer::<jwt_auth::JwtAuth, jwt_auth::JwtAuthConsumer>(),
     entry::<consumer_restriction::ConsumerRestriction>(),
+    entry::<proxy_rewrite::ProxyRewrite>(),
+    entry::<cors::Cors>(),
+    entry::<redirect::Redirect>(),
+    entry::<ip_restriction::IpRestriction>(),
+    entry::<real_ip::RealIp>(),
+    entry::<request_id::RequestId>(),
+    entry::<response_rewrite::ResponseRewrite>(),
+    entry::<fault_injection::FaultInjection>(),
+    entry::<gzip::Gzip>(),
+    entry::<traffic_split::TrafficSplit>(),
 ];
 
 fn known_names() -> String {

@@ -39,14 +39,25 @@
 pub mod basic_auth;
 pub mod consumer;
 pub mod consumer_restriction;
+pub mod cors;
+pub mod fault_injection;
+pub mod gzip;
+pub mod ip_restriction;
 pub mod jwt_auth;
 pub mod key_auth;
 pub mod limit_conn;
 pub mod limit_count;
 pub mod limit_req;
 pub mod prometheus;
+pub mod proxy_rewrite;
+pub mod real_ip;
+pub mod redirect;
 pub mod redis;
+pub mod request_id;
+pub mod response_rewrite;
+pub mod rewrite;
 pub mod state;
+pub mod traffic_split;
 pub mod vars;
 
 use std::any::Any;
@@ -142,6 +153,13 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
         None
     }
 
+    /// Whether the plugin encodes the response (gzip): its response phases then run after
+    /// every other plugin's, so it sees the final headers and body (as nginx's gzip filter
+    /// runs after the Lua filters). Default false.
+    fn encodes_body(&self) -> bool {
+        false
+    }
+
     /// Whether [`Plugin::log`] does anything; the body is only wrapped when some plugin
     /// logs or filters.
     fn wants_log(&self) -> bool {
@@ -176,6 +194,16 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("consumer-restriction", consumer_restriction::build),
     ("limit-req", limit_req::build),
     ("limit-conn", limit_conn::build),
+    ("proxy-rewrite", proxy_rewrite::build),
+    ("cors", cors::build),
+    ("redirect", redirect::build),
+    ("ip-restriction", ip_restriction::build),
+    ("real-ip", real_ip::build),
+    ("request-id", request_id::build),
+    ("response-rewrite", response_rewrite::build),
+    ("fault-injection", fault_injection::build),
+    ("gzip", gzip::build),
+    ("traffic-split", traffic_split::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.
@@ -277,6 +305,9 @@ pub struct PluginCtx {
     merged: Option<Arc<[Arc<dyn Plugin>]>>,
     /// Values kept until the request ends (e.g. a limit-conn slot released on drop).
     keep: Vec<Box<dyn Any + Send>>,
+    /// Typed per-request values plugins hand from request to response phases (e.g. the
+    /// request's `Origin` for cors, a copy of the request head).
+    pub extensions: http::Extensions,
 }
 
 impl std::fmt::Debug for PluginCtx {
@@ -315,6 +346,7 @@ impl PluginCtx {
             response_headers: Vec::new(),
             merged: None,
             keep: Vec::new(),
+            extensions: http::Extensions::new(),
         }
     }
 
@@ -397,10 +429,16 @@ pub fn response_phases(resp: Response<ProxyBody>, mut ctx: PluginCtx) -> Respons
     let chain = Arc::clone(&ctx.chain);
     let plugins = ctx.route_plugins();
     let mut filters = Vec::new();
-    for p in plugins.iter().chain(chain.global.iter()) {
-        p.response_headers(&mut parts, &mut ctx);
-        if let Some(f) = p.body_filter(&mut ctx) {
-            filters.push(f);
+    // Encoders (gzip) last: they see the headers and body every other plugin made.
+    for last in [false, true] {
+        for p in plugins.iter().chain(chain.global.iter()) {
+            if p.encodes_body() != last {
+                continue;
+            }
+            p.response_headers(&mut parts, &mut ctx);
+            if let Some(f) = p.body_filter(&mut ctx) {
+                filters.push(f);
+            }
         }
     }
     // NB: values kept by request phases (limit-conn slots) live until the body is sent.
