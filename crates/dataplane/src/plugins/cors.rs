@@ -176,7 +176,7 @@ impl Plugin for Cors {
         if req.method == Method::OPTIONS {
             let mut resp = Response::new(ProxyBody::empty());
             *resp.status_mut() = StatusCode::OK;
-            return Flow::Respond(resp);
+            return Flow::Respond(Box::new(resp));
         }
         Flow::Continue
     }

@@ -137,13 +137,13 @@ impl Plugin for FaultInjection {
         });
         match delay {
             None => match self.abort_response(req, ctx) {
-                Some(r) => Flow::Respond(r),
+                Some(r) => Flow::Respond(Box::new(r)),
                 None => Flow::Continue,
             },
             Some(d) => Flow::Pending(Box::pin(async move {
                 tokio::time::sleep(d.duration).await;
                 match self.abort_response(req, ctx) {
-                    Some(r) => Err(r),
+                    Some(r) => Err(Box::new(r)),
                     None => Ok(()),
                 }
             })),

@@ -53,7 +53,7 @@ impl Plugin for IpRestriction {
         if listed == self.whitelist {
             Flow::Continue
         } else {
-            Flow::Respond(json_response(self.code, &self.message))
+            Flow::Respond(Box::new(json_response(self.code, &self.message)))
         }
     }
 }

@@ -59,7 +59,7 @@ fn redirect(code: StatusCode, location: &str) -> Flow<'static> {
             *resp.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
         }
     }
-    Flow::Respond(resp)
+    Flow::Respond(Box::new(resp))
 }
 
 impl Redirect {
