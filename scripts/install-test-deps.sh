@@ -4,6 +4,9 @@ set -euo pipefail
 
 need=()
 command -v curl >/dev/null || need+=(curl)
+# Plugin tests: a real Redis for the shared rate-limit policy, openssl for RSA test keys.
+command -v redis-server >/dev/null || need+=(redis-server)
+command -v openssl >/dev/null || need+=(openssl)
 command -v rustfmt >/dev/null || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 

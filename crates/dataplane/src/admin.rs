@@ -68,7 +68,7 @@ pub fn respond(req: &Request<Incoming>, store: &Store) -> Response<Full<Bytes>> 
         "/metrics" | "/apisix/prometheus/metrics" => text(
             StatusCode::OK,
             "text/plain; version=0.0.4",
-            store.metrics().render(),
+            store.render_metrics(),
         ),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     }

@@ -471,6 +471,15 @@ impl Policy {
             Policy::Ewma(rot) => {
                 let n = states.len();
                 let start = rot.fetch_add(1, Ordering::Relaxed);
+                // NB: an endpoint not measured yet counts as twice as fast as the fastest
+                // measured one: preferred while idle, so it gets measured, but not free, or
+                // every concurrent request would go to it until its first response.
+                let fastest = states
+                    .iter()
+                    .map(|s| s.ewma_us())
+                    .filter(|e| *e > 0.0)
+                    .fold(f64::INFINITY, f64::min);
+                let fastest = if fastest.is_finite() { fastest } else { 1.0 };
                 let mut best: Option<(usize, f64)> = None;
                 for k in 0..n {
                     let i = (start + k) % n;
@@ -478,7 +487,11 @@ impl Policy {
                         continue;
                     }
                     let s = &states[i];
-                    let score = s.ewma_us() * (s.in_flight() + 1) as f64;
+                    let ewma = match s.ewma_us() {
+                        e if e > 0.0 => e,
+                        _ => fastest / 2.0,
+                    };
+                    let score = ewma * (s.in_flight() + 1) as f64;
                     if best.is_none_or(|(_, b)| score < b) {
                         best = Some((i, score));
                     }
@@ -551,5 +564,50 @@ mod tests {
             ])
         );
         assert!(HashSource::from_proto(v1::UpstreamHashOn::Vars, "nope").is_err());
+    }
+
+    #[test]
+    fn consumer_hash_uses_the_consumer_and_falls_back_to_the_client_address() {
+        let headers = HeaderMap::new();
+        let input = |consumer, ip: &str| HashInput {
+            host: Some("a.com"),
+            path: "/",
+            query: None,
+            headers: &headers,
+            remote_addr: format!("{ip}:1000").parse().unwrap(),
+            local_addr: "127.0.0.1:80".parse().unwrap(),
+            consumer,
+        };
+        let s = HashSource::Consumer;
+        // Same consumer from two clients: same key.
+        assert_eq!(
+            s.hash(&input(Some("alice"), "10.0.0.1")),
+            s.hash(&input(Some("alice"), "10.0.0.2"))
+        );
+        assert_ne!(
+            s.hash(&input(Some("alice"), "10.0.0.1")),
+            s.hash(&input(Some("bob"), "10.0.0.1"))
+        );
+        // No consumer: the client address decides.
+        assert_eq!(
+            s.hash(&input(None, "10.0.0.1")),
+            HashSource::Var(Var::RemoteAddr).hash(&input(None, "10.0.0.1"))
+        );
+    }
+
+    #[test]
+    fn ewma_does_not_pile_requests_onto_an_unmeasured_endpoint() {
+        let reg = crate::health::HealthRegistry::default();
+        let measured = reg.state("u", "a:1");
+        measured.observe_latency(std::time::Duration::from_millis(10));
+        let fresh = reg.state("u", "b:1");
+        let states = vec![Arc::clone(&measured), Arc::clone(&fresh)];
+        let policy = Policy::new(v1::LoadBalancer::Ewma, None, &[("a:1", 1), ("b:1", 1)]);
+        // Idle, the unmeasured endpoint would be preferred; three requests in flight on it
+        // make the measured one the better choice.
+        let _held: Vec<_> = (0..3).map(|_| fresh.begin()).collect();
+        for _ in 0..4 {
+            assert_eq!(policy.pick(&states, &[1, 1], 0, &Tried::default()), Some(0));
+        }
     }
 }

@@ -14,6 +14,7 @@ use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
 use crate::h1::{Framing, H1Error, ProxyHeaders, ResponseHead, encode_request_head};
 use crate::health::Outcome;
+use crate::plugins::{self, PluginCtx};
 use crate::router::RequestInfo;
 use crate::store::Store;
 use crate::table::RouteTable;
@@ -58,27 +59,41 @@ impl ConnInfo {
 /// Serves one request against the current snapshot. Never fails: errors become responses.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
     let table = store.table();
-    let resp = match proxy(req, conn, &table).await {
+    let apisix = &store.plugin_state().apisix;
+    apisix.request_started();
+    let mut plugin_ctx = None;
+    let grpc = crate::h2up::is_grpc(&req);
+    let resp = match proxy(req, conn, &table, &mut plugin_ctx).await {
         Ok(resp) => resp,
         Err(err) => {
             if !matches!(err, ProxyError::NoRoute) {
                 tracing::warn!(error = %err, "request failed");
             }
-            err.into_response()
+            if grpc {
+                err.into_grpc_response()
+            } else {
+                err.into_response()
+            }
         }
     };
     store.metrics().observe_status(resp.status());
-    resp
+    apisix.request_finished();
+    // Plugins: response phases (headers, body filters, log) of routes with plugins.
+    match plugin_ctx {
+        Some(ctx) => plugins::response_phases(resp, ctx),
+        None => resp,
+    }
 }
 
 async fn proxy(
     req: Request<Incoming>,
     conn: &ConnInfo,
     table: &Arc<RouteTable>,
+    plugin_ctx: &mut Option<PluginCtx>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
     let uri = req.uri();
-    let (route, upstream, hash) = {
+    let (route, upstream, mut hash) = {
         let info = RequestInfo {
             method: req.method(),
             host: host.as_ref().and_then(|h| h.to_str().ok()),
@@ -94,11 +109,60 @@ async fn proxy(
         let upstream = route
             .pick_backend()
             .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
-        // TODO(lead): pass the consumer set by the auth plugins for `hashOn: consumer`.
+        // NB: `hashOn: consumer` is recomputed below once an auth plugin named the consumer.
         let hash = crate::balancer::request_hash(upstream, &info, None);
         (route, upstream, hash)
     };
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
+    // Plugins: request phases (rewrite, access, before_proxy); a plugin may answer. They run
+    // before every protocol (WebSocket, h2/gRPC upstreams too), so auth is never bypassed.
+    let req = if let Some(chain) = &route.plugins {
+        let (mut parts, body) = req.into_parts();
+        let ctx = plugin_ctx.insert(PluginCtx::new(
+            Arc::clone(chain),
+            conn.remote_addr,
+            conn.local_addr,
+            conn.scheme,
+            std::time::Instant::now(),
+        ));
+        if let Err(resp) = plugins::request_phases(&mut parts, ctx).await {
+            return Ok(*resp);
+        }
+        if let Some(consumer) = ctx.consumer_name() {
+            let info = RequestInfo {
+                method: &parts.method,
+                host: host.as_ref().and_then(|h| h.to_str().ok()),
+                path: parts.uri.path(),
+                query: parts.uri.query(),
+                headers: &parts.headers,
+                remote_addr: conn.remote_addr,
+                local_addr: conn.local_addr,
+                scheme: conn.scheme,
+            };
+            hash = crate::balancer::request_hash(upstream, &info, Some(consumer));
+        }
+        Request::from_parts(parts, body)
+    } else {
+        req
+    };
+    // Protocols other than plain HTTP/1.1 (see `websocket` and `h2up`): one endpoint, no
+    // retries to others.
+    let upgrade = route.websocket && crate::websocket::is_upgrade(&req);
+    if upgrade || upstream.protocol.is_some() {
+        let endpoint = upstream
+            .pick_index(hash, &Tried::default())
+            .and_then(|i| upstream.endpoints.get(i))
+            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+        let host = upstream.host_header(endpoint).cloned().or(host.clone());
+        let address = &endpoint.address;
+        if upgrade {
+            let tls = upstream.protocol.as_ref().and_then(|p| p.tls.as_deref());
+            return crate::websocket::proxy(req, host, conn, tls, address, timeouts).await;
+        }
+        if let Some(protocol) = &upstream.protocol {
+            return crate::h2up::proxy(req, host, conn, protocol, address, timeouts).await;
+        }
+    }
 
     let (mut parts, mut body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -120,8 +184,16 @@ async fn proxy(
         .map(|pq| pq.as_str())
         .unwrap_or("/");
     let mut head = Vec::with_capacity(512);
+    // Plugins (real-ip) may have replaced the client address.
+    let real_ip = match plugin_ctx.as_ref() {
+        Some(ctx) if ctx.remote_addr.ip() != conn.remote_addr.ip() => {
+            HeaderValue::from_str(&ctx.remote_addr.ip().to_string()).ok()
+        }
+        _ => None,
+    };
+    let client_ip = real_ip.as_ref().unwrap_or(&conn.remote_ip);
     let proxy_headers = ProxyHeaders {
-        client_ip: conn.remote_ip.as_bytes(),
+        client_ip: client_ip.as_bytes(),
         proto: conn.scheme,
         host: host.as_ref().map(HeaderValue::as_bytes),
     };
@@ -134,7 +206,9 @@ async fn proxy(
     let replayable = !has_body && parts.method.is_idempotent();
     let mut tried = Tried::default();
     let budget = upstream.retry_budget();
-    let deadline = std::time::Instant::now() + timeouts.connect + timeouts.read;
+    // Retries stop after connect + read timeout, counted from the first failure (so the
+    // clock is never read on the fast path).
+    let mut deadline: Option<std::time::Instant> = None;
     let (pooled, response) = loop {
         let idx = upstream
             .pick_index(hash, &tried)
@@ -142,6 +216,10 @@ async fn proxy(
         let Some(endpoint) = upstream.endpoints.get(idx) else {
             return Err(ProxyError::NoEndpoint(upstream.id.clone()));
         };
+        if let Some(ctx) = plugin_ctx.as_mut() {
+            ctx.upstream = Some(Arc::clone(&endpoint.pool));
+            ctx.upstream_started = Some(std::time::Instant::now());
+        }
         if let Some(h) = upstream.host_header(endpoint) {
             parts.headers.insert(header::HOST, h.clone());
         }
@@ -190,7 +268,9 @@ async fn proxy(
                 }
                 let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
                 let may_retry = e.retryable() || (replayable && reset);
-                if !may_retry || tried.len() >= budget || std::time::Instant::now() >= deadline {
+                let now = std::time::Instant::now();
+                let until = *deadline.get_or_insert(now + timeouts.connect + timeouts.read);
+                if !may_retry || tried.len() >= budget || now >= until {
                     // Known down by the health checks, every one: 503 rather than the
                     // 502 of a single failed connection (as nginx/APISIX answer).
                     if e.retryable() && upstream.all_unhealthy() {
@@ -205,6 +285,9 @@ async fn proxy(
         }
     };
     // --- end upstream-LB ---
+    if let Some(ctx) = plugin_ctx.as_mut() {
+        ctx.upstream_done = Some(std::time::Instant::now());
+    }
     let mut parts = response.parts;
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
@@ -332,7 +415,7 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 /// Removes hop-by-hop headers, including those named in `Connection`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names, without hashing, finds which are present; typically only
     // `connection`, or none.
     let mut present = 0u8;

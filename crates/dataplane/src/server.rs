@@ -171,8 +171,10 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
         let store = Arc::clone(&store);
         let (h1, h2) = (Arc::clone(&h1), Arc::clone(&h2));
         let timer = timer.clone();
+        store.plugin_state().apisix.connection_opened();
         let mut drain = drain.clone();
         tokio::spawn(async move {
+            let _closed = ConnClosed(Arc::clone(&store));
             // A connection that has not sent a byte yet is idle: drain closes it.
             let sniffed = tokio::select! {
                 s = sniff_h2(&stream, limits.header_read_timeout) => s,
@@ -221,6 +223,15 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
     // Every connection holds a permit: having them all back means none is left.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = permits.acquire_many(all).await;
+}
+
+/// Counts a downstream connection as closed when dropped (`apisix_nginx_http_current_connections`).
+struct ConnClosed(Arc<Store>);
+
+impl Drop for ConnClosed {
+    fn drop(&mut self) {
+        self.0.plugin_state().apisix.connection_closed();
+    }
 }
 
 /// Starts `workers` threads serving `addr`. Returns once every listener is bound, so a

@@ -7,6 +7,7 @@ use serde::Serialize;
 use sluice_proto::v1;
 
 use crate::metrics::Metrics;
+use crate::plugins::PluginState;
 use crate::table::{InvalidSnapshot, RouteTable};
 use crate::upstream::{PoolConfig, PoolRegistry};
 
@@ -35,6 +36,7 @@ pub struct Store {
     state: Mutex<SnapshotState>,
     pools: PoolRegistry,
     metrics: Metrics,
+    plugin_state: PluginState,
     draining: std::sync::atomic::AtomicBool,
 }
 
@@ -56,6 +58,7 @@ impl Store {
             pools,
             metrics,
             draining: std::sync::atomic::AtomicBool::new(false),
+            plugin_state: PluginState::default(),
         })
     }
 
@@ -70,9 +73,21 @@ impl Store {
         self.table.load_full()
     }
 
+    /// Plugin state that outlives snapshots.
+    pub fn plugin_state(&self) -> &PluginState {
+        &self.plugin_state
+    }
+
     /// Metrics of this process.
     pub fn metrics(&self) -> &Metrics {
         &self.metrics
+    }
+
+    /// The Prometheus exposition of `/metrics`: Sluice's own families plus APISIX's.
+    pub fn render_metrics(&self) -> String {
+        let mut out = self.metrics.render();
+        self.plugin_state.apisix.render(&mut out);
+        out
     }
 
     /// Compiles `snapshot` and swaps it in. On error the current table keeps serving and the
@@ -82,11 +97,12 @@ impl Store {
         snapshot: v1::Snapshot,
         rejected_objects: Vec<String>,
     ) -> Result<(), InvalidSnapshot> {
-        match RouteTable::compile(&snapshot, &self.pools) {
+        match RouteTable::compile_with(&snapshot, &self.pools, &self.plugin_state) {
             Ok(table) => {
                 let routes = table.routes.len();
                 let upstreams = table.upstream_count;
                 self.table.store(Arc::new(table));
+                self.plugin_state.prune();
                 self.metrics
                     .snapshot_version
                     .set(i64::try_from(snapshot.version).unwrap_or(i64::MAX));

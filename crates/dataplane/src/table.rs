@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use sluice_proto::v1;
 
+use crate::plugins::{self, BuildCtx, ConsumerTable, PluginChain, PluginState};
 use crate::router::{InvalidRoute, Router};
 use crate::upstream::{InvalidUpstream, PoolRegistry, Timeouts, Upstream, WeightedSequence};
 
@@ -30,6 +31,22 @@ pub enum InvalidSnapshot {
     /// A route has no backend with a non-zero weight.
     #[error("route {0}: backends: no backend with a non-zero weight")]
     NoBackend(String),
+    /// A plugin of a route, global rule or consumer is unknown or misconfigured.
+    #[error("{owner}: {error}")]
+    Plugin {
+        /// Route id, `global rule <id>` or `consumer <name>`.
+        owner: String,
+        /// What is wrong (names the plugin and field).
+        error: sluice_plugin_config::ConfigError,
+    },
+    /// An upstream's TLS settings are unusable.
+    #[error("upstream {upstream}: {source}")]
+    UpstreamTls {
+        /// Upstream id.
+        upstream: String,
+        /// What is wrong.
+        source: crate::upstream_tls::InvalidUpstreamTls,
+    },
     /// An upstream's settings are invalid.
     #[error(transparent)]
     Upstream(#[from] InvalidUpstream),
@@ -57,6 +74,8 @@ pub struct CompiledRoute {
     pub timeouts: Timeouts,
     /// Whether WebSocket upgrades are allowed.
     pub websocket: bool,
+    /// Global rules' and the route's plugins; `None` when there are none (fast path).
+    pub plugins: Option<Arc<PluginChain>>,
 }
 
 impl CompiledRoute {
@@ -113,6 +132,39 @@ impl RouteTable {
     /// Validates and compiles `snapshot`. Connection pools are taken from `pools`, so
     /// endpoints that stay keep their warm connections.
     pub fn compile(snapshot: &v1::Snapshot, pools: &PoolRegistry) -> Result<Self, InvalidSnapshot> {
+        Self::compile_with(snapshot, pools, &PluginState::default())
+    }
+
+    /// Like [`RouteTable::compile`], with plugin state (rate-limit counters, ...) that
+    /// outlives this snapshot.
+    pub fn compile_with(
+        snapshot: &v1::Snapshot,
+        pools: &PoolRegistry,
+        plugin_state: &PluginState,
+    ) -> Result<Self, InvalidSnapshot> {
+        let consumers = ConsumerTable::build(&snapshot.consumers, plugin_state).map_err(|e| {
+            InvalidSnapshot::Plugin {
+                owner: format!("consumer {}", e.consumer),
+                error: e.error,
+            }
+        })?;
+        let mut global = Vec::new();
+        for rule in &snapshot.global_rules {
+            let owner = format!("global-rule:{}", rule.id);
+            let cx = BuildCtx {
+                owner: &owner,
+                state: plugin_state,
+                consumers: &consumers,
+            };
+            let built = plugins::build_sorted(&rule.plugins, &cx).map_err(|error| {
+                InvalidSnapshot::Plugin {
+                    owner: format!("global rule {}", rule.id),
+                    error,
+                }
+            })?;
+            global.extend(built);
+        }
+        global.sort_by_key(|p| std::cmp::Reverse(p.priority()));
         let router = Router::new(&snapshot.routes)?;
         let mut upstreams: HashMap<&str, Arc<Upstream>> =
             HashMap::with_capacity(snapshot.upstreams.len());
@@ -137,9 +189,15 @@ impl RouteTable {
                 .timeout
                 .as_ref()
                 .map(|t| timeouts(Some(t), Timeouts::default()));
+            let addresses: Vec<String> = endpoints.iter().map(|(a, _)| a.clone()).collect();
+            let protocol = crate::h2up::UpstreamProtocol::compile(up, &addresses, &pools.hyper)
+                .map_err(|source| InvalidSnapshot::UpstreamTls {
+                    upstream: up.id.clone(),
+                    source,
+                })?;
             upstreams.insert(
                 &up.id,
-                Arc::new(Upstream::compile(up, endpoints, t, pools)?),
+                Arc::new(Upstream::compile(up, endpoints, t, pools)?.with_protocol(protocol)),
             );
         }
         let mut routes = Vec::with_capacity(snapshot.routes.len());
@@ -162,7 +220,20 @@ impl RouteTable {
             if backends.is_empty() {
                 return Err(InvalidSnapshot::NoBackend(r.id.clone()));
             }
+            let cx = BuildCtx {
+                owner: &r.id,
+                state: plugin_state,
+                consumers: &consumers,
+            };
+            let route_plugins = plugins::build_sorted(&r.plugins, &cx).map_err(|error| {
+                InvalidSnapshot::Plugin {
+                    owner: format!("route {}", r.id),
+                    error,
+                }
+            })?;
+            let chain = PluginChain::new(r, global.clone(), route_plugins, Arc::clone(&consumers));
             routes.push(CompiledRoute {
+                plugins: chain,
                 id: r.id.clone(),
                 split: WeightedSequence::new(&weights),
                 backends,

@@ -476,3 +476,80 @@ async fn an_invalid_health_check_is_refused_and_the_last_snapshot_keeps_serving(
     );
     assert_eq!(get(dp.addr, "app", "/x").await.status, StatusCode::OK);
 }
+
+#[tokio::test]
+async fn active_probes_send_host_path_and_headers_and_tcp_probes_follow_the_listener() {
+    let a = Origin::start("a");
+    let mut b = Origin::start("b");
+    let dp = dataplane().await;
+    let mut up = upstream_of("http", &[a.addr]);
+    let mut hc = health_check(false);
+    {
+        let active = hc.active.as_mut().unwrap();
+        active.host = "probe.example.com".into();
+        active.request_headers = vec![v1::UpstreamHealthHeader {
+            name: "x-probe".into(),
+            value: "sluice".into(),
+        }];
+    }
+    up.health_check = Some(hc);
+    // A TCP-probed upstream next to it.
+    let mut tcp = upstream_of("tcp", &[a.addr, b.addr]);
+    let mut hc = health_check(false);
+    hc.active.as_mut().unwrap().r#type = v1::UpstreamHealthCheckType::Tcp as i32;
+    tcp.health_check = Some(hc);
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![
+                    route("default/r/http", &["/http*"], "http"),
+                    route("default/r/tcp", &["/tcp*"], "tcp"),
+                ],
+                vec![up, tcp],
+            ),
+            vec![],
+        )
+        .unwrap();
+    assert!(
+        eventually(Duration::from_secs(3), || !a
+            .state
+            .last_probe
+            .lock()
+            .unwrap()
+            .0
+            .is_empty())
+        .await
+    );
+    assert_eq!(
+        *a.state.last_probe.lock().unwrap(),
+        ("probe.example.com".to_owned(), "sluice".to_owned())
+    );
+    // TCP probes: b's listener goes away, b leaves the rotation; back when it listens again.
+    assert_eq!(
+        b.state.probes.load(Ordering::SeqCst),
+        0,
+        "tcp probes send no HTTP"
+    );
+    b.kill();
+    assert!(
+        eventually(Duration::from_secs(3), || healthy_gauge(&dp, "tcp", b.addr)
+            == Some(0.0))
+        .await
+    );
+    for _ in 0..4 {
+        assert_eq!(get(dp.addr, "app", "/tcp").await.headers["x-origin"], "a");
+    }
+    let b2 = b.restart();
+    assert!(
+        eventually(Duration::from_secs(3), || healthy_gauge(
+            &dp, "tcp", b2.addr
+        ) == Some(1.0))
+        .await
+    );
+    let mut seen_b = false;
+    for _ in 0..4 {
+        seen_b |= get(dp.addr, "app", "/tcp").await.headers["x-origin"] == "b";
+    }
+    assert!(seen_b);
+}

@@ -23,16 +23,24 @@
 //!   none of its rules enter the snapshot, as APISIX does; other objects are unaffected.
 //! - `backends[]` become upstreams `<ns>/<service>:<port>[@service][#subset]` (port = the
 //!   Service port number); `src/upstream.rs` documents how endpoints are resolved
-//!   (EndpointSlices, ClusterIP, headless and ExternalName Services, subsets). A missing Service or port keeps the route (with an upstream
+//!   (EndpointSlices, ClusterIP, headless and ExternalName Services, subsets by Pod labels).
+//!   A missing Service or port keeps the route (with an upstream
 //!   without endpoints, so requests get 503) and sets `ResolvedRefs=False`
 //!   (`BackendNotFound`).
 //! - `upstreams[]` reference ApisixUpstreams with `externalNodes`: upstream `<ns>/<name>`.
 //! - An ApisixUpstream named after a Service applies its load balancer, scheme, retries and
 //!   timeouts (with `portLevelSettings`) to that Service's upstreams. An invalid one is
 //!   `Accepted=False` and ignored.
-//! - Fail closed: `authentication`, `plugin_config_name`, `filter_func`, Body exprs and
-//!   plugin `secretRef`s to missing Secrets reject the rule instead of serving it with less
-//!   protection than written. Plugin `secretRef`s are merged (dotted keys nest).
+//! - Plugins (`src/plugins.rs`): every config is validated by `sluice-plugin-config`
+//!   (unknown plugin, wrong type or out-of-range value ⇒ `Accepted=False` naming the plugin
+//!   and field). A rule's plugins = its ApisixPluginConfig, overridden by its `plugins`, then
+//!   by the plugin `authentication` implies (keyAuth/basicAuth/jwtAuth). ApisixConsumers
+//!   become snapshot consumers `<ns>_<name>` (credentials inline or from a Secret, plus
+//!   consumer plugins); ApisixGlobalRules become global rules `<ns>/<name>`.
+//! - Fail closed: unsupported authentication types, missing ApisixPluginConfigs,
+//!   `filter_func`, Body exprs and plugin `secretRef`s to missing Secrets reject the rule
+//!   instead of serving it with less protection than written. Plugin `secretRef`s are merged
+//!   (dotted keys nest).
 //! - With `Options::ingress_class = Some(c)`, only objects whose `spec.ingressClassName` is
 //!   `c` or unset are translated; others get no status at all (another controller owns them).
 //! - Each Ingress `spec.rules[i].http.paths[j]` becomes one route with id
@@ -60,6 +68,7 @@
 
 mod ingress;
 mod json;
+mod plugins;
 mod problems;
 mod route;
 pub mod state;
@@ -74,7 +83,9 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use sluice_crds::{ApisixRoute, ApisixUpstream};
+use sluice_crds::{
+    ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixUpstream,
+};
 use sluice_proto::v1;
 
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
@@ -119,6 +130,11 @@ pub(crate) struct Index<'a> {
     /// Keyed by (namespace, Service name from the label); slices sorted by name.
     pub(crate) slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     pub(crate) secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    pub(crate) plugin_configs: BTreeMap<(&'a str, &'a str), &'a ApisixPluginConfig>,
+    pub(crate) consumers: BTreeMap<(&'a str, &'a str), &'a ApisixConsumer>,
+    pub(crate) global_rules: BTreeMap<(&'a str, &'a str), &'a ApisixGlobalRule>,
+    /// Pod labels, keyed by (namespace, Pod name); for subsets.
+    pub(crate) pod_labels: BTreeMap<(&'a str, &'a str), Option<&'a BTreeMap<String, String>>>,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -184,10 +200,33 @@ impl<'a> Index<'a> {
                     .push(s);
             }
         }
+        let pod_labels = state
+            .pods
+            .iter()
+            .map(|p| (key(&p.metadata), p.metadata.labels.as_ref()))
+            .collect();
         for list in slices.values_mut() {
             list.sort_by(|a, b| key(&a.metadata).cmp(&key(&b.metadata)));
             list.dedup_by(|a, b| key(&a.metadata) == key(&b.metadata));
         }
+        let plugin_configs = state
+            .apisix_plugin_configs
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let consumers = state
+            .apisix_consumers
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
+        let global_rules = state
+            .apisix_global_rules
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
         Self {
             routes,
             ingresses,
@@ -195,6 +234,10 @@ impl<'a> Index<'a> {
             services,
             slices,
             secrets,
+            plugin_configs,
+            consumers,
+            global_rules,
+            pod_labels,
         }
     }
 }
@@ -229,11 +272,97 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
         aus.insert((ns, name), verdict);
     }
 
+    // ApisixPluginConfigs next: routes merge them.
+    let mut pcs: route::PluginConfigs<'_> = BTreeMap::new();
+    for (&(ns, name), pc) in &idx.plugin_configs {
+        let mut problems = Problems::default();
+        let list = plugins::plugin_list(
+            &pc.spec.plugins,
+            ns,
+            "spec.plugins",
+            &idx.secrets,
+            plugins::Owner::Route,
+            &mut problems,
+        );
+        status.objects.push(simple_status(
+            ObjectKind::ApisixPluginConfig,
+            ns,
+            name,
+            pc.metadata.generation,
+            &problems,
+        ));
+        pcs.insert(
+            (ns, name),
+            if problems.is_valid() {
+                Ok(list)
+            } else {
+                Err(())
+            },
+        );
+    }
+    let mut consumers = Vec::new();
+    // A credential (key-auth key, basic-auth username, jwt-auth key) names one consumer:
+    // a later consumer (by namespace/name) reusing one is rejected.
+    let mut credentials: BTreeMap<(String, String), String> = BTreeMap::new();
+    for (&(ns, name), ac) in &idx.consumers {
+        let mut problems = Problems::default();
+        let c = plugins::consumer(ac, ns, name, &idx.secrets, &mut problems).filter(|c| {
+            let ids = plugins::credential_ids(c);
+            for (plugin, id) in &ids {
+                if let Some(owner) = credentials.get(&(plugin.clone(), id.clone())) {
+                    problems.error(
+                        "spec.authParameter",
+                        format!("the {plugin} credential is already used by consumer {owner}"),
+                    );
+                    return false;
+                }
+            }
+            for id in ids {
+                credentials.insert(id, c.name.clone());
+            }
+            true
+        });
+        status.objects.push(simple_status(
+            ObjectKind::ApisixConsumer,
+            ns,
+            name,
+            ac.metadata.generation,
+            &problems,
+        ));
+        consumers.extend(c);
+    }
+    consumers.sort_by(|a: &v1::Consumer, b| a.name.cmp(&b.name));
+    let mut global_rules = Vec::new();
+    for (&(ns, name), gr) in &idx.global_rules {
+        let mut problems = Problems::default();
+        let list = plugins::plugin_list(
+            &gr.spec.plugins,
+            ns,
+            "spec.plugins",
+            &idx.secrets,
+            plugins::Owner::Route,
+            &mut problems,
+        );
+        status.objects.push(simple_status(
+            ObjectKind::ApisixGlobalRule,
+            ns,
+            name,
+            gr.metadata.generation,
+            &problems,
+        ));
+        if problems.is_valid() {
+            global_rules.push(v1::GlobalRule {
+                id: format!("{ns}/{name}"),
+                plugins: list,
+            });
+        }
+    }
+
     let mut routes: BTreeMap<String, v1::Route> = BTreeMap::new();
     let mut upstreams: BTreeMap<String, v1::Upstream> = BTreeMap::new();
     for (&(ns, name), ar) in &idx.routes {
         let mut problems = Problems::default();
-        let out = route::translate_object(ar, ns, name, &idx, &aus, &mut problems);
+        let out = route::translate_object(ar, ns, name, &idx, &aus, &pcs, &mut problems);
         let mut conditions = vec![problems.accepted()];
         let mut ids = Vec::new();
         if problems.is_valid() {
@@ -301,9 +430,29 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             hash: String::new(),
             routes: routes.into_values().collect(),
             upstreams: upstreams.into_values().collect(),
+            consumers,
+            global_rules,
         },
         status,
         ingresses,
+    }
+}
+
+/// The status of an object that only has an `Accepted` condition.
+fn simple_status(
+    kind: ObjectKind,
+    ns: &str,
+    name: &str,
+    generation: Option<i64>,
+    problems: &Problems,
+) -> ObjectStatus {
+    ObjectStatus {
+        kind,
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+        generation,
+        conditions: vec![problems.accepted()],
+        routes: Vec::new(),
     }
 }
 
@@ -335,17 +484,5 @@ fn unsupported_kinds(state: &ClusterState, opts: &Options, status: &mut StatusRe
             &o.metadata,
             o.spec.ingress_class_name.as_deref(),
         );
-    }
-    for o in &state.apisix_plugin_configs {
-        let class = o.spec.ingress_class_name.as_deref();
-        push(ObjectKind::ApisixPluginConfig, &o.metadata, class);
-    }
-    for o in &state.apisix_consumers {
-        let class = o.spec.ingress_class_name.as_deref();
-        push(ObjectKind::ApisixConsumer, &o.metadata, class);
-    }
-    for o in &state.apisix_global_rules {
-        let class = o.spec.ingress_class_name.as_deref();
-        push(ObjectKind::ApisixGlobalRule, &o.metadata, class);
     }
 }

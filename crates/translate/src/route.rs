@@ -2,15 +2,11 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use k8s_openapi::api::core::v1::Secret;
-use serde_json::Value;
-use sluice_crds::{
-    ApisixRoute, ApisixRouteHttp, ApisixRouteHttpMatchExpr, ApisixRoutePlugin, ExprOp, ExprScope,
-};
+use sluice_crds::{ApisixRoute, ApisixRouteHttp, ApisixRouteHttpMatchExpr, ExprOp, ExprScope};
 use sluice_proto::v1;
 
 use crate::Index;
-use crate::json;
+use crate::plugins;
 use crate::problems::Problems;
 use crate::upstream::{self, BackendRef, UpstreamObject};
 use crate::validate;
@@ -30,6 +26,7 @@ pub(crate) fn translate_object(
     name: &str,
     idx: &Index<'_>,
     aus: &BTreeMap<(&str, &str), Result<UpstreamObject, ()>>,
+    pcs: &PluginConfigs<'_>,
     problems: &mut Problems,
 ) -> RouteOutput {
     let mut out = RouteOutput::default();
@@ -53,6 +50,7 @@ pub(crate) fn translate_object(
             field: &field,
             idx,
             aus,
+            pcs,
         };
         if let Some((route, ups)) = ctx.rule(rule, problems) {
             out.routes.push(route);
@@ -75,7 +73,11 @@ struct RuleCtx<'c, 'a> {
     field: &'c str,
     idx: &'c Index<'a>,
     aus: &'c BTreeMap<(&'a str, &'a str), Result<UpstreamObject, ()>>,
+    pcs: &'c PluginConfigs<'a>,
 }
+
+/// Translated ApisixPluginConfigs by (namespace, name); `Err` when invalid.
+pub(crate) type PluginConfigs<'a> = BTreeMap<(&'a str, &'a str), Result<Vec<v1::Plugin>, ()>>;
 
 impl RuleCtx<'_, '_> {
     fn f(&self, suffix: &str) -> String {
@@ -141,19 +143,7 @@ impl RuleCtx<'_, '_> {
             .map(|t| upstream::parse_timeout(t, &self.f("timeout"), problems))
             .and_then(upstream::timeouts);
 
-        if rule.authentication.as_ref().is_some_and(|a| a.enable) {
-            problems.error(
-                self.f("authentication"),
-                "not supported yet (the rule is rejected rather than served without authentication)",
-            );
-        }
-        if rule.plugin_config_name.is_some() {
-            problems.error(
-                self.f("plugin_config_name"),
-                "ApisixPluginConfig is not supported yet (the rule is rejected rather than served without those plugins)",
-            );
-        }
-        let plugins = self.plugins(&rule.plugins, problems);
+        let plugins = self.plugins(rule, problems);
 
         let (backends, upstreams) = self.backends(rule, problems);
 
@@ -255,55 +245,43 @@ impl RuleCtx<'_, '_> {
         })
     }
 
-    fn plugins(&self, plugins: &[ApisixRoutePlugin], problems: &mut Problems) -> Vec<v1::Plugin> {
-        let mut out = Vec::new();
-        let mut seen: HashMap<&str, usize> = HashMap::new();
-        for (j, p) in plugins.iter().enumerate() {
-            let field = self.f(&format!("plugins[{j}]"));
-            if p.name.is_empty() {
-                problems.error(format!("{field}.name"), "must not be empty");
-                continue;
-            }
-            if let Some(first) = seen.insert(&p.name, j) {
-                problems.error(
-                    format!("{field}.name"),
+    /// The rule's plugins: its ApisixPluginConfig, overridden by its own `plugins`, then by
+    /// the plugin `authentication` implies.
+    fn plugins(&self, rule: &ApisixRouteHttp, problems: &mut Problems) -> Vec<v1::Plugin> {
+        let mut base = Vec::new();
+        if let Some(pc_name) = &rule.plugin_config_name {
+            let pc_ns = rule
+                .plugin_config_namespace
+                .as_deref()
+                .filter(|n| !n.is_empty())
+                .unwrap_or(self.ns);
+            match self.pcs.get(&(pc_ns, pc_name.as_str())) {
+                None => problems.error(
+                    self.f("plugin_config_name"),
                     format!(
-                        "plugin {:?} is listed twice (also {})",
-                        p.name,
-                        self.f(&format!("plugins[{first}]"))
+                        "ApisixPluginConfig {pc_ns}/{pc_name} not found (the rule is rejected rather than served without those plugins)"
                     ),
-                );
-                continue;
+                ),
+                Some(Err(())) => problems.error(
+                    self.f("plugin_config_name"),
+                    format!("ApisixPluginConfig {pc_ns}/{pc_name} is invalid (see its status)"),
+                ),
+                Some(Ok(list)) => base = list.clone(),
             }
-            if !p.enable {
-                continue;
-            }
-            let mut config = p.config.clone().unwrap_or_default();
-            if let Some(secret_name) = &p.secret_ref {
-                let field = format!("{field}.secretRef");
-                match self.idx.secrets.get(&(self.ns, secret_name.as_str())) {
-                    None => {
-                        problems.error(
-                            field,
-                            format!(
-                                "Secret {}/{secret_name} not found (the rule is rejected rather than served with an incomplete plugin config)",
-                                self.ns
-                            ),
-                        );
-                        continue;
-                    }
-                    Some(secret) => {
-                        if let Err(e) = merge_secret(&mut config, secret) {
-                            problems.error(field, format!("Secret {}/{secret_name}: {e}", self.ns));
-                            continue;
-                        }
-                    }
-                }
-            }
-            out.push(v1::Plugin {
-                name: p.name.clone(),
-                config_json: json::canonical(&Value::Object(config)),
-            });
+        }
+        let own = plugins::plugin_list(
+            &rule.plugins,
+            self.ns,
+            &self.f("plugins"),
+            &self.idx.secrets,
+            plugins::Owner::Route,
+            problems,
+        );
+        let mut out = plugins::merge(base, own);
+        if let Some(auth) = &rule.authentication
+            && let Some(p) = plugins::authentication(auth, &self.f("authentication"), problems)
+        {
+            out = plugins::merge(out, vec![p]);
         }
         out
     }
@@ -415,25 +393,4 @@ fn proto_op(op: ExprOp) -> v1::ExprOp {
         ExprOp::In => v1::ExprOp::In,
         ExprOp::NotIn => v1::ExprOp::NotIn,
     }
-}
-
-/// Overrides `config` with the Secret's keys (`data`, then `stringData`, as the API server
-/// merges them); dotted keys set nested fields. Values are strings.
-fn merge_secret(
-    config: &mut serde_json::Map<String, Value>,
-    secret: &Secret,
-) -> Result<(), String> {
-    let mut entries: BTreeMap<&str, String> = BTreeMap::new();
-    for (k, v) in secret.data.iter().flatten() {
-        let text =
-            String::from_utf8(v.0.clone()).map_err(|_| format!("key {k:?} is not UTF-8 text"))?;
-        entries.insert(k, text);
-    }
-    for (k, v) in secret.string_data.iter().flatten() {
-        entries.insert(k, v.clone());
-    }
-    for (k, v) in entries {
-        json::set_dotted(config, k, Value::String(v))?;
-    }
-    Ok(())
 }

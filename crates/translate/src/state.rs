@@ -3,11 +3,12 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
+use kube::core::PartialObjectMeta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::{
@@ -44,6 +45,10 @@ pub struct ClusterState {
     pub endpoint_slices: Vec<EndpointSlice>,
     /// `v1` Secrets (plugin `secretRef`s).
     pub secrets: Vec<Secret>,
+    /// `v1` Pods, metadata only: their labels select the endpoints of ApisixUpstream
+    /// `subsets` (matched through the EndpointSlice endpoints' `targetRef`). The loader
+    /// accepts full `kind: Pod` documents and keeps only the metadata.
+    pub pods: Vec<PartialObjectMeta<Pod>>,
     /// `networking.k8s.io/v1` Ingresses.
     pub ingresses: Vec<Ingress>,
     /// `networking.k8s.io/v1` IngressClasses (only the default-class annotation is used).
@@ -177,6 +182,7 @@ enum KnownKind {
     Service,
     EndpointSlice,
     Secret,
+    Pod,
     Ingress,
     IngressClass,
 }
@@ -199,6 +205,7 @@ impl KnownKind {
             "ApisixGlobalRule" => (Self::ApisixGlobalRule, apisix),
             "Service" => (Self::Service, ("", "v1")),
             "Secret" => (Self::Secret, ("", "v1")),
+            "Pod" => (Self::Pod, ("", "v1")),
             "EndpointSlice" => (Self::EndpointSlice, ("discovery.k8s.io", "v1")),
             "Ingress" => (Self::Ingress, ("networking.k8s.io", "v1")),
             "IngressClass" => (Self::IngressClass, ("networking.k8s.io", "v1")),
@@ -413,7 +420,8 @@ impl ClusterState {
 
         let result = match known {
             KnownKind::ApisixRoute => add(&doc, &mut self.apisix_routes),
-            KnownKind::ApisixUpstream => add(&doc, &mut self.apisix_upstreams),
+            KnownKind::ApisixUpstream => add(&doc, &mut self.apisix_upstreams)
+                .map_err(|(field, reason)| upstream_error_field(&doc, field, reason)),
             KnownKind::ApisixTls => add(&doc, &mut self.apisix_tlses),
             KnownKind::ApisixPluginConfig => add(&doc, &mut self.apisix_plugin_configs),
             KnownKind::ApisixConsumer => add(&doc, &mut self.apisix_consumers),
@@ -421,6 +429,7 @@ impl ClusterState {
             KnownKind::Service => add(&doc, &mut self.services),
             KnownKind::EndpointSlice => add(&doc, &mut self.endpoint_slices),
             KnownKind::Secret => add(&doc, &mut self.secrets),
+            KnownKind::Pod => add(&doc, &mut self.pods),
             KnownKind::Ingress => add(&doc, &mut self.ingresses),
             KnownKind::IngressClass => add(&doc, &mut self.ingress_classes),
         };
@@ -436,6 +445,46 @@ impl ClusterState {
             }
             Err((field, reason)) => report.errors.push(fail(Some(kind), field, reason)),
         }
+    }
+}
+
+/// `ApisixUpstream` settings sit in flattened structs, where serde loses the field path
+/// (an unknown `loadbalancer.type` is reported on `spec`): find the field by parsing the
+/// settings on their own.
+fn upstream_error_field(
+    doc: &serde_yaml::Value,
+    field: Option<String>,
+    reason: String,
+) -> (Option<String>, String) {
+    let inner = |v: &serde_yaml::Value, prefix: String| {
+        serde_path_to_error::deserialize::<_, sluice_crds::ApisixUpstreamConfig>(v.clone())
+            .err()
+            .map(|e| {
+                (
+                    Some(format!("{prefix}.{}", e.path())),
+                    e.into_inner().to_string(),
+                )
+            })
+    };
+    let Some(spec) = doc.get("spec") else {
+        return (field, reason);
+    };
+    match field.as_deref() {
+        Some("spec") => inner(spec, "spec".into()).unwrap_or((field, reason)),
+        Some(f) if f.starts_with("spec.portLevelSettings[") => {
+            let i = f["spec.portLevelSettings[".len()..]
+                .split(']')
+                .next()
+                .and_then(|i| i.parse::<usize>().ok());
+            let item = i.and_then(|i| spec.get("portLevelSettings")?.get(i));
+            match (i, item) {
+                (Some(i), Some(item)) => {
+                    inner(item, format!("spec.portLevelSettings[{i}]")).unwrap_or((field, reason))
+                }
+                _ => (field, reason),
+            }
+        }
+        _ => (field, reason),
     }
 }
 

@@ -143,3 +143,43 @@ pub fn snapshot(
         version,
     )
 }
+
+/// A plugin with its config as JSON.
+pub fn plugin(name: &str, config: serde_json::Value) -> v1::Plugin {
+    v1::Plugin {
+        name: name.into(),
+        config_json: config.to_string(),
+    }
+}
+
+/// Route `id` for `paths` to upstream `u` with `plugins`.
+pub fn route_with(id: &str, paths: &[&str], upstream: &str, plugins: Vec<v1::Plugin>) -> v1::Route {
+    v1::Route {
+        plugins,
+        ..route(id, paths, upstream)
+    }
+}
+
+/// GET `path` with extra headers.
+pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut b = Request::get(path).header("host", "example.com");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    send(addr, b.body(Full::new(Bytes::new())).unwrap()).await
+}
+
+/// Serves the admin endpoints of `store` on a loopback port.
+pub async fn admin(store: &Arc<Store>) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(sluice_dataplane::admin::serve(listener, Arc::clone(store)));
+    addr
+}
+
+/// The value of the sample `series` (name with labels exactly as rendered) in `text`.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
+        .and_then(|v| v.trim().parse().ok())
+}

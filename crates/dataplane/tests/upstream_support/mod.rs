@@ -29,6 +29,8 @@ pub struct OriginState {
     pub probes: AtomicUsize,
     /// Delay before every answer, ms.
     pub delay_ms: std::sync::atomic::AtomicU64,
+    /// `host` and `x-probe` headers of the last `/healthz` request.
+    pub last_probe: std::sync::Mutex<(String, String)>,
 }
 
 /// An HTTP/1.1 origin on its own thread and runtime. Answers `name` in the body and in
@@ -142,9 +144,15 @@ async fn handle(
         .get("host")
         .map(|h| h.to_str().unwrap_or("").to_owned())
         .unwrap_or_default();
+    let x_probe = req
+        .headers()
+        .get("x-probe")
+        .map(|h| h.to_str().unwrap_or("").to_owned())
+        .unwrap_or_default();
     let _ = req.into_body().collect().await;
     let mut status = StatusCode::OK;
     if path.starts_with("/healthz") {
+        *st.last_probe.lock().unwrap() = (host.clone(), x_probe);
         st.probes.fetch_add(1, Ordering::SeqCst);
         if !st.healthy.load(Ordering::SeqCst) {
             status = StatusCode::INTERNAL_SERVER_ERROR;

@@ -1,0 +1,322 @@
+//! `limit-count` (priority 1002): at most `count` requests per `time_window` per key.
+//!
+//! Redis policy (`policy: redis`): one counter per key in Redis, shared by every replica,
+//! created with the window as its TTL and decremented atomically by a script; when Redis
+//! fails, `allow_degradation: true` lets the request through and `false` answers 500
+//! `{"error_msg":"failed to limit count"}`.
+//!
+//! Local policy: a fixed window per key that starts with the key's first request (as
+//! lua-resty-limit-count does), kept in sharded maps in process memory; expired windows are
+//! swept when a map grows. Counters are shared by all workers of the process and survive
+//! snapshot reloads while the route's config stays the same (or by `group`).
+
+use std::collections::HashMap;
+use std::hash::BuildHasher;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use http::header::{HeaderName, HeaderValue};
+use http::request;
+use sluice_plugin_config::common::{LimitKey, Policy};
+use sluice_plugin_config::limit_count::LimitCount as Config;
+use sluice_plugin_config::{ConfigError, PluginSchema};
+
+use super::redis::{RedisClient, stable_hash};
+use super::vars::{self, KeyValue};
+use super::{BuildCtx, Flow, Plugin, PluginCtx};
+
+const SHARDS: usize = 16;
+
+/// `X-RateLimit-Limit`.
+pub static LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub static REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `X-RateLimit-Reset`.
+pub static RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The verdict for one request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict {
+    /// Whether the request fits the budget.
+    pub allowed: bool,
+    /// Requests left in the window (0 when rejected).
+    pub remaining: u64,
+    /// Seconds until the window resets.
+    pub reset: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    start: Instant,
+    used: u64,
+}
+
+/// Fixed windows per key in process memory.
+#[derive(Debug)]
+pub struct LocalWindows {
+    shards: [Mutex<Shard>; SHARDS],
+    hasher: std::collections::hash_map::RandomState,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<KeyValue, Window>,
+    sweep_at: usize,
+}
+
+impl Default for LocalWindows {
+    fn default() -> Self {
+        LocalWindows {
+            shards: std::array::from_fn(|_| Mutex::new(Shard::default())),
+            hasher: Default::default(),
+        }
+    }
+}
+
+impl LocalWindows {
+    /// Counts one request for `key` against `limit` per `window`.
+    pub fn incoming(&self, key: KeyValue, limit: u64, window: Duration, now: Instant) -> Verdict {
+        let h = self.hasher.hash_one(&key);
+        let idx = (h as usize) % SHARDS;
+        let Some(shard) = self.shards.get(idx) else {
+            return Verdict {
+                allowed: true,
+                remaining: limit,
+                reset: window.as_secs(),
+            };
+        };
+        let mut shard = match shard.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        if shard.map.len() >= shard.sweep_at.max(1024) {
+            shard
+                .map
+                .retain(|_, w| now.saturating_duration_since(w.start) < window);
+            shard.sweep_at = shard.map.len() * 2;
+        }
+        let w = shard.map.entry(key).or_insert(Window {
+            start: now,
+            used: 0,
+        });
+        if now.saturating_duration_since(w.start) >= window {
+            *w = Window {
+                start: now,
+                used: 0,
+            };
+        }
+        let left = window.saturating_sub(now.saturating_duration_since(w.start));
+        let reset = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+        if w.used >= limit {
+            return Verdict {
+                allowed: false,
+                remaining: 0,
+                reset,
+            };
+        }
+        w.used += 1;
+        Verdict {
+            allowed: true,
+            remaining: limit - w.used,
+            reset,
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Backend {
+    Local(Arc<LocalWindows>),
+    Redis {
+        client: Arc<RedisClient>,
+        /// `sluice:limit-count:<route or group>:<config hash>:`.
+        prefix: String,
+    },
+}
+
+/// Decrements the window's budget; creates it (with the window as TTL) on first use.
+/// Returns `{remaining, ttl}`; a negative remaining means rejected.
+const REDIS_SCRIPT: &str = r"
+local ttl = redis.call('ttl', KEYS[1])
+if ttl < 0 then
+  redis.call('set', KEYS[1], ARGV[1] - 1, 'EX', ARGV[2])
+  return {ARGV[1] - 1, tonumber(ARGV[2])}
+end
+return {redis.call('decr', KEYS[1]), ttl}
+";
+
+/// The plugin.
+#[derive(Debug)]
+pub struct LimitCount {
+    conf: Config,
+    key: LimitKey,
+    window: Duration,
+    limit_value: HeaderValue,
+    backend: Backend,
+    script: redis::Script,
+}
+
+/// Builds `limit-count` from its config.
+pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
+    let conf: Config = sluice_plugin_config::parse_json(json)?;
+    let key = conf.limit_key().map_err(|e| ConfigError::Field {
+        plugin: Config::NAME.into(),
+        field: e.field,
+        reason: e.reason,
+    })?;
+    // NB: routes in one group share one budget, as in APISIX.
+    let backend = match conf.policy {
+        Policy::Redis => {
+            let client =
+                RedisClient::shared(&conf.redis, cx.state).map_err(|e| ConfigError::Field {
+                    plugin: Config::NAME.into(),
+                    field: "redis_host".into(),
+                    reason: e,
+                })?;
+            let scope = match &conf.group {
+                Some(g) => format!("group:{g}"),
+                None => cx.owner.to_owned(),
+            };
+            Backend::Redis {
+                client,
+                prefix: format!("sluice:limit-count:{scope}:{:016x}:", stable_hash(json)),
+            }
+        }
+        _ => {
+            let shared_key = match &conf.group {
+                Some(g) => format!("limit-count:group:{g}"),
+                None => format!("limit-count:{}:{json}", cx.owner),
+            };
+            Backend::Local(cx.state.shared(&shared_key, LocalWindows::default))
+        }
+    };
+    Ok(Arc::new(LimitCount {
+        window: Duration::from_secs(conf.time_window),
+        limit_value: HeaderValue::from(conf.count),
+        key,
+        conf,
+        backend,
+        script: redis::Script::new(REDIS_SCRIPT),
+    }))
+}
+
+impl LimitCount {
+    fn apply(&self, v: Verdict, ctx: &mut PluginCtx) -> Flow<'static> {
+        if self.conf.show_limit_quota_header {
+            ctx.add_response_header(LIMIT.clone(), self.limit_value.clone());
+            ctx.add_response_header(REMAINING.clone(), HeaderValue::from(v.remaining));
+            ctx.add_response_header(RESET.clone(), HeaderValue::from(v.reset));
+        }
+        if v.allowed {
+            Flow::Continue
+        } else {
+            Flow::respond(super::rejection(
+                super::status(self.conf.rejected_code),
+                self.conf.rejected_msg.as_deref(),
+            ))
+        }
+    }
+}
+
+impl Plugin for LimitCount {
+    fn name(&self) -> &'static str {
+        Config::NAME
+    }
+
+    fn priority(&self) -> i32 {
+        Config::PRIORITY
+    }
+
+    fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
+        let key = vars::limit_key(&self.key, req, ctx);
+        match &self.backend {
+            Backend::Local(local) => {
+                let v = local.incoming(key, self.conf.count, self.window, Instant::now());
+                self.apply(v, ctx)
+            }
+            Backend::Redis { client, prefix } => {
+                let redis_key = format!("{prefix}{key}");
+                Flow::Pending(Box::pin(async move {
+                    let count = i64::try_from(self.conf.count).unwrap_or(i64::MAX);
+                    let window = i64::try_from(self.conf.time_window).unwrap_or(i64::MAX);
+                    let res: Result<Vec<i64>, _> = client
+                        .run(&self.script, &[&redis_key], &[count, window])
+                        .await;
+                    match res.as_deref() {
+                        Ok(&[left, ttl]) => {
+                            let verdict = Verdict {
+                                allowed: left >= 0,
+                                remaining: u64::try_from(left).unwrap_or(0),
+                                reset: u64::try_from(ttl).unwrap_or(0),
+                            };
+                            match self.apply(verdict, ctx) {
+                                Flow::Respond(r) => Err(r),
+                                _ => Ok(()),
+                            }
+                        }
+                        other => {
+                            let err = match other {
+                                Err(e) => e.to_string(),
+                                Ok(v) => format!("unexpected reply {v:?}"),
+                            };
+                            tracing::error!(route = %ctx.chain.route_id, error = %err, "limit-count: redis failed");
+                            super::degrade(self.conf.allow_degradation, "failed to limit count")
+                        }
+                    }
+                }))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn window_counts_and_resets() {
+        let w = LocalWindows::default();
+        let t0 = Instant::now();
+        let k = || KeyValue::Text("k".into());
+        let win = Duration::from_secs(60);
+        assert_eq!(
+            w.incoming(k(), 2, win, t0),
+            Verdict {
+                allowed: true,
+                remaining: 1,
+                reset: 60
+            }
+        );
+        assert_eq!(
+            w.incoming(k(), 2, win, t0),
+            Verdict {
+                allowed: true,
+                remaining: 0,
+                reset: 60
+            }
+        );
+        let v = w.incoming(k(), 2, win, t0 + Duration::from_millis(1500));
+        assert_eq!(
+            v,
+            Verdict {
+                allowed: false,
+                remaining: 0,
+                reset: 59
+            }
+        );
+        let v = w.incoming(k(), 2, win, t0 + Duration::from_secs(61));
+        assert_eq!(
+            v,
+            Verdict {
+                allowed: true,
+                remaining: 1,
+                reset: 60
+            }
+        );
+        // Another key has its own budget.
+        assert!(
+            w.incoming(KeyValue::Text("other".into()), 2, win, t0)
+                .allowed
+        );
+    }
+}

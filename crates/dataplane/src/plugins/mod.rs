@@ -1,0 +1,691 @@
+//! The plugin chain: a [`Plugin`] trait with explicit phases, APISIX priorities, a
+//! per-request [`PluginCtx`], and chains compiled per route when a snapshot compiles.
+//!
+//! ```text
+//!            request
+//!               │
+//!  ┌────────────▼─────────────┐  global rules first (ApisixGlobalRule), then the route's
+//!  │ rewrite   (high → low)   │  plugins; in each, higher priority first. Auth plugins
+//!  │ access    (high → low)   │  (key-auth 2500 ...) identify the consumer in rewrite;
+//!  └────────────┬─────────────┘  the consumer's plugins then merge into the route's.
+//!               │ any phase may answer (short-circuit) ─────────────────┐
+//!  ┌────────────▼─────────────┐                                         │
+//!  │ before_proxy             │  on the upstream request head           │
+//!  └────────────┬─────────────┘                                         │
+//!           upstream (or an error response: 502/503/504)                 │
+//!  ┌────────────▼─────────────┐                                         │
+//!  │ response_headers         │◀────────────────────────────────────────┘
+//!  │ body_filter (streaming)  │  per chunk, never buffering unless a plugin must
+//!  │ log                      │  when the body has been sent (or dropped)
+//!  └──────────────────────────┘
+//! ```
+//!
+//! A route without plugins (and no global rules) has no chain at all: the request path
+//! checks one `Option` and pays nothing else.
+//!
+//! # Adding a plugin
+//!
+//! 1. Its typed config: `crates/plugin-config/src/<plugin>.rs` + one line in
+//!    `sluice_plugin_config::REGISTRY` (translate then validates it too).
+//! 2. Its behaviour: one file `src/plugins/<plugin>.rs` with a type implementing
+//!    [`Plugin`] (override only the phases it needs) and
+//!    `pub fn build(config_json: &str, cx: &BuildCtx) -> Result<Arc<dyn Plugin>, ConfigError>`
+//!    that parses with `sluice_plugin_config::parse_json::<Config>` — once, at compile time.
+//! 3. One line in [`BUILDERS`] below (and `mod <plugin>;`).
+//!
+//! State that must survive snapshot reloads (rate-limit counters, metrics, Redis clients)
+//! lives in [`PluginState`], which the [`crate::store::Store`] keeps for the process.
+
+pub mod basic_auth;
+pub mod consumer;
+pub mod consumer_restriction;
+pub mod cors;
+pub mod fault_injection;
+pub mod gzip;
+pub mod ip_restriction;
+pub mod jwt_auth;
+pub mod key_auth;
+pub mod limit_conn;
+pub mod limit_count;
+pub mod limit_req;
+pub mod prometheus;
+pub mod proxy_rewrite;
+pub mod real_ip;
+pub mod redirect;
+pub mod redis;
+pub mod request_id;
+pub mod response_rewrite;
+pub mod rewrite;
+pub mod state;
+pub mod traffic_split;
+pub mod vars;
+
+use std::any::Any;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bytes::Bytes;
+use http::header::{HeaderName, HeaderValue};
+use http::{Response, StatusCode, request, response};
+use http_body::{Body, Frame};
+use sluice_plugin_config::ConfigError;
+use sluice_proto::v1;
+
+use crate::body::ProxyBody;
+use crate::h1::H1Error;
+
+pub use consumer::{Consumer, ConsumerTable};
+pub use state::PluginState;
+
+/// The outcome of a request phase that may have to wait (e.g. for Redis).
+pub type PhaseResult = Result<(), Box<Response<ProxyBody>>>;
+
+/// What a request phase decided.
+pub enum Flow<'a> {
+    /// Go on with the next plugin.
+    Continue,
+    /// Answer the client with this response; later request phases and the upstream are
+    /// skipped (response phases and log still run).
+    Respond(Box<Response<ProxyBody>>),
+    /// The decision needs I/O; await it. Only plugins that really wait allocate this.
+    Pending(Pin<Box<dyn Future<Output = PhaseResult> + Send + 'a>>),
+}
+
+impl Flow<'_> {
+    /// Answers the client with `resp`.
+    pub fn respond(resp: Response<ProxyBody>) -> Self {
+        Flow::Respond(Box::new(resp))
+    }
+}
+
+impl std::fmt::Debug for Flow<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Flow::Continue => f.write_str("Continue"),
+            Flow::Respond(r) => write!(f, "Respond({})", r.status()),
+            Flow::Pending(_) => f.write_str("Pending"),
+        }
+    }
+}
+
+/// A streaming transformation of the response body, made per request by
+/// [`Plugin::body_filter`].
+pub trait BodyFilter: Send {
+    /// Transforms one chunk (may return an empty chunk to hold data back).
+    fn data(&mut self, chunk: Bytes, ctx: &mut PluginCtx) -> Bytes;
+    /// The body ended: anything still held back. Default: nothing.
+    fn end(&mut self, _ctx: &mut PluginCtx) -> Option<Bytes> {
+        None
+    }
+}
+
+/// A plugin instance, built from its typed config when a snapshot compiles and shared by
+/// every request of the route. Every phase has a no-op default.
+pub trait Plugin: Send + Sync + std::fmt::Debug {
+    /// APISIX name, e.g. `limit-count`.
+    fn name(&self) -> &'static str;
+
+    /// APISIX priority: within a phase, higher runs first.
+    fn priority(&self) -> i32;
+
+    /// Rewrite phase: change the request, identify the consumer (auth plugins).
+    fn rewrite<'a>(&'a self, _req: &'a mut request::Parts, _ctx: &'a mut PluginCtx) -> Flow<'a> {
+        Flow::Continue
+    }
+
+    /// Access phase: allow, deny or delay (limits, restrictions).
+    fn access<'a>(&'a self, _req: &'a mut request::Parts, _ctx: &'a mut PluginCtx) -> Flow<'a> {
+        Flow::Continue
+    }
+
+    /// Before proxy: last changes to the request head that goes upstream.
+    fn before_proxy(&self, _req: &mut request::Parts, _ctx: &mut PluginCtx) {}
+
+    /// Response headers phase: the response head (upstream's, an error's, or a plugin's).
+    fn response_headers(&self, _resp: &mut response::Parts, _ctx: &mut PluginCtx) {}
+
+    /// A streaming body filter for this response, if the plugin transforms bodies.
+    fn body_filter(&self, _ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {
+        None
+    }
+
+    /// Whether the plugin encodes the response (gzip): its response phases then run after
+    /// every other plugin's, so it sees the final headers and body (as nginx's gzip filter
+    /// runs after the Lua filters). Default false.
+    fn encodes_body(&self) -> bool {
+        false
+    }
+
+    /// Whether [`Plugin::log`] does anything; the body is only wrapped when some plugin
+    /// logs or filters.
+    fn wants_log(&self) -> bool {
+        false
+    }
+
+    /// Log phase: after the response body was sent (or the client went away).
+    fn log(&self, _ctx: &PluginCtx) {}
+}
+
+/// What a plugin's `build` gets besides its config.
+#[derive(Debug)]
+pub struct BuildCtx<'a> {
+    /// Id of the route (or `global-rule:<id>`, `consumer:<name>`) the plugin is built for.
+    pub owner: &'a str,
+    /// Process-wide state that outlives snapshots.
+    pub state: &'a PluginState,
+    /// The snapshot's consumers.
+    pub consumers: &'a Arc<ConsumerTable>,
+}
+
+/// Builds one plugin from its canonical JSON config.
+pub type BuildFn = fn(&str, &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError>;
+
+/// Every plugin the dataplane can run. Adding a plugin = one line here.
+pub const BUILDERS: &[(&str, BuildFn)] = &[
+    ("limit-count", limit_count::build),
+    ("prometheus", prometheus::build),
+    ("key-auth", key_auth::build),
+    ("basic-auth", basic_auth::build),
+    ("jwt-auth", jwt_auth::build),
+    ("consumer-restriction", consumer_restriction::build),
+    ("limit-req", limit_req::build),
+    ("limit-conn", limit_conn::build),
+    ("proxy-rewrite", proxy_rewrite::build),
+    ("cors", cors::build),
+    ("redirect", redirect::build),
+    ("ip-restriction", ip_restriction::build),
+    ("real-ip", real_ip::build),
+    ("request-id", request_id::build),
+    ("response-rewrite", response_rewrite::build),
+    ("fault-injection", fault_injection::build),
+    ("gzip", gzip::build),
+    ("traffic-split", traffic_split::build),
+];
+
+/// Builds plugin `p` for `cx.owner`.
+pub fn build(p: &v1::Plugin, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
+    let Some((_, f)) = BUILDERS.iter().find(|(n, _)| *n == p.name) else {
+        return Err(ConfigError::UnknownPlugin(p.name.clone()));
+    };
+    f(&p.config_json, cx)
+}
+
+/// Builds `plugins` and sorts them by priority (higher first; equal priorities keep their
+/// order).
+pub fn build_sorted(
+    plugins: &[v1::Plugin],
+    cx: &BuildCtx<'_>,
+) -> Result<Vec<Arc<dyn Plugin>>, ConfigError> {
+    let mut out = Vec::with_capacity(plugins.len());
+    for p in plugins {
+        out.push(build(p, cx)?);
+    }
+    out.sort_by_key(|p| std::cmp::Reverse(p.priority()));
+    Ok(out)
+}
+
+/// The plugins of one route: global rules' and the route's own, each sorted by priority.
+#[derive(Debug)]
+pub struct PluginChain {
+    /// The route id (metrics label, `route_id` variable).
+    pub route_id: Arc<str>,
+    /// The route's first path pattern (`matched_uri` label).
+    pub matched_uri: Arc<str>,
+    /// The route's first host pattern (`matched_host` label), empty for any host.
+    pub matched_host: Arc<str>,
+    /// Plugins of global rules (run first).
+    pub global: Vec<Arc<dyn Plugin>>,
+    /// The route's plugins.
+    pub route: Arc<[Arc<dyn Plugin>]>,
+    /// The snapshot's consumers (consumer plugins merge into `route`).
+    pub consumers: Arc<ConsumerTable>,
+    wrap_body: bool,
+}
+
+impl PluginChain {
+    /// A chain; `None` when there is nothing to run.
+    pub fn new(
+        route: &v1::Route,
+        global: Vec<Arc<dyn Plugin>>,
+        plugins: Vec<Arc<dyn Plugin>>,
+        consumers: Arc<ConsumerTable>,
+    ) -> Option<Arc<Self>> {
+        if global.is_empty() && plugins.is_empty() {
+            return None;
+        }
+        let wrap_body =
+            consumers.any_wants_log() || global.iter().chain(plugins.iter()).any(|p| p.wants_log());
+        Some(Arc::new(PluginChain {
+            route_id: Arc::from(route.id.as_str()),
+            matched_uri: Arc::from(route.paths.first().map(String::as_str).unwrap_or("")),
+            matched_host: Arc::from(route.hosts.first().map(String::as_str).unwrap_or("")),
+            global,
+            route: Arc::from(plugins),
+            consumers,
+            wrap_body,
+        }))
+    }
+}
+
+/// Per-request state shared by the plugins of one request.
+pub struct PluginCtx {
+    /// The route's chain.
+    pub chain: Arc<PluginChain>,
+    /// Client address.
+    pub remote_addr: SocketAddr,
+    /// Local address the request arrived on.
+    pub local_addr: SocketAddr,
+    /// `http` or `https`.
+    pub scheme: &'static str,
+    /// When the request arrived.
+    pub started: Instant,
+    /// The authenticated consumer, set by an auth plugin in rewrite.
+    pub consumer: Option<Arc<Consumer>>,
+    /// The upstream endpoint's pool, once picked (its address is the `node` label).
+    pub upstream: Option<Arc<crate::upstream::Pool>>,
+    /// When the upstream was picked.
+    pub upstream_started: Option<Instant>,
+    /// When the upstream's response head arrived.
+    pub upstream_done: Option<Instant>,
+    /// Response status (set before the response phases).
+    pub status: StatusCode,
+    /// Request head + body bytes received (approximate head size).
+    pub request_bytes: u64,
+    /// Response body bytes sent.
+    pub response_body_bytes: u64,
+    /// Response head bytes (approximate).
+    pub response_head_bytes: u64,
+    /// Headers request phases want on the response (e.g. `X-RateLimit-*`).
+    pub response_headers: Vec<(HeaderName, HeaderValue)>,
+    /// The route's plugins merged with the consumer's, when the consumer has plugins.
+    merged: Option<Arc<[Arc<dyn Plugin>]>>,
+    /// Values kept until the request ends (e.g. a limit-conn slot released on drop).
+    keep: Vec<Box<dyn Any + Send>>,
+    /// Typed per-request values plugins hand from request to response phases (e.g. the
+    /// request's `Origin` for cors, a copy of the request head).
+    pub extensions: http::Extensions,
+}
+
+impl std::fmt::Debug for PluginCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginCtx")
+            .field("route", &self.chain.route_id)
+            .field("consumer", &self.consumer.as_ref().map(|c| &c.name))
+            .field("status", &self.status)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginCtx {
+    /// A context for one request on `chain`.
+    pub fn new(
+        chain: Arc<PluginChain>,
+        remote_addr: SocketAddr,
+        local_addr: SocketAddr,
+        scheme: &'static str,
+        started: Instant,
+    ) -> Self {
+        PluginCtx {
+            chain,
+            remote_addr,
+            local_addr,
+            scheme,
+            started,
+            consumer: None,
+            upstream: None,
+            upstream_started: None,
+            upstream_done: None,
+            status: StatusCode::OK,
+            request_bytes: 0,
+            response_body_bytes: 0,
+            response_head_bytes: 0,
+            response_headers: Vec::new(),
+            merged: None,
+            keep: Vec::new(),
+            extensions: http::Extensions::new(),
+        }
+    }
+
+    /// Keeps `value` alive until the request ends (after the log phase).
+    pub fn keep(&mut self, value: Box<dyn Any + Send>) {
+        self.keep.push(value);
+    }
+
+    /// Adds a header to the response (from a request phase).
+    pub fn add_response_header(&mut self, name: HeaderName, value: HeaderValue) {
+        self.response_headers.push((name, value));
+    }
+
+    /// The consumer's name, if authenticated.
+    pub fn consumer_name(&self) -> Option<&str> {
+        self.consumer.as_ref().map(|c| &*c.name)
+    }
+
+    /// The route plugins in effect (merged with the consumer's plugins once known).
+    fn route_plugins(&self) -> Arc<[Arc<dyn Plugin>]> {
+        match &self.merged {
+            Some(m) => Arc::clone(m),
+            None => Arc::clone(&self.chain.route),
+        }
+    }
+}
+
+async fn run(flow: Flow<'_>) -> PhaseResult {
+    match flow {
+        Flow::Continue => Ok(()),
+        Flow::Respond(r) => Err(r),
+        Flow::Pending(f) => f.await,
+    }
+}
+
+/// Runs the request phases (rewrite, access, before_proxy). `Err` carries the response a
+/// plugin answered with.
+pub async fn request_phases(req: &mut request::Parts, ctx: &mut PluginCtx) -> PhaseResult {
+    ctx.request_bytes = approx_request_head(req);
+    let chain = Arc::clone(&ctx.chain);
+    for p in &chain.global {
+        run(p.rewrite(req, ctx)).await?;
+    }
+    for p in &chain.global {
+        run(p.access(req, ctx)).await?;
+    }
+    for p in chain.route.iter() {
+        run(p.rewrite(req, ctx)).await?;
+    }
+    // The consumer's plugins override the route's of the same name (APISIX merge).
+    if let Some(c) = ctx.consumer.as_ref().filter(|c| !c.plugins.is_empty()) {
+        let mut merged: Vec<Arc<dyn Plugin>> = chain
+            .route
+            .iter()
+            .filter(|p| !c.plugins.iter().any(|q| q.name() == p.name()))
+            .cloned()
+            .collect();
+        merged.extend(c.plugins.iter().cloned());
+        merged.sort_by_key(|p| std::cmp::Reverse(p.priority()));
+        ctx.merged = Some(Arc::from(merged));
+    }
+    let plugins = ctx.route_plugins();
+    for p in plugins.iter() {
+        run(p.access(req, ctx)).await?;
+    }
+    for p in chain.global.iter().chain(plugins.iter()) {
+        p.before_proxy(req, ctx);
+    }
+    Ok(())
+}
+
+/// Runs the response phases on `resp` and, when a plugin logs or filters bodies, wraps the
+/// body so that body filters and the log phase run as it streams.
+pub fn response_phases(resp: Response<ProxyBody>, mut ctx: PluginCtx) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    ctx.status = parts.status;
+    for (name, value) in std::mem::take(&mut ctx.response_headers) {
+        parts.headers.append(name, value);
+    }
+    let chain = Arc::clone(&ctx.chain);
+    let plugins = ctx.route_plugins();
+    let mut filters = Vec::new();
+    // Encoders (gzip) last: they see the headers and body every other plugin made.
+    for last in [false, true] {
+        for p in plugins.iter().chain(chain.global.iter()) {
+            if p.encodes_body() != last {
+                continue;
+            }
+            p.response_headers(&mut parts, &mut ctx);
+            if let Some(f) = p.body_filter(&mut ctx) {
+                filters.push(f);
+            }
+        }
+    }
+    // NB: values kept by request phases (limit-conn slots) live until the body is sent.
+    if filters.is_empty() && !chain.wrap_body && ctx.keep.is_empty() {
+        return Response::from_parts(parts, body);
+    }
+    if !filters.is_empty() {
+        // The length changes under a filter.
+        parts.headers.remove(http::header::CONTENT_LENGTH);
+    }
+    ctx.response_head_bytes = approx_response_head(&parts);
+    let wrapped = PluginBody {
+        inner: body,
+        filters,
+        ctx: Some(ctx),
+        plugins,
+    };
+    Response::from_parts(parts, ProxyBody::Plugin(Box::new(wrapped)))
+}
+
+fn approx_request_head(req: &request::Parts) -> u64 {
+    let target = req.uri.path_and_query().map_or(1, |pq| pq.as_str().len());
+    let mut n = req.method.as_str().len() + target + 12;
+    for (k, v) in &req.headers {
+        n += k.as_str().len() + v.len() + 4;
+    }
+    n as u64
+}
+
+fn approx_response_head(resp: &response::Parts) -> u64 {
+    let mut n = 17;
+    for (k, v) in &resp.headers {
+        n += k.as_str().len() + v.len() + 4;
+    }
+    n as u64
+}
+
+/// A response body that runs body filters per chunk and the log phase at its end.
+pub struct PluginBody {
+    inner: ProxyBody,
+    filters: Vec<Box<dyn BodyFilter>>,
+    ctx: Option<PluginCtx>,
+    plugins: Arc<[Arc<dyn Plugin>]>,
+}
+
+impl std::fmt::Debug for PluginBody {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginBody")
+            .field("inner", &self.inner)
+            .field("filters", &self.filters.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl PluginBody {
+    fn finish(&mut self) {
+        if let Some(ctx) = self.ctx.take() {
+            for p in self.plugins.iter().chain(ctx.chain.global.iter()) {
+                p.log(&ctx);
+            }
+        }
+    }
+
+    /// Whether the body is still being sent.
+    pub fn is_end_stream(&self) -> bool {
+        self.ctx.is_none() || (self.filters.is_empty() && self.inner.is_end_stream())
+    }
+
+    /// Size hint: the inner one unless a filter changes lengths.
+    pub fn size_hint(&self) -> http_body::SizeHint {
+        if self.filters.is_empty() {
+            self.inner.size_hint()
+        } else {
+            http_body::SizeHint::default()
+        }
+    }
+
+    /// Polls the next frame through the filters.
+    pub fn poll_frame(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        if self.ctx.is_none() {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_frame(cx) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                let frame = match frame.into_data() {
+                    Ok(mut data) => {
+                        if let Some(ctx) = self.ctx.as_mut() {
+                            for f in &mut self.filters {
+                                data = f.data(data, ctx);
+                            }
+                            ctx.response_body_bytes += data.len() as u64;
+                        }
+                        Frame::data(data)
+                    }
+                    Err(frame) => frame,
+                };
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => {
+                let mut tail: Option<Bytes> = None;
+                if let Some(ctx) = self.ctx.as_mut() {
+                    for f in &mut self.filters {
+                        let mut chunk = match tail.take() {
+                            Some(t) => f.data(t, ctx),
+                            None => Bytes::new(),
+                        };
+                        if let Some(rest) = f.end(ctx) {
+                            let mut v = Vec::with_capacity(chunk.len() + rest.len());
+                            v.extend_from_slice(&chunk);
+                            v.extend_from_slice(&rest);
+                            chunk = Bytes::from(v);
+                        }
+                        if !chunk.is_empty() {
+                            tail = Some(chunk);
+                        }
+                    }
+                    if let Some(t) = &tail {
+                        ctx.response_body_bytes += t.len() as u64;
+                    }
+                }
+                // Log once the last frame has been handed over.
+                match tail {
+                    Some(t) => {
+                        self.filters.clear();
+                        self.inner = ProxyBody::empty();
+                        Poll::Ready(Some(Ok(Frame::data(t))))
+                    }
+                    None => {
+                        self.finish();
+                        Poll::Ready(None)
+                    }
+                }
+            }
+            Poll::Ready(Some(Err(e))) => {
+                self.finish();
+                Poll::Ready(Some(Err(e)))
+            }
+        }
+    }
+}
+
+impl Drop for PluginBody {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+/// A JSON response made by a plugin, e.g. `{"message":"Missing API key in request"}`.
+pub fn json_response(status: StatusCode, body: &serde_json::Value) -> Response<ProxyBody> {
+    let mut text = body.to_string();
+    text.push('\n');
+    let mut resp = Response::new(ProxyBody::full(text));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    resp
+}
+
+/// A rejection as APISIX sends it: `{"error_msg":"<msg>"}` with a message, else an empty
+/// body.
+pub fn rejection(code: StatusCode, msg: Option<&str>) -> Response<ProxyBody> {
+    match msg {
+        Some(m) => json_response(code, &serde_json::json!({ "error_msg": m })),
+        None => {
+            let mut resp = Response::new(ProxyBody::empty());
+            *resp.status_mut() = code;
+            resp
+        }
+    }
+}
+
+/// Removes query argument `name` from the request URI (for `hide_credentials`).
+pub fn remove_query_arg(req: &mut request::Parts, name: &str) {
+    let Some(q) = req.uri.query() else {
+        return;
+    };
+    let kept: Vec<&str> = q
+        .split('&')
+        .filter(|kv| kv.split_once('=').map_or(*kv, |(k, _)| k) != name)
+        .collect();
+    let mut pq = req.uri.path().to_owned();
+    if !kept.is_empty() {
+        pq.push('?');
+        pq.push_str(&kept.join("&"));
+    }
+    let mut parts = req.uri.clone().into_parts();
+    if let Ok(v) = pq.parse() {
+        parts.path_and_query = Some(v);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            req.uri = uri;
+        }
+    }
+}
+
+/// What a rate limit does when its Redis fails: let the request through
+/// (`allow_degradation: true`) or answer 500 `{"error_msg":"<msg>"}`.
+pub fn degrade(allow: bool, msg: &str) -> PhaseResult {
+    if allow {
+        Ok(())
+    } else {
+        Err(Box::new(rejection(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            Some(msg),
+        )))
+    }
+}
+
+/// A status code from a validated config (200..=599).
+pub fn status(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap_or(StatusCode::SERVICE_UNAVAILABLE)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_known_plugin_has_a_builder_with_its_priority() {
+        let state = PluginState::default();
+        let consumers = Arc::new(ConsumerTable::default());
+        let cx = BuildCtx {
+            owner: "t",
+            state: &state,
+            consumers: &consumers,
+        };
+        for e in sluice_plugin_config::REGISTRY {
+            assert!(
+                BUILDERS.iter().any(|(n, _)| *n == e.name),
+                "{} validates in translate but the dataplane cannot build it",
+                e.name
+            );
+        }
+        let p = build(
+            &v1::Plugin {
+                name: "limit-count".into(),
+                config_json: r#"{"count":1,"time_window":1}"#.into(),
+            },
+            &cx,
+        )
+        .unwrap();
+        assert_eq!(p.priority(), 1002);
+    }
+}

@@ -1,0 +1,55 @@
+//! Plugin state that outlives snapshots: rate-limit counters, so that a reload does not
+//! hand out a fresh budget, and anything else a plugin shares across routes.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+type Shared = Arc<dyn Any + Send + Sync>;
+
+/// Process-wide plugin state, kept by the store.
+#[derive(Debug, Default)]
+pub struct PluginState {
+    shared: Mutex<HashMap<String, Shared>>,
+    /// APISIX metric families (prometheus plugin, connection and request counts).
+    pub apisix: Arc<super::prometheus::ApisixMetrics>,
+}
+
+impl PluginState {
+    /// The value registered under `key`, made by `make` if there is none (or it has another
+    /// type). Plugins use keys like `limit-count:<route>:<config>` so that an unchanged
+    /// config keeps its counters across snapshots and a changed one starts afresh.
+    pub fn shared<T: Any + Send + Sync>(&self, key: &str, make: impl FnOnce() -> T) -> Arc<T> {
+        let mut map = lock(&self.shared);
+        if let Some(v) = map.get(key)
+            && let Ok(t) = Arc::clone(v).downcast::<T>()
+        {
+            return t;
+        }
+        let t = Arc::new(make());
+        map.insert(key.to_owned(), Arc::clone(&t) as Shared);
+        t
+    }
+
+    /// Drops values no compiled table uses any more. Called after each snapshot swap.
+    pub fn prune(&self) {
+        lock(&self.shared).retain(|_, v| Arc::strong_count(v) > 1);
+    }
+
+    /// Number of shared values (for tests).
+    pub fn len(&self) -> usize {
+        lock(&self.shared).len()
+    }
+
+    /// Whether nothing is shared.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}

@@ -1,0 +1,159 @@
+//! Fields shared by several plugins: rate-limit keys, policies and Redis settings.
+
+use serde::Deserialize;
+
+use crate::FieldError;
+use crate::vars::{Template, Var};
+
+/// How a rate limit's `key` is read (APISIX `key_type`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyType {
+    /// `key` names one variable (`remote_addr`, `http_x_user`, ...). The default.
+    #[default]
+    Var,
+    /// `key` is a template of variables (`$remote_addr $http_x_user`).
+    VarCombination,
+    /// `key` is used as it is: one budget for everyone.
+    Constant,
+}
+
+/// A compiled rate-limit key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitKey {
+    /// One variable.
+    Var(Var),
+    /// A template.
+    Combination(Template),
+    /// A constant.
+    Constant(String),
+}
+
+impl LimitKey {
+    /// Compiles `key` of type `key_type`; the error names the `key` field.
+    pub fn compile(key_type: KeyType, key: &str) -> Result<Self, FieldError> {
+        match key_type {
+            KeyType::Var => {
+                let name = key.strip_prefix('$').unwrap_or(key);
+                Var::parse(name)
+                    .map(LimitKey::Var)
+                    .ok_or_else(|| FieldError::new("key", format!("unknown variable {key:?}")))
+            }
+            KeyType::VarCombination => Template::parse(key)
+                .map(LimitKey::Combination)
+                .map_err(|r| FieldError::new("key", r)),
+            KeyType::Constant => Ok(LimitKey::Constant(key.to_owned())),
+        }
+    }
+}
+
+/// Where a rate limit keeps its counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+pub enum Policy {
+    /// In this dataplane process only; never touches the network. The default.
+    #[default]
+    #[serde(rename = "local")]
+    Local,
+    /// In one Redis server, shared by every replica.
+    #[serde(rename = "redis")]
+    Redis,
+    /// Redis Cluster (rejected by `check`: not supported yet).
+    #[serde(rename = "redis-cluster")]
+    RedisCluster,
+}
+
+/// Redis connection settings (APISIX's `redis_*` fields).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct RedisConf {
+    /// Host name or address; required with `policy: redis`.
+    #[serde(default)]
+    pub redis_host: Option<String>,
+    /// Port, default 6379.
+    #[serde(default = "default_redis_port")]
+    pub redis_port: u16,
+    /// ACL user name (Redis 6+), default none.
+    #[serde(default)]
+    pub redis_username: Option<String>,
+    /// Password, default none.
+    #[serde(default)]
+    pub redis_password: Option<String>,
+    /// Database number, default 0.
+    #[serde(default)]
+    pub redis_database: u32,
+    /// Timeout of one Redis operation (and connect) in milliseconds, default 1000.
+    #[serde(default = "default_redis_timeout")]
+    pub redis_timeout: u64,
+    /// TLS to Redis (rejected: not supported yet).
+    #[serde(default)]
+    pub redis_ssl: bool,
+}
+
+fn default_redis_port() -> u16 {
+    6379
+}
+
+fn default_redis_timeout() -> u64 {
+    1000
+}
+
+impl RedisConf {
+    /// Checks the settings for `policy`.
+    pub fn check(&self, policy: Policy) -> Result<(), FieldError> {
+        match policy {
+            Policy::Local => Ok(()),
+            Policy::RedisCluster => Err(FieldError::new(
+                "policy",
+                "redis-cluster is not supported yet (use redis or local)",
+            )),
+            Policy::Redis => {
+                if self.redis_host.as_deref().is_none_or(str::is_empty) {
+                    return Err(FieldError::new(
+                        "redis_host",
+                        "required when policy is redis",
+                    ));
+                }
+                if self.redis_port == 0 {
+                    return Err(FieldError::new("redis_port", "must be at least 1"));
+                }
+                if self.redis_timeout == 0 {
+                    return Err(FieldError::new("redis_timeout", "must be at least 1"));
+                }
+                if self.redis_ssl {
+                    return Err(FieldError::new(
+                        "redis_ssl",
+                        "TLS to Redis is not supported yet",
+                    ));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Checks an HTTP status code for a rejection (`rejected_code`): 200–599 as APISIX.
+pub fn check_status(field: &str, code: u16) -> Result<(), FieldError> {
+    if (200..=599).contains(&code) {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            field,
+            format!("{code} is out of range 200..=599"),
+        ))
+    }
+}
+
+/// Checks an optional message is not empty (APISIX `minLength: 1`).
+pub fn check_msg(field: &str, msg: Option<&String>) -> Result<(), FieldError> {
+    match msg {
+        Some(m) if m.is_empty() => Err(FieldError::new(field, "must not be empty")),
+        _ => Ok(()),
+    }
+}
+
+pub(crate) fn yes() -> bool {
+    true
+}
+
+pub(crate) fn remote_addr() -> String {
+    "remote_addr".into()
+}
