@@ -21,4 +21,5 @@ pub mod standalone;
 pub mod store;
 pub mod table;
 pub mod timer;
+pub mod tls;
 pub mod upstream;

@@ -83,11 +83,16 @@ async fn sniff_h2(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<b
     }
 }
 
-/// Accepts connections on `listener` and serves them until the runtime stops.
-pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
-    let permits = Arc::new(Semaphore::new(limits.max_connections));
-    let timer = CoarseTimer::new();
-    tokio::spawn(timer.clone().run());
+/// hyper's HTTP/1.1 and HTTP/2 connection builders with the downstream limits; shared by
+/// the HTTP and HTTPS listeners.
+#[allow(clippy::type_complexity)]
+pub(crate) fn connection_builders(
+    limits: &Limits,
+    timer: &CoarseTimer,
+) -> (
+    Arc<hyper::server::conn::http1::Builder>,
+    Arc<hyper::server::conn::http2::Builder<TokioExecutor>>,
+) {
     let mut h1 = hyper::server::conn::http1::Builder::new();
     h1.timer(timer.clone())
         .header_read_timeout(limits.header_read_timeout)
@@ -98,7 +103,15 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
     h2.timer(timer.clone())
         .max_header_list_size(limits.max_header_bytes as u32)
         .max_concurrent_streams(1024);
-    let (h1, h2) = (Arc::new(h1), Arc::new(h2));
+    (Arc::new(h1), Arc::new(h2))
+}
+
+/// Accepts connections on `listener` and serves them until the runtime stops.
+pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    let timer = CoarseTimer::new();
+    tokio::spawn(timer.clone().run());
+    let (h1, h2) = connection_builders(&limits, &timer);
     loop {
         let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
             return;
@@ -149,6 +162,32 @@ pub fn spawn_workers(
     store: Arc<Store>,
     limits: Limits,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    spawn_listeners(addr, workers, store, limits, Listener::Http)
+}
+
+/// Like [`spawn_workers`], for the HTTPS listener ([`crate::tls::serve_https`]).
+pub fn spawn_https_workers(
+    addr: SocketAddr,
+    workers: usize,
+    store: Arc<Store>,
+    limits: Limits,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    spawn_listeners(addr, workers, store, limits, Listener::Https)
+}
+
+#[derive(Clone, Copy)]
+enum Listener {
+    Http,
+    Https,
+}
+
+fn spawn_listeners(
+    addr: SocketAddr,
+    workers: usize,
+    store: Arc<Store>,
+    limits: Limits,
+    kind: Listener,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     let mut handles = Vec::with_capacity(workers);
     for i in 0..workers.max(1) {
         let std_listener = bind_reuseport(addr)?;
@@ -157,11 +196,19 @@ pub fn spawn_workers(
             .enable_all()
             .build()?;
         let handle = std::thread::Builder::new()
-            .name(format!("sluice-worker-{i}"))
+            .name(match kind {
+                Listener::Http => format!("sluice-worker-{i}"),
+                Listener::Https => format!("sluice-tls-worker-{i}"),
+            })
             .spawn(move || {
                 rt.block_on(async move {
                     match TcpListener::from_std(std_listener) {
-                        Ok(listener) => serve(listener, store, limits).await,
+                        Ok(listener) => match kind {
+                            Listener::Http => serve(listener, store, limits).await,
+                            Listener::Https => {
+                                crate::tls::serve_https(listener, store, limits).await
+                            }
+                        },
                         Err(e) => tracing::error!(error = %e, "worker listener failed"),
                     }
                 });

@@ -27,6 +27,9 @@ pub enum InvalidSnapshot {
         /// The missing upstream id.
         upstream: String,
     },
+    /// A server certificate is invalid.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::InvalidTlsCertificate),
     /// A route has no backend with a non-zero weight.
     #[error("route {0}: backends: no backend with a non-zero weight")]
     NoBackend(String),
@@ -80,6 +83,8 @@ pub struct RouteTable {
     pub routes: Vec<CompiledRoute>,
     /// Number of upstreams.
     pub upstream_count: usize,
+    /// Server certificates by SNI, for the HTTPS listener.
+    pub tls: crate::tls::TlsTable,
 }
 
 fn duration_or(ms: u64, default: Duration) -> Duration {
@@ -111,6 +116,7 @@ impl RouteTable {
     /// endpoints that stay keep their warm connections.
     pub fn compile(snapshot: &v1::Snapshot, pools: &PoolRegistry) -> Result<Self, InvalidSnapshot> {
         let router = Router::new(&snapshot.routes)?;
+        let tls = crate::tls::TlsTable::compile(&snapshot.tls_certificates)?;
         let mut upstreams: HashMap<&str, Arc<Upstream>> =
             HashMap::with_capacity(snapshot.upstreams.len());
         for up in &snapshot.upstreams {
@@ -174,6 +180,7 @@ impl RouteTable {
             router,
             routes,
             upstream_count: upstreams.len(),
+            tls,
         })
     }
 }

@@ -43,12 +43,16 @@
 //!   annotation is `c`, or neither is set and IngressClass `c` is the cluster default (unlike
 //!   ApisixRoute, an unclassed Ingress is not ours otherwise). Ingress verdicts are in
 //!   [`Translation::ingresses`], not in the status report.
+//! - ApisixTls objects and Ingress `spec.tls[]` entries become `tls_certificates`; `src/tls.rs`
+//!   documents the checks (Secret present, PEM, key matches, validity at [`Options::now`]) and
+//!   how two claims of one host are settled.
 //!
 //! # Golden tests
 //!
 //! `testdata/<case>.in.yaml` holds objects as a user writes them; `<case>.out.yaml` the
 //! snapshot (canonical protobuf JSON mapping, as YAML) and the status report. A first line
-//! `# options: ingress_class=<name>` sets [`Options::ingress_class`]. Regenerate the expected
+//! `# options: ingress_class=<name> now=<unix seconds>` sets [`Options::ingress_class`] and
+//! [`Options::now`]. Regenerate the expected
 //! files after an intended change with
 //!
 //! ```text
@@ -64,6 +68,7 @@ mod problems;
 mod route;
 pub mod state;
 pub mod status;
+mod tls;
 mod upstream;
 mod validate;
 
@@ -73,7 +78,7 @@ use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use sluice_crds::{ApisixRoute, ApisixUpstream};
+use sluice_crds::{ApisixRoute, ApisixTls, ApisixUpstream};
 use sluice_proto::v1;
 
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
@@ -93,6 +98,9 @@ pub struct Options {
     /// only objects whose `spec.ingressClassName` is `class` or unset (for Ingresses: see the
     /// crate docs).
     pub ingress_class: Option<String>,
+    /// The time certificates must be valid at (the controller and standalone mode pass the
+    /// current time). `None` (the default): validity periods are not checked.
+    pub now: Option<std::time::SystemTime>,
 }
 
 /// The result of [`translate`].
@@ -118,6 +126,7 @@ pub(crate) struct Index<'a> {
     /// Keyed by (namespace, Service name from the label); slices sorted by name.
     pub(crate) slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     pub(crate) secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    pub(crate) tlses: BTreeMap<(&'a str, &'a str), &'a ApisixTls>,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -169,6 +178,12 @@ impl<'a> Index<'a> {
             .iter()
             .map(|o| (key(&o.metadata), o))
             .collect();
+        let tlses = state
+            .apisix_tlses
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
         let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
         for s in &state.endpoint_slices {
             let svc = s
@@ -194,6 +209,7 @@ impl<'a> Index<'a> {
             services,
             slices,
             secrets,
+            tlses,
         }
     }
 }
@@ -256,10 +272,17 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             routes: ids,
         });
     }
+    let mut tls = tls::translate(&idx, opts);
+    status.objects.append(&mut tls.apisix);
     let mut ingresses = Vec::new();
     for (&(ns, name), ing) in &idx.ingresses {
         let mut problems = Problems::default();
         let out = ingress::translate_object(ing, ns, name, &idx, &aus, &mut problems);
+        if let Some(list) = tls.ingress.remove(&(ns.to_owned(), name.to_owned())) {
+            for (reason, field, message) in list {
+                problems.unresolved(reason, field, message);
+            }
+        }
         let mut ids = Vec::new();
         // An ApisixRoute of the same name with a rule named like `ingress-r0-p0` would take
         // the same id: reject the Ingress rather than silently replace that route.
@@ -300,6 +323,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             hash: String::new(),
             routes: routes.into_values().collect(),
             upstreams: upstreams.into_values().collect(),
+            tls_certificates: tls.certificates,
         },
         status,
         ingresses,
@@ -328,13 +352,6 @@ fn unsupported_kinds(state: &ClusterState, opts: &Options, status: &mut StatusRe
             routes: Vec::new(),
         });
     };
-    for o in &state.apisix_tlses {
-        push(
-            ObjectKind::ApisixTls,
-            &o.metadata,
-            o.spec.ingress_class_name.as_deref(),
-        );
-    }
     for o in &state.apisix_plugin_configs {
         let class = o.spec.ingress_class_name.as_deref();
         push(ObjectKind::ApisixPluginConfig, &o.metadata, class);
