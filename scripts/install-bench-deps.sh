@@ -2,6 +2,8 @@
 # Installs what the bench/ harness (sluice-bench) needs on Debian/Ubuntu:
 #   nginx (nginx-light)  upstream origin and baseline proxy
 #   wrk                  load generator
+#   h2load (nghttp2-client) HTTPS keep-alive load (sluice-bench tls)
+#   openssl              certificates for sluice-bench tls
 #   taskset (util-linux) CPU pinning
 #   kill (procps)        stopping process groups
 #   getconf (libc-bin)   clock ticks per second
@@ -30,12 +32,14 @@ need() { # need COMMAND PACKAGE
 
 need nginx nginx-light
 need wrk wrk
+need h2load nghttp2-client
+need openssl openssl
 need taskset util-linux
 need kill procps
 need getconf libc-bin
 
 if [ -z "$missing" ]; then
-    echo "install-bench-deps: nginx, wrk, taskset, kill and getconf are already installed"
+    echo "install-bench-deps: nginx, wrk, h2load, openssl, taskset, kill and getconf are already installed"
     exit 0
 fi
 

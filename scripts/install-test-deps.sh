@@ -4,6 +4,8 @@ set -euo pipefail
 
 need=()
 command -v curl >/dev/null || need+=(curl)
+# TLS tests: openssl makes RSA keys and runs s_client.
+command -v openssl >/dev/null || need+=(openssl)
 command -v rustfmt >/dev/null || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 

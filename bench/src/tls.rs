@@ -564,6 +564,9 @@ pub fn run_tls_bench(opts: &TlsOptions) -> Result<String, BenchError> {
                     let admin =
                         probe::free_port().map_err(|e| BenchError::io("bind", "127.0.0.1:0", e))?;
                     let mut args = sluice::args(&yaml, http, admin);
+                    if let Some(i) = args.iter().position(|a| a == "--listen-https") {
+                        args.drain(i..i + 2);
+                    }
                     args.extend(["--listen-https".into(), format!("127.0.0.1:{port}")]);
                     ProcessGuard::spawn(
                         "sluice (tls)",

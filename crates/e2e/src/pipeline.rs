@@ -54,6 +54,8 @@ pub struct Pipeline {
     pub dataplane: Option<Backend>,
     /// The dataplane's HTTP listener.
     pub http: SocketAddr,
+    /// The dataplane's HTTPS listener.
+    pub https: SocketAddr,
     /// The dataplane's state directory (persisted snapshot).
     pub state_dir: PathBuf,
 }
@@ -111,7 +113,8 @@ ports: [{{name: http, port: 8080}}]
             why: e.to_string(),
         })?;
         let http = free_port()?;
-        let dataplane = start_dataplane(grpc, &state_dir, http)?;
+        let https = free_port()?;
+        let dataplane = start_dataplane(grpc, &state_dir, http, https)?;
         Ok(Pipeline {
             cluster,
             namespace,
@@ -121,6 +124,7 @@ ports: [{{name: http, port: 8080}}]
             grpc,
             dataplane: Some(dataplane),
             http,
+            https,
             state_dir,
         })
     }
@@ -130,7 +134,13 @@ ports: [{{name: http, port: 8080}}]
     pub fn restart_dataplane(&mut self) -> Result<(), Error> {
         self.dataplane = None;
         self.http = free_port()?;
-        self.dataplane = Some(start_dataplane(self.grpc, &self.state_dir, self.http)?);
+        self.https = free_port()?;
+        self.dataplane = Some(start_dataplane(
+            self.grpc,
+            &self.state_dir,
+            self.http,
+            self.https,
+        )?);
         Ok(())
     }
 
@@ -156,7 +166,12 @@ spec:
     }
 }
 
-fn start_dataplane(grpc: SocketAddr, state: &Path, http: SocketAddr) -> Result<Backend, Error> {
+fn start_dataplane(
+    grpc: SocketAddr,
+    state: &Path,
+    http: SocketAddr,
+    https: SocketAddr,
+) -> Result<Backend, Error> {
     let admin = free_port()?;
     let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane")?);
     cmd.args([
@@ -171,6 +186,8 @@ fn start_dataplane(grpc: SocketAddr, state: &Path, http: SocketAddr) -> Result<B
     .args([
         "--listen-http",
         &http.to_string(),
+        "--listen-https",
+        &https.to_string(),
         "--admin",
         &admin.to_string(),
     ]);
