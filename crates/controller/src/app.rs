@@ -8,7 +8,9 @@ use kube::Client;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use crate::events;
 use crate::grpc::Hub;
+use crate::ingress_status::{self, Publish};
 use crate::leader::{self, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::rebuild::{self, Debounce, Rebuilder};
@@ -26,6 +28,10 @@ pub struct Settings {
     pub debounce: Debounce,
     /// Leader election (`--leader-elect`); `None` = this replica always leads.
     pub lease: Option<LeaseConfig>,
+    /// Where Ingress `status.loadBalancer` comes from; `None` = not written.
+    pub publish: Option<Publish>,
+    /// This replica's name in the Events it publishes (`reportingInstance`).
+    pub instance: Option<String>,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -93,6 +99,26 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
         // NB: kept in `Running` so the status writer sees a live channel.
         None => Some(leader_tx),
     };
+
+    let for_uids = stores.clone();
+    tasks.push(tokio::spawn(events::run(
+        client.clone(),
+        settings.instance.clone(),
+        status_rx.clone(),
+        leader_rx.clone(),
+        Arc::new(move |kind: &str, ns: &str, name: &str| for_uids.uid_of(kind, ns, name)),
+        metrics.clone(),
+    )));
+    if let Some(publish) = settings.publish.clone() {
+        tasks.push(tokio::spawn(ingress_status::run(
+            client.clone(),
+            publish,
+            status_rx.clone(),
+            leader_rx.clone(),
+            stores.clone(),
+            metrics.clone(),
+        )));
+    }
 
     tasks.push(tokio::spawn(status::run(
         client,

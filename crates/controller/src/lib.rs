@@ -23,8 +23,10 @@
 
 pub mod app;
 pub mod cluster;
+pub mod events;
 pub mod grpc;
 pub mod http;
+pub mod ingress_status;
 pub mod leader;
 pub mod metrics;
 pub mod rebuild;

@@ -13,6 +13,7 @@ use sluice_cli::{LogFormat, init_logs, shutdown_signal};
 use sluice_controller::app::{self, Settings};
 use sluice_controller::cluster::DEFAULT_INGRESS_CLASS;
 use sluice_controller::grpc;
+use sluice_controller::ingress_status::Publish;
 use sluice_controller::leader::{self, LeaseConfig};
 use sluice_controller::metrics::Metrics;
 use sluice_controller::rebuild::Debounce;
@@ -73,6 +74,18 @@ struct Args {
     /// Rebuild once no change arrived for this many milliseconds (at most 10x later).
     #[arg(long, value_name = "MS", default_value_t = 100)]
     debounce_ms: u64,
+    /// Ingress `status.loadBalancer`: the address of this Service (`NAMESPACE/NAME`, usually
+    /// the dataplane's Service), as APISIX's `ingress_publish_service`.
+    #[arg(
+        long,
+        value_name = "NS/NAME",
+        conflicts_with = "ingress_status_address"
+    )]
+    ingress_publish_service: Option<String>,
+    /// Ingress `status.loadBalancer`: these IPs or host names (repeat the flag or separate
+    /// with commas), as APISIX's `ingress_status_address`.
+    #[arg(long, value_name = "ADDR", value_delimiter = ',')]
+    ingress_status_address: Vec<String>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -114,6 +127,11 @@ async fn main() -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding --metrics-listen {}", args.metrics_listen))?;
 
+    let publish = match (&args.ingress_publish_service, &args.ingress_status_address) {
+        (Some(svc), _) => Some(Publish::service(svc)?),
+        (None, addrs) if !addrs.is_empty() => Some(Publish::Addresses(addrs.clone())),
+        _ => None,
+    };
     let client = kube_client(args.kubeconfig.as_ref()).await?;
     let lease = if args.leader_elect {
         let namespace = args
@@ -142,6 +160,12 @@ async fn main() -> anyhow::Result<()> {
             max_delay: Duration::from_millis(args.debounce_ms.saturating_mul(10)),
         },
         lease: lease.clone(),
+        publish,
+        instance: args
+            .identity
+            .clone()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .filter(|s| !s.is_empty()),
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);
     let hub = Arc::clone(&running.hub);

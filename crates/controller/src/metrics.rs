@@ -36,6 +36,10 @@ pub struct Metrics {
     pub watch_events: IntCounterVec,
     /// `sluice_controller_status_writes_total`: object statuses written.
     pub status_writes: IntCounter,
+    /// `sluice_controller_events_total`: Warning events published for rejected objects.
+    pub events: IntCounter,
+    /// `sluice_controller_ingress_status_writes_total`: Ingress `status.loadBalancer` writes.
+    pub ingress_status_writes: IntCounter,
     /// `sluice_controller_leader`: 1 while this replica holds the leader Lease.
     pub leader: IntGauge,
 }
@@ -94,6 +98,14 @@ impl Metrics {
             "sluice_controller_status_writes_total",
             "Object statuses written with server-side apply",
         )?;
+        let events = IntCounter::new(
+            "sluice_controller_events_total",
+            "Warning events published for rejected objects",
+        )?;
+        let ingress_status_writes = IntCounter::new(
+            "sluice_controller_ingress_status_writes_total",
+            "Ingress status.loadBalancer writes",
+        )?;
         let leader = IntGauge::new(
             "sluice_controller_leader",
             "1 while this replica is the leader (writes status)",
@@ -107,6 +119,8 @@ impl Metrics {
         registry.register(Box::new(reconcile_errors.clone()))?;
         registry.register(Box::new(watch_events.clone()))?;
         registry.register(Box::new(status_writes.clone()))?;
+        registry.register(Box::new(events.clone()))?;
+        registry.register(Box::new(ingress_status_writes.clone()))?;
         registry.register(Box::new(leader.clone()))?;
         Ok(Self {
             registry,
@@ -119,6 +133,8 @@ impl Metrics {
             reconcile_errors,
             watch_events,
             status_writes,
+            events,
+            ingress_status_writes,
             leader,
         })
     }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use sluice_translate::status::ConditionStatus;
+use sluice_translate::status::{ConditionStatus, IngressStatus};
 use sluice_translate::{ObjectKind, ObjectStatus, Options, translate};
 use tokio::sync::watch;
 
@@ -58,6 +58,9 @@ pub struct Rebuilt {
     pub version: u64,
     /// Every object of our class that translation looked at, sorted.
     pub objects: Vec<ObjectVerdict>,
+    /// Every Ingress of our class, sorted (Ingress has no conditions in its status; these
+    /// feed Events and `status.loadBalancer`).
+    pub ingresses: Vec<IngressStatus>,
 }
 
 /// What one rebuild did.
@@ -161,6 +164,7 @@ impl Rebuilder {
         self.status.send_replace(Some(Arc::new(Rebuilt {
             version: self.version,
             objects,
+            ingresses: translation.ingresses,
         })));
         outcome
     }

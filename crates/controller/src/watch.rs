@@ -348,6 +348,33 @@ impl Stores {
         }
     }
 
+    /// The uid of an object by its Kubernetes kind (Apisix kinds and Ingress).
+    pub fn uid_of(&self, kind: &str, namespace: &str, name: &str) -> Option<String> {
+        let (ns, n) = (namespace, name);
+        let meta_uid =
+            |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| m.uid.clone();
+        match kind {
+            "ApisixRoute" => meta_uid(&find(&self.apisix_routes, ns, n)?.metadata),
+            "ApisixUpstream" => meta_uid(&find(&self.apisix_upstreams, ns, n)?.metadata),
+            "ApisixTls" => meta_uid(&find(&self.apisix_tlses, ns, n)?.metadata),
+            "ApisixPluginConfig" => meta_uid(&find(&self.apisix_plugin_configs, ns, n)?.metadata),
+            "ApisixConsumer" => meta_uid(&find(&self.apisix_consumers, ns, n)?.metadata),
+            "ApisixGlobalRule" => meta_uid(&find(&self.apisix_global_rules, ns, n)?.metadata),
+            "Ingress" => meta_uid(&find(&self.ingresses, ns, n)?.metadata),
+            _ => None,
+        }
+    }
+
+    /// An Ingress as the stores have it.
+    pub fn ingress(&self, namespace: &str, name: &str) -> Option<Arc<Ingress>> {
+        find(&self.ingresses, namespace, name)
+    }
+
+    /// A Service as the stores have it.
+    pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
+        find(&self.services, namespace, name)
+    }
+
     /// The current `.status` of an Apisix object, as the stores have it.
     pub fn status_of(&self, kind: ObjectKind, namespace: &str, name: &str) -> Option<ApisixStatus> {
         let (ns, n) = (namespace, name);

@@ -58,6 +58,8 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
             max_delay: Duration::from_millis(500),
         },
         lease,
+        publish: None,
+        instance: None,
     }
 }
 
@@ -331,4 +333,122 @@ async fn only_the_leader_serves_and_a_follower_takes_over() {
     let lease_obj = get_json(cluster, &["lease", "sluice-test", "-n", &ns]);
     assert_eq!(lease_obj["spec"]["holderIdentity"], "b");
     assert_eq!(lease_obj["spec"]["leaseTransitions"], 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejections_become_events_and_accepted_ingresses_get_the_published_address() {
+    use sluice_controller::ingress_status::Publish;
+
+    let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
+    let ns = cluster.create_namespace("ev").unwrap();
+    cluster
+        .apply(&format!(
+            r#"
+apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: bad, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  http:
+  - name: main
+    match: {{paths: ["no-slash"]}}
+    backends: [{{serviceName: web, servicePort: 80}}]
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {{name: good, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  rules:
+  - host: good.example
+    http:
+      paths:
+      - {{path: /, pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata: {{name: broken, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  rules:
+  - host: broken.example
+    http:
+      paths:
+      - {{path: "/a*", pathType: Prefix, backend: {{service: {{name: web, port: {{number: 80}}}}}}}}
+"#
+        ))
+        .unwrap();
+
+    let mut s = settings(&ns, None);
+    s.publish = Some(Publish::Addresses(vec![
+        "192.0.2.10".into(),
+        "ingress.example.com".into(),
+    ]));
+    let _running = app::start(client(cluster).await, s, Metrics::new().unwrap());
+
+    // A Warning event names the field, for the ApisixRoute and for the Ingress.
+    for (kind, name, field) in [
+        ("ApisixRoute", "bad", "spec.http[0].match.paths[0]"),
+        ("Ingress", "broken", "spec.rules[0].http.paths[0].path"),
+    ] {
+        let selector = format!("involvedObject.name={name},involvedObject.kind={kind}");
+        let events = eventually_kubectl(
+            &format!("a Warning event for {kind} {name}"),
+            &["events", "-n", &ns, "--field-selector", &selector],
+            |o| o["items"].as_array().is_some_and(|i| !i.is_empty()),
+        )
+        .await;
+        let ev = &events["items"][0];
+        assert_eq!(ev["type"], "Warning", "{ev:#}");
+        assert_eq!(ev["reason"], "InvalidSpec", "{ev:#}");
+        assert!(
+            ev["involvedObject"]["uid"]
+                .as_str()
+                .is_some_and(|u| !u.is_empty()),
+            "{ev:#}"
+        );
+        let msg = ev["message"].as_str().unwrap();
+        assert!(msg.contains(field), "{kind} {name}: {msg}");
+    }
+
+    // The accepted Ingress shows the published address; the rejected one none.
+    let good = eventually_kubectl(
+        "Ingress good has status.loadBalancer",
+        &["ingress", "good", "-n", &ns],
+        |o| o.pointer("/status/loadBalancer/ingress").is_some(),
+    )
+    .await;
+    assert_eq!(
+        good["status"]["loadBalancer"]["ingress"],
+        serde_json::json!([{"ip": "192.0.2.10"}, {"hostname": "ingress.example.com"}])
+    );
+    let broken = get_json(cluster, &["ingress", "broken", "-n", &ns]);
+    assert!(
+        broken.pointer("/status/loadBalancer/ingress").is_none(),
+        "{broken:#}"
+    );
+
+    // Events are not repeated for an unchanged rejection across rebuilds.
+    cluster
+        .kubectl_ok(&["annotate", "ar", "bad", "-n", &ns, "touched=1"])
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let events = get_json(
+        cluster,
+        &[
+            "events",
+            "-n",
+            &ns,
+            "--field-selector",
+            "involvedObject.name=bad",
+        ],
+    );
+    assert_eq!(events["items"].as_array().unwrap().len(), 1, "{events:#}");
+    assert!(events["items"][0]["series"].is_null(), "{events:#}");
 }

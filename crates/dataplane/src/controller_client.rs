@@ -167,7 +167,8 @@ impl Backoff {
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// The controller's gRPC URL, e.g. `https://sluice-controller.sluice.svc:18000`
-    /// (`http://` only with `tls = None`).
+    /// (`http://` only with `tls = None`). Several replicas' URLs may be given separated by
+    /// commas: each redial tries the next one (only the leader serves snapshots).
     pub url: String,
     /// Mutual TLS settings; `None` = plaintext, allowed only for a loopback controller
     /// (checked by [`ClientConfig::validate`]).
@@ -201,11 +202,39 @@ fn url_host(url: &str) -> Result<String, ClientError> {
 impl ClientConfig {
     /// Checks the URL and the security settings: plaintext only to a loopback controller.
     pub fn validate(&self) -> Result<(), ClientError> {
-        let host = url_host(&self.url)?;
-        if self.tls.is_none() && !sluice_proto::is_loopback_host(&host) {
-            return Err(ClientError::NotLoopback(host));
+        if self.urls().is_empty() {
+            return Err(ClientError::InvalidUrl {
+                url: self.url.clone(),
+                reason: "no URL".to_owned(),
+            });
+        }
+        for one in self.split() {
+            let host = url_host(&one.url)?;
+            if one.tls.is_none() && !sluice_proto::is_loopback_host(&host) {
+                return Err(ClientError::NotLoopback(host));
+            }
         }
         Ok(())
+    }
+
+    /// The controller URLs (`url` split at commas).
+    pub fn urls(&self) -> Vec<&str> {
+        self.url
+            .split(',')
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
+            .collect()
+    }
+
+    /// One configuration per controller URL.
+    fn split(&self) -> Vec<ClientConfig> {
+        self.urls()
+            .into_iter()
+            .map(|u| ClientConfig {
+                url: u.to_owned(),
+                ..self.clone()
+            })
+            .collect()
     }
 
     fn endpoint(&self) -> Result<Endpoint, ClientError> {
@@ -426,9 +455,14 @@ fn jitter_fraction() -> f64 {
 /// `after_apply` runs on the thread that applied each snapshot (the binary returns the
 /// compile's transient memory to the OS there).
 pub async fn run(config: ClientConfig, store: Arc<Store>, after_apply: fn()) {
+    let replicas = config.split();
     let mut failures: u32 = 0;
-    loop {
-        let (received, err) = run_once(&config, &store, after_apply).await;
+    for attempt in 0usize.. {
+        let Some(config) = replicas.get(attempt % replicas.len().max(1)) else {
+            tracing::error!(url = %config.url, "no controller URL");
+            return;
+        };
+        let (received, err) = run_once(config, &store, after_apply).await;
         if received {
             failures = 0;
         }
@@ -509,6 +543,18 @@ mod tests {
         assert!(err.to_string().contains("--controller ctl:18000"), "{err}");
         let err = config("https://ctl", true).validate().unwrap_err();
         assert!(err.to_string().contains("no port"), "{err}");
+    }
+
+    #[test]
+    fn several_replicas_are_each_checked() {
+        let c = config("http://127.0.0.1:1, http://127.0.0.1:2", false);
+        assert!(c.validate().is_ok());
+        assert_eq!(c.urls(), ["http://127.0.0.1:1", "http://127.0.0.1:2"]);
+        let err = config("http://127.0.0.1:1,http://10.0.0.5:2", false)
+            .validate()
+            .unwrap_err();
+        assert!(err.to_string().contains("10.0.0.5"), "{err}");
+        assert!(config(",", false).validate().is_err());
     }
 
     #[test]

@@ -24,7 +24,8 @@ struct Args {
     standalone: Option<PathBuf>,
     /// Controller mode: the gRPC URL of sluice-controller, e.g.
     /// `https://sluice-controller.sluice.svc:18000`. Needs --tls-cert, --tls-key and
-    /// --tls-ca, or --insecure for a controller on localhost.
+    /// --tls-ca, or --insecure for a controller on localhost. Several controller replicas
+    /// may be listed separated by commas; each redial tries the next.
     #[arg(long, value_name = "URL")]
     controller: Option<String>,
     /// Controller mode: PEM certificate chain this dataplane presents to the controller.

@@ -30,9 +30,25 @@ pub use cluster::{Cluster, KubectlOutput, SERVICE_CIDR, kubectl_path};
 pub use error::Error;
 pub use http::{HttpResponse, http_get};
 pub use netns::{Backend, Netns, SUBNET_POOL};
-pub use pipeline::{Pipeline, eventually, free_port};
+pub use pipeline::{
+    Pipeline, eventually, free_port, spawn_controller, spawn_dataplane, spawn_dataplane_https,
+};
 
-/// The repository root (two levels above this crate's manifest).
+/// The repository root: the nearest ancestor of the running test's package (cargo sets
+/// `CARGO_MANIFEST_DIR` at run time) or of the working directory that holds `Cargo.lock`.
+///
+/// NB: not `env!("CARGO_MANIFEST_DIR")` alone: a build cache shared between clones (CI keeps
+/// the target directory outside the clone) would bake in the path of whichever clone built
+/// this crate first.
 pub fn repo_root() -> std::path::PathBuf {
+    let starts = [
+        std::env::var_os("CARGO_MANIFEST_DIR").map(std::path::PathBuf::from),
+        std::env::current_dir().ok(),
+    ];
+    for start in starts.into_iter().flatten() {
+        if let Some(root) = start.ancestors().find(|d| d.join("Cargo.lock").is_file()) {
+            return root.to_path_buf();
+        }
+    }
     std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }

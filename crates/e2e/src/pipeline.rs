@@ -50,6 +50,10 @@ pub struct Pipeline {
     pub controller: Option<Backend>,
     /// The controller's gRPC address.
     pub grpc: SocketAddr,
+    /// The controller's metrics address (`/metrics`).
+    pub metrics: SocketAddr,
+    /// The controller's extra flags, kept for restarts.
+    controller_args: Vec<String>,
     /// The dataplane process.
     pub dataplane: Option<Backend>,
     /// The dataplane's HTTP listener.
@@ -63,6 +67,11 @@ pub struct Pipeline {
 impl Pipeline {
     /// Starts everything and waits until each process listens.
     pub fn start() -> Result<Pipeline, Error> {
+        Self::start_with(&[])
+    }
+
+    /// Like [`Pipeline::start`], with extra flags for the controller (e.g. leader election).
+    pub fn start_with(controller_args: &[&str]) -> Result<Pipeline, Error> {
         let cluster = Cluster::try_start()?;
         let crds = repo_root().join("charts/sluice/crds/apisix-crds.yaml");
         cluster.kubectl_ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
@@ -98,15 +107,7 @@ ports: [{{name: http, port: 8080}}]
         ))?;
         let grpc = free_port()?;
         let metrics = free_port()?;
-        let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller")?);
-        cmd.arg("--kubeconfig").arg(cluster.kubeconfig()).args([
-            "--insecure",
-            "--grpc-listen",
-            &grpc.to_string(),
-            "--metrics-listen",
-            &metrics.to_string(),
-        ]);
-        let controller = Backend::spawn(cmd, grpc, Duration::from_secs(30))?;
+        let controller = spawn_controller(&cluster, grpc, metrics, controller_args)?;
         let state_dir = cluster.dir().join("dataplane-state");
         std::fs::create_dir_all(&state_dir).map_err(|e| Error::Http {
             addr: grpc,
@@ -114,7 +115,8 @@ ports: [{{name: http, port: 8080}}]
         })?;
         let http = free_port()?;
         let https = free_port()?;
-        let dataplane = start_dataplane(grpc, &state_dir, http, https)?;
+        let dataplane =
+            spawn_dataplane_https(&format!("http://{grpc}"), &state_dir, http, https)?;
         Ok(Pipeline {
             cluster,
             namespace,
@@ -122,11 +124,26 @@ ports: [{{name: http, port: 8080}}]
             echo,
             controller: Some(controller),
             grpc,
+            metrics,
+            controller_args: controller_args.iter().map(|s| s.to_string()).collect(),
             dataplane: Some(dataplane),
             http,
             https,
             state_dir,
         })
+    }
+
+    /// Stops the controller (if running) and starts a new one on the same ports.
+    pub fn restart_controller(&mut self) -> Result<(), Error> {
+        self.controller = None;
+        let args: Vec<&str> = self.controller_args.iter().map(String::as_str).collect();
+        self.controller = Some(spawn_controller(
+            &self.cluster,
+            self.grpc,
+            self.metrics,
+            &args,
+        )?);
+        Ok(())
     }
 
     /// Stops the dataplane and starts a new one (same controller and state directory) on a
@@ -135,8 +152,9 @@ ports: [{{name: http, port: 8080}}]
         self.dataplane = None;
         self.http = free_port()?;
         self.https = free_port()?;
-        self.dataplane = Some(start_dataplane(
-            self.grpc,
+        let url = format!("http://{}", self.grpc);
+        self.dataplane = Some(spawn_dataplane_https(
+            &url,
             &self.state_dir,
             self.http,
             self.https,
@@ -166,30 +184,56 @@ spec:
     }
 }
 
-fn start_dataplane(
+/// Starts a `sluice-controller` (plaintext gRPC on loopback) against `cluster` with `extra`
+/// flags and waits until it listens on `grpc`.
+pub fn spawn_controller(
+    cluster: &Cluster,
     grpc: SocketAddr,
+    metrics: SocketAddr,
+    extra: &[&str],
+) -> Result<Backend, Error> {
+    let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller")?);
+    cmd.arg("--kubeconfig").arg(cluster.kubeconfig()).args([
+        "--insecure",
+        "--grpc-listen",
+        &grpc.to_string(),
+        "--metrics-listen",
+        &metrics.to_string(),
+    ]);
+    cmd.args(extra);
+    Backend::spawn(cmd, grpc, Duration::from_secs(30))
+}
+
+/// Starts a `sluice-dataplane` dialing `controllers` (one URL, or several separated by
+/// commas), persisting to `state`, serving HTTP on `http`; waits until its admin listener
+/// is up.
+pub fn spawn_dataplane(
+    controllers: &str,
+    state: &Path,
+    http: SocketAddr,
+) -> Result<Backend, Error> {
+    spawn_dataplane_https(controllers, state, http, free_port()?)
+}
+
+/// Like [`spawn_dataplane`], with the HTTPS listener on `https`.
+pub fn spawn_dataplane_https(
+    controllers: &str,
     state: &Path,
     http: SocketAddr,
     https: SocketAddr,
 ) -> Result<Backend, Error> {
     let admin = free_port()?;
     let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane")?);
-    cmd.args([
-        "--controller",
-        &format!("http://{grpc}"),
-        "--insecure",
-        "--workers",
-        "1",
-    ])
-    .arg("--state-dir")
-    .arg(state)
-    .args([
-        "--listen-http",
-        &http.to_string(),
-        "--listen-https",
-        &https.to_string(),
-        "--admin",
-        &admin.to_string(),
-    ]);
+    cmd.args(["--controller", controllers, "--insecure", "--workers", "1"])
+        .arg("--state-dir")
+        .arg(state)
+        .args([
+            "--listen-http",
+            &http.to_string(),
+            "--listen-https",
+            &https.to_string(),
+            "--admin",
+            &admin.to_string(),
+        ]);
     Backend::spawn(cmd, admin, Duration::from_secs(30))
 }

@@ -1,0 +1,336 @@
+//! `status.loadBalancer` of the Ingresses we serve, so `kubectl get ingress` shows the
+//! address clients should use (and tools such as external-dns can publish it).
+//!
+//! The address comes from `--ingress-status-address` (fixed IPs or host names) or from
+//! `--ingress-publish-service NS/NAME`, the dataplane's Service: its load-balancer ingress
+//! points, else its external IPs, else its cluster IP (ExternalName: its external name), as
+//! the APISIX and NGINX ingress controllers do. An accepted Ingress of our class gets the
+//! address; a rejected one gets none. Only the leader writes, with server-side apply (field
+//! manager `sluice-controller`), and only when the status would change.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::networking::v1::{Ingress, IngressLoadBalancerIngress};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Client};
+use sluice_translate::status::{CONDITION_ACCEPTED, ConditionStatus, IngressStatus};
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+use crate::rebuild::Rebuilt;
+use crate::status::FIELD_MANAGER;
+use crate::watch::Stores;
+
+/// Where the published address comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Publish {
+    /// Fixed addresses: IPs, or host names (`--ingress-status-address`).
+    Addresses(Vec<String>),
+    /// The address of this Service (`--ingress-publish-service NS/NAME`).
+    Service {
+        /// Namespace of the Service.
+        namespace: String,
+        /// Name of the Service.
+        name: String,
+    },
+}
+
+/// Why a `--ingress-publish-service` value is unusable.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("--ingress-publish-service {0:?}: expected NAMESPACE/NAME")]
+pub struct BadServiceRef(pub String);
+
+impl Publish {
+    /// Parses `NAMESPACE/NAME`.
+    pub fn service(value: &str) -> Result<Self, BadServiceRef> {
+        match value.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+                Ok(Self::Service {
+                    namespace: ns.to_owned(),
+                    name: name.to_owned(),
+                })
+            }
+            _ => Err(BadServiceRef(value.to_owned())),
+        }
+    }
+}
+
+/// Load-balancer entries for fixed addresses: an IP goes to `ip`, anything else to
+/// `hostname`.
+pub fn from_addresses(addrs: &[String]) -> Vec<IngressLoadBalancerIngress> {
+    addrs
+        .iter()
+        .map(|a| match a.parse::<IpAddr>() {
+            Ok(_) => IngressLoadBalancerIngress {
+                ip: Some(a.clone()),
+                ..Default::default()
+            },
+            Err(_) => IngressLoadBalancerIngress {
+                hostname: Some(a.clone()),
+                ..Default::default()
+            },
+        })
+        .collect()
+}
+
+/// Load-balancer entries for a Service.
+pub fn from_service(svc: &Service) -> Vec<IngressLoadBalancerIngress> {
+    let spec = svc.spec.as_ref();
+    if spec.and_then(|s| s.type_.as_deref()) == Some("ExternalName") {
+        let name = spec.and_then(|s| s.external_name.clone());
+        return from_addresses(&name.into_iter().collect::<Vec<_>>());
+    }
+    let lb: Vec<IngressLoadBalancerIngress> = svc
+        .status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.as_ref())
+        .map(|points| {
+            points
+                .iter()
+                .filter(|p| p.ip.is_some() || p.hostname.is_some())
+                .map(|p| IngressLoadBalancerIngress {
+                    ip: p.ip.clone(),
+                    hostname: p.hostname.clone(),
+                    ..Default::default()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    if !lb.is_empty() {
+        return lb;
+    }
+    let external = spec
+        .and_then(|s| s.external_ips.clone())
+        .unwrap_or_default();
+    if !external.is_empty() {
+        return from_addresses(&external);
+    }
+    let cluster_ip = spec
+        .and_then(|s| s.cluster_ip.clone())
+        .filter(|ip| !ip.is_empty() && ip != "None");
+    from_addresses(&cluster_ip.into_iter().collect::<Vec<_>>())
+}
+
+/// What `status.loadBalancer.ingress` of an Ingress should say.
+pub fn desired(
+    ingress: &IngressStatus,
+    published: &[IngressLoadBalancerIngress],
+) -> Vec<IngressLoadBalancerIngress> {
+    let accepted = ingress
+        .conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_ACCEPTED && c.status == ConditionStatus::True);
+    if accepted {
+        published.to_vec()
+    } else {
+        Vec::new()
+    }
+}
+
+fn current(ing: &Ingress) -> Vec<IngressLoadBalancerIngress> {
+    ing.status
+        .as_ref()
+        .and_then(|s| s.load_balancer.as_ref())
+        .and_then(|lb| lb.ingress.clone())
+        .unwrap_or_default()
+}
+
+async fn published(
+    client: &Client,
+    publish: &Publish,
+    stores: &Stores,
+) -> Option<Vec<IngressLoadBalancerIngress>> {
+    match publish {
+        Publish::Addresses(a) => Some(from_addresses(a)),
+        Publish::Service { namespace, name } => {
+            if let Some(svc) = stores.service(namespace, name) {
+                return Some(from_service(&svc));
+            }
+            // Outside the watched namespaces: ask the API server.
+            match Api::<Service>::namespaced(client.clone(), namespace)
+                .get(name)
+                .await
+            {
+                Ok(svc) => Some(from_service(&svc)),
+                Err(e) => {
+                    tracing::warn!(service = %format!("{namespace}/{name}"), error = %e, "publish service not readable; Ingress status not written");
+                    None
+                }
+            }
+        }
+    }
+}
+
+/// How often the writer re-checks even without a change (the publish Service's address may
+/// change outside the watched namespaces, and failed writes are retried).
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+
+/// Writes `status.loadBalancer` of our Ingresses while `leader` is true.
+pub async fn run(
+    client: Client,
+    publish: Publish,
+    mut rebuilt: watch::Receiver<Option<Arc<Rebuilt>>>,
+    mut leader: watch::Receiver<bool>,
+    stores: Stores,
+    metrics: Metrics,
+) {
+    let mut resync = tokio::time::interval(RESYNC_INTERVAL);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = resync.tick() => {},
+            r = rebuilt.changed() => if r.is_err() { return },
+            r = leader.changed() => if r.is_err() { return },
+        }
+        let out = rebuilt.borrow_and_update().clone();
+        if !*leader.borrow_and_update() {
+            continue;
+        }
+        let Some(out) = out else { continue };
+        if out.ingresses.is_empty() {
+            continue;
+        }
+        let Some(addrs) = published(&client, &publish, &stores).await else {
+            continue;
+        };
+        for ing in &out.ingresses {
+            let want = desired(ing, &addrs);
+            let Some(existing) = stores.ingress(&ing.namespace, &ing.name) else {
+                continue;
+            };
+            if current(&existing) == want {
+                continue;
+            }
+            let patch = serde_json::json!({
+                "apiVersion": "networking.k8s.io/v1",
+                "kind": "Ingress",
+                "status": { "loadBalancer": { "ingress": want } },
+            });
+            let api: Api<Ingress> = Api::namespaced(client.clone(), &ing.namespace);
+            let params = PatchParams::apply(FIELD_MANAGER).force();
+            match api
+                .patch_status(&ing.name, &params, &Patch::Apply(&patch))
+                .await
+            {
+                Ok(_) => metrics.ingress_status_writes.inc(),
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => {
+                    metrics
+                        .reconcile_errors
+                        .with_label_values(&["status"])
+                        .inc();
+                    tracing::warn!(namespace = %ing.namespace, name = %ing.name, error = %e, "Ingress status write failed");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{
+        LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus,
+    };
+    use sluice_translate::status::Condition;
+
+    fn svc(type_: &str, cluster_ip: &str, external: &[&str], lb: &[(&str, &str)]) -> Service {
+        Service {
+            spec: Some(ServiceSpec {
+                type_: Some(type_.into()),
+                cluster_ip: Some(cluster_ip.into()),
+                external_ips: (!external.is_empty())
+                    .then(|| external.iter().map(|s| s.to_string()).collect()),
+                ..Default::default()
+            }),
+            status: Some(ServiceStatus {
+                load_balancer: Some(LoadBalancerStatus {
+                    ingress: Some(
+                        lb.iter()
+                            .map(|(ip, host)| LoadBalancerIngress {
+                                ip: (!ip.is_empty()).then(|| ip.to_string()),
+                                hostname: (!host.is_empty()).then(|| host.to_string()),
+                                ..Default::default()
+                            })
+                            .collect(),
+                    ),
+                }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn ips(v: &[IngressLoadBalancerIngress]) -> Vec<String> {
+        v.iter()
+            .map(|p| p.ip.clone().or(p.hostname.clone()).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn service_address_prefers_load_balancer_then_external_then_cluster_ip() {
+        let s = svc(
+            "LoadBalancer",
+            "10.0.0.1",
+            &["192.0.2.9"],
+            &[("203.0.113.5", ""), ("", "lb.example.com")],
+        );
+        assert_eq!(ips(&from_service(&s)), ["203.0.113.5", "lb.example.com"]);
+        let s = svc("LoadBalancer", "10.0.0.1", &["192.0.2.9"], &[]);
+        assert_eq!(ips(&from_service(&s)), ["192.0.2.9"]);
+        let s = svc("ClusterIP", "10.0.0.1", &[], &[]);
+        assert_eq!(ips(&from_service(&s)), ["10.0.0.1"]);
+        let s = svc("ClusterIP", "None", &[], &[]);
+        assert!(from_service(&s).is_empty(), "headless");
+    }
+
+    #[test]
+    fn fixed_addresses_split_into_ip_and_hostname() {
+        let v = from_addresses(&[
+            "192.0.2.1".into(),
+            "ingress.example.com".into(),
+            "2001:db8::1".into(),
+        ]);
+        assert_eq!(v[0].ip.as_deref(), Some("192.0.2.1"));
+        assert_eq!(v[1].hostname.as_deref(), Some("ingress.example.com"));
+        assert_eq!(v[2].ip.as_deref(), Some("2001:db8::1"));
+    }
+
+    #[test]
+    fn only_accepted_ingresses_get_the_address() {
+        let ing = |status| IngressStatus {
+            namespace: "ns".into(),
+            name: "i".into(),
+            generation: Some(1),
+            conditions: vec![Condition {
+                type_: CONDITION_ACCEPTED.into(),
+                status,
+                reason: "x".into(),
+                message: String::new(),
+            }],
+            routes: vec![],
+        };
+        let addrs = from_addresses(&["192.0.2.1".into()]);
+        assert_eq!(desired(&ing(ConditionStatus::True), &addrs), addrs);
+        assert!(desired(&ing(ConditionStatus::False), &addrs).is_empty());
+    }
+
+    #[test]
+    fn publish_service_must_be_namespace_slash_name() {
+        assert_eq!(
+            Publish::service("sluice/dataplane").unwrap(),
+            Publish::Service {
+                namespace: "sluice".into(),
+                name: "dataplane".into()
+            }
+        );
+        for bad in ["dataplane", "/x", "x/", "a/b/c"] {
+            assert!(Publish::service(bad).is_err(), "{bad}");
+        }
+    }
+}
