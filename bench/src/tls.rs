@@ -457,8 +457,12 @@ fn render(table: &Table, rounds: u32, header: &str) -> String {
     let mut out = format!(
         "{header}\n\n| measurement | nginx /CPU-s | sluice /CPU-s | sluice ÷ nginx per CPU-s (median; rounds) | nginx /s | sluice /s |\n|---|---:|---:|---|---:|---:|\n"
     );
-    let mut names: Vec<&str> = table.iter().map(|(w, _, _)| w.as_str()).collect();
-    names.dedup();
+    let mut names: Vec<&str> = Vec::new();
+    for (w, _, _) in table {
+        if !names.contains(&w.as_str()) {
+            names.push(w);
+        }
+    }
     for name in names {
         let get = |proxy: &str| {
             table
@@ -595,10 +599,10 @@ pub fn run_tls_bench(opts: &TlsOptions) -> Result<String, BenchError> {
         }
     }
     let header = format!(
-        "## sluice-bench tls ({}; proxy CPU {:?}, load CPU {:?}; {} s per run; h2load --h1 -c{KEEPALIVE_CONNECTIONS}; {HANDSHAKE_CLIENTS} handshake clients)",
+        "## sluice-bench tls ({}; proxy CPU {}, load CPU {}; {} s per run; h2load --h1 -c{KEEPALIVE_CONNECTIONS}; {HANDSHAKE_CLIENTS} handshake clients)",
         std::env::consts::ARCH,
-        proxy_cpu,
-        load_cpu,
+        proxy_cpu.map_or_else(|| "any".into(), |c| c.to_string()),
+        load_cpu.map_or_else(|| "any".into(), |c| c.to_string()),
         opts.duration.as_secs()
     );
     let text = render(&table, opts.repeat, &header);
