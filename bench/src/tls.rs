@@ -233,9 +233,7 @@ impl ServerCertVerifier for NoVerify {
         Ok(HandshakeSignatureValid::assertion())
     }
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0
-            .signature_verification_algorithms
-            .supported_schemes()
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 
@@ -275,7 +273,10 @@ fn wait_ready(addr: SocketAddr, proxy: &mut ProcessGuard) -> Result<(), BenchErr
     let connector = tokio_rustls::TlsConnector::from(client_config()?);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
-        if rt.block_on(one_connection(addr, &connector)).unwrap_or(false) {
+        if rt
+            .block_on(one_connection(addr, &connector))
+            .unwrap_or(false)
+        {
             return Ok(());
         }
         if let Some(status) = proxy.try_exit_status() {
@@ -313,8 +314,7 @@ fn handshake_load(addr: SocketAddr, duration: Duration) -> Result<(u64, u64, f64
     rt.block_on(async {
         let mut tasks = Vec::new();
         for _ in 0..HANDSHAKE_CLIENTS {
-            let (connector, ok, failed) =
-                (connector.clone(), Arc::clone(&ok), Arc::clone(&failed));
+            let (connector, ok, failed) = (connector.clone(), Arc::clone(&ok), Arc::clone(&failed));
             tasks.push(tokio::spawn(async move {
                 while tokio::time::Instant::now() < deadline {
                     match one_connection(addr, &connector).await {
@@ -380,7 +380,9 @@ impl Ctx {
         let after = procfs::tree_cpu_ticks(proxy.pid());
         let text = guard.log_text();
         if !status.success() {
-            return Err(BenchError::Wrk(format!("h2load exited with {status}: {text}")));
+            return Err(BenchError::Wrk(format!(
+                "h2load exited with {status}: {text}"
+            )));
         }
         let count = parse_h2load_succeeded(&text)
             .ok_or_else(|| BenchError::Wrk(format!("no request count in h2load output: {text}")))?;
@@ -419,7 +421,13 @@ impl Ctx {
 fn pin_self(cpu: Option<usize>) {
     if let Some(cpu) = cpu {
         let _ = Command::new("taskset")
-            .args(["-a", "-p", "-c", &cpu.to_string(), &std::process::id().to_string()])
+            .args([
+                "-a",
+                "-p",
+                "-c",
+                &cpu.to_string(),
+                &std::process::id().to_string(),
+            ])
             .output();
     }
 }
@@ -488,7 +496,9 @@ fn render(table: &Table, rounds: u32, header: &str) -> String {
             median(s.iter().map(Figure::per_s).collect()),
         ));
     }
-    out.push_str(&format!("\n{rounds} round(s); figures are medians over rounds.\n"));
+    out.push_str(&format!(
+        "\n{rounds} round(s); figures are medians over rounds.\n"
+    ));
     out
 }
 
@@ -534,11 +544,12 @@ pub fn run_tls_bench(opts: &TlsOptions) -> Result<String, BenchError> {
         pinned(ctx.proxy_cpu, &nginx_bin, &nginx::args(upstream_dir.path())),
         &upstream_dir.path().join("stdout.log"),
     )?;
-    probe::wait_for_hello(UPSTREAM_PORT, PATH, Duration::from_secs(20), || Ok(()))
-        .map_err(|d| BenchError::NotReady {
+    probe::wait_for_hello(UPSTREAM_PORT, PATH, Duration::from_secs(20), || Ok(())).map_err(
+        |d| BenchError::NotReady {
             what: "upstream nginx".into(),
             detail: d,
-        })?;
+        },
+    )?;
 
     let mut table = Table::new();
     for round in 1..=opts.repeat {

@@ -154,9 +154,8 @@ fn main() -> anyhow::Result<()> {
         max_connections: args.max_connections,
         ..Default::default()
     };
-    let mut handles =
-        server::spawn_workers(args.listen_http, workers, Arc::clone(&store), limits)
-            .with_context(|| format!("binding {}", args.listen_http))?;
+    let mut handles = server::spawn_workers(args.listen_http, workers, Arc::clone(&store), limits)
+        .with_context(|| format!("binding {}", args.listen_http))?;
     handles.extend(
         server::spawn_https_workers(args.listen_https, workers, Arc::clone(&store), limits)
             .with_context(|| format!("binding {}", args.listen_https))?,

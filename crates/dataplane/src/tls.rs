@@ -172,7 +172,11 @@ impl TlsTable {
     }
 }
 
-fn invalid(cert: &v1::TlsCertificate, field: &'static str, reason: String) -> InvalidTlsCertificate {
+fn invalid(
+    cert: &v1::TlsCertificate,
+    field: &'static str,
+    reason: String,
+) -> InvalidTlsCertificate {
     InvalidTlsCertificate {
         id: cert.id.clone(),
         field,
@@ -234,9 +238,10 @@ fn client_verifier(
     let skip = if ca.skip_mtls_uri_regex.is_empty() {
         None
     } else {
-        Some(RegexSet::new(&ca.skip_mtls_uri_regex).map_err(|e| {
-            invalid(cert, "client_auth.skip_mtls_uri_regex", e.to_string())
-        })?)
+        Some(
+            RegexSet::new(&ca.skip_mtls_uri_regex)
+                .map_err(|e| invalid(cert, "client_auth.skip_mtls_uri_regex", e.to_string()))?,
+        )
     };
     let mut builder =
         WebPkiClientVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider));
@@ -298,7 +303,8 @@ impl ClientCertVerifier for DepthLimited {
                 rustls::CertificateError::ApplicationVerificationFailure,
             ));
         }
-        self.inner.verify_client_cert(end_entity, intermediates, now)
+        self.inner
+            .verify_client_cert(end_entity, intermediates, now)
     }
 
     fn verify_tls12_signature(
@@ -429,11 +435,8 @@ pub async fn serve_https(listener: TcpListener, store: Arc<Store>, limits: Limit
         let refuse = Arc::clone(&refuse);
         tokio::spawn(async move {
             let deadline = limits.header_read_timeout;
-            let Ok(Some((tls, conn))) = tokio::time::timeout(
-                deadline,
-                handshake(stream, remote, &store, refuse),
-            )
-            .await
+            let Ok(Some((tls, conn))) =
+                tokio::time::timeout(deadline, handshake(stream, remote, &store, refuse)).await
             else {
                 return;
             };
@@ -473,7 +476,10 @@ async fn handshake(
     remote: SocketAddr,
     store: &Store,
     refuse: Arc<ServerConfig>,
-) -> Option<(tokio_rustls::server::TlsStream<tokio::net::TcpStream>, TlsConn)> {
+) -> Option<(
+    tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    TlsConn,
+)> {
     let start = match LazyConfigAcceptor::new(Acceptor::default(), stream).await {
         Ok(s) => s,
         Err(e) => {

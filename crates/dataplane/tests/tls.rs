@@ -55,9 +55,10 @@ impl Ca {
         let mut params =
             CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
                 .unwrap();
-        params
-            .distinguished_name
-            .push(DnType::CommonName, names.first().copied().unwrap_or("client"));
+        params.distinguished_name.push(
+            DnType::CommonName,
+            names.first().copied().unwrap_or("client"),
+        );
         let cert = params.signed_by(&key, &self.issuer).unwrap();
         Leaf {
             // The chain: leaf, then the CA (as a server would send an intermediate).
@@ -230,12 +231,18 @@ async fn each_sni_gets_its_certificate_and_exact_beats_wildcard() {
     let tls = connect(dp.addr, "a.example.com", Arc::clone(&cfg))
         .await
         .unwrap();
-    assert_eq!(served_cert(&tls), exact.der, "exact host beats the wildcard");
+    assert_eq!(
+        served_cert(&tls),
+        exact.der,
+        "exact host beats the wildcard"
+    );
     let tls = connect(dp.addr, "b.example.com", Arc::clone(&cfg))
         .await
         .unwrap();
     assert_eq!(served_cert(&tls), wild.der);
-    let tls = connect(dp.addr, "shop.test", Arc::clone(&cfg)).await.unwrap();
+    let tls = connect(dp.addr, "shop.test", Arc::clone(&cfg))
+        .await
+        .unwrap();
     assert_eq!(served_cert(&tls), other.der);
 
     // The request goes through, marked as https.
@@ -295,24 +302,33 @@ async fn alpn_selects_http2_or_http11() {
 async fn tls12_with_an_rsa_2048_key() {
     // ring signs with RSA but cannot generate RSA keys: openssl makes the key.
     let out = std::process::Command::new("openssl")
-        .args(["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"])
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());
-    let key =
-        KeyPair::from_pem_and_sign_algo(std::str::from_utf8(&out.stdout).unwrap(), &rcgen::PKCS_RSA_SHA256)
-            .unwrap();
+    let key = KeyPair::from_pem_and_sign_algo(
+        std::str::from_utf8(&out.stdout).unwrap(),
+        &rcgen::PKCS_RSA_SHA256,
+    )
+    .unwrap();
     let ca = Ca::new("test CA");
     let leaf = ca.leaf_with(&["rsa.example.com"], key);
     let dp = Https::start(vec![leaf.cert("default/rsa", &["rsa.example.com"])]).await;
 
     let mut roots = RootCertStore::empty();
     roots.add(ca.der.clone()).unwrap();
-    let cfg = ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_protocol_versions(&[&rustls::version::TLS12])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let cfg =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_protocol_versions(&[&rustls::version::TLS12])
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
     let tls = connect(dp.addr, "rsa.example.com", Arc::new(cfg))
         .await
         .unwrap();
@@ -358,7 +374,11 @@ async fn mtls_refuses_clients_without_a_valid_certificate() {
 
     // A certificate from the configured CA: served.
     let good = client_ca.leaf(&["client.example.com"]);
-    let cfg = client_config(&[&server_ca.der], &[b"http/1.1"], Some(good.client_identity()));
+    let cfg = client_config(
+        &[&server_ca.der],
+        &[b"http/1.1"],
+        Some(good.client_identity()),
+    );
     let tls = connect(dp.addr, "secure.example.com", cfg).await.unwrap();
     let mut sender = h1_over(tls).await;
     assert_eq!(
@@ -374,10 +394,9 @@ async fn mtls_refuses_clients_without_a_valid_certificate() {
         let refused = match connect(dp.addr, "secure.example.com", cfg).await {
             Err(e) => e.to_string(),
             Ok(tls) => {
-                let (mut sender, conn) =
-                    hyper::client::conn::http1::handshake(TokioIo::new(tls))
-                        .await
-                        .unwrap();
+                let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+                    .await
+                    .unwrap();
                 let conn = tokio::spawn(conn);
                 let req = Request::get("/")
                     .header("host", "secure.example.com")
@@ -424,7 +443,12 @@ async fn mtls_depth_limits_intermediates() {
     };
     let leaf = server_ca.leaf(&["deep.example.com", "shallow.example.com"]);
     let dp = Https::start(vec![
-        with_client_auth(leaf.cert("default/deep", &["deep.example.com"]), &root, 2, &[]),
+        with_client_auth(
+            leaf.cert("default/deep", &["deep.example.com"]),
+            &root,
+            2,
+            &[],
+        ),
         with_client_auth(
             leaf.cert("default/shallow", &["shallow.example.com"]),
             &root,
@@ -449,7 +473,11 @@ async fn mtls_depth_limits_intermediates() {
         }
     };
     assert_eq!(status("deep.example.com").await, Some(StatusCode::OK));
-    assert_eq!(status("shallow.example.com").await, None, "depth 1 allows no intermediate");
+    assert_eq!(
+        status("shallow.example.com").await,
+        None,
+        "depth 1 allows no intermediate"
+    );
 }
 
 #[tokio::test]
@@ -479,17 +507,24 @@ async fn mtls_skip_regex_serves_matching_paths_without_a_certificate() {
     let resp = get_on(&mut sender, "mixed.example.com", "/private").await;
     assert_eq!(resp.status, StatusCode::BAD_REQUEST);
     assert!(
-        resp.text().contains("client certificate verification is not passed"),
+        resp.text()
+            .contains("client certificate verification is not passed"),
         "{}",
         resp.text()
     );
 
     let client = client_ca.leaf(&["client.example.com"]);
-    let cfg = client_config(&[&server_ca.der], &[b"http/1.1"], Some(client.client_identity()));
+    let cfg = client_config(
+        &[&server_ca.der],
+        &[b"http/1.1"],
+        Some(client.client_identity()),
+    );
     let tls = connect(dp.addr, "mixed.example.com", cfg).await.unwrap();
     let mut sender = h1_over(tls).await;
     assert_eq!(
-        get_on(&mut sender, "mixed.example.com", "/private").await.status,
+        get_on(&mut sender, "mixed.example.com", "/private")
+            .await
+            .status,
         StatusCode::OK
     );
 
@@ -518,7 +553,9 @@ async fn rotation_serves_new_handshakes_the_new_certificate_and_keeps_open_conne
     assert_eq!(served_cert(&tls), old.der);
     let mut old_conn = h1_over(tls).await;
     assert_eq!(
-        get_on(&mut old_conn, "rotate.example.com", "/").await.status,
+        get_on(&mut old_conn, "rotate.example.com", "/")
+            .await
+            .status,
         StatusCode::OK
     );
 
@@ -528,11 +565,17 @@ async fn rotation_serves_new_handshakes_the_new_certificate_and_keeps_open_conne
     let tls = connect(dp.addr, "rotate.example.com", Arc::clone(&cfg))
         .await
         .unwrap();
-    assert_eq!(served_cert(&tls), new.der, "a new handshake gets the new certificate");
+    assert_eq!(
+        served_cert(&tls),
+        new.der,
+        "a new handshake gets the new certificate"
+    );
     // The connection opened before the rotation keeps working.
     for _ in 0..3 {
         assert_eq!(
-            get_on(&mut old_conn, "rotate.example.com", "/again").await.status,
+            get_on(&mut old_conn, "rotate.example.com", "/again")
+                .await
+                .status,
             StatusCode::OK
         );
     }
@@ -581,7 +624,11 @@ async fn curl_and_openssl_see_the_right_certificates() {
         .arg(format!("https://cli.example.com:{port}/via-curl"));
     let curl = run(cmd).await;
     let out = String::from_utf8_lossy(&curl.stdout);
-    assert!(curl.status.success(), "{out} {}", String::from_utf8_lossy(&curl.stderr));
+    assert!(
+        curl.status.success(),
+        "{out} {}",
+        String::from_utf8_lossy(&curl.stderr)
+    );
     assert!(out.ends_with("\n2 200"), "{out}");
     assert!(out.contains("\"path\":\"/via-curl\""), "{out}");
 
@@ -593,9 +640,16 @@ async fn curl_and_openssl_see_the_right_certificates() {
         .arg(format!("nobody.test:{port}:127.0.0.1"))
         .arg(format!("https://nobody.test:{port}/"));
     let curl = run(cmd).await;
-    assert_eq!(curl.status.code(), Some(35), "curl exit 35 = TLS handshake failure");
+    assert_eq!(
+        curl.status.code(),
+        Some(35),
+        "curl exit 35 = TLS handshake failure"
+    );
 
-    for (sni, cn) in [("cli.example.com", "cli.example.com"), ("z.example.com", "*.example.com")] {
+    for (sni, cn) in [
+        ("cli.example.com", "cli.example.com"),
+        ("z.example.com", "*.example.com"),
+    ] {
         let mut cmd = std::process::Command::new("openssl");
         cmd.args(["s_client", "-connect"])
             .arg(format!("127.0.0.1:{port}"))
@@ -603,7 +657,10 @@ async fn curl_and_openssl_see_the_right_certificates() {
             .arg(&ca_file);
         let out = run(cmd).await;
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains(&format!("subject=CN = {cn}")), "{sni}: {text}");
+        assert!(
+            text.contains(&format!("subject=CN = {cn}")),
+            "{sni}: {text}"
+        );
         assert!(text.contains("Verify return code: 0 (ok)"), "{sni}: {text}");
     }
 }

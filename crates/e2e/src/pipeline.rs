@@ -115,8 +115,7 @@ ports: [{{name: http, port: 8080}}]
         })?;
         let http = free_port()?;
         let https = free_port()?;
-        let dataplane =
-            spawn_dataplane_https(&format!("http://{grpc}"), &state_dir, http, https)?;
+        let dataplane = spawn_dataplane_https(&format!("http://{grpc}"), &state_dir, http, https)?;
         Ok(Pipeline {
             cluster,
             namespace,

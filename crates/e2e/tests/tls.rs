@@ -27,7 +27,11 @@ fn make_cert(dir: &Path, name: &str) -> (PathBuf, String, String) {
         .args(["-addext", &format!("subjectAltName=DNS:{HOST}")])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let pem = std::fs::read_to_string(&crt).unwrap();
     let key = std::fs::read_to_string(&key).unwrap();
     (crt, pem, key)
@@ -50,7 +54,15 @@ fn secret_yaml(ns: &str, crt: &str, key: &str) -> String {
 fn curl(p: &Pipeline, ca: &Path) -> Option<u16> {
     let port = p.https.port();
     let out = Command::new("curl")
-        .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5"])
+        .args([
+            "-sS",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code}",
+            "--max-time",
+            "5",
+        ])
         .arg("--cacert")
         .arg(ca)
         .arg("--resolve")
@@ -92,7 +104,9 @@ fn apisixtls_serves_and_rotates_with_the_secret() {
     p.cluster
         .apply(&p.route_yaml("demo", "/hello*").replace("demo.e2e", HOST))
         .unwrap();
-    p.cluster.apply(&secret_yaml(&ns, &v1_crt, &v1_key)).unwrap();
+    p.cluster
+        .apply(&secret_yaml(&ns, &v1_crt, &v1_key))
+        .unwrap();
     p.cluster
         .apply(&format!(
             "apiVersion: apisix.apache.org/v2\nkind: ApisixTls\nmetadata: {{name: secure, namespace: {ns}}}\nspec:\n  ingressClassName: apisix\n  hosts: [{HOST}]\n  secret: {{name: secure-cert, namespace: {ns}}}\n"
@@ -100,22 +114,34 @@ fn apisixtls_serves_and_rotates_with_the_secret() {
         .unwrap();
 
     // Served over HTTPS with the first certificate (curl verifies it against v1 only).
-    eventually(Duration::from_secs(30), || curl(&p, &v1_file).filter(|s| *s == 200))
-        .expect("HTTPS 200 with the v1 certificate");
+    eventually(Duration::from_secs(30), || {
+        curl(&p, &v1_file).filter(|s| *s == 200)
+    })
+    .expect("HTTPS 200 with the v1 certificate");
     eventually(Duration::from_secs(20), || {
         accepted(&p).filter(|(s, _)| s == "True")
     })
     .expect("ApisixTls Accepted=True");
 
     // cert-manager renews: the Secret changes, the next handshake gets the new certificate.
-    p.cluster.apply(&secret_yaml(&ns, &v2_crt, &v2_key)).unwrap();
-    eventually(Duration::from_secs(30), || curl(&p, &v2_file).filter(|s| *s == 200))
-        .expect("HTTPS 200 with the renewed (v2) certificate");
-    assert_eq!(curl(&p, &v1_file), None, "the old certificate is no longer served");
+    p.cluster
+        .apply(&secret_yaml(&ns, &v2_crt, &v2_key))
+        .unwrap();
+    eventually(Duration::from_secs(30), || {
+        curl(&p, &v2_file).filter(|s| *s == 200)
+    })
+    .expect("HTTPS 200 with the renewed (v2) certificate");
+    assert_eq!(
+        curl(&p, &v1_file),
+        None,
+        "the old certificate is no longer served"
+    );
 
     // A broken renewal (key of another certificate) is reported on the ApisixTls, naming
     // the Secret; the object then serves nothing (handshakes for its host are refused).
-    p.cluster.apply(&secret_yaml(&ns, &v2_crt, &v1_key)).unwrap();
+    p.cluster
+        .apply(&secret_yaml(&ns, &v2_crt, &v1_key))
+        .unwrap();
     let (_, message) = eventually(Duration::from_secs(30), || {
         accepted(&p).filter(|(s, _)| s == "False")
     })
@@ -124,6 +150,8 @@ fn apisixtls_serves_and_rotates_with_the_secret() {
         message.contains("secure-cert") && message.contains("does not match"),
         "{message}"
     );
-    eventually(Duration::from_secs(30), || curl(&p, &v2_file).is_none().then_some(()))
-        .expect("the broken certificate is not served");
+    eventually(Duration::from_secs(30), || {
+        curl(&p, &v2_file).is_none().then_some(())
+    })
+    .expect("the broken certificate is not served");
 }

@@ -37,9 +37,7 @@ use sluice_proto::v1;
 use sluice_proto::validate::dns_name;
 
 use crate::problems::Problems;
-use crate::status::{
-    CONDITION_ACCEPTED, Condition, ConditionStatus, ObjectKind, ObjectStatus,
-};
+use crate::status::{CONDITION_ACCEPTED, Condition, ConditionStatus, ObjectKind, ObjectStatus};
 use crate::{Index, Options};
 
 /// Reason of a condition when a referenced Secret is missing or does not hold a usable
@@ -56,6 +54,9 @@ const TLS_KEY: &str = "tls.key";
 /// Key of the client CA bundle in an ApisixTls `client.caSecret`.
 const CA_CRT: &str = "ca.crt";
 
+/// An unresolved TLS entry of an Ingress: (reason, field, message).
+pub(crate) type Unresolved = (&'static str, String, String);
+
 /// What translation makes of ApisixTls objects and Ingress TLS entries.
 #[derive(Default)]
 pub(crate) struct TlsTranslation {
@@ -64,7 +65,7 @@ pub(crate) struct TlsTranslation {
     /// Status of every ApisixTls of our class.
     pub(crate) apisix: Vec<ObjectStatus>,
     /// Per Ingress (namespace, name): unresolved (reason, field, message) of its TLS entries.
-    pub(crate) ingress: BTreeMap<(String, String), Vec<(&'static str, String, String)>>,
+    pub(crate) ingress: BTreeMap<(String, String), Vec<Unresolved>>,
 }
 
 /// Who asked for a certificate.
@@ -210,9 +211,7 @@ fn status(ns: &str, name: &str, atls: &ApisixTls, accepted: Condition) -> Object
 }
 
 fn created(meta: &ObjectMeta) -> Option<i64> {
-    meta.creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second())
+    meta.creation_timestamp.as_ref().map(|t| t.0.as_second())
 }
 
 fn unix_seconds(t: SystemTime) -> i64 {
@@ -277,7 +276,10 @@ fn apisix_tls(
                     format!("spec.client.skip_mtls_uri_regex[{i}]"),
                     format!(
                         "{r:?} is not a valid regex: {}",
-                        e.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+                        e.to_string()
+                            .split_whitespace()
+                            .collect::<Vec<_>>()
+                            .join(" ")
                     ),
                 );
             }
@@ -394,7 +396,8 @@ fn find_secret<'i>(idx: &'i Index<'_>, ns: &str, name: &str) -> Result<&'i Secre
 
 /// A PEM value of a Secret as text.
 fn pem_text(secret: &Secret, ns: &str, name: &str, key: &str) -> Result<String, String> {
-    let raw = secret_value(secret, key).ok_or_else(|| format!("Secret {ns}/{name} has no {key}"))?;
+    let raw =
+        secret_value(secret, key).ok_or_else(|| format!("Secret {ns}/{name} has no {key}"))?;
     let text = String::from_utf8(raw.into_owned())
         .map_err(|_| format!("Secret {ns}/{name}: {key} is not PEM text"))?;
     // NB: trailing whitespace must not change the snapshot hash.
@@ -476,9 +479,9 @@ fn server_certificate(
     };
     let provider = rustls::crypto::ring::default_provider();
     rustls::sign::CertifiedKey::from_der(chain, key_der, &provider).map_err(|e| match e {
-        rustls::Error::InconsistentKeys(_) => format!(
-            "Secret {ns}/{name}: {TLS_KEY} does not match the certificate in {TLS_CRT}"
-        ),
+        rustls::Error::InconsistentKeys(_) => {
+            format!("Secret {ns}/{name}: {TLS_KEY} does not match the certificate in {TLS_CRT}")
+        }
         e => format!("Secret {ns}/{name}: {TLS_KEY}: unusable private key: {e}"),
     })?;
     Ok((crt, key))
@@ -507,7 +510,11 @@ mod tests {
     fn sni_hosts() {
         assert_eq!(sni_host("A.Example.com").unwrap(), "a.example.com");
         assert_eq!(sni_host("*.Example.com").unwrap(), "*.example.com");
-        assert!(sni_host("a.*.com").unwrap_err().contains("whole first label"));
+        assert!(
+            sni_host("a.*.com")
+                .unwrap_err()
+                .contains("whole first label")
+        );
         assert!(sni_host("a..com").unwrap_err().contains("empty label"));
     }
 }
