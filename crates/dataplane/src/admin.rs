@@ -38,7 +38,9 @@ pub fn respond(req: &Request<Incoming>, store: &Store) -> Response<Full<Bytes>> 
     match req.uri().path() {
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {
-            if store.ready() {
+            if store.draining() {
+                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
+            } else if store.ready() {
                 text(StatusCode::OK, "text/plain", "ready\n")
             } else {
                 text(

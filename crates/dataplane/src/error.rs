@@ -25,6 +25,9 @@ pub enum ProxyError {
     /// The matched route's upstream has no endpoint to send to.
     #[error("upstream {0} has no available endpoint")]
     NoEndpoint(String),
+    /// Every endpoint of the upstream was tried and none could be connected to.
+    #[error("upstream {0}: every endpoint is down")]
+    AllEndpointsDown(String),
     /// Connecting to the upstream endpoint failed.
     #[error("connect to {addr} failed: {source}")]
     Connect {
@@ -66,6 +69,7 @@ impl ProxyError {
                 ErrorSource::Downstream
             }
             ProxyError::NoEndpoint(_) => ErrorSource::Internal,
+            ProxyError::AllEndpointsDown(_) => ErrorSource::Upstream,
             _ => ErrorSource::Upstream,
         }
     }
@@ -83,7 +87,9 @@ impl ProxyError {
     pub fn status(&self) -> StatusCode {
         match self {
             ProxyError::NoRoute => StatusCode::NOT_FOUND,
-            ProxyError::NoEndpoint(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::NoEndpoint(_) | ProxyError::AllEndpointsDown(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)
@@ -97,6 +103,9 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute => "{\"error_msg\":\"404 Route Not Found\"}\n",
             ProxyError::NoEndpoint(_) => "{\"error_msg\":\"503 No Available Upstream Endpoint\"}\n",
+            ProxyError::AllEndpointsDown(_) => {
+                "{\"error_msg\":\"503 Service Unavailable: every upstream endpoint is down\"}\n"
+            }
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => {
                 "{\"error_msg\":\"502 Bad Gateway\"}\n"
             }

@@ -9,10 +9,13 @@
 #![forbid(unsafe_code)]
 
 pub mod admin;
+pub mod balancer;
 pub mod body;
 pub mod controller_client;
+pub mod dns;
 pub mod error;
 pub mod h1;
+pub mod health;
 pub mod metrics;
 pub mod proxy;
 pub mod router;

@@ -3,11 +3,13 @@
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
 use sluice_cli::{LogFormat, init_logs, shutdown_signal};
 use sluice_dataplane::controller_client::{self, Backoff, ClientConfig, ClientTls};
+use sluice_dataplane::upstream::PoolConfig;
 use sluice_dataplane::{admin, server, standalone, store::Store};
 
 #[global_allocator]
@@ -72,6 +74,30 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+    /// On SIGTERM/SIGINT: how long in-flight requests may take to finish after the listeners
+    /// close (idle connections close at once); the process then exits 0.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    drain_timeout: Duration,
+    /// Most idle keep-alive connections kept per upstream endpoint (APISIX
+    /// `keepalive_pool.size`).
+    #[arg(long, default_value_t = 320)]
+    upstream_keepalive_pool_size: usize,
+    /// How long an idle upstream keep-alive connection is kept (APISIX
+    /// `keepalive_pool.idle_timeout`).
+    #[arg(long, default_value = "50s", value_parser = duration)]
+    upstream_keepalive_idle_timeout: Duration,
+    /// Requests per upstream connection before it is closed; 0 = unlimited (APISIX
+    /// `keepalive_pool.requests`).
+    #[arg(long, default_value_t = 1000)]
+    upstream_keepalive_requests: u32,
+    /// How often host-name endpoints (externalNodes of type Domain, ExternalName Services)
+    /// are resolved again, in the background.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    upstream_dns_refresh: Duration,
+}
+
+fn duration(raw: &str) -> Result<Duration, String> {
+    sluice_crds::parse_duration(raw).map_err(|e| e.to_string())
 }
 
 /// Where the configuration comes from.
@@ -123,7 +149,12 @@ fn main() -> anyhow::Result<()> {
             .map(|n| n.get())
             .unwrap_or(1)
     });
-    let store = Arc::new(Store::new()?);
+    let store = Arc::new(Store::with_pool_config(PoolConfig {
+        max_idle: args.upstream_keepalive_pool_size,
+        idle_timeout: args.upstream_keepalive_idle_timeout,
+        max_requests: args.upstream_keepalive_requests,
+        dns_refresh: args.upstream_dns_refresh,
+    })?);
 
     // One small runtime for the admin listener and the configuration source.
     let control = tokio::runtime::Builder::new_current_thread()
@@ -154,11 +185,24 @@ fn main() -> anyhow::Result<()> {
         max_connections: args.max_connections,
         ..Default::default()
     };
-    let mut handles = server::spawn_workers(args.listen_http, workers, Arc::clone(&store), limits)
-        .with_context(|| format!("binding {}", args.listen_http))?;
+    let (drain_trigger, drain) = server::Drain::channel();
+    let mut handles = server::spawn_workers_until(
+        args.listen_http,
+        workers,
+        Arc::clone(&store),
+        limits,
+        drain.clone(),
+    )
+    .with_context(|| format!("binding {}", args.listen_http))?;
     handles.extend(
-        server::spawn_https_workers(args.listen_https, workers, Arc::clone(&store), limits)
-            .with_context(|| format!("binding {}", args.listen_https))?,
+        server::spawn_https_workers(
+            args.listen_https,
+            workers,
+            Arc::clone(&store),
+            limits,
+            drain,
+        )
+        .with_context(|| format!("binding {}", args.listen_https))?,
     );
     let source_name = match &source {
         Source::Standalone(path) => path.display().to_string(),
@@ -170,16 +214,37 @@ fn main() -> anyhow::Result<()> {
         tokio::spawn(admin::serve(admin_listener, Arc::clone(&store)));
         match source {
             Source::Standalone(path) => {
-                tokio::spawn(standalone::watch(path, store, version, trim_heap));
+                tokio::spawn(standalone::watch(
+                    path,
+                    Arc::clone(&store),
+                    version,
+                    trim_heap,
+                ));
             }
             Source::Controller(config) => {
-                tokio::spawn(controller_client::run(*config, store, trim_heap));
+                tokio::spawn(controller_client::run(
+                    *config,
+                    Arc::clone(&store),
+                    trim_heap,
+                ));
             }
         }
         shutdown_signal().await;
+        // Graceful drain: /readyz turns 503, listeners close, in-flight requests finish
+        // (up to --drain-timeout), idle connections close.
+        tracing::info!(timeout = ?args.drain_timeout, "draining");
+        store.start_draining();
+        drain_trigger.drain();
+        let deadline = tokio::time::Instant::now() + args.drain_timeout;
+        while !handles.iter().all(|h| h.is_finished()) {
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!("drain timeout reached; exiting with requests still in flight");
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     });
-    tracing::info!("shutting down");
-    drop(handles);
+    tracing::info!("shut down");
     Ok(())
 }
 

@@ -51,6 +51,17 @@ impl Metrics {
         })
     }
 
+    /// Registers more collectors (e.g. the upstream families) in this registry.
+    pub fn register(
+        &self,
+        collectors: Vec<Box<dyn prometheus::core::Collector>>,
+    ) -> Result<(), prometheus::Error> {
+        for c in collectors {
+            self.registry.register(c)?;
+        }
+        Ok(())
+    }
+
     /// Counts one response.
     #[inline]
     pub fn observe_status(&self, status: StatusCode) {

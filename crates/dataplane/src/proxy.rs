@@ -9,14 +9,16 @@ use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 
+use crate::balancer::Tried;
 use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
 use crate::h1::{Framing, H1Error, ProxyHeaders, ResponseHead, encode_request_head};
+use crate::health::Outcome;
 use crate::router::RequestInfo;
 use crate::store::Store;
 use crate::table::RouteTable;
 use crate::timer::CoarseTimer;
-use crate::upstream::{PooledConn, Timeouts};
+use crate::upstream::{Endpoint, PooledConn, Timeouts};
 
 /// Facts about the downstream connection, computed once per connection.
 #[derive(Debug, Clone)]
@@ -76,7 +78,7 @@ async fn proxy(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
     let uri = req.uri();
-    let route = {
+    let (route, upstream, hash) = {
         let info = RequestInfo {
             method: req.method(),
             host: host.as_ref().and_then(|h| h.to_str().ok()),
@@ -88,14 +90,14 @@ async fn proxy(
             scheme: conn.scheme,
         };
         let idx = table.router.lookup(&info).ok_or(ProxyError::NoRoute)?;
-        table.routes.get(idx).ok_or(ProxyError::NoRoute)?
+        let route = table.routes.get(idx).ok_or(ProxyError::NoRoute)?;
+        let upstream = route
+            .pick_backend()
+            .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
+        // TODO(lead): pass the consumer set by the auth plugins for `hashOn: consumer`.
+        let hash = crate::balancer::request_hash(upstream, &info, None);
+        (route, upstream, hash)
     };
-    let upstream = route
-        .pick_backend()
-        .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
-    let endpoint = upstream
-        .pick()
-        .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
 
     let (mut parts, mut body) = req.into_parts();
@@ -123,35 +125,138 @@ async fn proxy(
         proto: conn.scheme,
         host: host.as_ref().map(HeaderValue::as_bytes),
     };
-    encode_request_head(
-        &mut head,
-        &parts.method,
-        target,
-        &parts.headers,
-        framing,
-        Some(proxy_headers),
-    );
 
+    // --- upstream-LB: endpoint choice, retries to other endpoints, passive health ---
     // A request without a body can be sent again if a reused connection turns out to have
-    // been closed by the upstream; others check the idle connection before using it.
+    // been closed by the upstream, or to another endpoint after a reset before any response
+    // byte; others check the idle connection before using it. A connect failure or timeout
+    // is retried on another endpoint whatever the request, as nothing of it was sent.
     let replayable = !has_body && parts.method.is_idempotent();
-    let mut pooled = endpoint
-        .pool
-        .checkout(timeouts.connect, !replayable)
-        .await?;
-    let response = loop {
-        let sent = exchange(
-            &mut pooled,
+    let mut tried = Tried::default();
+    let budget = upstream.retry_budget();
+    // Retries stop after connect + read timeout, counted from the first failure (so the
+    // clock is never read on the fast path).
+    let mut deadline: Option<std::time::Instant> = None;
+    let (pooled, response) = loop {
+        let idx = upstream
+            .pick_index(hash, &tried)
+            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+        let Some(endpoint) = upstream.endpoints.get(idx) else {
+            return Err(ProxyError::NoEndpoint(upstream.id.clone()));
+        };
+        if let Some(h) = upstream.host_header(endpoint) {
+            parts.headers.insert(header::HOST, h.clone());
+        }
+        head.clear();
+        encode_request_head(
+            &mut head,
+            &parts.method,
+            target,
+            &parts.headers,
+            framing,
+            Some(proxy_headers),
+        );
+        // NB: only `ewma` needs the latency; the clock is not read otherwise.
+        let started = upstream.measures_latency().then(std::time::Instant::now);
+        let in_flight = endpoint.state.begin();
+        let sent = attempt(
+            endpoint,
             &head,
             has_body.then_some(&mut body),
             framing == Framing::Chunked,
             &parts.method,
             timeouts,
+            replayable,
             &conn.timer,
         )
         .await;
         match sent {
-            Ok(resp) => break resp,
+            Ok((mut pooled, resp)) => {
+                upstream.report(endpoint, Outcome::Status(resp.parts.status.as_u16()));
+                if let Some(t) = started {
+                    endpoint.state.observe_latency(t.elapsed());
+                }
+                pooled.hold(in_flight);
+                break (pooled, resp);
+            }
+            Err(e) => {
+                drop(in_flight);
+                if let Some(outcome) = failure_outcome(&e) {
+                    upstream.report(endpoint, outcome);
+                    // A failed endpoint looks slow to `ewma`.
+                    if let Some(t) = started {
+                        endpoint
+                            .state
+                            .observe_latency(t.elapsed().max(timeouts.connect));
+                    }
+                }
+                let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
+                let may_retry = e.retryable() || (replayable && reset);
+                let now = std::time::Instant::now();
+                let until = *deadline.get_or_insert(now + timeouts.connect + timeouts.read);
+                if !may_retry || tried.len() >= budget || now >= until {
+                    // Known down by the health checks, every one: 503 rather than the
+                    // 502 of a single failed connection (as nginx/APISIX answer).
+                    if e.retryable() && upstream.all_unhealthy() {
+                        return Err(ProxyError::AllEndpointsDown(upstream.id.clone()));
+                    }
+                    return Err(e);
+                }
+                tracing::debug!(upstream = %upstream.id, error = %e, "retrying on another endpoint");
+                tried.push(idx);
+                upstream.count_retry();
+            }
+        }
+    };
+    // --- end upstream-LB ---
+    let mut parts = response.parts;
+    parts.version = http::Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    let body = UpstreamBody::new(pooled, response.framing, response.keep_alive);
+    Ok(Response::from_parts(parts, ProxyBody::Upstream(body)))
+}
+
+/// What a failed attempt says about the endpoint's health (`None`: not its fault).
+fn failure_outcome(e: &ProxyError) -> Option<Outcome> {
+    match e {
+        ProxyError::Connect { .. } | ProxyError::Upstream { .. } => Some(Outcome::TcpFailure),
+        ProxyError::ConnectTimeout(_) | ProxyError::ReadTimeout(_) | ProxyError::SendTimeout(_) => {
+            Some(Outcome::Timeout)
+        }
+        _ => None,
+    }
+}
+
+/// One attempt on `endpoint`: a pooled connection (a fresh one if a reused connection of a
+/// replayable request turns out stale), the request, and the response head.
+#[allow(clippy::too_many_arguments)]
+async fn attempt(
+    endpoint: &Endpoint,
+    head: &[u8],
+    mut body: Option<&mut Incoming>,
+    chunked: bool,
+    method: &http::Method,
+    timeouts: Timeouts,
+    replayable: bool,
+    timer: &CoarseTimer,
+) -> Result<(PooledConn, ResponseHead), ProxyError> {
+    let mut pooled = endpoint
+        .pool
+        .checkout(timeouts.connect, !replayable)
+        .await?;
+    loop {
+        let sent = exchange(
+            &mut pooled,
+            head,
+            body.as_deref_mut(),
+            chunked,
+            method,
+            timeouts,
+            timer,
+        )
+        .await;
+        match sent {
+            Ok(resp) => return Ok((pooled, resp)),
             Err(ProxyError::Upstream { source, .. })
                 if replayable && pooled.reused && source.is_stale_connection() =>
             {
@@ -159,12 +264,7 @@ async fn proxy(
             }
             Err(e) => return Err(e),
         }
-    };
-    let mut parts = response.parts;
-    parts.version = http::Version::HTTP_11;
-    strip_hop_by_hop(&mut parts.headers);
-    let body = UpstreamBody::new(pooled, response.framing, response.keep_alive);
-    Ok(Response::from_parts(parts, ProxyBody::Upstream(body)))
+    }
 }
 
 /// Sends one request on `pooled` and reads the response head.

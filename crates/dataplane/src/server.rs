@@ -83,6 +83,44 @@ async fn sniff_h2(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<b
     }
 }
 
+/// Tells workers to drain: stop accepting, finish in-flight requests, close idle
+/// connections.
+#[derive(Debug)]
+pub struct DrainTrigger(tokio::sync::watch::Sender<bool>);
+
+impl DrainTrigger {
+    /// Starts draining every worker given the matching [`Drain`].
+    pub fn drain(&self) {
+        let _ = self.0.send(true);
+    }
+}
+
+/// The workers' side of a [`DrainTrigger`].
+#[derive(Debug, Clone)]
+pub struct Drain(tokio::sync::watch::Receiver<bool>);
+
+impl Drain {
+    /// A trigger and its receiver.
+    pub fn channel() -> (DrainTrigger, Drain) {
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        (DrainTrigger(tx), Drain(rx))
+    }
+
+    /// Never drains (the trigger is dropped; `wait` then stays pending).
+    pub fn never() -> Drain {
+        let (_, rx) = tokio::sync::watch::channel(false);
+        Drain(rx)
+    }
+
+    /// Resolves once draining has started.
+    pub async fn wait(&mut self) {
+        if self.0.wait_for(|d| *d).await.is_err() {
+            // Trigger gone without draining: never.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 /// hyper's HTTP/1.1 and HTTP/2 connection builders with the downstream limits; shared by
 /// the HTTP and HTTPS listeners.
 #[allow(clippy::type_complexity)]
@@ -108,15 +146,31 @@ pub(crate) fn connection_builders(
 
 /// Accepts connections on `listener` and serves them until the runtime stops.
 pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
+    serve_until(listener, store, limits, Drain::never()).await;
+}
+
+/// Accepts connections on `listener` and serves them until `drain` fires; then closes the
+/// listener (new connections are refused), lets every open connection finish its in-flight
+/// request, closes idle keep-alive connections, and returns when none is left.
+pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limits, drain: Drain) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
+    let mut stop = drain.clone();
     loop {
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.wait() => break,
+            a = async {
+                let permit = Arc::clone(&permits).acquire_owned().await.ok()?;
+                Some((permit, listener.accept().await))
+            } => a,
+        };
+        let Some((permit, accepted)) = accepted else {
             return;
         };
-        let (stream, remote) = match listener.accept().await {
+        let (stream, remote) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 // EMFILE and friends: back off instead of spinning.
@@ -130,8 +184,14 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
         let store = Arc::clone(&store);
         let (h1, h2) = (Arc::clone(&h1), Arc::clone(&h2));
         let timer = timer.clone();
+        let mut drain = drain.clone();
         tokio::spawn(async move {
-            let Some(is_h2) = sniff_h2(&stream, limits.header_read_timeout).await else {
+            // A connection that has not sent a byte yet is idle: drain closes it.
+            let sniffed = tokio::select! {
+                s = sniff_h2(&stream, limits.header_read_timeout) => s,
+                _ = drain.wait() => None,
+            };
+            let Some(is_h2) = sniffed else {
                 return;
             };
             let conn = Arc::new(ConnInfo::new(remote, local, "http", timer));
@@ -141,10 +201,28 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
                 async move { Ok::<_, std::convert::Infallible>(handle(req, &conn, &store).await) }
             });
             let io = TokioIo::new(stream);
+            // NB: on drain, hyper closes an idle connection at once and a busy one after its
+            // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
             let result = if is_h2 {
-                h2.serve_connection(io, service).await
+                let conn = h2.serve_connection(io, service);
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = drain.wait() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
             } else {
-                h1.serve_connection(io, service).with_upgrades().await
+                let conn = h1.serve_connection(io, service).with_upgrades();
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = drain.wait() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
             };
             if let Err(e) = result {
                 tracing::debug!(error = %e, "downstream connection ended");
@@ -152,6 +230,10 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
             drop(permit);
         });
     }
+    drop(listener);
+    // Every connection holds a permit: having them all back means none is left.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = permits.acquire_many(all).await;
 }
 
 /// Starts `workers` threads serving `addr`. Returns once every listener is bound, so a
@@ -162,54 +244,66 @@ pub fn spawn_workers(
     store: Arc<Store>,
     limits: Limits,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
-    spawn_listeners(addr, workers, store, limits, Listener::Http)
+    spawn_workers_until(addr, workers, store, limits, Drain::never())
 }
 
-/// Like [`spawn_workers`], for the HTTPS listener ([`crate::tls::serve_https`]).
-pub fn spawn_https_workers(
+/// Like [`spawn_workers`]; each worker thread ends once `drain` fired and its connections
+/// are done.
+pub fn spawn_workers_until(
     addr: SocketAddr,
     workers: usize,
     store: Arc<Store>,
     limits: Limits,
-) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
-    spawn_listeners(addr, workers, store, limits, Listener::Https)
-}
-
-#[derive(Clone, Copy)]
-enum Listener {
-    Http,
-    Https,
-}
-
-fn spawn_listeners(
-    addr: SocketAddr,
-    workers: usize,
-    store: Arc<Store>,
-    limits: Limits,
-    kind: Listener,
+    drain: Drain,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     let mut handles = Vec::with_capacity(workers);
     for i in 0..workers.max(1) {
         let std_listener = bind_reuseport(addr)?;
         let store = Arc::clone(&store);
+        let drain = drain.clone();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
         let handle = std::thread::Builder::new()
-            .name(match kind {
-                Listener::Http => format!("sluice-worker-{i}"),
-                Listener::Https => format!("sluice-tls-worker-{i}"),
-            })
+            .name(format!("sluice-worker-{i}"))
             .spawn(move || {
                 rt.block_on(async move {
                     match TcpListener::from_std(std_listener) {
-                        Ok(listener) => match kind {
-                            Listener::Http => serve(listener, store, limits).await,
-                            Listener::Https => {
-                                crate::tls::serve_https(listener, store, limits).await
-                            }
-                        },
+                        Ok(listener) => serve_until(listener, store, limits, drain).await,
                         Err(e) => tracing::error!(error = %e, "worker listener failed"),
+                    }
+                });
+            })?;
+        handles.push(handle);
+    }
+    Ok(handles)
+}
+
+/// Like [`spawn_workers_until`], for the HTTPS listener ([`crate::tls::serve_https_until`]).
+pub fn spawn_https_workers(
+    addr: SocketAddr,
+    workers: usize,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut handles = Vec::with_capacity(workers);
+    for i in 0..workers.max(1) {
+        let std_listener = bind_reuseport(addr)?;
+        let store = Arc::clone(&store);
+        let drain = drain.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = std::thread::Builder::new()
+            .name(format!("sluice-tls-worker-{i}"))
+            .spawn(move || {
+                rt.block_on(async move {
+                    match TcpListener::from_std(std_listener) {
+                        Ok(listener) => {
+                            crate::tls::serve_https_until(listener, store, limits, drain).await
+                        }
+                        Err(e) => tracing::error!(error = %e, "HTTPS worker listener failed"),
                     }
                 });
             })?;

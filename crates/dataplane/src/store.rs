@@ -8,7 +8,7 @@ use sluice_proto::v1;
 
 use crate::metrics::Metrics;
 use crate::table::{InvalidSnapshot, RouteTable};
-use crate::upstream::PoolRegistry;
+use crate::upstream::{PoolConfig, PoolRegistry};
 
 /// What `/snapshot` reports.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -35,18 +35,33 @@ pub struct Store {
     state: Mutex<SnapshotState>,
     pools: PoolRegistry,
     metrics: Metrics,
+    draining: std::sync::atomic::AtomicBool,
 }
 
 impl Store {
-    /// A store serving nothing yet.
+    /// A store serving nothing yet, with default upstream pool settings.
     pub fn new() -> anyhow::Result<Self> {
+        Self::with_pool_config(PoolConfig::default())
+    }
+
+    /// A store serving nothing yet whose upstream pools use `pool`.
+    pub fn with_pool_config(pool: PoolConfig) -> anyhow::Result<Self> {
+        let pools = PoolRegistry::with_config(pool);
+        let metrics = Metrics::new()?;
+        metrics.register(pools.health.metrics.collectors())?;
         Ok(Store {
             table: ArcSwap::from_pointee(RouteTable::empty()?),
             snapshot: Mutex::new(None),
             state: Mutex::new(SnapshotState::default()),
-            pools: PoolRegistry::default(),
-            metrics: Metrics::new()?,
+            pools,
+            metrics,
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
+    }
+
+    /// Connection pools and endpoint health that outlive snapshots.
+    pub fn pools(&self) -> &PoolRegistry {
+        &self.pools
     }
 
     /// The table to serve one request with.
@@ -118,6 +133,17 @@ impl Store {
     /// The snapshot being served, if any.
     pub fn snapshot(&self) -> Option<Arc<v1::Snapshot>> {
         lock(&self.snapshot).clone()
+    }
+
+    /// Marks the process as draining (shutting down): `/readyz` answers 503 from now on.
+    pub fn start_draining(&self) {
+        self.draining
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the process is draining.
+    pub fn draining(&self) -> bool {
+        self.draining.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Whether a snapshot has been loaded.

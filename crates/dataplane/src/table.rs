@@ -8,7 +8,7 @@ use std::time::Duration;
 use sluice_proto::v1;
 
 use crate::router::{InvalidRoute, Router};
-use crate::upstream::{PoolRegistry, Timeouts, Upstream, WeightedSequence};
+use crate::upstream::{InvalidUpstream, PoolRegistry, Timeouts, Upstream, WeightedSequence};
 
 /// Why a snapshot could not be compiled. The snapshot is then rejected whole and the
 /// previous one keeps serving.
@@ -33,6 +33,9 @@ pub enum InvalidSnapshot {
     /// A route has no backend with a non-zero weight.
     #[error("route {0}: backends: no backend with a non-zero weight")]
     NoBackend(String),
+    /// An upstream's settings are invalid.
+    #[error(transparent)]
+    Upstream(#[from] InvalidUpstream),
     /// An endpoint is malformed.
     #[error("upstream {upstream}: endpoints[{index}]: {reason}")]
     Endpoint {
@@ -142,7 +145,7 @@ impl RouteTable {
                 .map(|t| timeouts(Some(t), Timeouts::default()));
             upstreams.insert(
                 &up.id,
-                Arc::new(Upstream::new(up.id.clone(), endpoints, t, pools)),
+                Arc::new(Upstream::compile(up, endpoints, t, pools)?),
             );
         }
         let mut routes = Vec::with_capacity(snapshot.routes.len());

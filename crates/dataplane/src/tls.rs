@@ -55,7 +55,7 @@ use tokio_rustls::LazyConfigAcceptor;
 
 use crate::body::ProxyBody;
 use crate::proxy::{ConnInfo, handle};
-use crate::server::{Limits, connection_builders};
+use crate::server::{Drain, Limits, connection_builders};
 use crate::store::Store;
 use crate::timer::CoarseTimer;
 
@@ -407,6 +407,18 @@ fn small_response(status: StatusCode, body: &'static str) -> Response<ProxyBody>
 
 /// Accepts TLS connections on `listener` and serves them until the runtime stops.
 pub async fn serve_https(listener: TcpListener, store: Arc<Store>, limits: Limits) {
+    serve_https_until(listener, store, limits, Drain::never()).await;
+}
+
+/// Like [`serve_https`] until `drain` fires; then, as the HTTP listener does, stops
+/// accepting, lets open connections finish their in-flight requests and returns when none
+/// is left.
+pub async fn serve_https_until(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+) {
     let Some(refuse) = refusing_config() else {
         tracing::error!("cannot build the TLS configuration; HTTPS listener not serving");
         return;
@@ -415,11 +427,20 @@ pub async fn serve_https(listener: TcpListener, store: Arc<Store>, limits: Limit
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
+    let mut stop = drain.clone();
     loop {
-        let Ok(permit) = Arc::clone(&permits).acquire_owned().await else {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.wait() => break,
+            a = async {
+                let permit = Arc::clone(&permits).acquire_owned().await.ok()?;
+                Some((permit, listener.accept().await))
+            } => a,
+        };
+        let Some((permit, accepted)) = accepted else {
             return;
         };
-        let (stream, remote) = match listener.accept().await {
+        let (stream, remote) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -433,11 +454,14 @@ pub async fn serve_https(listener: TcpListener, store: Arc<Store>, limits: Limit
         let (h1, h2) = (Arc::clone(&h1), Arc::clone(&h2));
         let timer = timer.clone();
         let refuse = Arc::clone(&refuse);
+        let mut drain = drain.clone();
         tokio::spawn(async move {
             let deadline = limits.header_read_timeout;
-            let Ok(Some((tls, conn))) =
-                tokio::time::timeout(deadline, handshake(stream, remote, &store, refuse)).await
-            else {
+            let handshaken = tokio::select! {
+                h = tokio::time::timeout(deadline, handshake(stream, remote, &store, refuse)) => h,
+                _ = drain.wait() => return,
+            };
+            let Ok(Some((tls, conn))) = handshaken else {
                 return;
             };
             let is_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
@@ -457,9 +481,25 @@ pub async fn serve_https(listener: TcpListener, store: Arc<Store>, limits: Limit
             });
             let io = TokioIo::new(tls);
             let result = if is_h2 {
-                h2.serve_connection(io, service).await
+                let conn = h2.serve_connection(io, service);
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = drain.wait() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
             } else {
-                h1.serve_connection(io, service).with_upgrades().await
+                let conn = h1.serve_connection(io, service).with_upgrades();
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = drain.wait() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
             };
             if let Err(e) = result {
                 tracing::debug!(error = %e, "downstream TLS connection ended");
@@ -467,6 +507,10 @@ pub async fn serve_https(listener: TcpListener, store: Arc<Store>, limits: Limit
             drop(permit);
         });
     }
+    drop(listener);
+    // Every connection holds a permit: having them all back means none is left.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = permits.acquire_many(all).await;
 }
 
 /// Reads the ClientHello, picks the configuration for its SNI from the current table and

@@ -7,10 +7,18 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
+use http::HeaderValue;
+use prometheus::IntCounter;
+use sluice_proto::v1;
 use tokio::net::TcpStream;
 
+use crate::balancer::{HashSource, Policy, Tried};
+use crate::dns;
 use crate::error::ProxyError;
 use crate::h1::Conn;
+use crate::health::{
+    Checker, EndpointState, HealthConfig, HealthRegistry, InFlight, Outcome, Rules,
+};
 
 /// Most entries a precomputed weighted sequence may have; larger weight sums are scaled.
 const MAX_SEQUENCE: u64 = 4096;
@@ -52,6 +60,16 @@ impl WeightedSequence {
         })
     }
 
+    /// Length of one full cycle.
+    pub fn len(&self) -> usize {
+        self.order.len()
+    }
+
+    /// Whether the cycle is empty (never: `new` returns `None` instead).
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
     /// The next index in weighted order.
     #[inline]
     pub fn next(&self) -> usize {
@@ -87,7 +105,7 @@ impl Default for Timeouts {
     }
 }
 
-/// One endpoint of an upstream with its connection pool.
+/// One endpoint of an upstream with its connection pool and health state.
 #[derive(Debug)]
 pub struct Endpoint {
     /// `host:port` as configured.
@@ -96,6 +114,33 @@ pub struct Endpoint {
     pub weight: u32,
     /// Keep-alive connections to this endpoint.
     pub pool: Arc<Pool>,
+    /// Health, in-flight count and latency, shared across snapshots.
+    pub state: Arc<EndpointState>,
+    /// Host header for `pass_host: node`.
+    node_host: Option<HeaderValue>,
+}
+
+/// Which Host header the upstream receives.
+#[derive(Debug, Clone)]
+enum HostHeader {
+    /// The client's.
+    Pass,
+    /// The endpoint's address.
+    Node,
+    /// A fixed value.
+    Rewrite(HeaderValue),
+}
+
+/// Why an upstream of a snapshot cannot be compiled.
+#[derive(Debug, thiserror::Error)]
+#[error("upstream {upstream}: {field}: {reason}")]
+pub struct InvalidUpstream {
+    /// Upstream id.
+    pub upstream: String,
+    /// Offending field.
+    pub field: String,
+    /// What is wrong.
+    pub reason: String,
 }
 
 /// A compiled upstream.
@@ -107,51 +152,271 @@ pub struct Upstream {
     pub endpoints: Vec<Endpoint>,
     /// Upstream-level timeouts, overriding the route's when set.
     pub timeouts: Option<Timeouts>,
-    order: Option<WeightedSequence>,
+    /// Retries to other endpoints; `None` = number of endpoints - 1.
+    pub retries: Option<u32>,
+    policy: Policy,
+    weights: Vec<u32>,
+    states: Vec<Arc<EndpointState>>,
+    host: HostHeader,
+    passive: Option<Rules>,
+    /// Keeps the active checker running while this upstream is served.
+    _checker: Option<Arc<Checker>>,
+    retries_total: IntCounter,
 }
 
 impl Upstream {
-    /// Builds an upstream; pools come from `pools` so that connections survive swaps.
+    /// Builds a round-robin upstream without health checks; pools come from `reg` so that
+    /// connections survive swaps.
     pub fn new(
         id: String,
         endpoints: Vec<(String, u32)>,
         timeouts: Option<Timeouts>,
-        pools: &PoolRegistry,
+        reg: &PoolRegistry,
     ) -> Self {
+        let up = v1::Upstream {
+            id: id.clone(),
+            ..Default::default()
+        };
+        Self::build(&up, endpoints, timeouts, None, reg)
+    }
+
+    fn build(
+        up: &v1::Upstream,
+        endpoints: Vec<(String, u32)>,
+        timeouts: Option<Timeouts>,
+        checks: Option<(HealthConfig, Option<HashSource>)>,
+        reg: &PoolRegistry,
+    ) -> Self {
+        let id = up.id.clone();
+        let host = match up.pass_host() {
+            v1::UpstreamPassHost::Pass => HostHeader::Pass,
+            v1::UpstreamPassHost::Node => HostHeader::Node,
+            v1::UpstreamPassHost::Rewrite => match HeaderValue::from_str(&up.upstream_host) {
+                Ok(v) => HostHeader::Rewrite(v),
+                Err(_) => HostHeader::Pass,
+            },
+        };
         let endpoints: Vec<Endpoint> = endpoints
             .into_iter()
             .filter(|(_, w)| *w > 0)
             .map(|(address, weight)| Endpoint {
-                pool: pools.get(&address),
+                pool: reg.get(&address),
+                state: reg.health.state(&id, &address),
+                node_host: node_host(&address),
                 address,
                 weight,
             })
             .collect();
         let weights: Vec<u32> = endpoints.iter().map(|e| e.weight).collect();
+        let states: Vec<Arc<EndpointState>> =
+            endpoints.iter().map(|e| Arc::clone(&e.state)).collect();
+        let (health, source) = match checks {
+            Some((h, s)) => (Some(h), s),
+            None => (None, None),
+        };
+        let pairs: Vec<(&str, u32)> = endpoints
+            .iter()
+            .map(|e| (e.address.as_str(), e.weight))
+            .collect();
+        let policy = Policy::new(up.load_balancer(), source, &pairs);
+        let checker = health.as_ref().and_then(|h| h.active.as_ref()).map(|a| {
+            let eps = endpoints
+                .iter()
+                .map(|e| (e.address.clone(), Arc::clone(&e.state)))
+                .collect();
+            reg.health.checker(&id, a, eps)
+        });
         Upstream {
+            retries_total: reg.health.metrics.retries.with_label_values(&[id.as_str()]),
             id,
-            order: WeightedSequence::new(&weights),
             endpoints,
             timeouts,
+            retries: up.retries,
+            policy,
+            weights,
+            states,
+            host,
+            passive: health.and_then(|h| h.passive),
+            _checker: checker,
         }
     }
 
-    /// The next endpoint in smooth weighted round-robin order.
+    /// Compiles a snapshot upstream whose endpoints are already formatted as addresses.
+    pub fn compile(
+        up: &v1::Upstream,
+        endpoints: Vec<(String, u32)>,
+        timeouts: Option<Timeouts>,
+        reg: &PoolRegistry,
+    ) -> Result<Self, InvalidUpstream> {
+        let invalid = |field: &str, reason: String| InvalidUpstream {
+            upstream: up.id.clone(),
+            field: field.to_owned(),
+            reason,
+        };
+        let health = match &up.health_check {
+            None => HealthConfig {
+                active: None,
+                passive: None,
+            },
+            Some(hc) => HealthConfig::from_proto(hc).map_err(|e| invalid(e.field, e.reason))?,
+        };
+        let source = if up.load_balancer() == v1::LoadBalancer::Chash {
+            Some(
+                HashSource::from_proto(up.hash_on(), &up.hash_key)
+                    .map_err(|r| invalid("hash_key", r))?,
+            )
+        } else {
+            None
+        };
+        if up.pass_host() == v1::UpstreamPassHost::Rewrite
+            && HeaderValue::from_str(&up.upstream_host)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .is_none()
+        {
+            return Err(invalid(
+                "upstream_host",
+                format!("{:?} is not a Host header value", up.upstream_host),
+            ));
+        }
+        Ok(Self::build(
+            up,
+            endpoints,
+            timeouts,
+            Some((health, source)),
+            reg,
+        ))
+    }
+
+    /// What `chash` hashes on, if this upstream uses it.
+    pub fn hash_source(&self) -> Option<&HashSource> {
+        match &self.policy {
+            Policy::Chash { source, .. } => Some(source),
+            _ => None,
+        }
+    }
+
+    /// The next endpoint for a request: healthy and not in `tried` first, then any untried
+    /// one (all-unhealthy fallback).
+    #[inline]
+    pub fn pick_index(&self, hash: u64, tried: &Tried) -> Option<usize> {
+        if self.endpoints.is_empty() {
+            return None;
+        }
+        self.policy.pick(&self.states, &self.weights, hash, tried)
+    }
+
+    /// The next endpoint in the upstream's order, ignoring request hashes.
     #[inline]
     pub fn pick(&self) -> Option<&Endpoint> {
-        let order = self.order.as_ref()?;
-        self.endpoints.get(order.next())
+        let i = self.pick_index(0, &Tried::default())?;
+        self.endpoints.get(i)
+    }
+
+    /// Whether the balancer uses response latencies (`ewma`).
+    #[inline]
+    pub fn measures_latency(&self) -> bool {
+        matches!(self.policy, Policy::Ewma(_))
+    }
+
+    /// Whether health checks have taken every endpoint out of the rotation.
+    pub fn all_unhealthy(&self) -> bool {
+        !self.states.is_empty() && self.states.iter().all(|s| !s.is_healthy())
+    }
+
+    /// How many other endpoints a failed request may be sent to.
+    pub fn retry_budget(&self) -> usize {
+        match self.retries {
+            Some(r) => r as usize,
+            None => self.endpoints.len().saturating_sub(1),
+        }
+    }
+
+    /// Counts one retry.
+    pub fn count_retry(&self) {
+        self.retries_total.inc();
+    }
+
+    /// Feeds the outcome of a real request to the passive health check, if any.
+    pub fn report(&self, endpoint: &Endpoint, outcome: Outcome) {
+        if let Some(rules) = &self.passive {
+            endpoint.state.report(rules, outcome);
+        }
+    }
+
+    /// The Host header `endpoint` must receive, or `None` to pass the client's.
+    #[inline]
+    pub fn host_header<'a>(&'a self, endpoint: &'a Endpoint) -> Option<&'a HeaderValue> {
+        match &self.host {
+            HostHeader::Pass => None,
+            HostHeader::Node => endpoint.node_host.as_ref(),
+            HostHeader::Rewrite(v) => Some(v),
+        }
     }
 }
 
-/// Keeps one pool per endpoint address alive across snapshots (weakly: a pool that no
-/// snapshot uses any more is dropped with its connections).
+/// `host[:port]` of an address for `pass_host: node`; the port is left out when it is 80
+/// or 443, as a browser would write the Host header.
+fn node_host(address: &str) -> Option<HeaderValue> {
+    let v = match address.rsplit_once(':') {
+        Some((h, "80" | "443")) => h,
+        _ => address,
+    };
+    HeaderValue::from_str(v).ok()
+}
+
+/// Keep-alive pool settings (APISIX's upstream `keepalive_pool`, which the ApisixUpstream
+/// CRD does not carry: set per dataplane with flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolConfig {
+    /// Most idle connections kept per endpoint. Default 320 (APISIX's `keepalive_pool.size`).
+    pub max_idle: usize,
+    /// How long an idle connection is kept. Default 50 s: below the 60 s keep-alive timeout
+    /// most servers use, so that Sluice closes first (APISIX: 60 s).
+    pub idle_timeout: Duration,
+    /// Most requests per connection before it is closed; 0 = unlimited. Default 1000
+    /// (APISIX's `keepalive_pool.requests`).
+    pub max_requests: u32,
+    /// How often endpoint host names (externalNodes of type Domain, ExternalName Services)
+    /// are resolved again. Default 30 s.
+    pub dns_refresh: Duration,
+}
+
+impl Default for PoolConfig {
+    fn default() -> Self {
+        PoolConfig {
+            max_idle: 320,
+            idle_timeout: Duration::from_secs(50),
+            max_requests: 1000,
+            dns_refresh: Duration::from_secs(30),
+        }
+    }
+}
+
+/// What outlives one snapshot: one pool per endpoint address (weakly held, so a pool that no
+/// snapshot uses any more is dropped with its connections) and the endpoints' health state.
 #[derive(Debug, Default)]
 pub struct PoolRegistry {
     pools: Mutex<HashMap<String, Weak<Pool>>>,
+    config: PoolConfig,
+    /// Health state, active checkers and the upstream metric families.
+    pub health: HealthRegistry,
 }
 
 impl PoolRegistry {
+    /// A registry whose pools use `config`.
+    pub fn with_config(config: PoolConfig) -> Self {
+        PoolRegistry {
+            config,
+            ..Default::default()
+        }
+    }
+
+    /// The pool settings.
+    pub fn config(&self) -> PoolConfig {
+        self.config
+    }
+
     /// The pool of `address`, shared with earlier snapshots when it still exists.
     pub fn get(&self, address: &str) -> Arc<Pool> {
         let mut pools = match self.pools.lock() {
@@ -161,40 +426,60 @@ impl PoolRegistry {
         if let Some(pool) = pools.get(address).and_then(Weak::upgrade) {
             return pool;
         }
-        let pool = Arc::new(Pool::new(address.to_owned()));
+        let m = &self.health.metrics.connections;
+        let pool = Arc::new(Pool {
+            address: address.to_owned(),
+            idle: Mutex::new(Vec::new()),
+            config: self.config,
+            reused_total: m.with_label_values(&[address, "true"]),
+            new_total: m.with_label_values(&[address, "false"]),
+            metrics: self.health.metrics.connections.clone(),
+            dns: dns::DomainAddrs::for_address(address),
+        });
+        if let Some(d) = &pool.dns
+            && let Some(rt) = self.health.background()
+        {
+            rt.spawn(dns::refresh(Arc::downgrade(d), self.config.dns_refresh));
+        }
         pools.insert(address.to_owned(), Arc::downgrade(&pool));
         pool
     }
 
-    /// Forgets pools that no snapshot holds any more.
+    /// Forgets pools and health state that no snapshot holds any more.
     pub fn prune(&self) {
         if let Ok(mut pools) = self.pools.lock() {
             pools.retain(|_, p| p.strong_count() > 0);
         }
+        self.health.prune();
     }
 }
-
-/// How long an idle upstream connection is kept (below the 60 s keep-alive timeout that
-/// most servers use, so that Sluice closes first).
-const IDLE_TIMEOUT: Duration = Duration::from_secs(50);
-/// Most idle connections kept per endpoint.
-const MAX_IDLE: usize = 1024;
 
 /// Idle keep-alive HTTP/1.1 connections to one endpoint.
 #[derive(Debug)]
 pub struct Pool {
     address: String,
-    idle: Mutex<Vec<(Conn, Instant)>>,
+    /// Idle connections with when they went idle and how many requests they served.
+    idle: Mutex<Vec<(Conn, Instant, u32)>>,
+    config: PoolConfig,
+    reused_total: IntCounter,
+    new_total: IntCounter,
+    metrics: prometheus::IntCounterVec,
+    /// Addresses of a host name endpoint, re-resolved in the background.
+    dns: Option<Arc<dns::DomainAddrs>>,
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        let _ = self
+            .metrics
+            .remove_label_values(&[self.address.as_str(), "true"]);
+        let _ = self
+            .metrics
+            .remove_label_values(&[self.address.as_str(), "false"]);
+    }
 }
 
 impl Pool {
-    fn new(address: String) -> Self {
-        Pool {
-            address,
-            idle: Mutex::new(Vec::new()),
-        }
-    }
-
     /// The endpoint address.
     pub fn address(&self) -> &str {
         &self.address
@@ -205,21 +490,31 @@ impl Pool {
         self.idle.lock().map(|i| i.len()).unwrap_or(0)
     }
 
-    fn take_idle(&self) -> Option<Conn> {
+    /// Drops every idle connection (graceful drain).
+    pub fn close_idle(&self) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.clear();
+        }
+    }
+
+    fn take_idle(&self) -> Option<(Conn, u32)> {
         let mut idle = self.idle.lock().ok()?;
-        while let Some((conn, since)) = idle.pop() {
-            if since.elapsed() < IDLE_TIMEOUT {
-                return Some(conn);
+        while let Some((conn, since, uses)) = idle.pop() {
+            if since.elapsed() < self.config.idle_timeout {
+                return Some((conn, uses));
             }
         }
         None
     }
 
-    fn put_idle(&self, conn: Conn) {
+    fn put_idle(&self, conn: Conn, uses: u32) {
+        if self.config.max_requests > 0 && uses >= self.config.max_requests {
+            return;
+        }
         if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < MAX_IDLE
+            && idle.len() < self.config.max_idle
         {
-            idle.push((conn, Instant::now()));
+            idle.push((conn, Instant::now(), uses));
         }
     }
 
@@ -233,12 +528,15 @@ impl Pool {
         connect_timeout: Duration,
         check_idle: bool,
     ) -> Result<PooledConn, ProxyError> {
-        while let Some(mut conn) = self.take_idle() {
+        while let Some((mut conn, uses)) = self.take_idle() {
             if !check_idle || conn.idle_is_usable() {
+                self.reused_total.inc();
                 return Ok(PooledConn {
                     conn,
                     pool: Arc::clone(self),
                     reused: true,
+                    uses: uses + 1,
+                    in_flight: None,
                 });
             }
         }
@@ -251,24 +549,31 @@ impl Pool {
         connect_timeout: Duration,
     ) -> Result<PooledConn, ProxyError> {
         let addr = self.address.clone();
-        let stream = match tokio::time::timeout(connect_timeout, connect_tcp(&addr)).await {
+        let stream = match tokio::time::timeout(connect_timeout, self.connect_tcp()).await {
             Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
             Ok(Err(source)) => return Err(ProxyError::Connect { addr, source }),
             Ok(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
+        self.new_total.inc();
         Ok(PooledConn {
             conn: Conn::new(stream),
             pool: Arc::clone(self),
             reused: false,
+            uses: 1,
+            in_flight: None,
         })
     }
-}
 
-async fn connect_tcp(addr: &str) -> std::io::Result<TcpStream> {
-    match addr.parse::<SocketAddr>() {
-        Ok(sa) => TcpStream::connect(sa).await,
-        Err(_) => TcpStream::connect(addr).await,
+    async fn connect_tcp(&self) -> std::io::Result<TcpStream> {
+        if let Ok(sa) = self.address.parse::<SocketAddr>() {
+            return TcpStream::connect(sa).await;
+        }
+        match self.dns.as_ref().and_then(|d| d.next()) {
+            Some(sa) => TcpStream::connect(sa).await,
+            // NB: only until the first background resolution has finished.
+            None => TcpStream::connect(self.address.as_str()).await,
+        }
     }
 }
 
@@ -280,17 +585,26 @@ pub struct PooledConn {
     pool: Arc<Pool>,
     /// Whether it served a request before (and so may have been closed by the upstream).
     pub reused: bool,
+    /// Requests this connection carried, this one included.
+    uses: u32,
+    /// Keeps the endpoint's in-flight count up until the response has been read.
+    in_flight: Option<InFlight>,
 }
 
 impl PooledConn {
     /// Hands the connection back for reuse (after its response was read to the end).
     pub fn release(self) {
-        self.pool.put_idle(self.conn);
+        self.pool.put_idle(self.conn, self.uses);
     }
 
     /// The endpoint address.
     pub fn address(&self) -> &str {
         &self.pool.address
+    }
+
+    /// Counts the request as in flight to its endpoint until the response is read.
+    pub fn hold(&mut self, in_flight: InFlight) {
+        self.in_flight = Some(in_flight);
     }
 }
 

@@ -1,24 +1,47 @@
-//! Measurement, not a test of record: `kubectl apply` of a route → the first 200 through a
-//! dataplane, repeated N times (default 100, `SLUICE_APPLY_ROUNDS`), reporting p50/p99/max.
+//! Measurements, not tests of record (the issue's controller targets):
+//!
+//! - `kubectl apply` of a route → the first 200 through a dataplane, repeated N times
+//!   (default 100, `SLUICE_APPLY_ROUNDS`), reporting p50/p99/max;
+//! - an EndpointSlice change → traffic on the new endpoint (default 50 flips,
+//!   `SLUICE_SLICE_ROUNDS`);
+//! - 2,000 ApisixRoutes applied at once → all `Programmed` (`SLUICE_BULK_ROUTES`), and the
+//!   controller's RSS with them (run with `SLUICE_BULK_ROUTES=10000` for the 10k figure).
 //!
 //! ```sh
-//! cargo test --release -p sluice-e2e --test apply_latency -- --ignored --nocapture
+//! cargo test --release -p sluice-e2e --test apply_latency -- --ignored --nocapture --test-threads 1
 //! ```
-//! It asserts nothing about time (timing belongs to benchmarks); it fails only if a route
-//! never serves.
+//! They assert nothing about time (timing belongs to benchmarks); they fail only if traffic
+//! never arrives.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::{Duration, Instant};
 
 use sluice_e2e::{Pipeline, eventually, http_get};
 
+fn rounds(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn report(what: &str, mut samples: Vec<Duration>) {
+    samples.sort();
+    let pct =
+        |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1];
+    println!(
+        "{what} over {} rounds: p50 {:?}, p99 {:?}, max {:?}",
+        samples.len(),
+        pct(0.50),
+        pct(0.99),
+        samples[samples.len() - 1]
+    );
+}
+
 #[test]
 #[ignore = "measurement; run with --ignored --nocapture"]
 fn apply_to_first_200_latency() {
-    let rounds: usize = std::env::var("SLUICE_APPLY_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
+    let rounds = rounds("SLUICE_APPLY_ROUNDS", 100);
     let p = Pipeline::start().unwrap();
     // Warm the pipeline once.
     p.cluster.apply(&p.route_yaml("warm", "/warm")).unwrap();
@@ -43,13 +66,120 @@ fn apply_to_first_200_latency() {
         .unwrap_or_else(|| panic!("route {path} never served"));
         samples.push(start.elapsed());
     }
-    samples.sort();
-    let pct =
-        |q: f64| samples[((samples.len() as f64 * q).ceil() as usize).clamp(1, samples.len()) - 1];
+    report("apply -> first 200 (kubectl apply included)", samples);
+}
+
+#[test]
+#[ignore = "measurement; run with --ignored --nocapture"]
+fn endpointslice_change_to_traffic_latency() {
+    let rounds = rounds("SLUICE_SLICE_ROUNDS", 50);
+    let mut p = Pipeline::start().unwrap();
+    let addr1 = p.net.addr();
+    let addr2 = p.net.add_address().unwrap();
+    let _echo2 = p.net.spawn_echo("e2e-echo-2", addr2, 8080).unwrap();
+    p.cluster.apply(&p.route_yaml("demo", "/hello*")).unwrap();
+    let served_by = |name: &str| {
+        eventually(Duration::from_secs(30), || {
+            http_get(p.http, "demo.e2e", "/hello")
+                .ok()
+                .filter(|r| r.header("x-echo-server") == Some(name))
+        })
+        .unwrap_or_else(|| panic!("never served by {name}"));
+    };
+    served_by("e2e-echo");
+    let mut samples = Vec::with_capacity(rounds);
+    for i in 0..rounds {
+        let (addr, name) = if i % 2 == 0 {
+            (addr2, "e2e-echo-2")
+        } else {
+            (addr1, "e2e-echo")
+        };
+        let patch = format!(
+            r#"{{"endpoints":[{{"addresses":["{addr}"],"conditions":{{"ready":true}}}}]}}"#
+        );
+        let start = Instant::now();
+        p.cluster
+            .kubectl_ok(&[
+                "patch",
+                "endpointslice",
+                "echo-1",
+                "-n",
+                &p.namespace,
+                "--type",
+                "merge",
+                "-p",
+                &patch,
+            ])
+            .unwrap();
+        served_by(name);
+        samples.push(start.elapsed());
+    }
+    report(
+        "EndpointSlice patch -> traffic on the new endpoint (kubectl patch included)",
+        samples,
+    );
+}
+
+#[test]
+#[ignore = "measurement; run with --ignored --nocapture"]
+fn bulk_apply_to_programmed_and_controller_rss() {
+    let n = rounds("SLUICE_BULK_ROUTES", 2000);
+    let p = Pipeline::start().unwrap();
+    // kubectl applies one object per request; several at once get closer to "at once".
+    let parallel = rounds("SLUICE_BULK_PARALLEL", 8).max(1);
+    let mut files = Vec::new();
+    for chunk in 0..parallel {
+        let mut yaml = String::new();
+        for i in (chunk..n).step_by(parallel) {
+            yaml.push_str(&p.route_yaml(&format!("bulk-{i}"), &format!("/bulk/{i}")));
+            yaml.push_str("---\n");
+        }
+        let file = p.cluster.dir().join(format!("bulk-{chunk}.yaml"));
+        std::fs::write(&file, yaml).unwrap();
+        files.push(file);
+    }
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for file in &files {
+            let cluster = &p.cluster;
+            s.spawn(move || {
+                cluster
+                    .kubectl_ok(&["apply", "--server-side", "-f", &file.to_string_lossy()])
+                    .unwrap();
+            });
+        }
+    });
+    let applied = start.elapsed();
+    let ns = p.namespace.clone();
+    eventually(Duration::from_secs(300), || {
+        let out = p
+            .cluster
+            .kubectl_ok(&["get", "ar", "-n", &ns, "-o", "json"])
+            .ok()?;
+        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+        let items = v["items"].as_array()?;
+        let programmed = items
+            .iter()
+            .filter(|o| {
+                o["status"]["conditions"].as_array().is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c["type"] == "Programmed" && c["status"] == "True")
+                })
+            })
+            .count();
+        (programmed == n).then_some(())
+    })
+    .expect("all routes Programmed");
+    let all = start.elapsed();
+    let pid = p.controller.as_ref().unwrap().pid();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let rss = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .unwrap_or("VmRSS: ?")
+        .to_owned();
     println!(
-        "apply -> first 200 over {rounds} applies (kubectl apply included): p50 {:?}, p99 {:?}, max {:?}",
-        pct(0.50),
-        pct(0.99),
-        samples[samples.len() - 1]
+        "{n} ApisixRoutes: kubectl apply took {applied:?}; all Programmed {all:?} after the apply started ({:?} after it returned); controller {rss}",
+        all - applied
     );
 }

@@ -70,6 +70,7 @@ pub mod state;
 pub mod status;
 mod tls;
 mod upstream;
+mod upstream_health;
 mod validate;
 
 use std::collections::BTreeMap;

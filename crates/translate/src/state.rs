@@ -413,7 +413,8 @@ impl ClusterState {
 
         let result = match known {
             KnownKind::ApisixRoute => add(&doc, &mut self.apisix_routes),
-            KnownKind::ApisixUpstream => add(&doc, &mut self.apisix_upstreams),
+            KnownKind::ApisixUpstream => add(&doc, &mut self.apisix_upstreams)
+                .map_err(|(field, reason)| upstream_error_field(&doc, field, reason)),
             KnownKind::ApisixTls => add(&doc, &mut self.apisix_tlses),
             KnownKind::ApisixPluginConfig => add(&doc, &mut self.apisix_plugin_configs),
             KnownKind::ApisixConsumer => add(&doc, &mut self.apisix_consumers),
@@ -436,6 +437,46 @@ impl ClusterState {
             }
             Err((field, reason)) => report.errors.push(fail(Some(kind), field, reason)),
         }
+    }
+}
+
+/// `ApisixUpstream` settings sit in flattened structs, where serde loses the field path
+/// (an unknown `loadbalancer.type` is reported on `spec`): find the field by parsing the
+/// settings on their own.
+fn upstream_error_field(
+    doc: &serde_yaml::Value,
+    field: Option<String>,
+    reason: String,
+) -> (Option<String>, String) {
+    let inner = |v: &serde_yaml::Value, prefix: String| {
+        serde_path_to_error::deserialize::<_, sluice_crds::ApisixUpstreamConfig>(v.clone())
+            .err()
+            .map(|e| {
+                (
+                    Some(format!("{prefix}.{}", e.path())),
+                    e.into_inner().to_string(),
+                )
+            })
+    };
+    let Some(spec) = doc.get("spec") else {
+        return (field, reason);
+    };
+    match field.as_deref() {
+        Some("spec") => inner(spec, "spec".into()).unwrap_or((field, reason)),
+        Some(f) if f.starts_with("spec.portLevelSettings[") => {
+            let i = f["spec.portLevelSettings[".len()..]
+                .split(']')
+                .next()
+                .and_then(|i| i.parse::<usize>().ok());
+            let item = i.and_then(|i| spec.get("portLevelSettings")?.get(i));
+            match (i, item) {
+                (Some(i), Some(item)) => {
+                    inner(item, format!("spec.portLevelSettings[{i}]")).unwrap_or((field, reason))
+                }
+                _ => (field, reason),
+            }
+        }
+        _ => (field, reason),
     }
 }
 

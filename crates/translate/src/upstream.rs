@@ -31,6 +31,7 @@ use sluice_proto::v1;
 use crate::Index;
 use crate::problems::Problems;
 use crate::status::{REASON_BACKEND_NOT_FOUND, REASON_UNSUPPORTED_REF};
+use crate::upstream_health as health;
 
 /// Weight of every endpoint taken from an EndpointSlice or a Service.
 const ENDPOINT_WEIGHT: u32 = 100;
@@ -76,6 +77,12 @@ pub(crate) struct Settings {
     retries: Option<u32>,
     /// connect, send, read in ms.
     timeout: [Option<u64>; 3],
+    /// `loadbalancer.hashOn` and `key`.
+    hash: Option<(v1::UpstreamHashOn, String)>,
+    /// `passHost` and `upstreamHost`.
+    pass_host: Option<(v1::UpstreamPassHost, String)>,
+    /// `healthCheck`, defaults filled in.
+    health_check: Option<v1::UpstreamHealthCheck>,
 }
 
 impl Settings {
@@ -99,6 +106,15 @@ impl Settings {
             .as_ref()
             .map(|t| parse_timeout(t, &format!("{field}timeout"), problems))
             .unwrap_or_default();
+        let hash = c
+            .loadbalancer
+            .as_ref()
+            .and_then(|lb| health::hash_on(lb, field, problems));
+        let pass_host = health::pass_host(c.pass_host, c.upstream_host.as_deref(), field, problems);
+        let health_check = c
+            .health_check
+            .as_ref()
+            .map(|hc| health::health_check(hc, field, problems));
         // NB: settings the snapshot cannot carry yet are listed in the Accepted message by the
         // caller rather than silently dropped.
         Self {
@@ -106,6 +122,9 @@ impl Settings {
             scheme: c.scheme,
             retries,
             timeout,
+            hash,
+            pass_host,
+            health_check,
         }
     }
 
@@ -117,6 +136,12 @@ impl Settings {
             scheme: over.scheme.or(self.scheme),
             retries: over.retries.or(self.retries),
             timeout: [t(0), t(1), t(2)],
+            hash: over.hash.clone().or_else(|| self.hash.clone()),
+            pass_host: over.pass_host.clone().or_else(|| self.pass_host.clone()),
+            health_check: over
+                .health_check
+                .clone()
+                .or_else(|| self.health_check.clone()),
         }
     }
 
@@ -130,6 +155,15 @@ impl Settings {
         up.scheme = proto_scheme(self.scheme.unwrap_or_default()) as i32;
         up.retries = self.retries;
         up.timeout = timeouts(self.timeout);
+        if let Some((on, key)) = &self.hash {
+            up.hash_on = *on as i32;
+            up.hash_key = key.clone();
+        }
+        if let Some((pass, host)) = &self.pass_host {
+            up.pass_host = *pass as i32;
+            up.upstream_host = host.clone();
+        }
+        up.health_check = self.health_check.clone();
     }
 }
 
@@ -296,20 +330,8 @@ pub(crate) fn validate_object(
 /// Adds a note for each setting that is valid but not carried by the snapshot yet.
 fn note_unsupported(c: &ApisixUpstreamConfig, field: &str, problems: &mut Problems) {
     let mut ignored = Vec::new();
-    if c.loadbalancer
-        .as_ref()
-        .is_some_and(|lb| lb.hash_on.is_some() || lb.key.is_some())
-    {
-        ignored.push("loadbalancer.hashOn/key");
-    }
-    if c.health_check.is_some() {
-        ignored.push("healthCheck");
-    }
     if c.tls_secret.is_some() {
         ignored.push("tlsSecret");
-    }
-    if c.pass_host.is_some() || c.upstream_host.is_some() {
-        ignored.push("passHost/upstreamHost");
     }
     if !ignored.is_empty() {
         let list: Vec<String> = ignored.iter().map(|f| format!("{field}{f}")).collect();

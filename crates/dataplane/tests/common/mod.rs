@@ -26,7 +26,11 @@ impl Drop for Dataplane {
 }
 
 pub async fn dataplane() -> Dataplane {
-    let store = Arc::new(Store::new().unwrap());
+    dataplane_with(Arc::new(Store::new().unwrap())).await
+}
+
+/// A dataplane serving `store` on a loopback port.
+pub async fn dataplane_with(store: Arc<Store>) -> Dataplane {
     let std_listener = server::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
     let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
     let addr = listener.local_addr().unwrap();
