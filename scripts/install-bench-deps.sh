@@ -7,6 +7,9 @@
 #   taskset (util-linux) CPU pinning
 #   kill (procps)        stopping process groups
 #   getconf (libc-bin)   clock ticks per second
+#   h2load (nghttp2-client), curl   HTTP/2 and gRPC scenarios (bench/h2grpc.sh; Debian's
+#                        nginx (bookworm: package nginx, pulled in by nginx-light) has the
+#                        http_v2 and grpc modules that listen ... http2 and grpc_pass need)
 # Idempotent: installs only what is missing, and runs `apt-get update` only
 # when something has to be installed. Run as root (or via sudo).
 set -eu
@@ -37,9 +40,10 @@ need openssl openssl
 need taskset util-linux
 need kill procps
 need getconf libc-bin
+need curl curl
 
 if [ -z "$missing" ]; then
-    echo "install-bench-deps: nginx, wrk, h2load, openssl, taskset, kill and getconf are already installed"
+    echo "install-bench-deps: nginx, wrk, taskset, kill, getconf, h2load, curl and openssl are already installed"
     exit 0
 fi
 

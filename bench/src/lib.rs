@@ -11,6 +11,7 @@
 //! benchmark itself is run by hand: see `bench/README.md`.
 #![forbid(unsafe_code)]
 
+pub mod chart;
 pub mod duration;
 pub mod error;
 pub mod machine;

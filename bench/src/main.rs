@@ -86,6 +86,10 @@ enum Cmd {
         a: PathBuf,
         /// Second result JSON (B), e.g. bench/results/latest-1-aarch64.json.
         b: PathBuf,
+        /// Also write the comparison as an SVG chart (requests per CPU-second of both
+        /// proxies on both machines, and the sluice ÷ nginx ratios) to this file.
+        #[arg(long, value_name = "FILE")]
+        svg: Option<PathBuf>,
     },
 }
 
@@ -254,7 +258,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             println!("{}", sluice_bench::tls::run_tls_bench(&opts)?);
         }
-        Cmd::Compare { a, b } => {
+        Cmd::Compare { a, b, svg } => {
             let ra = BenchResult::load(&a)?;
             let rb = BenchResult::load(&b)?;
             let name = |p: &Path| {
@@ -264,6 +268,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 )
             };
             println!("{}", report::render_compare(&ra, &rb, &name(&a), &name(&b)));
+            if let Some(path) = svg {
+                let chart = sluice_bench::chart::render_compare_svg(&ra, &rb, &name(&a), &name(&b));
+                std::fs::write(&path, chart)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("sluice-bench: wrote {}", path.display());
+            }
         }
     }
     Ok(())

@@ -12,14 +12,16 @@
 //!
 //! Objects of other classes are left out entirely: no snapshot entry and no status (another
 //! controller owns them). Services, EndpointSlices and Secrets have no class and are all
-//! kept; translation only looks at the ones our routes reference.
+//! kept, and so are Pods (metadata only); translation only looks at the ones our routes
+//! reference.
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::Resource;
+use kube::core::PartialObjectMeta;
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
 };
@@ -53,6 +55,8 @@ pub struct Inputs {
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Secrets.
     pub secrets: Vec<Arc<Secret>>,
+    /// Pods, metadata only (name, namespace, labels): for ApisixUpstream subsets.
+    pub pods: Vec<Arc<PartialObjectMeta<Pod>>>,
     /// Ingresses.
     pub ingresses: Vec<Arc<Ingress>>,
     /// IngressClasses.
@@ -125,7 +129,7 @@ fn all<K: Clone>(list: &[Arc<K>]) -> Vec<K> {
     owned(list, |_| true)
 }
 
-/// The state translation sees: our objects only, every Service, EndpointSlice and Secret.
+/// The state translation sees: our objects only, every Service, EndpointSlice, Secret and Pod.
 pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
     let filter = ClassFilter::new(class, &inputs.ingress_classes);
     let f = &filter;
@@ -151,6 +155,7 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         services: all(&inputs.services),
         endpoint_slices: all(&inputs.endpoint_slices),
         secrets: all(&inputs.secrets),
+        pods: all(&inputs.pods),
         ingresses: owned(&inputs.ingresses, |o| f.selects_ingress(o)),
         ingress_classes: owned(&inputs.ingress_classes, |o| {
             o.meta().name.as_deref() == Some(class)
@@ -174,6 +179,7 @@ impl From<ClusterState> for Inputs {
             services: arcs(s.services),
             endpoint_slices: arcs(s.endpoint_slices),
             secrets: arcs(s.secrets),
+            pods: arcs(s.pods),
             ingresses: arcs(s.ingresses),
             ingress_classes: arcs(s.ingress_classes),
         }

@@ -8,20 +8,24 @@
 //!
 //! To keep memory low, `managedFields` and the last-applied annotation are dropped before
 //! objects enter the stores, EndpointSlices are watched only when they belong to a Service,
-//! and Helm release Secrets are not watched.
+//! and Helm release Secrets are not watched. Pods (whose labels select ApisixUpstream
+//! `subsets`) are watched as metadata only (`Api<PartialObjectMeta<Pod>>`, metadata-only requests), slimmed to name, namespace
+//! and labels, and only a label change (or a Pod appearing or going away) triggers a
+//! rebuild: status and annotation churn of Pods is skipped.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::watcher::{self, Event};
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::{
@@ -87,6 +91,11 @@ pub struct Fingerprints {
 impl Fingerprints {
     /// Records `event`; returns whether it may change the output (then a rebuild is due).
     pub fn observe<K: Resource + Serialize>(&mut self, event: &Event<K>) -> bool {
+        self.observe_by(event, fingerprint)
+    }
+
+    /// [`Fingerprints::observe`] with `fp` as the fingerprint of what translation sees.
+    pub fn observe_by<K: Resource>(&mut self, event: &Event<K>, fp: impl Fn(&K) -> u64) -> bool {
         let key = |o: &K| {
             (
                 o.meta().namespace.clone().unwrap_or_default(),
@@ -95,7 +104,7 @@ impl Fingerprints {
         };
         match event {
             Event::Apply(o) => {
-                let f = fingerprint(o);
+                let f = fp(o);
                 self.current.insert(key(o), f) != Some(f)
             }
             Event::Delete(o) => {
@@ -109,7 +118,7 @@ impl Fingerprints {
             Event::InitApply(o) => {
                 self.relisting
                     .get_or_insert_with(HashMap::new)
-                    .insert(key(o), fingerprint(o));
+                    .insert(key(o), fp(o));
                 false
             }
             Event::InitDone => {
@@ -129,6 +138,26 @@ fn slim<K: Resource>(obj: &mut K) {
     if let Some(ann) = meta.annotations.as_mut() {
         ann.remove(LAST_APPLIED_ANNOTATION);
     }
+}
+
+/// The fingerprint of a Pod for translation: its labels only.
+pub fn pod_fingerprint(pod: &PartialObjectMeta<Pod>) -> u64 {
+    let mut h = DefaultHasher::new();
+    pod.metadata.labels.hash(&mut h);
+    h.finish()
+}
+
+/// Keeps only what subsets need of a Pod: name, namespace and labels.
+fn slim_pod(pod: &mut PartialObjectMeta<Pod>) {
+    let m = &mut pod.metadata;
+    *m = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+        name: m.name.take(),
+        namespace: m.namespace.take(),
+        labels: m.labels.take(),
+        uid: m.uid.take(),
+        resource_version: m.resource_version.take(),
+        ..Default::default()
+    };
 }
 
 /// The change signal of the rebuild loop: bumped by every event that may change the output.
@@ -170,15 +199,42 @@ where
         .default_backoff()
         .modify(slim::<K>)
         .reflect(writer);
+    drive(stream, kind, fingerprint::<K>, trigger, metrics);
+    reader
+}
+
+/// Watches Pods as metadata only (see the module doc).
+fn spawn_pod_watch(
+    api: Api<PartialObjectMeta<Pod>>,
+    config: watcher::Config,
+    trigger: Trigger,
+    metrics: Metrics,
+) -> Store<PartialObjectMeta<Pod>> {
+    let (reader, writer) = reflector::store();
+    // `Api<PartialObjectMeta<_>>` makes metadata-only list/watch requests.
+    let stream = watcher::watcher(api, config)
+        .default_backoff()
+        .modify(slim_pod)
+        .reflect(writer);
+    drive(stream, "Pod", pod_fingerprint, trigger, metrics);
+    reader
+}
+
+/// Runs a reflected watch stream, firing `trigger` when an event may change the output.
+fn drive<K, S>(stream: S, kind: &'static str, fp: fn(&K) -> u64, trigger: Trigger, metrics: Metrics)
+where
+    K: Resource + Send + 'static,
+    S: futures::Stream<Item = Result<Event<K>, watcher::Error>> + Send + 'static,
+{
     tokio::spawn(async move {
         let mut fingerprints = Fingerprints::default();
         let mut stream = std::pin::pin!(stream);
         while let Some(event) = stream.next().await {
             match event {
                 Ok(event) => {
-                    let applied = fingerprints.observe(&event);
+                    let applied = fingerprints.observe_by(&event, fp);
                     if let Event::Apply(o) | Event::Delete(o) = &event {
-                        tracing::trace!(kind, name = %o.name_any(), applied, "watch event");
+                        tracing::trace!(kind, name = %o.meta().name.as_deref().unwrap_or_default(), applied, "watch event");
                     }
                     if matches!(event, Event::Init | Event::InitApply(_)) {
                         continue;
@@ -200,7 +256,6 @@ where
         }
         tracing::error!(kind, "watch stream ended");
     });
-    reader
 }
 
 fn watch_kind<K>(
@@ -256,6 +311,7 @@ pub struct Stores {
     services: Vec<Store<Service>>,
     endpoint_slices: Vec<Store<EndpointSlice>>,
     secrets: Vec<Store<Secret>>,
+    pods: Vec<Store<PartialObjectMeta<Pod>>>,
     ingresses: Vec<Store<Ingress>>,
     ingress_classes: Store<IngressClass>,
 }
@@ -299,6 +355,25 @@ impl Stores {
             services: watch_kind(client, scope, &any, "Service", t, m),
             endpoint_slices: watch_kind(client, scope, &slices, "EndpointSlice", t, m),
             secrets: watch_kind(client, scope, &secrets, "Secret", t, m),
+            pods: match scope {
+                Scope::All => vec![spawn_pod_watch(
+                    Api::all(client.clone()),
+                    any.clone(),
+                    t.clone(),
+                    m.clone(),
+                )],
+                Scope::Namespaces(namespaces) => namespaces
+                    .iter()
+                    .map(|ns| {
+                        spawn_pod_watch(
+                            Api::namespaced(client.clone(), ns),
+                            any.clone(),
+                            t.clone(),
+                            m.clone(),
+                        )
+                    })
+                    .collect(),
+            },
             ingresses: watch_kind(client, scope, &any, "Ingress", t, m),
             ingress_classes: spawn_watch(
                 Api::<IngressClass>::all(client.clone()),
@@ -327,6 +402,7 @@ impl Stores {
         all(&self.services).await;
         all(&self.endpoint_slices).await;
         all(&self.secrets).await;
+        all(&self.pods).await;
         all(&self.ingresses).await;
         all(std::slice::from_ref(&self.ingress_classes)).await;
     }
@@ -343,6 +419,7 @@ impl Stores {
             services: read(&self.services),
             endpoint_slices: read(&self.endpoint_slices),
             secrets: read(&self.secrets),
+            pods: read(&self.pods),
             ingresses: read(&self.ingresses),
             ingress_classes: self.ingress_classes.state(),
         }
@@ -482,5 +559,55 @@ mod tests {
         let ann = r.metadata.annotations.unwrap();
         assert_eq!(ann.len(), 1);
         assert_eq!(ann["keep"], "me");
+    }
+
+    fn pod(labels: &[(&str, &str)], annotations: &[(&str, &str)]) -> PartialObjectMeta<Pod> {
+        let map = |kv: &[(&str, &str)]| {
+            Some(
+                kv.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        PartialObjectMeta {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                name: Some("web-a".into()),
+                namespace: Some("ns".into()),
+                labels: map(labels),
+                annotations: map(annotations),
+                resource_version: Some("7".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_pod_label_changes_trigger() {
+        let mut fp = Fingerprints::default();
+        let seen = |fp: &mut Fingerprints, p: PartialObjectMeta<Pod>| {
+            fp.observe_by(&Event::Apply(p), pod_fingerprint)
+        };
+        assert!(seen(&mut fp, pod(&[("version", "v1")], &[])), "new Pod");
+        let mut churn = pod(&[("version", "v1")], &[("note", "x")]);
+        churn.metadata.resource_version = Some("8".into());
+        assert!(!seen(&mut fp, churn), "annotation/resourceVersion churn");
+        assert!(seen(&mut fp, pod(&[("version", "v2")], &[])), "relabel");
+        assert!(fp.observe_by(
+            &Event::Delete(pod(&[("version", "v2")], &[])),
+            pod_fingerprint
+        ));
+    }
+
+    #[test]
+    fn slim_pod_keeps_name_namespace_and_labels_only() {
+        let mut p = pod(&[("version", "v1")], &[("big", "annotation")]);
+        p.metadata.managed_fields = Some(vec![ManagedFieldsEntry::default()]);
+        slim_pod(&mut p);
+        assert_eq!(p.metadata.name.as_deref(), Some("web-a"));
+        assert_eq!(p.metadata.namespace.as_deref(), Some("ns"));
+        assert_eq!(p.metadata.labels.unwrap()["version"], "v1");
+        assert!(p.metadata.annotations.is_none());
+        assert!(p.metadata.managed_fields.is_none());
     }
 }

@@ -452,3 +452,152 @@ spec:
     assert_eq!(events["items"].as_array().unwrap().len(), 1, "{events:#}");
     assert!(events["items"][0]["series"].is_null(), "{events:#}");
 }
+
+/// Endpoints of upstream `id` in the dataplane's current snapshot.
+fn endpoints_of(dp: &common::Dataplane, id: &str) -> Option<Vec<String>> {
+    let snap = dp.store.snapshot()?;
+    let up = snap.upstreams.iter().find(|u| u.id == id)?;
+    Some(up.endpoints.iter().map(|e| e.host.clone()).collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn subsets_follow_pod_labels() {
+    let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
+    let ns = cluster.create_namespace("subsets").unwrap();
+    // No kubelet in the test cluster: the Pods stay Pending, which is all a subset needs
+    // (their labels, through the EndpointSlice targetRefs).
+    let pod = |name: &str, version: &str| {
+        format!(
+            "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {ns}, labels: {{app: web, version: {version}}}}}\nspec:\n  automountServiceAccountToken: false\n  containers: [{{name: web, image: example.invalid/web:1}}]\n---\n"
+        )
+    };
+    let yaml = format!(
+        r#"apiVersion: v1
+kind: ServiceAccount
+metadata: {{name: default, namespace: {ns}}}
+---
+{}{}apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: {ns}
+  labels: {{kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{{port: 8080}}]
+endpoints:
+- addresses: ["10.251.1.1"]
+  targetRef: {{kind: Pod, name: web-a, namespace: {ns}}}
+- addresses: ["10.251.1.2"]
+  targetRef: {{kind: Pod, name: web-b, namespace: {ns}}}
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixUpstream
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  subsets:
+  - name: v1
+    labels: {{version: v1}}
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  http:
+  - name: main
+    match: {{paths: ["/*"]}}
+    backends: [{{serviceName: web, servicePort: 80, subset: v1}}]
+"#,
+        pod("web-a", "v1"),
+        pod("web-b", "v2"),
+    );
+    cluster.apply(&yaml).unwrap();
+
+    let running = app::start(
+        client(cluster).await,
+        settings(&ns, None),
+        Metrics::new().unwrap(),
+    );
+    let url = serve(&running).await;
+    let dp = dataplane(client_config(url, "dp-0", None, None));
+    let id = format!("{ns}/web:80#v1");
+
+    // Only the v1 Pod's endpoint is in the subset.
+    eventually("subset holds the v1 Pod", || {
+        endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.1"])
+    })
+    .await;
+    let web = eventually_kubectl("web ResolvedRefs=True", &["ar", "web", "-n", &ns], |o| {
+        condition(o, "ResolvedRefs").is_some_and(|c| c["status"] == "True")
+    })
+    .await;
+    assert_eq!(condition(&web, "Accepted").unwrap()["status"], "True");
+
+    // Relabeling web-b into v1 moves it into the subset.
+    let label = |pod: &str, version: &str| {
+        cluster
+            .kubectl_ok(&[
+                "label",
+                "pod",
+                pod,
+                "-n",
+                &ns,
+                "--overwrite",
+                &format!("version={version}"),
+            ])
+            .unwrap();
+    };
+    label("web-b", "v1");
+    eventually("web-b joins the subset", || {
+        endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.1", "10.251.1.2"])
+    })
+    .await;
+
+    // Relabeling web-a out of v1 moves it out.
+    label("web-a", "v3");
+    eventually("web-a leaves the subset", || {
+        endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.2"])
+    })
+    .await;
+
+    // No v1 Pod left: the upstream is empty and the route says why.
+    label("web-b", "v2");
+    eventually("subset empty", || {
+        endpoints_of(&dp, &id).is_some_and(|e| e.is_empty())
+    })
+    .await;
+    let web = eventually_kubectl("web ResolvedRefs=False", &["ar", "web", "-n", &ns], |o| {
+        condition(o, "ResolvedRefs").is_some_and(|c| c["status"] == "False")
+    })
+    .await;
+    let msg = condition(&web, "ResolvedRefs").unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        msg.contains("spec.http[0].backends[0].subset") && msg.contains("version=v1"),
+        "{msg}"
+    );
+
+    // A Pod change that is not a label change does not trigger a rebuild.
+    let skipped = || {
+        running
+            .metrics
+            .watch_events
+            .with_label_values(&["Pod", "skipped"])
+            .get()
+    };
+    let before = skipped();
+    cluster
+        .kubectl_ok(&["annotate", "pod", "web-a", "-n", &ns, "note=hello"])
+        .unwrap();
+    eventually("annotation skipped", || skipped() > before).await;
+    assert_eq!(running.metrics.nacks.get(), 0);
+}

@@ -18,6 +18,9 @@ pub enum ProxyBody {
     Full(Option<Bytes>),
     /// An upstream response body, streamed.
     Upstream(UpstreamBody),
+    /// An upstream response body from a hyper client connection (HTTP/2, TLS; see
+    /// [`crate::h2up`]), streamed frame by frame with its trailers.
+    Stream(hyper::body::Incoming),
 }
 
 impl ProxyBody {
@@ -84,6 +87,9 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ProxyBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
+            ProxyBody::Stream(body) => Pin::new(body)
+                .poll_frame(cx)
+                .map_err(|e| H1Error::Io(std::io::Error::other(e))),
             ProxyBody::Upstream(up) => {
                 let Some(conn) = up.conn.as_mut() else {
                     return Poll::Ready(None);
@@ -112,6 +118,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Full(data) => data.is_none(),
+            ProxyBody::Stream(body) => body.is_end_stream(),
             ProxyBody::Upstream(up) => up.conn.is_none() || up.state == BodyState::Done,
         }
     }
@@ -120,6 +127,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(Some(d)) => SizeHint::with_exact(d.len() as u64),
             ProxyBody::Full(None) => SizeHint::with_exact(0),
+            ProxyBody::Stream(body) => body.size_hint(),
             ProxyBody::Upstream(up) => match up.length {
                 Some(n) => SizeHint::with_exact(n),
                 None => SizeHint::default(),

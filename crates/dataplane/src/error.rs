@@ -45,6 +45,14 @@ pub enum ProxyError {
     /// The upstream did not answer within the read timeout.
     #[error("upstream {0} timed out")]
     ReadTimeout(String),
+    /// The TLS handshake with the upstream failed (e.g. its certificate did not verify).
+    #[error("TLS to upstream {addr} failed: {source}")]
+    UpstreamTls {
+        /// Endpoint address.
+        addr: String,
+        /// Underlying error (rustls errors arrive wrapped in I/O errors).
+        source: std::io::Error,
+    },
     /// The upstream connection failed while sending the request or reading the response head.
     #[error("upstream {addr} failed: {source}")]
     Upstream {
@@ -90,7 +98,9 @@ impl ProxyError {
             ProxyError::NoEndpoint(_) | ProxyError::AllEndpointsDown(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
-            ProxyError::Connect { .. } | ProxyError::Upstream { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Connect { .. }
+            | ProxyError::Upstream { .. }
+            | ProxyError::UpstreamTls { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)
             | ProxyError::SendTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
@@ -109,6 +119,9 @@ impl ProxyError {
             ProxyError::Connect { .. } | ProxyError::Upstream { .. } => {
                 "{\"error_msg\":\"502 Bad Gateway\"}\n"
             }
+            ProxyError::UpstreamTls { .. } => {
+                "{\"error_msg\":\"502 Bad Gateway: TLS handshake with the upstream failed\"}\n"
+            }
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)
             | ProxyError::SendTimeout(_) => "{\"error_msg\":\"504 Gateway Timeout\"}\n",
@@ -116,6 +129,41 @@ impl ProxyError {
                 "{\"error_msg\":\"400 Bad Request\"}\n"
             }
         }
+    }
+
+    /// The gRPC status code for a gRPC client (the HTTP-to-gRPC mapping of the gRPC spec:
+    /// 404 UNIMPLEMENTED, 400 INTERNAL, 502/503/504 UNAVAILABLE).
+    pub fn grpc_status(&self) -> u8 {
+        match self.status() {
+            StatusCode::NOT_FOUND => 12,
+            StatusCode::BAD_REQUEST => 13,
+            _ => 14,
+        }
+    }
+
+    /// Maps the error to the response sent to a gRPC client (`content-type:
+    /// application/grpc...`): a trailers-only response, HTTP 200 with `grpc-status` and
+    /// `grpc-message`, as gRPC clients cannot read the JSON body of other errors.
+    pub fn into_grpc_response(self) -> Response<ProxyBody> {
+        let mut resp = Response::new(ProxyBody::empty());
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        h.insert(
+            "grpc-status",
+            HeaderValue::from(u16::from(self.grpc_status())),
+        );
+        let message = self.body();
+        let message = message
+            .trim_end()
+            .trim_start_matches("{\"error_msg\":\"")
+            .trim_end_matches("\"}");
+        if let Ok(v) = HeaderValue::from_str(message) {
+            h.insert("grpc-message", v);
+        }
+        resp
     }
 
     /// Maps the error to the response sent downstream. This is the only place that does so.

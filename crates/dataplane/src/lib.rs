@@ -4,7 +4,13 @@
 //! Request flow: [`server`] accepts → [`proxy::handle`] reads the current
 //! [`table::RouteTable`] once → [`router`] picks a route → [`upstream`] picks an endpoint and a
 //! pooled connection → the response streams back through [`body::ProxyBody`]. Errors become
-//! responses in [`error::ProxyError::into_response`] only.
+//! responses in [`error::ProxyError::into_response`] only (or
+//! [`error::ProxyError::into_grpc_response`] for gRPC clients).
+//!
+//! Upstream protocols: plain `http` upstreams use the in-task HTTP/1.1 client of [`h1`];
+//! schemes `grpc`, `grpcs` and `https` go through [`h2up`] (HTTP/2 multiplexed per worker
+//! and endpoint, TLS via [`upstream_tls`]); WebSocket upgrades on routes with
+//! `websocket: true` are spliced by [`websocket`].
 
 #![forbid(unsafe_code)]
 
@@ -15,6 +21,7 @@ pub mod controller_client;
 pub mod dns;
 pub mod error;
 pub mod h1;
+pub mod h2up;
 pub mod health;
 pub mod metrics;
 pub mod proxy;
@@ -26,3 +33,5 @@ pub mod table;
 pub mod timer;
 pub mod tls;
 pub mod upstream;
+pub mod upstream_tls;
+pub mod websocket;

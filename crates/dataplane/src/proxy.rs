@@ -58,13 +58,18 @@ impl ConnInfo {
 /// Serves one request against the current snapshot. Never fails: errors become responses.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
     let table = store.table();
+    let grpc = crate::h2up::is_grpc(&req);
     let resp = match proxy(req, conn, &table).await {
         Ok(resp) => resp,
         Err(err) => {
             if !matches!(err, ProxyError::NoRoute) {
                 tracing::warn!(error = %err, "request failed");
             }
-            err.into_response()
+            if grpc {
+                err.into_grpc_response()
+            } else {
+                err.into_response()
+            }
         }
     };
     store.metrics().observe_status(resp.status());
@@ -99,6 +104,24 @@ async fn proxy(
         (route, upstream, hash)
     };
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
+    // Protocols other than plain HTTP/1.1 (see `websocket` and `h2up`): one endpoint, no
+    // retries to others.
+    let upgrade = route.websocket && crate::websocket::is_upgrade(&req);
+    if upgrade || upstream.protocol.is_some() {
+        let endpoint = upstream
+            .pick_index(hash, &Tried::default())
+            .and_then(|i| upstream.endpoints.get(i))
+            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+        let host = upstream.host_header(endpoint).cloned().or(host.clone());
+        let address = &endpoint.address;
+        if upgrade {
+            let tls = upstream.protocol.as_ref().and_then(|p| p.tls.as_deref());
+            return crate::websocket::proxy(req, host, conn, tls, address, timeouts).await;
+        }
+        if let Some(protocol) = &upstream.protocol {
+            return crate::h2up::proxy(req, host, conn, protocol, address, timeouts).await;
+        }
+    }
 
     let (mut parts, mut body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
@@ -336,7 +359,7 @@ const HOP_BY_HOP: [&str; 8] = [
 ];
 
 /// Removes hop-by-hop headers, including those named in `Connection`.
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the names, without hashing, finds which are present; typically only
     // `connection`, or none.
     let mut present = 0u8;

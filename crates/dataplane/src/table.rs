@@ -33,6 +33,14 @@ pub enum InvalidSnapshot {
     /// A route has no backend with a non-zero weight.
     #[error("route {0}: backends: no backend with a non-zero weight")]
     NoBackend(String),
+    /// An upstream's TLS settings are unusable.
+    #[error("upstream {upstream}: {source}")]
+    UpstreamTls {
+        /// Upstream id.
+        upstream: String,
+        /// What is wrong.
+        source: crate::upstream_tls::InvalidUpstreamTls,
+    },
     /// An upstream's settings are invalid.
     #[error(transparent)]
     Upstream(#[from] InvalidUpstream),
@@ -143,9 +151,15 @@ impl RouteTable {
                 .timeout
                 .as_ref()
                 .map(|t| timeouts(Some(t), Timeouts::default()));
+            let addresses: Vec<String> = endpoints.iter().map(|(a, _)| a.clone()).collect();
+            let protocol = crate::h2up::UpstreamProtocol::compile(up, &addresses, &pools.hyper)
+                .map_err(|source| InvalidSnapshot::UpstreamTls {
+                    upstream: up.id.clone(),
+                    source,
+                })?;
             upstreams.insert(
                 &up.id,
-                Arc::new(Upstream::compile(up, endpoints, t, pools)?),
+                Arc::new(Upstream::compile(up, endpoints, t, pools)?.with_protocol(protocol)),
             );
         }
         let mut routes = Vec::with_capacity(snapshot.routes.len());

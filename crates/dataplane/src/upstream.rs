@@ -162,6 +162,9 @@ pub struct Upstream {
     /// Keeps the active checker running while this upstream is served.
     _checker: Option<Arc<Checker>>,
     retries_total: IntCounter,
+    /// How to speak to the endpoints when the scheme is not plain `http` (see
+    /// [`crate::h2up`]); `None` = HTTP/1.1 over TCP.
+    pub protocol: Option<Arc<crate::h2up::UpstreamProtocol>>,
 }
 
 impl Upstream {
@@ -238,7 +241,14 @@ impl Upstream {
             host,
             passive: health.and_then(|h| h.passive),
             _checker: checker,
+            protocol: None,
         }
+    }
+
+    /// The upstream with its non-HTTP/1.1 protocol settings.
+    pub fn with_protocol(mut self, protocol: Option<crate::h2up::UpstreamProtocol>) -> Self {
+        self.protocol = protocol.map(Arc::new);
+        self
     }
 
     /// Compiles a snapshot upstream whose endpoints are already formatted as addresses.
@@ -401,6 +411,8 @@ pub struct PoolRegistry {
     config: PoolConfig,
     /// Health state, active checkers and the upstream metric families.
     pub health: HealthRegistry,
+    /// Pools of HTTP/2 and TLS upstream connections ([`crate::h2up`]).
+    pub hyper: crate::h2up::HyperRegistry,
 }
 
 impl PoolRegistry {
@@ -450,6 +462,7 @@ impl PoolRegistry {
         if let Ok(mut pools) = self.pools.lock() {
             pools.retain(|_, p| p.strong_count() > 0);
         }
+        self.hyper.prune();
         self.health.prune();
     }
 }

@@ -9,6 +9,9 @@
 //!   private-range addresses, because the API server rejects loopback addresses in
 //!   EndpointSlices. Backends run inside it ([`Netns::spawn_echo`]) and are reached from the
 //!   root namespace at [`Netns::addr`]. Deleted on drop.
+//! - [`helm`], [`render_chart`], [`Cluster::helm`]: the Helm chart, rendered and installed with
+//!   the helm that `scripts/install-helm.sh` builds; [`Cluster::chart_controller_kubeconfig`]
+//!   gives a client with exactly the chart's controller RBAC.
 //! - [`workspace_bin`]: builds (if stale) and locates a binary of another workspace crate,
 //!   e.g. `sluice-echo`, `sluice-dataplane` or `sluice-controller`.
 //!
@@ -20,6 +23,7 @@
 mod bins;
 mod cluster;
 mod error;
+mod helm;
 mod http;
 mod netns;
 mod pipeline;
@@ -28,6 +32,10 @@ mod process;
 pub use bins::workspace_bin;
 pub use cluster::{Cluster, KubectlOutput, SERVICE_CIDR, kubectl_path};
 pub use error::Error;
+pub use helm::{
+    HelmOutput, RELEASE, chart_dir, helm, helm_command, helm_ok, helm_path, render_chart,
+    render_release,
+};
 pub use http::{HttpResponse, http_get};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{

@@ -1,14 +1,16 @@
 //! A running Sluice pipeline for e2e tests and measurements: a real kube-apiserver with the
 //! CRDs, a namespace with a Service and EndpointSlice for an echo backend in a network
-//! namespace, the `sluice-controller` binary and one `sluice-dataplane` binary connected to
-//! it over gRPC (plaintext on loopback).
+//! namespace, the `sluice-controller` binary — running as the Helm chart's ServiceAccount with
+//! exactly the chart's RBAC, electing a leader with a Lease in the pipeline's namespace unless
+//! the test passes its own `--leader-elect` flags — and one `sluice-dataplane` binary
+//! connected to it over gRPC (plaintext on loopback).
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{Backend, Cluster, Error, Netns, repo_root, workspace_bin};
+use crate::{Backend, Cluster, Error, Netns, RELEASE, repo_root, workspace_bin};
 
 /// A free loopback port (bound and released; good enough for tests).
 pub fn free_port() -> Result<SocketAddr, Error> {
@@ -52,6 +54,10 @@ pub struct Pipeline {
     pub grpc: SocketAddr,
     /// The controller's metrics address (`/metrics`).
     pub metrics: SocketAddr,
+    /// The kubeconfig the controller runs with: the chart's controller ServiceAccount in
+    /// `namespace`, bound by the chart's ClusterRole/Role (see
+    /// [`Cluster::chart_controller_kubeconfig`]). Its default namespace is `namespace`.
+    pub controller_kubeconfig: PathBuf,
     /// The controller's extra flags, kept for restarts.
     controller_args: Vec<String>,
     /// The dataplane process.
@@ -71,6 +77,8 @@ impl Pipeline {
     }
 
     /// Like [`Pipeline::start`], with extra flags for the controller (e.g. leader election).
+    /// Without `--leader-elect` among them the controller elects itself leader with Lease
+    /// `sluice-controller` in the pipeline's namespace, as the chart runs it.
     pub fn start_with(controller_args: &[&str]) -> Result<Pipeline, Error> {
         let cluster = Cluster::try_start()?;
         let crds = repo_root().join("charts/sluice/crds/apisix-crds.yaml");
@@ -105,9 +113,23 @@ ports: [{{name: http, port: 8080}}]
 "#,
             addr = net.addr()
         ))?;
+        // NB: the controller runs with exactly the chart's RBAC, so a right missing from
+        // charts/sluice/templates/rbac.yaml fails these tests.
+        let controller_kubeconfig = cluster.chart_controller_kubeconfig(&namespace)?;
+        let lease_name = format!("{RELEASE}-controller");
+        let mut controller_args: Vec<&str> = controller_args.to_vec();
+        if !controller_args.contains(&"--leader-elect") {
+            controller_args.extend([
+                "--leader-elect",
+                "--lease-name",
+                &lease_name,
+                "--identity",
+                "e2e-controller-0",
+            ]);
+        }
         let grpc = free_port()?;
         let metrics = free_port()?;
-        let controller = spawn_controller(&cluster, grpc, metrics, controller_args)?;
+        let controller = spawn_controller(&controller_kubeconfig, grpc, metrics, &controller_args)?;
         let state_dir = cluster.dir().join("dataplane-state");
         std::fs::create_dir_all(&state_dir).map_err(|e| Error::Http {
             addr: grpc,
@@ -124,6 +146,7 @@ ports: [{{name: http, port: 8080}}]
             controller: Some(controller),
             grpc,
             metrics,
+            controller_kubeconfig,
             controller_args: controller_args.iter().map(|s| s.to_string()).collect(),
             dataplane: Some(dataplane),
             http,
@@ -137,7 +160,7 @@ ports: [{{name: http, port: 8080}}]
         self.controller = None;
         let args: Vec<&str> = self.controller_args.iter().map(String::as_str).collect();
         self.controller = Some(spawn_controller(
-            &self.cluster,
+            &self.controller_kubeconfig,
             self.grpc,
             self.metrics,
             &args,
@@ -183,16 +206,17 @@ spec:
     }
 }
 
-/// Starts a `sluice-controller` (plaintext gRPC on loopback) against `cluster` with `extra`
-/// flags and waits until it listens on `grpc`.
+/// Starts a `sluice-controller` (plaintext gRPC on loopback) with `kubeconfig` (e.g. a
+/// pipeline's [`Pipeline::controller_kubeconfig`], the chart's RBAC) and `extra` flags, and
+/// waits until it listens on `grpc`.
 pub fn spawn_controller(
-    cluster: &Cluster,
+    kubeconfig: &Path,
     grpc: SocketAddr,
     metrics: SocketAddr,
     extra: &[&str],
 ) -> Result<Backend, Error> {
     let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller")?);
-    cmd.arg("--kubeconfig").arg(cluster.kubeconfig()).args([
+    cmd.arg("--kubeconfig").arg(kubeconfig).args([
         "--insecure",
         "--grpc-listen",
         &grpc.to_string(),

@@ -187,9 +187,9 @@ fn an_invalid_route_is_rejected_with_its_field_and_the_others_keep_serving() {
 fn two_replicas_elect_one_status_writer_and_every_dataplane_converges() {
     let lease = |id: &str| {
         vec![
+            // NB: no --lease-namespace: the Lease goes to the controller's own namespace
+            // (its ServiceAccount's), the only one where the chart's Role allows Leases.
             "--leader-elect".to_owned(),
-            "--lease-namespace".to_owned(),
-            "default".to_owned(),
             "--lease-name".to_owned(),
             format!("sluice-e2e-{id}"),
         ]
@@ -204,7 +204,8 @@ fn two_replicas_elect_one_status_writer_and_every_dataplane_converges() {
     let mut args_b = lease(&lease_name);
     args_b.extend(["--identity".to_owned(), "replica-b".to_owned()]);
     let b: Vec<&str> = args_b.iter().map(String::as_str).collect();
-    let mut replica_b = Some(spawn_controller(&p.cluster, grpc_b, metrics_b, &b).unwrap());
+    let mut replica_b =
+        Some(spawn_controller(&p.controller_kubeconfig, grpc_b, metrics_b, &b).unwrap());
 
     // A second dataplane knows both replicas and finds the leader.
     let urls = format!("http://{},http://{grpc_b}", p.grpc);

@@ -7,6 +7,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod grpc;
+
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;

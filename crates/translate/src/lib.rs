@@ -23,7 +23,8 @@
 //!   none of its rules enter the snapshot, as APISIX does; other objects are unaffected.
 //! - `backends[]` become upstreams `<ns>/<service>:<port>[@service][#subset]` (port = the
 //!   Service port number); `src/upstream.rs` documents how endpoints are resolved
-//!   (EndpointSlices, ClusterIP, headless and ExternalName Services, subsets). A missing Service or port keeps the route (with an upstream
+//!   (EndpointSlices, ClusterIP, headless and ExternalName Services, subsets by Pod labels).
+//!   A missing Service or port keeps the route (with an upstream
 //!   without endpoints, so requests get 503) and sets `ResolvedRefs=False`
 //!   (`BackendNotFound`).
 //! - `upstreams[]` reference ApisixUpstreams with `externalNodes`: upstream `<ns>/<name>`.
@@ -128,6 +129,8 @@ pub(crate) struct Index<'a> {
     pub(crate) slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     pub(crate) secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
     pub(crate) tlses: BTreeMap<(&'a str, &'a str), &'a ApisixTls>,
+    /// Pod labels, keyed by (namespace, Pod name); for subsets.
+    pub(crate) pod_labels: BTreeMap<(&'a str, &'a str), Option<&'a BTreeMap<String, String>>>,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -199,6 +202,11 @@ impl<'a> Index<'a> {
                     .push(s);
             }
         }
+        let pod_labels = state
+            .pods
+            .iter()
+            .map(|p| (key(&p.metadata), p.metadata.labels.as_ref()))
+            .collect();
         for list in slices.values_mut() {
             list.sort_by(|a, b| key(&a.metadata).cmp(&key(&b.metadata)));
             list.dedup_by(|a, b| key(&a.metadata) == key(&b.metadata));
@@ -211,6 +219,7 @@ impl<'a> Index<'a> {
             slices,
             secrets,
             tlses,
+            pod_labels,
         }
     }
 }

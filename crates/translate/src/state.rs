@@ -3,11 +3,12 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
+use kube::core::PartialObjectMeta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::{
@@ -44,6 +45,10 @@ pub struct ClusterState {
     pub endpoint_slices: Vec<EndpointSlice>,
     /// `v1` Secrets (plugin `secretRef`s).
     pub secrets: Vec<Secret>,
+    /// `v1` Pods, metadata only: their labels select the endpoints of ApisixUpstream
+    /// `subsets` (matched through the EndpointSlice endpoints' `targetRef`). The loader
+    /// accepts full `kind: Pod` documents and keeps only the metadata.
+    pub pods: Vec<PartialObjectMeta<Pod>>,
     /// `networking.k8s.io/v1` Ingresses.
     pub ingresses: Vec<Ingress>,
     /// `networking.k8s.io/v1` IngressClasses (only the default-class annotation is used).
@@ -177,6 +182,7 @@ enum KnownKind {
     Service,
     EndpointSlice,
     Secret,
+    Pod,
     Ingress,
     IngressClass,
 }
@@ -199,6 +205,7 @@ impl KnownKind {
             "ApisixGlobalRule" => (Self::ApisixGlobalRule, apisix),
             "Service" => (Self::Service, ("", "v1")),
             "Secret" => (Self::Secret, ("", "v1")),
+            "Pod" => (Self::Pod, ("", "v1")),
             "EndpointSlice" => (Self::EndpointSlice, ("discovery.k8s.io", "v1")),
             "Ingress" => (Self::Ingress, ("networking.k8s.io", "v1")),
             "IngressClass" => (Self::IngressClass, ("networking.k8s.io", "v1")),
@@ -422,6 +429,7 @@ impl ClusterState {
             KnownKind::Service => add(&doc, &mut self.services),
             KnownKind::EndpointSlice => add(&doc, &mut self.endpoint_slices),
             KnownKind::Secret => add(&doc, &mut self.secrets),
+            KnownKind::Pod => add(&doc, &mut self.pods),
             KnownKind::Ingress => add(&doc, &mut self.ingresses),
             KnownKind::IngressClass => add(&doc, &mut self.ingress_classes),
         };

@@ -24,8 +24,8 @@ pub const REASON_RESOLVED_REFS: &str = "ResolvedRefs";
 /// `ResolvedRefs` reason when a backend Service, its port or a subset is missing. The route
 /// is still served; requests to the missing backend get 503.
 pub const REASON_BACKEND_NOT_FOUND: &str = "BackendNotFound";
-/// `ResolvedRefs` reason when a reference exists but Sluice cannot resolve it yet (subsets,
-/// which need Pod labels).
+/// `ResolvedRefs` reason when a reference exists but Sluice cannot resolve it yet. (Subsets
+/// used it until Pod labels were watched; kept for API stability.)
 pub const REASON_UNSUPPORTED_REF: &str = "UnsupportedReference";
 
 /// Kind of an object that gets a status.

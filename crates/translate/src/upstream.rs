@@ -13,12 +13,19 @@
 //! - A Service of type `ExternalName` resolves to its `externalName` and the Service port (or
 //!   the number given in `servicePort` when the Service lists no ports), for either
 //!   granularity.
-//! - `subset`: pods are selected by labels, which EndpointSlices do not carry, so Sluice
-//!   cannot resolve subsets yet. The upstream (`...#<subset>`) is emitted with no endpoints
-//!   (requests get 503) and the route gets `ResolvedRefs=False`. The controller will resolve
-//!   subsets once it watches Pods.
+//! - `subset: NAME`: the ApisixUpstream named after the Service must define `subsets[]` entry
+//!   `NAME` (else the route is rejected, `Accepted=False` naming the `subset` field). Its
+//!   upstream (`...#<subset>`) gets only the endpoints whose `targetRef` is a Pod carrying
+//!   every label of the subset (Pod labels come from [`crate::ClusterState::pods`]). No
+//!   matching endpoint keeps the route with `ResolvedRefs=False` naming the subset and its
+//!   labels (requests get 503). A subset needs Pods, so it is resolved from EndpointSlices
+//!   even with `resolveGranularity: service`, and is unresolved for an ExternalName Service.
+//! - `scheme: https|grpcs`: the upstream gets `tls` (see [`tls_from_secret`]): the server
+//!   name verified and sent as SNI is `<service>.<namespace>.svc` for Service backends (the
+//!   Service's cluster DNS name, which in-cluster certificates carry), and the node or
+//!   externalName host otherwise (the dataplane's default for an empty `sni`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -30,7 +37,7 @@ use sluice_proto::v1;
 
 use crate::Index;
 use crate::problems::Problems;
-use crate::status::{REASON_BACKEND_NOT_FOUND, REASON_UNSUPPORTED_REF};
+use crate::status::REASON_BACKEND_NOT_FOUND;
 use crate::upstream_health as health;
 
 /// Weight of every endpoint taken from an EndpointSlice or a Service.
@@ -83,10 +90,17 @@ pub(crate) struct Settings {
     pass_host: Option<(v1::UpstreamPassHost, String)>,
     /// `healthCheck`, defaults filled in.
     health_check: Option<v1::UpstreamHealthCheck>,
+    /// CA and client certificate from `tlsSecret`.
+    tls: Option<v1::UpstreamTls>,
 }
 
 impl Settings {
-    fn parse(c: &ApisixUpstreamConfig, field: &str, problems: &mut Problems) -> Self {
+    fn parse(
+        c: &ApisixUpstreamConfig,
+        field: &str,
+        idx: &Index<'_>,
+        problems: &mut Problems,
+    ) -> Self {
         let retries = c.retries.and_then(|r| match u32::try_from(r) {
             Ok(r) => Some(r),
             Err(_) if r < 0 => {
@@ -117,6 +131,27 @@ impl Settings {
             .map(|hc| health::health_check(hc, field, problems));
         // NB: settings the snapshot cannot carry yet are listed in the Accepted message by the
         // caller rather than silently dropped.
+        let tls = c.tls_secret.as_ref().and_then(|s| {
+            tls_from_secret(idx, &s.namespace, &s.name)
+                .map_err(|e| problems.error(format!("{field}tlsSecret"), e))
+                .ok()
+        });
+        if tls.is_some()
+            && matches!(
+                c.scheme.unwrap_or_default(),
+                UpstreamScheme::Http | UpstreamScheme::Grpc
+            )
+            && c.scheme.is_some()
+        {
+            problems.notes.push(format!(
+                "{field}tlsSecret has no effect with scheme {}",
+                if c.scheme == Some(UpstreamScheme::Grpc) {
+                    "grpc"
+                } else {
+                    "http"
+                }
+            ));
+        }
         Self {
             lb: c.loadbalancer.as_ref().map(|lb| lb.type_),
             scheme: c.scheme,
@@ -125,6 +160,7 @@ impl Settings {
             hash,
             pass_host,
             health_check,
+            tls,
         }
     }
 
@@ -142,6 +178,7 @@ impl Settings {
                 .health_check
                 .clone()
                 .or_else(|| self.health_check.clone()),
+            tls: over.tls.clone().or_else(|| self.tls.clone()),
         }
     }
 
@@ -152,7 +189,14 @@ impl Settings {
             LoadBalancerType::Ewma => v1::LoadBalancer::Ewma,
             LoadBalancerType::LeastConn => v1::LoadBalancer::LeastConn,
         } as i32;
-        up.scheme = proto_scheme(self.scheme.unwrap_or_default()) as i32;
+        let scheme = self.scheme.unwrap_or_default();
+        up.scheme = proto_scheme(scheme) as i32;
+        up.tls = match scheme {
+            UpstreamScheme::Https | UpstreamScheme::Grpcs => {
+                Some(self.tls.clone().unwrap_or_default())
+            }
+            UpstreamScheme::Http | UpstreamScheme::Grpc => None,
+        };
         up.retries = self.retries;
         up.timeout = timeouts(self.timeout);
         if let Some((on, key)) = &self.hash {
@@ -198,8 +242,8 @@ pub(crate) struct UpstreamObject {
     nodes: Vec<v1::Endpoint>,
     /// Whether `externalNodes` was given at all.
     has_external_nodes: bool,
-    /// Names of `subsets[]`.
-    subsets: BTreeSet<String>,
+    /// `subsets[]`: name -> Pod labels.
+    subsets: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 impl UpstreamObject {
@@ -233,7 +277,7 @@ pub(crate) fn validate_object(
     problems: &mut Problems,
 ) -> Result<UpstreamObject, ()> {
     let spec = &au.spec;
-    let base = Settings::parse(&spec.config, "spec.", problems);
+    let base = Settings::parse(&spec.config, "spec.", idx, problems);
     let mut ports = BTreeMap::new();
     for (i, pls) in spec.port_level_settings.iter().enumerate() {
         let field = format!("spec.portLevelSettings[{i}].");
@@ -244,16 +288,14 @@ pub(crate) fn validate_object(
             );
             continue;
         }
-        let s = Settings::parse(&pls.config, &field, problems);
+        let s = Settings::parse(&pls.config, &field, idx, problems);
         if ports.insert(pls.port, base.overlay(&s)).is_some() {
             problems.error(
                 format!("{field}port"),
                 format!("port {} is listed twice", pls.port),
             );
         }
-        note_unsupported(&pls.config, &field, problems);
     }
-    note_unsupported(&spec.config, "spec.", problems);
 
     let scheme = spec.config.scheme.unwrap_or_default();
     let mut nodes = Vec::new();
@@ -303,11 +345,11 @@ pub(crate) fn validate_object(
     nodes.sort_by(|a, b| (&a.host, a.port, a.weight).cmp(&(&b.host, b.port, b.weight)));
     nodes.dedup();
 
-    let mut subsets = BTreeSet::new();
+    let mut subsets = BTreeMap::new();
     for (i, s) in spec.config.subsets.iter().enumerate() {
         if s.name.is_empty() {
             problems.error(format!("spec.subsets[{i}].name"), "must not be empty");
-        } else if !subsets.insert(s.name.clone()) {
+        } else if subsets.insert(s.name.clone(), s.labels.clone()).is_some() {
             problems.error(
                 format!("spec.subsets[{i}].name"),
                 format!("duplicate subset name {:?}", s.name),
@@ -327,17 +369,57 @@ pub(crate) fn validate_object(
     })
 }
 
-/// Adds a note for each setting that is valid but not carried by the snapshot yet.
-fn note_unsupported(c: &ApisixUpstreamConfig, field: &str, problems: &mut Problems) {
-    let mut ignored = Vec::new();
-    if c.tls_secret.is_some() {
-        ignored.push("tlsSecret");
+/// The upstream TLS settings of the `tlsSecret` `<ns>/<name>`: keys `tls.crt` + `tls.key`
+/// (the client certificate for upstream mTLS, as in a `kubernetes.io/tls` Secret) and/or
+/// `ca.crt` (the CA that signs the upstream's certificate; without it the dataplane verifies
+/// against the system roots). Each present key must hold valid PEM.
+pub(crate) fn tls_from_secret(
+    idx: &Index<'_>,
+    ns: &str,
+    name: &str,
+) -> Result<v1::UpstreamTls, String> {
+    let secret = idx
+        .secrets
+        .get(&(ns, name))
+        .ok_or_else(|| format!("Secret {ns}/{name} not found"))?;
+    let get = |key: &str| -> Result<Option<String>, String> {
+        let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(key)) else {
+            return Ok(None);
+        };
+        String::from_utf8(bytes.0.clone())
+            .map(Some)
+            .map_err(|_| format!("Secret {ns}/{name}: {key} is not PEM text"))
+    };
+    let (cert, key, ca) = (get("tls.crt")?, get("tls.key")?, get("ca.crt")?);
+    let bad = |key: &str, what: &str| format!("Secret {ns}/{name}: {key} holds no valid {what}");
+    if let Some(cert) = &cert
+        && !crate::validate::pem_has_certificate(cert)
+    {
+        return Err(bad("tls.crt", "PEM certificate"));
     }
-    if !ignored.is_empty() {
-        let list: Vec<String> = ignored.iter().map(|f| format!("{field}{f}")).collect();
-        problems
-            .notes
-            .push(format!("not applied yet: {}", list.join(", ")));
+    if let Some(key) = &key
+        && !crate::validate::pem_has_private_key(key)
+    {
+        return Err(bad("tls.key", "PEM private key"));
+    }
+    if let Some(ca) = &ca
+        && !crate::validate::pem_has_certificate(ca)
+    {
+        return Err(bad("ca.crt", "PEM certificate"));
+    }
+    match (&cert, &key, &ca) {
+        (Some(_), None, _) | (None, Some(_), _) => Err(format!(
+            "Secret {ns}/{name}: tls.crt and tls.key must be given together"
+        )),
+        (None, None, None) => Err(format!(
+            "Secret {ns}/{name} has none of tls.crt/tls.key or ca.crt"
+        )),
+        _ => Ok(v1::UpstreamTls {
+            ca_pem: ca.unwrap_or_default(),
+            client_cert_pem: cert.unwrap_or_default(),
+            client_key_pem: key.unwrap_or_default(),
+            sni: String::new(),
+        }),
     }
 }
 
@@ -411,6 +493,35 @@ pub(crate) fn service_upstream(
     }
 
     let (ns, name) = (b.namespace, b.service);
+    let au_entry = upstreams.get(&(ns, name));
+    // The subset's Pod labels. An unknown subset is a spec error; an ApisixUpstream that is
+    // itself invalid has its own Accepted=False, so the subset is only unresolved then.
+    let subset: Option<(&str, Option<&BTreeMap<String, String>>)> = match b.subset {
+        None => None,
+        Some(subset) => match au_entry {
+            Some(Err(())) => Some((subset, None)),
+            Some(Ok(au)) if au.subsets.contains_key(subset) => {
+                Some((subset, au.subsets.get(subset)))
+            }
+            Some(Ok(_)) => {
+                problems.error(
+                    format!("{field}.subset"),
+                    format!("ApisixUpstream {ns}/{name} defines no subset {subset:?}"),
+                );
+                return None;
+            }
+            None => {
+                problems.error(
+                    format!("{field}.subset"),
+                    format!(
+                        "subset {subset:?} needs an ApisixUpstream {ns}/{name} defining it \
+                         (none found)"
+                    ),
+                );
+                return None;
+            }
+        },
+    };
     let svc = idx.services.get(&(ns, name)).copied();
     let is_external = svc
         .and_then(|s| s.spec.as_ref())
@@ -440,10 +551,29 @@ pub(crate) fn service_upstream(
         id,
         ..Default::default()
     };
-    let au = upstreams.get(&(ns, name)).and_then(|r| r.as_ref().ok());
+    let au = au_entry.and_then(|r| r.as_ref().ok());
     if let Some(au) = au {
         au.settings_for_port(port_number.unwrap_or(0))
             .apply(&mut up);
+    } else if let Some(raw) = idx.upstreams.get(&(ns, name)) {
+        // NB: a rejected ApisixUpstream (e.g. its tlsSecret is missing) leaves the defaults,
+        // but one that asks for TLS must not fall back to plain text: keep the scheme with
+        // default TLS settings (system roots), so the dataplane fails closed instead.
+        let scheme = raw
+            .spec
+            .port_level_settings
+            .iter()
+            .find(|p| Some(p.port) == port_number)
+            .and_then(|p| p.config.scheme)
+            .or(raw.spec.config.scheme);
+        if let Some(s @ (UpstreamScheme::Https | UpstreamScheme::Grpcs)) = scheme {
+            up.scheme = proto_scheme(s) as i32;
+            up.tls = Some(v1::UpstreamTls::default());
+        }
+    }
+
+    if !is_external && let Some(tls) = up.tls.as_mut() {
+        tls.sni = format!("{name}.{ns}.svc");
     }
 
     let Some(svc) = svc else {
@@ -466,27 +596,31 @@ pub(crate) fn service_upstream(
         );
         return Some(up);
     };
-
-    if let Some(subset) = b.subset {
-        let defined = au.is_some_and(|au| au.subsets.contains(subset));
-        if defined {
-            problems.unresolved(
-                REASON_UNSUPPORTED_REF,
-                format!("{field}.subset"),
-                format!(
-                    "subset {subset:?} selects Pods by label, which Sluice does not resolve yet \
-                     (the upstream has no endpoints)"
-                ),
-            );
-        } else {
+    let subset = match subset {
+        None => None,
+        Some((subset, None)) => {
             problems.unresolved(
                 REASON_BACKEND_NOT_FOUND,
                 format!("{field}.subset"),
-                format!("ApisixUpstream {ns}/{name} defines no subset {subset:?}"),
+                format!("ApisixUpstream {ns}/{name} is invalid, so subset {subset:?} is unknown"),
             );
+            return Some(up);
         }
-        return Some(up);
-    }
+        Some((subset, Some(labels))) => {
+            if is_external {
+                problems.unresolved(
+                    REASON_BACKEND_NOT_FOUND,
+                    format!("{field}.subset"),
+                    format!(
+                        "Service {ns}/{name} is of type ExternalName and has no Pods for subset \
+                         {subset:?}"
+                    ),
+                );
+                return Some(up);
+            }
+            Some((subset, labels))
+        }
+    };
 
     // NB: standalone YAML skips the API server's validation, so a Service port may be 0 or
     // too large; an endpoint with it would make the dataplane reject the whole snapshot.
@@ -518,7 +652,7 @@ pub(crate) fn service_upstream(
         return Some(up);
     }
 
-    if b.granularity == ResolveGranularity::Service {
+    if b.granularity == ResolveGranularity::Service && subset.is_none() {
         let mut ips: Vec<&str> = spec
             .and_then(|s| s.cluster_ips.as_ref())
             .map(|v| v.iter().map(String::as_str).collect())
@@ -571,6 +705,11 @@ pub(crate) fn service_upstream(
             if ep.conditions.as_ref().and_then(|c| c.ready) == Some(false) {
                 continue;
             }
+            if let Some((_, labels)) = subset
+                && !pod_matches(idx, ns, ep, labels)
+            {
+                continue;
+            }
             for addr in &ep.addresses {
                 if addr.is_empty() {
                     continue;
@@ -584,7 +723,51 @@ pub(crate) fn service_upstream(
         }
     }
     sort_endpoints(&mut up.endpoints);
+    if let Some((subset, labels)) = subset
+        && up.endpoints.is_empty()
+    {
+        let labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        problems.unresolved(
+            REASON_BACKEND_NOT_FOUND,
+            format!("{field}.subset"),
+            format!(
+                "no ready endpoint of Service {ns}/{name} is a Pod with the labels of subset \
+                 {subset:?} ({})",
+                labels.join(",")
+            ),
+        );
+    }
     Some(up)
+}
+
+/// Whether an EndpointSlice endpoint is a Pod (in `ns` unless its `targetRef` says
+/// otherwise) carrying every label in `labels`.
+fn pod_matches(
+    idx: &Index<'_>,
+    ns: &str,
+    ep: &k8s_openapi::api::discovery::v1::Endpoint,
+    labels: &BTreeMap<String, String>,
+) -> bool {
+    let Some(target) = ep.target_ref.as_ref() else {
+        return false;
+    };
+    if target.kind.as_deref().is_some_and(|k| k != "Pod") {
+        return false;
+    }
+    let Some(pod) = target.name.as_deref() else {
+        return false;
+    };
+    let pod_ns = target
+        .namespace
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .unwrap_or(ns);
+    let Some(have) = idx.pod_labels.get(&(pod_ns, pod)) else {
+        return false;
+    };
+    labels
+        .iter()
+        .all(|(k, v)| have.and_then(|h| h.get(k)) == Some(v))
 }
 
 fn sort_endpoints(eps: &mut Vec<v1::Endpoint>) {

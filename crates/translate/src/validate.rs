@@ -193,6 +193,21 @@ fn regex_reason(e: &regex::Error) -> String {
         })
 }
 
+/// Whether `pem` holds at least one `CERTIFICATE` block and no malformed one.
+pub(crate) fn pem_has_certificate(pem: &str) -> bool {
+    use rustls_pki_types::CertificateDer;
+    use rustls_pki_types::pem::PemObject;
+    let certs: Result<Vec<_>, _> = CertificateDer::pem_slice_iter(pem.as_bytes()).collect();
+    certs.is_ok_and(|c| !c.is_empty())
+}
+
+/// Whether `pem` holds a private key (PKCS#8, PKCS#1 or SEC1).
+pub(crate) fn pem_has_private_key(pem: &str) -> bool {
+    use rustls_pki_types::PrivateKeyDer;
+    use rustls_pki_types::pem::PemObject;
+    PrivateKeyDer::from_pem_slice(pem.as_bytes()).is_ok()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {

@@ -1,0 +1,256 @@
+//! An SVG chart of two result files side by side (`compare A.json B.json --svg out.svg`),
+//! the way one compares a Graviton (arm64) machine with an x86_64 one.
+//!
+//! Two panels: requests per CPU-second of nginx and of Sluice on each machine (the absolute
+//! efficiency), and Sluice ÷ nginx on each machine (req/s, req/CPU-s, p99 latency) with the
+//! 1.0 line, which is the comparison that survives run-to-run drift. The SVG is written by
+//! hand: a few rectangles and labels, no plotting stack in the workspace for it.
+
+use std::fmt::Write as _;
+
+use crate::report::{BenchResult, thousands};
+
+const WIDTH: f64 = 900.0;
+const HEIGHT: f64 = 420.0;
+const PANEL_TOP: f64 = 80.0;
+const PANEL_HEIGHT: f64 = 260.0;
+/// Fill colours of machine A and machine B.
+const COLOURS: [&str; 2] = ["#4e79a7", "#f28e2b"];
+
+/// One bar: its value and the text above it.
+struct Bar {
+    value: Option<f64>,
+    label: String,
+}
+
+/// A group of bars (one per machine) under a category label.
+struct Group {
+    name: &'static str,
+    bars: [Bar; 2],
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A short name of a result's machine: `aarch64 · Neoverse-V1 · 2 CPUs`.
+fn machine_label(r: &BenchResult, file: &str) -> String {
+    format!(
+        "{} · {} · {} CPUs ({file})",
+        r.machine.arch, r.machine.cpu_model, r.machine.nproc
+    )
+}
+
+/// Draws one panel of grouped bars into `svg`, with its own y scale from 0 to the largest
+/// value (at least `min_top`), and a dashed reference line at `reference` if given.
+fn panel(
+    svg: &mut String,
+    x0: f64,
+    width: f64,
+    title: &str,
+    groups: &[Group],
+    min_top: f64,
+    reference: Option<f64>,
+) {
+    let top = groups
+        .iter()
+        .flat_map(|g| g.bars.iter().filter_map(|b| b.value))
+        .filter(|v| v.is_finite())
+        .fold(min_top, f64::max)
+        * 1.15;
+    let y_of = |v: f64| PANEL_TOP + PANEL_HEIGHT - (v / top) * PANEL_HEIGHT;
+    let _ = writeln!(
+        svg,
+        r#"<text x="{:.1}" y="{:.1}" font-size="14" font-weight="bold" text-anchor="middle">{}</text>"#,
+        x0 + width / 2.0,
+        PANEL_TOP - 16.0,
+        escape(title)
+    );
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{x0:.1}" y1="{y:.1}" x2="{x1:.1}" y2="{y:.1}" stroke="#333"/>"##,
+        y = PANEL_TOP + PANEL_HEIGHT,
+        x1 = x0 + width
+    );
+    if let Some(r) = reference {
+        let y = y_of(r);
+        let _ = writeln!(
+            svg,
+            r##"<line x1="{x0:.1}" y1="{y:.1}" x2="{x1:.1}" y2="{y:.1}" stroke="#888" stroke-dasharray="4 3"/><text x="{tx:.1}" y="{ty:.1}" font-size="10" fill="#666">nginx = {r}</text>"##,
+            x1 = x0 + width,
+            tx = x0 + 2.0,
+            ty = y - 3.0
+        );
+    }
+    let group_w = width / groups.len().max(1) as f64;
+    let bar_w = (group_w * 0.6 / 2.0).min(60.0);
+    for (i, g) in groups.iter().enumerate() {
+        let gx = x0 + group_w * i as f64 + group_w / 2.0;
+        for (j, bar) in g.bars.iter().enumerate() {
+            let bx = gx - bar_w + bar_w * j as f64;
+            match bar.value.filter(|v| v.is_finite()) {
+                Some(v) => {
+                    let y = y_of(v);
+                    let _ = writeln!(
+                        svg,
+                        r#"<rect x="{bx:.1}" y="{y:.1}" width="{w:.1}" height="{h:.1}" fill="{c}"><title>{t}</title></rect><text x="{tx:.1}" y="{ty:.1}" font-size="10" text-anchor="middle">{t}</text>"#,
+                        w = bar_w - 4.0,
+                        h = PANEL_TOP + PANEL_HEIGHT - y,
+                        c = COLOURS[j],
+                        t = escape(&bar.label),
+                        tx = bx + (bar_w - 4.0) / 2.0,
+                        ty = y - 4.0
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        svg,
+                        r##"<text x="{tx:.1}" y="{ty:.1}" font-size="10" fill="#999" text-anchor="middle">n/a</text>"##,
+                        tx = bx + (bar_w - 4.0) / 2.0,
+                        ty = PANEL_TOP + PANEL_HEIGHT - 4.0
+                    );
+                }
+            }
+        }
+        let _ = writeln!(
+            svg,
+            r#"<text x="{gx:.1}" y="{y:.1}" font-size="12" text-anchor="middle">{}</text>"#,
+            escape(g.name),
+            y = PANEL_TOP + PANEL_HEIGHT + 18.0
+        );
+    }
+}
+
+/// Renders A and B side by side as an SVG document (see the module doc).
+pub fn render_compare_svg(a: &BenchResult, b: &BenchResult, a_name: &str, b_name: &str) -> String {
+    let both = [a, b];
+    let per_cpu = |proxy: &'static str| -> Group {
+        Group {
+            name: proxy,
+            bars: both.map(|r| {
+                let v = r.metrics(proxy).map(|m| m.requests_per_cpu_second);
+                Bar {
+                    value: v,
+                    label: v.map_or_else(String::new, thousands),
+                }
+            }),
+        }
+    };
+    let ratio = |name: &'static str, f: fn(&crate::report::Ratios) -> f64| -> Group {
+        Group {
+            name,
+            bars: both.map(|r| {
+                let v = r.ratios.as_ref().map(f);
+                Bar {
+                    value: v,
+                    label: v.map_or_else(String::new, |v| format!("{v:.2}×")),
+                }
+            }),
+        }
+    };
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" viewBox="0 0 {WIDTH} {HEIGHT}" font-family="sans-serif">"#
+    );
+    let _ = writeln!(
+        svg,
+        r#"<rect width="100%" height="100%" fill="white"/><text x="{:.1}" y="24" font-size="16" font-weight="bold" text-anchor="middle">Sluice vs nginx, scenario {} — two machines</text>"#,
+        WIDTH / 2.0,
+        a.scenario
+    );
+    panel(
+        &mut svg,
+        40.0,
+        380.0,
+        "requests per CPU-second (higher is better)",
+        &[per_cpu("nginx"), per_cpu("sluice")],
+        1.0,
+        None,
+    );
+    panel(
+        &mut svg,
+        480.0,
+        380.0,
+        "sluice ÷ nginx on the same machine",
+        &[
+            ratio("req/s", |r| r.requests_per_sec),
+            ratio("req/CPU-s", |r| r.requests_per_cpu_second),
+            ratio("p99 (lower is better)", |r| r.p99_latency),
+        ],
+        1.0,
+        Some(1.0),
+    );
+    for (j, (r, file)) in [(a, a_name), (b, b_name)].into_iter().enumerate() {
+        let y = HEIGHT - 44.0 + 20.0 * j as f64;
+        let _ = writeln!(
+            svg,
+            r#"<rect x="40" y="{:.1}" width="14" height="14" fill="{}"/><text x="60" y="{y:.1}" font-size="12">{}: {}{}</text>"#,
+            y - 11.0,
+            COLOURS[j],
+            if j == 0 { "A" } else { "B" },
+            escape(&machine_label(r, file)),
+            if r.ratios.as_ref().is_some_and(|x| x.noisy) {
+                " — NOISY run"
+            } else {
+                ""
+            }
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn result() -> BenchResult {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("results/1-x86_64-20261129T200007Z.json");
+        BenchResult::load(&path).unwrap()
+    }
+
+    #[test]
+    fn two_machines_side_by_side() {
+        let a = result();
+        let mut b = a.clone();
+        b.machine.arch = "aarch64".to_owned();
+        b.machine.cpu_model = "Neoverse-V1 <ARM>".to_owned();
+        let ra = a.ratios.clone().unwrap();
+        let mut rb = ra.clone();
+        rb.requests_per_cpu_second = 1.37;
+        b.ratios = Some(rb);
+        let svg = render_compare_svg(&a, &b, "x86.json", "arm.json");
+        assert!(svg.starts_with("<svg ") && svg.trim_end().ends_with("</svg>"));
+        assert!(
+            svg.contains("aarch64 · Neoverse-V1 &lt;ARM&gt; · "),
+            "{svg}"
+        );
+        assert!(svg.contains("x86_64 · "), "{svg}");
+        assert!(svg.contains(">1.37×<"), "{svg}");
+        assert!(
+            svg.contains(&format!(">{:.2}×<", ra.requests_per_cpu_second)),
+            "{svg}"
+        );
+        let nginx = a.metrics("nginx").unwrap().requests_per_cpu_second;
+        assert!(svg.contains(&format!(">{}<", thousands(nginx))), "{svg}");
+        assert!(svg.contains("nginx = 1"), "{svg}");
+        // Every opened element is closed: 2 bars × (2 + 3) groups.
+        assert_eq!(svg.matches("<rect x=").count() - 2, 10, "{svg}");
+    }
+
+    #[test]
+    fn a_machine_without_sluice_shows_na() {
+        let a = result();
+        let mut b = a.clone();
+        b.runs.retain(|r| r.proxy == "nginx");
+        b.ratios = None;
+        let svg = render_compare_svg(&a, &b, "a.json", "b.json");
+        assert_eq!(svg.matches(">n/a<").count(), 4, "{svg}");
+    }
+}

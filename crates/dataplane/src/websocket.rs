@@ -1,0 +1,224 @@
+//! WebSocket upgrades for routes with `websocket: true`.
+//!
+//! The request goes to the upstream on a connection of its own (plain TCP, or TLS with ALPN
+//! `http/1.1` for scheme `https`) with its `Upgrade` and `Connection: upgrade` headers kept
+//! (they are hop-by-hop and dropped on every other request, as APISIX does for routes
+//! without `enable_websocket`). When the upstream answers `101`, the answer is relayed and
+//! both connections are spliced byte for byte until either side closes. The splice runs in
+//! a task of its own that holds only the two sockets, so snapshot swaps do not touch it; the
+//! connection never returns to a pool.
+//!
+//! NB: once upgraded, a session has no idle timeout (the route's read timeout applies only
+//! to the upstream's answer to the upgrade request).
+
+use bytes::BytesMut;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::h1::{Framing, H1Error, MAX_HEAD_BYTES, MAX_HEADERS, ProxyHeaders, encode_request_head};
+use crate::proxy::{ConnInfo, strip_hop_by_hop};
+use crate::upstream::Timeouts;
+use crate::upstream_tls::{Alpn, UpstreamTlsClient};
+
+/// Largest body of a refused upgrade (a non-101 answer) relayed to the client.
+const MAX_REFUSAL_BODY: usize = 64 * 1024;
+
+/// A byte stream to the upstream, plain or TLS.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// Whether `req` asks for a WebSocket upgrade (HTTP/1.1 `Upgrade: websocket`).
+pub fn is_upgrade(req: &Request<Incoming>) -> bool {
+    req.version() == http::Version::HTTP_11
+        && req.headers().get_all(header::UPGRADE).iter().any(|v| {
+            v.to_str().is_ok_and(|s| {
+                s.split(',')
+                    .any(|t| t.trim().eq_ignore_ascii_case("websocket"))
+            })
+        })
+}
+
+fn upstream_err(addr: &str, e: H1Error) -> ProxyError {
+    ProxyError::Upstream {
+        addr: addr.to_owned(),
+        source: e,
+    }
+}
+
+/// Proxies the upgrade request `req` to the endpoint `address` (over TLS with `tls`).
+pub async fn proxy(
+    mut req: Request<Incoming>,
+    host: Option<HeaderValue>,
+    conn: &ConnInfo,
+    tls: Option<&UpstreamTlsClient>,
+    address: &str,
+    timeouts: Timeouts,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let on_upgrade = hyper::upgrade::on(&mut req);
+    let (mut parts, _body) = req.into_parts();
+    let upgrade = parts.headers.get(header::UPGRADE).cloned();
+    strip_hop_by_hop(&mut parts.headers);
+    if let Some(u) = upgrade {
+        parts.headers.insert(header::UPGRADE, u);
+    }
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    let target = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/");
+    let mut head = Vec::with_capacity(512);
+    encode_request_head(
+        &mut head,
+        &parts.method,
+        target,
+        &parts.headers,
+        Framing::Empty,
+        Some(ProxyHeaders {
+            client_ip: conn.remote_ip.as_bytes(),
+            proto: conn.scheme,
+            host: host.as_ref().map(HeaderValue::as_bytes),
+        }),
+    );
+
+    let addr = address.to_owned();
+    let tcp = match conn
+        .timer
+        .timeout(timeouts.connect, TcpStream::connect(address))
+        .await
+    {
+        Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
+        Ok(Err(source)) => return Err(ProxyError::Connect { addr, source }),
+        Ok(Ok(s)) => s,
+    };
+    let _ = tcp.set_nodelay(true);
+    let mut upstream: Box<dyn Io> = match tls {
+        None => Box::new(tcp),
+        Some(tls) => match conn
+            .timer
+            .timeout(timeouts.connect, tls.connect(tcp, address, Alpn::Http11))
+            .await
+        {
+            Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
+            Ok(Err(source)) => return Err(ProxyError::UpstreamTls { addr, source }),
+            Ok(Ok(s)) => Box::new(s),
+        },
+    };
+    if let Err(e) = upstream.write_all(&head).await {
+        return Err(upstream_err(address, H1Error::Io(e)));
+    }
+    let mut buf = BytesMut::with_capacity(4096);
+    let (status, headers) = match conn
+        .timer
+        .timeout(timeouts.read, read_head(&mut upstream, &mut buf))
+        .await
+    {
+        Err(_) => return Err(ProxyError::ReadTimeout(addr)),
+        Ok(Err(e)) => return Err(upstream_err(address, e)),
+        Ok(Ok(h)) => h,
+    };
+
+    if status != StatusCode::SWITCHING_PROTOCOLS {
+        // The upstream refused the upgrade: relay its answer as an ordinary response.
+        let mut headers = headers;
+        let length = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<usize>().ok())
+            .unwrap_or(0)
+            .min(MAX_REFUSAL_BODY);
+        while buf.len() < length {
+            match conn
+                .timer
+                .timeout(timeouts.read, upstream.read_buf(&mut buf))
+                .await
+            {
+                Ok(Ok(n)) if n > 0 => {}
+                _ => break,
+            }
+        }
+        buf.truncate(length);
+        strip_hop_by_hop(&mut headers);
+        headers.remove(header::CONTENT_LENGTH);
+        let mut resp = Response::new(ProxyBody::full(buf.freeze()));
+        *resp.status_mut() = status;
+        *resp.headers_mut() = headers;
+        return Ok(resp);
+    }
+
+    let mut resp = Response::new(ProxyBody::empty());
+    *resp.status_mut() = status;
+    *resp.headers_mut() = headers;
+    let leftover = buf.freeze();
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::debug!(error = %e, "downstream upgrade failed");
+                return;
+            }
+        };
+        let mut downstream = TokioIo::new(upgraded);
+        if !leftover.is_empty() && downstream.write_all(&leftover).await.is_err() {
+            return;
+        }
+        match tokio::io::copy_bidirectional(&mut downstream, &mut upstream).await {
+            Ok((up, down)) => tracing::debug!(up, down, "websocket session ended"),
+            Err(e) => tracing::debug!(error = %e, "websocket session ended"),
+        }
+    });
+    Ok(resp)
+}
+
+/// Reads a response head from `io`; bytes after it stay in `buf`.
+async fn read_head(
+    io: &mut Box<dyn Io>,
+    buf: &mut BytesMut,
+) -> Result<(StatusCode, HeaderMap), H1Error> {
+    loop {
+        if !buf.is_empty() {
+            let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
+            let mut resp = httparse::Response::new(&mut raw);
+            match resp.parse(buf) {
+                Ok(httparse::Status::Complete(len)) => {
+                    let status = StatusCode::from_u16(resp.code.unwrap_or(0))
+                        .map_err(|_| H1Error::Invalid("bad status code"))?;
+                    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+                    for h in resp.headers.iter() {
+                        let name = HeaderName::from_bytes(h.name.as_bytes())
+                            .map_err(|_| H1Error::Invalid("bad header name"))?;
+                        let value = HeaderValue::from_bytes(h.value)
+                            .map_err(|_| H1Error::Invalid("bad header value"))?;
+                        headers.append(name, value);
+                    }
+                    let _ = buf.split_to(len);
+                    if status == StatusCode::CONTINUE {
+                        continue;
+                    }
+                    return Ok((status, headers));
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(_) => return Err(H1Error::Invalid("malformed response head")),
+            }
+            if buf.len() > MAX_HEAD_BYTES {
+                return Err(H1Error::Invalid("response head too large"));
+            }
+        }
+        buf.reserve(4096);
+        if io.read_buf(buf).await? == 0 {
+            return Err(if buf.is_empty() {
+                H1Error::ClosedBeforeResponse
+            } else {
+                H1Error::Truncated
+            });
+        }
+    }
+}

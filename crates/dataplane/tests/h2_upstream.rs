@@ -1,0 +1,151 @@
+//! HTTP/2 to a plain-text upstream (scheme `grpc`: h2c with prior knowledge) against a real
+//! hyper HTTP/2 server that counts its connections: requests of a worker share one
+//! multiplexed connection, and a connection the upstream closed is replaced.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::{BodyExt, Full};
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use sluice_proto::v1;
+use tokio::net::TcpListener;
+
+/// A hyper h2c origin answering `h2 <path>` (after `/slow` paths wait 200 ms); counts
+/// accepted connections and can drop them all.
+struct Origin {
+    addr: SocketAddr,
+    accepted: Arc<AtomicUsize>,
+    conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Origin {
+    async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let conns = Arc::new(Mutex::new(Vec::new()));
+        let (a, c) = (Arc::clone(&accepted), Arc::clone(&conns));
+        tokio::spawn(async move {
+            loop {
+                let (tcp, _) = listener.accept().await.unwrap();
+                a.fetch_add(1, Ordering::SeqCst);
+                let task = tokio::spawn(async move {
+                    let service =
+                        service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                            if req.uri().path().starts_with("/slow") {
+                                tokio::time::sleep(Duration::from_millis(200)).await;
+                            }
+                            let body = format!("{:?} {}", req.version(), req.uri().path());
+                            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(body))))
+                        });
+                    let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                });
+                c.lock().unwrap().push(task);
+            }
+        });
+        Origin {
+            addr,
+            accepted,
+            conns,
+        }
+    }
+
+    fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn drop_connections(&self) {
+        for t in self.conns.lock().unwrap().drain(..) {
+            t.abort();
+        }
+    }
+}
+
+async fn h2_dataplane(origin: SocketAddr) -> Dataplane {
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(origin, 1)]);
+    up.scheme = v1::Scheme::Grpc as i32;
+    dp.store
+        .apply(
+            snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![up]),
+            vec![],
+        )
+        .unwrap();
+    dp
+}
+
+#[tokio::test]
+async fn concurrent_requests_share_one_multiplexed_connection() {
+    let origin = Origin::start().await;
+    let dp = h2_dataplane(origin.addr).await;
+    let addr = dp.addr;
+    let requests =
+        (0..20).map(|i| async move { get(addr, "h2.test", &format!("/slow/{i}")).await });
+    let responses = futures::future::join_all(requests).await;
+    for (i, r) in responses.iter().enumerate() {
+        assert_eq!(r.status, 200);
+        assert_eq!(r.text(), format!("HTTP/2.0 /slow/{i}"));
+    }
+    // 20 requests in flight together, from 20 client connections: one upstream connection.
+    assert_eq!(origin.accepted(), 1);
+}
+
+#[tokio::test]
+async fn a_connection_the_upstream_closed_is_replaced() {
+    let origin = Origin::start().await;
+    let dp = h2_dataplane(origin.addr).await;
+    assert_eq!(
+        get(dp.addr, "h2.test", "/one").await.text(),
+        "HTTP/2.0 /one"
+    );
+    origin.drop_connections();
+    // Let the close reach the dataplane's side of the connection.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let resp = get(dp.addr, "h2.test", "/two").await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.text(), "HTTP/2.0 /two");
+    assert_eq!(origin.accepted(), 2);
+}
+
+#[tokio::test]
+async fn request_body_streams_to_an_h2_upstream() {
+    // An origin that echoes the body length.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let service = service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                    let body = req.into_body().collect().await.unwrap().to_bytes();
+                    Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(format!(
+                        "got {}",
+                        body.len()
+                    )))))
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tcp), service)
+                    .await;
+            });
+        }
+    });
+    let dp = h2_dataplane(origin).await;
+    let req = http::Request::post("/upload")
+        .header("host", "h2.test")
+        .body(Full::new(Bytes::from(vec![b'x'; 300_000])))
+        .unwrap();
+    let resp = send(dp.addr, req).await;
+    assert_eq!(resp.status, 200);
+    assert_eq!(resp.text(), "got 300000");
+}

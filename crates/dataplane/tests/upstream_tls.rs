@@ -1,0 +1,389 @@
+//! TLS to upstreams (schemes `https` and `grpcs`) against real TLS origins whose
+//! certificates are generated here with rcgen: ALPN h2 vs HTTP/1.1, CA verification, SNI,
+//! client certificates (mTLS), and gRPC over TLS.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{
+    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    KeyUsagePurpose,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use sluice_proto::v1;
+use sluice_testkit::grpc::{EchoClient, EchoRequest, GrpcEchoServer};
+use tokio::net::TcpListener;
+
+/// A certificate authority made for one test.
+struct Ca {
+    pem: String,
+    issuer: Issuer<'static, KeyPair>,
+}
+
+fn ca(name: &str) -> Ca {
+    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    p.distinguished_name.push(DnType::CommonName, name);
+    p.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.self_signed(&key).unwrap();
+    Ca {
+        pem: cert.pem(),
+        issuer: Issuer::new(p, key),
+    }
+}
+
+/// A leaf certificate and key (PEM) for `sans` (DNS names or IP addresses).
+fn leaf(ca: &Ca, cn: &str, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> (String, String) {
+    let mut p =
+        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    p.distinguished_name.push(DnType::CommonName, cn);
+    p.extended_key_usages = vec![usage];
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, &ca.issuer).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
+fn server_leaf(ca: &Ca, sans: &[&str]) -> (String, String) {
+    leaf(ca, "upstream", sans, ExtendedKeyUsagePurpose::ServerAuth)
+}
+
+/// A TLS origin answering every request with JSON: the HTTP version it saw, the SNI the
+/// client sent, and the common name... presence of the client certificate.
+async fn tls_origin(
+    (cert, key): (String, String),
+    alpn: &[&[u8]],
+    client_ca: Option<&str>,
+) -> SocketAddr {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let builder = rustls::ServerConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .unwrap();
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = rustls::RootCertStore::empty();
+            for c in CertificateDer::pem_slice_iter(ca.as_bytes()) {
+                roots.add(c.unwrap()).unwrap();
+            }
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                Arc::new(roots),
+                provider,
+            )
+            .build()
+            .unwrap();
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(chain, key).unwrap();
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let (_, session) = tls.get_ref();
+                let sni = session.server_name().map(str::to_owned);
+                let client_cert = session.peer_certificates().is_some_and(|c| !c.is_empty());
+                let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let body = serde_json::json!({
+                        "version": format!("{:?}", req.version()),
+                        "sni": sni,
+                        "client_cert": client_cert,
+                        "path": req.uri().path(),
+                        "x_forwarded_for": req.headers().get("x-forwarded-for")
+                            .map(|v| v.to_str().unwrap().to_owned()),
+                        "te": req.headers().get("te").map(|v| v.to_str().unwrap().to_owned()),
+                    });
+                    async move {
+                        Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(
+                            body.to_string(),
+                        ))))
+                    }
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+fn tls_upstream(
+    scheme: v1::Scheme,
+    backend: SocketAddr,
+    host: Option<&str>,
+    tls: v1::UpstreamTls,
+) -> v1::Upstream {
+    let mut up = upstream("u", &[(backend, 1)]);
+    up.scheme = scheme as i32;
+    if let Some(h) = host {
+        up.endpoints[0].host = h.to_owned();
+    }
+    up.tls = Some(tls);
+    up
+}
+
+async fn dataplane_with(up: v1::Upstream) -> Dataplane {
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![up]),
+            vec![],
+        )
+        .unwrap();
+    dp
+}
+
+#[tokio::test]
+async fn https_upstream_speaks_h2_when_alpn_offers_it_and_sends_the_sni() {
+    let ca = ca("test ca");
+    let origin = tls_origin(
+        server_leaf(&ca, &["upstream.test"]),
+        &[b"h2", b"http/1.1"],
+        None,
+    )
+    .await;
+    let dp = dataplane_with(tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: ca.pem.clone(),
+            sni: "upstream.test".into(),
+            ..Default::default()
+        },
+    ))
+    .await;
+    for _ in 0..3 {
+        let req = http::Request::get("/a")
+            .header("host", "client.example")
+            .header("te", "trailers")
+            .header("connection", "te")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let resp = send(dp.addr, req).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        let body = resp.json();
+        assert_eq!(body["version"], "HTTP/2.0");
+        // `te: trailers` is the one hop-by-hop header HTTP/2 (and gRPC) needs.
+        assert_eq!(body["te"], "trailers");
+        assert_eq!(body["sni"], "upstream.test");
+        assert_eq!(body["path"], "/a");
+        assert_eq!(body["x_forwarded_for"], "127.0.0.1");
+    }
+}
+
+#[tokio::test]
+async fn https_upstream_falls_back_to_http11_and_verifies_an_ip_endpoint() {
+    let ca = ca("test ca");
+    let origin = tls_origin(server_leaf(&ca, &["127.0.0.1"]), &[b"http/1.1"], None).await;
+    let dp = dataplane_with(tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: ca.pem.clone(),
+            ..Default::default()
+        },
+    ))
+    .await;
+    for _ in 0..3 {
+        let resp = get(dp.addr, "client.example", "/b").await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        let body = resp.json();
+        assert_eq!(body["version"], "HTTP/1.1");
+        // No SNI for an IP address.
+        assert_eq!(body["sni"], serde_json::Value::Null);
+    }
+}
+
+#[tokio::test]
+async fn a_certificate_from_another_ca_is_refused_with_502() {
+    let real = ca("real ca");
+    let other = ca("other ca");
+    let origin = tls_origin(server_leaf(&real, &["127.0.0.1"]), &[b"h2"], None).await;
+    let dp = dataplane_with(tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: other.pem.clone(),
+            ..Default::default()
+        },
+    ))
+    .await;
+    let resp = get(dp.addr, "client.example", "/").await;
+    assert_eq!(resp.status, 502);
+    assert!(
+        resp.text()
+            .contains("TLS handshake with the upstream failed"),
+        "{}",
+        resp.text()
+    );
+
+    // A name the certificate does not carry is refused too.
+    let dp = dataplane_with(tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: real.pem.clone(),
+            sni: "elsewhere.test".into(),
+            ..Default::default()
+        },
+    ))
+    .await;
+    let resp = get(dp.addr, "client.example", "/").await;
+    assert_eq!(resp.status, 502);
+    assert!(resp.text().contains("TLS handshake"), "{}", resp.text());
+}
+
+#[tokio::test]
+async fn client_certificate_is_presented_to_an_upstream_that_requires_one() {
+    let ca = ca("test ca");
+    let origin = tls_origin(
+        server_leaf(&ca, &["127.0.0.1"]),
+        &[b"h2", b"http/1.1"],
+        Some(&ca.pem),
+    )
+    .await;
+    let (cert, key) = leaf(&ca, "sluice", &[], ExtendedKeyUsagePurpose::ClientAuth);
+    let dp = dataplane_with(tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: ca.pem.clone(),
+            client_cert_pem: cert,
+            client_key_pem: key,
+            ..Default::default()
+        },
+    ))
+    .await;
+    let resp = get(dp.addr, "client.example", "/").await;
+    assert_eq!(resp.status, 200, "{}", resp.text());
+    assert_eq!(resp.json()["client_cert"], true);
+
+    // Without the client certificate the upstream refuses the connection.
+    let dp = dataplane_with(tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: ca.pem.clone(),
+            ..Default::default()
+        },
+    ))
+    .await;
+    let resp = get(dp.addr, "client.example", "/").await;
+    assert_eq!(resp.status, 502, "{}", resp.text());
+}
+
+#[tokio::test]
+async fn grpc_over_tls_to_a_tonic_server() {
+    let ca = ca("test ca");
+    let (cert, key) = server_leaf(&ca, &["grpc.test"]);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = listener.local_addr().unwrap();
+    let tls = tonic::transport::ServerTlsConfig::new()
+        .identity(tonic::transport::Identity::from_pem(cert, key));
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .tls_config(tls)
+            .unwrap()
+            .add_service(GrpcEchoServer::service("tls"))
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let dp = dataplane().await;
+    let mut up = tls_upstream(
+        v1::Scheme::Grpcs,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: ca.pem.clone(),
+            sni: "grpc.test".into(),
+            ..Default::default()
+        },
+    );
+    up.id = "g".into();
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/g/r1", &["/sluice.test.v1.Echo/*"], "g")],
+                vec![up],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", dp.addr))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = EchoClient::new(channel);
+    let reply = client
+        .unary(EchoRequest {
+            message: "over tls".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(reply.metadata().get("x-echo-server").unwrap(), "tls");
+    assert_eq!(reply.into_inner().message, "over tls");
+}
+
+#[tokio::test]
+async fn unusable_tls_settings_reject_the_snapshot_and_keep_the_last_good_one() {
+    let backend = sluice_testkit::EchoServer::start("e", "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let dp = dataplane_to("/*", backend.addr).await;
+    let bad = tls_upstream(
+        v1::Scheme::Https,
+        backend.addr,
+        None,
+        v1::UpstreamTls {
+            ca_pem: "-----BEGIN CERTIFICATE-----\ngarbage\n-----END CERTIFICATE-----\n".into(),
+            ..Default::default()
+        },
+    );
+    let err = dp
+        .store
+        .apply(
+            snapshot(2, vec![route("default/r/r1", &["/*"], "u")], vec![bad]),
+            vec![],
+        )
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("upstream u: tls.ca_pem:"),
+        "{err}"
+    );
+    assert_eq!(get(dp.addr, "a", "/").await.status, 200);
+}

@@ -1,0 +1,183 @@
+//! WebSocket through the dataplane: a real tokio-tungstenite server behind it and a real
+//! tokio-tungstenite client in front of it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use common::*;
+use futures::{SinkExt, StreamExt};
+use sluice_proto::v1;
+use tokio::net::TcpListener;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::handshake::server::{Request, Response};
+
+#[allow(clippy::result_large_err)]
+/// A WebSocket server that greets each session with `hello from <name> <path>`, then echoes
+/// every text message as `<name>: <text>` and sends `tick` on its own when asked (`tick?`).
+async fn ws_server(name: &'static str) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut path = String::new();
+                let callback = |req: &Request, resp: Response| {
+                    path = req.uri().path().to_owned();
+                    Ok(resp)
+                };
+                let Ok(mut ws) = tokio_tungstenite::accept_hdr_async(stream, callback).await else {
+                    return;
+                };
+                ws.send(Message::text(format!("hello from {name} {path}")))
+                    .await
+                    .unwrap();
+                while let Some(Ok(msg)) = ws.next().await {
+                    match msg {
+                        Message::Text(t) if t.as_str() == "tick?" => {
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            ws.send(Message::text("tick")).await.unwrap();
+                        }
+                        Message::Text(t) => {
+                            ws.send(Message::text(format!("{name}: {}", t.as_str())))
+                                .await
+                                .unwrap();
+                        }
+                        Message::Binary(b) => ws.send(Message::Binary(b)).await.unwrap(),
+                        Message::Close(_) => break,
+                        _ => {}
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+fn ws_route(websocket: bool, upstream: &str) -> v1::Route {
+    v1::Route {
+        websocket,
+        ..route("default/ws/r1", &["/ws*"], upstream)
+    }
+}
+
+async fn next_text<S>(ws: &mut S) -> String
+where
+    S: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let msg = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .expect("message in time")
+        .expect("stream open")
+        .expect("no error");
+    msg.into_text().unwrap().as_str().to_owned()
+}
+
+#[tokio::test]
+async fn websocket_session_stays_open_across_three_snapshot_swaps() {
+    let backend = ws_server("ws1").await;
+    let other = ws_server("ws2").await;
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![ws_route(true, "u")],
+                vec![upstream("u", &[(backend, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{}/ws/chat", dp.addr))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 101);
+    assert_eq!(next_text(&mut ws).await, "hello from ws1 /ws/chat");
+
+    let swaps = [
+        // The route moves to another upstream.
+        snapshot(
+            2,
+            vec![ws_route(true, "v")],
+            vec![upstream("v", &[(other, 1)])],
+        ),
+        // The route disappears.
+        snapshot(3, vec![], vec![]),
+        // The route comes back without websocket.
+        snapshot(
+            4,
+            vec![ws_route(false, "u")],
+            vec![upstream("u", &[(backend, 1)])],
+        ),
+    ];
+    for (i, swap) in swaps.into_iter().enumerate() {
+        dp.store.apply(swap, vec![]).unwrap();
+        ws.send(Message::text(format!("msg {i}"))).await.unwrap();
+        assert_eq!(next_text(&mut ws).await, format!("ws1: msg {i}"));
+        // The server speaks on its own too.
+        ws.send(Message::text("tick?")).await.unwrap();
+        assert_eq!(next_text(&mut ws).await, "tick");
+    }
+    ws.send(Message::binary(vec![0u8, 1, 2, 255]))
+        .await
+        .unwrap();
+    let echoed = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(echoed.into_data().as_ref(), &[0u8, 1, 2, 255]);
+    ws.close(None).await.unwrap();
+
+    // A new session follows the current snapshot, whose route has websocket off.
+    assert!(
+        tokio_tungstenite::connect_async(format!("ws://{}/ws/chat", dp.addr))
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test]
+async fn upgrade_headers_are_dropped_on_routes_without_websocket() {
+    let backend = ws_server("ws1").await;
+    let dp = dataplane_to("/ws*", backend).await;
+    let err = tokio_tungstenite::connect_async(format!("ws://{}/ws", dp.addr))
+        .await
+        .unwrap_err();
+    // The upstream saw a plain GET (no Upgrade header) and refused the handshake.
+    match err {
+        tokio_tungstenite::tungstenite::Error::Http(resp) => {
+            assert_ne!(resp.status(), 101);
+        }
+        other => panic!("expected an HTTP refusal, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn many_sessions_in_parallel_each_get_their_own_upstream_connection() {
+    let backend = ws_server("ws1").await;
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![ws_route(true, "u")],
+                vec![upstream("u", &[(backend, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let addr = dp.addr;
+    let sessions = (0..20).map(|i| async move {
+        let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{addr}/ws/{i}"))
+            .await
+            .unwrap();
+        assert_eq!(next_text(&mut ws).await, format!("hello from ws1 /ws/{i}"));
+        ws.send(Message::text(format!("s{i}"))).await.unwrap();
+        assert_eq!(next_text(&mut ws).await, format!("ws1: s{i}"));
+    });
+    futures::future::join_all(sessions).await;
+}

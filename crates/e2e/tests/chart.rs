@@ -1,0 +1,568 @@
+//! The Helm chart (charts/sluice) against real helm and a real kube-apiserver: lint, the
+//! values schema, the committed manifests/, server-side dry-run, `helm install` with the
+//! default and the Graviton example values, and the chart's certificates and RBAC carrying a
+//! real controller ⇄ dataplane snapshot stream.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use base64::Engine as _;
+use serde_json::Value;
+use sluice_e2e::{
+    Backend, Cluster, chart_dir, eventually, free_port, helm, helm_path, http_get, render_chart,
+    render_release, repo_root, workspace_bin,
+};
+
+fn graviton_values() -> String {
+    chart_dir()
+        .join("examples/graviton-values.yaml")
+        .to_string_lossy()
+        .into_owned()
+}
+
+/// The shared cluster with the chart's CRDs Established.
+fn cluster() -> &'static Cluster {
+    static READY: OnceLock<()> = OnceLock::new();
+    let cluster = Cluster::shared();
+    READY.get_or_init(|| {
+        let crds = chart_dir().join("crds/apisix-crds.yaml");
+        cluster
+            .kubectl_ok(&["apply", "--server-side", "-f", crds.to_str().unwrap()])
+            .unwrap();
+        cluster
+            .kubectl_ok(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=60s",
+                "crd/apisixroutes.apisix.apache.org",
+            ])
+            .unwrap();
+    });
+    cluster
+}
+
+/// Helm installs touch cluster-wide objects (IngressClass, ClusterRole): one at a time.
+fn install_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Top-level documents of a multi-document YAML stream that hold an object.
+fn object_count(yaml: &str) -> usize {
+    yaml.lines().filter(|l| l.starts_with("kind: ")).count()
+}
+
+#[test]
+fn helm_lint_passes_for_the_default_and_the_graviton_values() {
+    let chart = chart_dir();
+    let chart = chart.to_str().unwrap();
+    let out = helm(&["lint", "--strict", chart]).unwrap();
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+    assert!(out.stdout.contains("0 chart(s) failed"), "{}", out.stdout);
+    let out = helm(&["lint", "--strict", chart, "-f", &graviton_values()]).unwrap();
+    assert!(out.success, "{}{}", out.stdout, out.stderr);
+}
+
+#[test]
+fn the_values_schema_refuses_bad_values_with_the_field_named() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["--set", "controller.replicas=-1"], "/controller/replicas"),
+        (&["--set", "dataplane.replicas=-2"], "/dataplane/replicas"),
+        (
+            &["--set", "dataplane.autoscaling.minReplicas=0"],
+            "/dataplane/autoscaling/minReplicas",
+        ),
+        (&["--set", "arch=s390x"], "/arch"),
+        (&["--set", "arch=x86_64"], "'', 'amd64', 'arm64'"),
+        (
+            &["--set", "dataplane.service.type=Ingress"],
+            "/dataplane/service/type",
+        ),
+        (&["--set", "dataplane.replicaz=3"], "'replicaz' not allowed"),
+        (
+            &["--set", "podSecurityContext.runAsNonRoot=false"],
+            "/podSecurityContext/runAsNonRoot",
+        ),
+        (
+            &["--set", "snapshotTLS.mode=plaintext"],
+            "/snapshotTLS/mode",
+        ),
+        // Cross-field checks the schema cannot express, made by templates/validate.yaml.
+        (
+            &["--set", "dataplane.autoscaling.maxReplicas=1"],
+            "maxReplicas (1) must be at least dataplane.autoscaling.minReplicas (2)",
+        ),
+        (
+            &["--set", "controller.leaderElection=false"],
+            "needs leader election",
+        ),
+        (
+            &["--set", "dataplane.drainTimeoutSeconds=30"],
+            "must be below dataplane.terminationGracePeriodSeconds (30)",
+        ),
+    ];
+    let chart = chart_dir();
+    for (args, want) in cases {
+        let mut all = vec!["template", "x", chart.to_str().unwrap()];
+        all.extend_from_slice(args);
+        let out = helm(&all).unwrap();
+        assert!(!out.success, "{args:?} was accepted:\n{}", out.stdout);
+        assert!(
+            out.stderr.contains(want),
+            "{args:?}: the error does not mention {want:?}:\n{}",
+            out.stderr
+        );
+    }
+    // The same values files, both of which must pass.
+    let ok = helm(&[
+        "template",
+        "x",
+        chart.to_str().unwrap(),
+        "-f",
+        &graviton_values(),
+    ])
+    .unwrap();
+    assert!(ok.success, "{}", ok.stderr);
+}
+
+#[test]
+fn committed_manifests_match_the_chart() {
+    let script = repo_root().join("scripts/render-manifests.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .arg("--stdout")
+        .env("SLUICE_HELM", helm_path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rendered = String::from_utf8(out.stdout).unwrap();
+    let path = repo_root().join("manifests/sluice.yaml");
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    if rendered != committed {
+        let first = rendered
+            .lines()
+            .zip(committed.lines())
+            .position(|(a, b)| a != b)
+            .map_or("(one is a prefix of the other)".to_owned(), |i| {
+                format!("first difference at line {}", i + 1)
+            });
+        panic!(
+            "{} is stale ({first}); regenerate it with scripts/render-manifests.sh",
+            path.display()
+        );
+    }
+    // Everything but the generated certificates, and never a private key.
+    assert!(object_count(&committed) >= 20, "{committed}");
+    assert!(
+        !committed.contains("\nkind: Secret\n") && !committed.contains("LS0tLS1CRUdJTi"),
+        "manifests/ must not carry certificates or keys"
+    );
+}
+
+#[test]
+fn rendered_chart_passes_a_server_side_dry_run() {
+    let cluster = cluster();
+    let ns = cluster.create_namespace("dryrun").unwrap();
+    for extra in [vec![], vec!["-f".to_owned(), graviton_values()]] {
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        let yaml = render_chart(&ns, &extra).unwrap();
+        assert!(object_count(&yaml) >= 17, "{yaml}");
+        let out = cluster
+            .kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &yaml)
+            .unwrap();
+        assert!(out.success, "{extra:?}: {}", out.stderr);
+        assert!(
+            out.stdout
+                .contains("deployment.apps/sluice-dataplane created (server dry run)"),
+            "{}",
+            out.stdout
+        );
+        assert!(
+            out.stdout.contains(
+                "horizontalpodautoscaler.autoscaling/sluice-dataplane created (server dry run)"
+            ),
+            "{}",
+            out.stdout
+        );
+    }
+}
+
+fn get_json(cluster: &Cluster, args: &[&str]) -> Value {
+    let mut args = args.to_vec();
+    args.extend(["-o", "json"]);
+    serde_json::from_str(&cluster.kubectl_ok(&args).unwrap()).unwrap()
+}
+
+/// Installs the chart as `release` into a new namespace and checks that every object of the
+/// release manifest exists. Returns the namespace.
+fn install(cluster: &Cluster, release: &str, extra: &[&str]) -> String {
+    let ns = cluster.create_namespace(release).unwrap();
+    let chart = chart_dir();
+    let mut args = vec![
+        "install",
+        release,
+        chart.to_str().unwrap(),
+        "--namespace",
+        &ns,
+    ];
+    args.extend_from_slice(extra);
+    let out = cluster.helm(&args).unwrap();
+    assert!(out.success, "helm install {extra:?}: {}", out.stderr);
+    assert!(out.stdout.contains("STATUS: deployed"), "{}", out.stdout);
+    assert!(out.stdout.contains("NOTES:"), "{}", out.stdout);
+
+    // Every object helm rendered is in the cluster.
+    let manifest = cluster
+        .helm_ok(&["get", "manifest", release, "--namespace", &ns])
+        .unwrap();
+    let expected = object_count(&manifest);
+    assert!(expected >= 17, "{manifest}");
+    let got = cluster
+        .kubectl_stdin(&["get", "-f", "-", "-o", "json"], &manifest)
+        .unwrap();
+    assert!(got.success, "objects missing after install: {}", got.stderr);
+    let got: Value = serde_json::from_str(&got.stdout).unwrap();
+    let items = got["items"].as_array().unwrap();
+    assert_eq!(items.len(), expected, "{}", got);
+    let mut kinds: Vec<&str> = items.iter().map(|i| i["kind"].as_str().unwrap()).collect();
+    kinds.sort_unstable();
+    kinds.dedup();
+    for kind in [
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "Deployment",
+        "HorizontalPodAutoscaler",
+        "IngressClass",
+        "PodDisruptionBudget",
+        "Role",
+        "RoleBinding",
+        "Secret",
+        "Service",
+        "ServiceAccount",
+    ] {
+        assert!(kinds.contains(&kind), "no {kind} in {kinds:?}");
+    }
+    ns
+}
+
+fn secret_data(cluster: &Cluster, ns: &str, name: &str, key: &str) -> Vec<u8> {
+    let s = get_json(cluster, &["get", "secret", name, "-n", ns]);
+    base64::engine::general_purpose::STANDARD
+        .decode(s["data"][key].as_str().unwrap())
+        .unwrap()
+}
+
+#[test]
+fn helm_install_creates_every_object_with_default_and_graviton_values() {
+    let cluster = cluster();
+    let _guard = install_lock();
+
+    // Default values.
+    let ns = install(cluster, "sluice", &[]);
+    let dp = get_json(cluster, &["get", "deploy", "sluice-dataplane", "-n", &ns]);
+    let pod = &dp["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], false);
+    assert_eq!(pod["serviceAccountName"], "sluice-dataplane");
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    let c = &pod["containers"][0];
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    let sa = get_json(cluster, &["get", "sa", "sluice-dataplane", "-n", &ns]);
+    assert_eq!(sa["automountServiceAccountToken"], false);
+    let ctrl = get_json(cluster, &["get", "deploy", "sluice-controller", "-n", &ns]);
+    assert_eq!(ctrl["spec"]["replicas"], 2);
+    let args = ctrl["spec"]["template"]["spec"]["containers"][0]["args"].to_string();
+    assert!(args.contains("--leader-elect"), "{args}");
+    let hpa = get_json(cluster, &["get", "hpa", "sluice-dataplane", "-n", &ns]);
+    assert_eq!(hpa["apiVersion"], "autoscaling/v2");
+    assert_eq!(hpa["spec"]["minReplicas"], 2);
+    assert_eq!(hpa["spec"]["maxReplicas"], 10);
+    assert_eq!(hpa["spec"]["metrics"][0]["resource"]["name"], "cpu");
+    let svc = get_json(cluster, &["get", "svc", "sluice-dataplane", "-n", &ns]);
+    assert_eq!(svc["spec"]["type"], "LoadBalancer");
+
+    // An upgrade keeps the generated certificates (lookup), so dataplanes stay trusted.
+    let ca = secret_data(cluster, &ns, "sluice-controller-tls", "ca.crt");
+    let key = secret_data(cluster, &ns, "sluice-controller-tls", "tls.key");
+    let chart = chart_dir();
+    let out = cluster
+        .helm(&[
+            "upgrade",
+            "sluice",
+            chart.to_str().unwrap(),
+            "--namespace",
+            &ns,
+            "--set",
+            "dataplane.service.type=NodePort",
+        ])
+        .unwrap();
+    assert!(out.success, "{}", out.stderr);
+    assert_eq!(
+        secret_data(cluster, &ns, "sluice-controller-tls", "ca.crt"),
+        ca
+    );
+    assert_eq!(
+        secret_data(cluster, &ns, "sluice-controller-tls", "tls.key"),
+        key
+    );
+    assert_eq!(
+        secret_data(cluster, &ns, "sluice-dataplane-tls", "ca.crt"),
+        ca
+    );
+    let svc = get_json(cluster, &["get", "svc", "sluice-dataplane", "-n", &ns]);
+    assert_eq!(svc["spec"]["type"], "NodePort");
+    let out = cluster
+        .helm(&["uninstall", "sluice", "--namespace", &ns])
+        .unwrap();
+    assert!(out.success, "{}", out.stderr);
+
+    // The Graviton example: arm64 nodes, tolerations, spread, HPA 3..30.
+    let ns = install(cluster, "edge", &["-f", &graviton_values()]);
+    for deploy in ["edge-sluice-controller", "edge-sluice-dataplane"] {
+        let d = get_json(cluster, &["get", "deploy", deploy, "-n", &ns]);
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(
+            pod["nodeSelector"]["kubernetes.io/arch"], "arm64",
+            "{deploy}"
+        );
+        assert_eq!(pod["tolerations"][0]["value"], "arm64", "{deploy}");
+        assert!(
+            pod["topologySpreadConstraints"].as_array().is_some(),
+            "{deploy}"
+        );
+    }
+    let hpa = get_json(cluster, &["get", "hpa", "edge-sluice-dataplane", "-n", &ns]);
+    assert_eq!(hpa["spec"]["minReplicas"], 3);
+    assert_eq!(hpa["spec"]["maxReplicas"], 30);
+    assert_eq!(
+        hpa["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
+        60
+    );
+    let out = cluster
+        .helm(&["uninstall", "edge", "--namespace", &ns])
+        .unwrap();
+    assert!(out.success, "{}", out.stderr);
+}
+
+/// The chart's generated certificates and the chart's RBAC carry a real snapshot stream:
+/// the controller runs as the chart's ServiceAccount with the controller Secret, the
+/// dataplane with the dataplane Secret, verifying the controller by its in-cluster DNS name.
+#[test]
+fn chart_certificates_and_rbac_carry_a_real_snapshot_stream() {
+    // NB: release `mtls`: its ClusterRole and Secrets have names of their own, so it shares
+    // the cluster with the helm releases of the other tests.
+    let cluster = cluster();
+    let ns = cluster.create_namespace("mtls").unwrap();
+    let yaml = render_release(
+        "mtls",
+        &ns,
+        &["--show-only", "templates/snapshot-tls-secret.yaml"],
+    )
+    .unwrap();
+    cluster.apply(&yaml).unwrap();
+    let kubeconfig = cluster
+        .chart_controller_kubeconfig_for("mtls", &ns)
+        .unwrap();
+    let dir = cluster.dir().join(format!("mtls-{ns}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |secret: &str, key: &str| -> PathBuf {
+        let path = dir.join(format!("{secret}-{key}"));
+        std::fs::write(&path, secret_data(cluster, &ns, secret, key)).unwrap();
+        path
+    };
+    let grpc = free_port().unwrap();
+    let metrics = free_port().unwrap();
+    let mut cmd = Command::new(workspace_bin("sluice-controller", "sluice-controller").unwrap());
+    cmd.arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .args(["--grpc-listen", &grpc.to_string()])
+        .args(["--metrics-listen", &metrics.to_string()])
+        .args([
+            "--leader-elect",
+            "--identity",
+            "mtls-0",
+            "--lease-namespace",
+            &ns,
+        ])
+        .args(["--watch-namespace", &ns])
+        .arg("--tls-cert")
+        .arg(write("mtls-sluice-controller-tls", "tls.crt"))
+        .arg("--tls-key")
+        .arg(write("mtls-sluice-controller-tls", "tls.key"))
+        .arg("--tls-ca")
+        .arg(write("mtls-sluice-controller-tls", "ca.crt"));
+    let _controller = Backend::spawn(cmd, grpc, Duration::from_secs(30)).unwrap();
+
+    let admin = free_port().unwrap();
+    let http = free_port().unwrap();
+    let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane").unwrap());
+    cmd.args(["--controller", &format!("https://{grpc}")])
+        .args([
+            "--tls-server-name",
+            &format!("mtls-sluice-controller.{ns}.svc"),
+        ])
+        .arg("--tls-cert")
+        .arg(write("mtls-sluice-dataplane-tls", "tls.crt"))
+        .arg("--tls-key")
+        .arg(write("mtls-sluice-dataplane-tls", "tls.key"))
+        .arg("--tls-ca")
+        .arg(write("mtls-sluice-dataplane-tls", "ca.crt"))
+        .args(["--workers", "1", "--dataplane-id", "mtls-dp"])
+        .args([
+            "--listen-http",
+            &http.to_string(),
+            "--admin",
+            &admin.to_string(),
+        ]);
+    let _dataplane = Backend::spawn(cmd, admin, Duration::from_secs(30)).unwrap();
+
+    // A route applied now reaches the dataplane over the mutually authenticated stream, and
+    // its status (written by the controller with the chart's RBAC) says so.
+    cluster
+        .apply(&format!(
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: web, namespace: {ns}}}
+spec:
+  ports: [{{name: http, port: 80}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: mtls, namespace: {ns}}}
+spec:
+  ingressClassName: apisix
+  http:
+    - name: r1
+      match: {{hosts: [mtls.e2e], paths: ["/x"]}}
+      backends: [{{serviceName: web, servicePort: 80}}]
+"#
+        ))
+        .unwrap();
+    let programmed = eventually(Duration::from_secs(30), || {
+        let ar = get_json(cluster, &["get", "ar", "mtls", "-n", &ns]);
+        ar["status"]["conditions"]
+            .as_array()?
+            .iter()
+            .find(|c| c["type"] == "Programmed" && c["status"] == "True")
+            .and_then(|c| c["message"].as_str().map(str::to_owned))
+    });
+    let programmed = programmed.expect("the route was never Programmed on the dataplane");
+    assert!(programmed.contains("1/1"), "{programmed}");
+    // Served by the dataplane: the route exists (its Service has no endpoints, so no
+    // connection is made anywhere), an unknown host 404s.
+    let routed = http_get(http, "mtls.e2e", "/x").unwrap();
+    assert_ne!(routed.status, 404, "{routed:?}");
+    assert_eq!(http_get(http, "other.e2e", "/x").unwrap().status, 404);
+}
+
+#[test]
+fn cert_manager_mode_issues_both_certificates_and_needs_cert_manager() {
+    let chart = chart_dir();
+    let chart = chart.to_str().unwrap();
+    let base = ["template", "s", chart, "--namespace", "ns"];
+    let mut without = base.to_vec();
+    without.extend(["--set", "snapshotTLS.mode=certManager"]);
+    let out = helm(&without).unwrap();
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr.contains("needs cert-manager installed"),
+        "{}",
+        out.stderr
+    );
+
+    let mut with = without.clone();
+    with.extend(["--api-versions", "cert-manager.io/v1"]);
+    let yaml = helm(&with).unwrap();
+    assert!(yaml.success, "{}", yaml.stderr);
+    let y = &yaml.stdout;
+    // Self-signed root, CA certificate, CA issuer, then the two leaf certificates.
+    assert_eq!(y.matches("\nkind: Certificate\n").count(), 3, "{y}");
+    assert_eq!(y.matches("\nkind: Issuer\n").count(), 2, "{y}");
+    assert!(y.contains("secretName: s-sluice-controller-tls"), "{y}");
+    assert!(y.contains("- s-sluice-controller.ns.svc\n"), "{y}");
+    assert!(y.contains("secretName: s-sluice-dataplane-tls"), "{y}");
+    assert!(y.contains("usages: [client auth"), "{y}");
+    assert!(
+        !y.contains("\nkind: Secret\n"),
+        "no generated Secret with cert-manager: {y}"
+    );
+
+    // With an issuer of one's own, only the two leaf certificates.
+    let mut own = with.clone();
+    own.extend([
+        "--set",
+        "snapshotTLS.certManager.issuerRef.name=corp-ca",
+        "--set",
+        "snapshotTLS.certManager.issuerRef.kind=ClusterIssuer",
+    ]);
+    let yaml = helm(&own).unwrap();
+    assert!(yaml.success, "{}", yaml.stderr);
+    assert_eq!(yaml.stdout.matches("\nkind: Certificate\n").count(), 2);
+    assert_eq!(yaml.stdout.matches("\nkind: Issuer\n").count(), 0);
+    assert_eq!(yaml.stdout.matches("name: corp-ca").count(), 2);
+
+    // Existing Secrets: the names are required, and then nothing is generated.
+    let mut existing = base.to_vec();
+    existing.extend(["--set", "snapshotTLS.mode=existingSecrets"]);
+    let out = helm(&existing).unwrap();
+    assert!(!out.success);
+    assert!(
+        out.stderr.contains("controllerSecretName"),
+        "{}",
+        out.stderr
+    );
+    existing.extend([
+        "--set",
+        "snapshotTLS.controllerSecretName=c-tls",
+        "--set",
+        "snapshotTLS.dataplaneSecretName=d-tls",
+    ]);
+    let out = helm(&existing).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    assert!(!out.stdout.contains("\nkind: Secret\n"));
+    assert!(out.stdout.contains("secretName: c-tls"));
+    assert!(out.stdout.contains("secretName: d-tls"));
+}
+
+#[test]
+fn service_monitors_scrape_both_components_and_need_the_prometheus_operator() {
+    let chart = chart_dir();
+    let args = [
+        "template",
+        "s",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "ns",
+        "--set",
+        "serviceMonitor.enabled=true",
+    ];
+    let out = helm(&args).unwrap();
+    assert!(!out.success);
+    assert!(
+        out.stderr.contains("needs the Prometheus Operator"),
+        "{}",
+        out.stderr
+    );
+    let mut with = args.to_vec();
+    with.extend(["--api-versions", "monitoring.coreos.com/v1"]);
+    let out = helm(&with).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    let y = &out.stdout;
+    assert_eq!(y.matches("\nkind: ServiceMonitor\n").count(), 2, "{y}");
+    // Each selects a Service that exists in the release, on a port that Service has.
+    assert!(
+        y.contains("app.kubernetes.io/component: dataplane-admin\n"),
+        "{y}"
+    );
+    assert!(y.contains("- port: admin\n"), "{y}");
+    assert!(y.contains("- port: metrics\n"), "{y}");
+}
