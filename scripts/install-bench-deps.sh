@@ -2,6 +2,8 @@
 # Installs what the bench/ harness (sluice-bench) needs on Debian/Ubuntu:
 #   nginx (nginx-light)  upstream origin and baseline proxy
 #   wrk                  load generator
+#   h2load (nghttp2-client) HTTPS keep-alive load (sluice-bench tls)
+#   openssl              certificates for sluice-bench tls
 #   taskset (util-linux) CPU pinning
 #   kill (procps)        stopping process groups
 #   getconf (libc-bin)   clock ticks per second
@@ -33,14 +35,15 @@ need() { # need COMMAND PACKAGE
 
 need nginx nginx-light
 need wrk wrk
+need h2load nghttp2-client
+need openssl openssl
 need taskset util-linux
 need kill procps
 need getconf libc-bin
-need h2load nghttp2-client
 need curl curl
 
 if [ -z "$missing" ]; then
-    echo "install-bench-deps: nginx, wrk, taskset, kill, getconf, h2load and curl are already installed"
+    echo "install-bench-deps: nginx, wrk, taskset, kill, getconf, h2load, curl and openssl are already installed"
     exit 0
 fi
 

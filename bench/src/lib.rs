@@ -22,6 +22,7 @@ pub mod procfs;
 pub mod report;
 pub mod runner;
 pub mod sluice;
+pub mod tls;
 pub mod wrk;
 
 pub use error::BenchError;

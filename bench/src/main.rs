@@ -61,6 +61,25 @@ enum Cmd {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
         repeat: u32,
     },
+    /// HTTPS side by side with nginx (same certificate): keep-alive requests and new TLS
+    /// connections (ECDSA P-256, RSA-2048) per proxy CPU-second. Writes tls-<arch>.md.
+    Tls {
+        /// Length of each measured run.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Use this sluice-dataplane binary instead of building it with `cargo build --release`.
+        #[arg(long, value_name = "PATH")]
+        sluice_bin: Option<PathBuf>,
+        /// Sluice checkout holding bench/config (default: the one this binary was built from).
+        #[arg(long, value_name = "DIR", env = "SLUICE_WORKSPACE")]
+        workspace: Option<PathBuf>,
+        /// Where the report is written (default: bench/results in the workspace).
+        #[arg(long, value_name = "DIR")]
+        results_dir: Option<PathBuf>,
+        /// Rounds of every measurement (nginx, then sluice); the table gives medians.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+        repeat: u32,
+    },
     /// Print a side-by-side markdown table of two result files (B ÷ A ratios).
     Compare {
         /// First result JSON (A), e.g. bench/results/latest-1-x86_64.json.
@@ -220,6 +239,24 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     eprintln!("sluice-bench: wrote {}", path.display());
                 }
             }
+        }
+        Cmd::Tls {
+            duration,
+            sluice_bin,
+            workspace,
+            results_dir,
+            repeat,
+        } => {
+            process::install_signal_handler().context("installing signal handlers")?;
+            let workspace = workspace.unwrap_or_else(workspace_root);
+            let opts = sluice_bench::tls::TlsOptions {
+                sluice_bin,
+                results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
+                workspace,
+                duration,
+                repeat,
+            };
+            println!("{}", sluice_bench::tls::run_tls_bench(&opts)?);
         }
         Cmd::Compare { a, b, svg } => {
             let ra = BenchResult::load(&a)?;

@@ -83,7 +83,7 @@ struct Tools {
     wrk: PathBuf,
 }
 
-fn require(program: &'static str) -> Result<PathBuf, BenchError> {
+pub(crate) fn require(program: &'static str) -> Result<PathBuf, BenchError> {
     process::find_on_path(program).ok_or(BenchError::MissingTool { program })
 }
 
@@ -106,7 +106,7 @@ pub fn parse_cpu_list(text: &str) -> Option<Vec<usize>> {
 }
 
 /// The CPUs this process may run on (`Cpus_allowed_list` in /proc/self/status).
-fn allowed_cpus() -> Vec<usize> {
+pub(crate) fn allowed_cpus() -> Vec<usize> {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {
@@ -127,7 +127,7 @@ pub fn pick_cpus(allowed: &[usize]) -> Option<(usize, usize)> {
 }
 
 /// A command pinned to `cpu` with taskset (which execs, so the pid stays the program's).
-fn pinned(cpu: Option<usize>, program: &Path, args: &[String]) -> Command {
+pub(crate) fn pinned(cpu: Option<usize>, program: &Path, args: &[String]) -> Command {
     match cpu {
         Some(cpu) => {
             let mut c = Command::new("taskset");

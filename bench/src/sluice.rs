@@ -21,6 +21,9 @@ pub fn args(config: &Path, http_port: u16, admin_port: u16) -> Vec<String> {
         config.display().to_string(),
         "--listen-http".into(),
         format!("127.0.0.1:{http_port}"),
+        // Loopback only; `sluice-bench tls` replaces it with a real port.
+        "--listen-https".into(),
+        "127.0.0.1:0".into(),
         "--admin".into(),
         format!("127.0.0.1:{admin_port}"),
         "--workers".into(),
@@ -117,7 +120,7 @@ mod tests {
         let a = args(Path::new("/w/bench/config/scenario1.yaml"), 9081, 9091);
         assert_eq!(
             a.join(" "),
-            "--standalone /w/bench/config/scenario1.yaml --listen-http 127.0.0.1:9081 \
+            "--standalone /w/bench/config/scenario1.yaml --listen-http 127.0.0.1:9081 --listen-https 127.0.0.1:0 \
              --admin 127.0.0.1:9091 --workers 1"
         );
     }

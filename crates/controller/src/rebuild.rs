@@ -110,7 +110,13 @@ impl Rebuilder {
         let started = Instant::now();
         let state = assemble(inputs, &self.ingress_class);
         // NB: `assemble` already kept only our class, so translate everything it got.
-        let translation = translate(&state, &Options::default());
+        // NB: certificate validity is checked against the time of the rebuild; one that
+        // expires later stays served until the next rebuild (any object change).
+        let opts = Options {
+            now: Some(std::time::SystemTime::now()),
+            ..Options::default()
+        };
+        let translation = translate(&state, &opts);
         let hash = sluice_proto::content_hash(&translation.snapshot);
         let outcome = if self.hash.as_deref() == Some(hash.as_str()) {
             Outcome::Unchanged(self.version)

@@ -32,6 +32,7 @@ pub mod standalone;
 pub mod store;
 pub mod table;
 pub mod timer;
+pub mod tls;
 pub mod upstream;
 pub mod upstream_tls;
 pub mod websocket;

@@ -58,7 +58,8 @@ struct Args {
     /// Plain-HTTP listener (HTTP/1.1 and h2c).
     #[arg(long, default_value = "0.0.0.0:9080")]
     listen_http: SocketAddr,
-    /// HTTPS listener.
+    /// HTTPS listener: terminates TLS with the certificates of the snapshot (ApisixTls,
+    /// Ingress spec.tls), chosen by SNI; ALPN h2 and http/1.1.
     #[arg(long, default_value = "0.0.0.0:9443")]
     listen_https: SocketAddr,
     /// Admin listener: /healthz, /readyz, /snapshot, /metrics.
@@ -185,14 +186,29 @@ fn main() -> anyhow::Result<()> {
         ..Default::default()
     };
     let (drain_trigger, drain) = server::Drain::channel();
-    let handles =
-        server::spawn_workers_until(args.listen_http, workers, Arc::clone(&store), limits, drain)
-            .with_context(|| format!("binding {}", args.listen_http))?;
+    let mut handles = server::spawn_workers_until(
+        args.listen_http,
+        workers,
+        Arc::clone(&store),
+        limits,
+        drain.clone(),
+    )
+    .with_context(|| format!("binding {}", args.listen_http))?;
+    handles.extend(
+        server::spawn_https_workers(
+            args.listen_https,
+            workers,
+            Arc::clone(&store),
+            limits,
+            drain,
+        )
+        .with_context(|| format!("binding {}", args.listen_https))?,
+    );
     let source_name = match &source {
         Source::Standalone(path) => path.display().to_string(),
         Source::Controller(config) => config.url.clone(),
     };
-    tracing::info!(http = %args.listen_http, admin = %args.admin, workers, source = %source_name, "sluice-dataplane serving");
+    tracing::info!(http = %args.listen_http, https = %args.listen_https, admin = %args.admin, workers, source = %source_name, "sluice-dataplane serving");
 
     control.block_on(async move {
         tokio::spawn(admin::serve(admin_listener, Arc::clone(&store)));

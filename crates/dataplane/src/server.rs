@@ -121,6 +121,29 @@ impl Drain {
     }
 }
 
+/// hyper's HTTP/1.1 and HTTP/2 connection builders with the downstream limits; shared by
+/// the HTTP and HTTPS listeners.
+#[allow(clippy::type_complexity)]
+pub(crate) fn connection_builders(
+    limits: &Limits,
+    timer: &CoarseTimer,
+) -> (
+    Arc<hyper::server::conn::http1::Builder>,
+    Arc<hyper::server::conn::http2::Builder<TokioExecutor>>,
+) {
+    let mut h1 = hyper::server::conn::http1::Builder::new();
+    h1.timer(timer.clone())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.max_header_bytes)
+        .max_headers(limits.max_headers)
+        .writev(true);
+    let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+    h2.timer(timer.clone())
+        .max_header_list_size(limits.max_header_bytes as u32)
+        .max_concurrent_streams(1024);
+    (Arc::new(h1), Arc::new(h2))
+}
+
 /// Accepts connections on `listener` and serves them until the runtime stops.
 pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
     serve_until(listener, store, limits, Drain::never()).await;
@@ -133,17 +156,7 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
-    let mut h1 = hyper::server::conn::http1::Builder::new();
-    h1.timer(timer.clone())
-        .header_read_timeout(limits.header_read_timeout)
-        .max_buf_size(limits.max_header_bytes)
-        .max_headers(limits.max_headers)
-        .writev(true);
-    let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
-    h2.timer(timer.clone())
-        .max_header_list_size(limits.max_header_bytes as u32)
-        .max_concurrent_streams(1024);
-    let (h1, h2) = (Arc::new(h1), Arc::new(h2));
+    let (h1, h2) = connection_builders(&limits, &timer);
     let mut stop = drain.clone();
     loop {
         let accepted = tokio::select! {
@@ -269,6 +282,39 @@ pub fn spawn_workers_until(
                     match TcpListener::from_std(std_listener) {
                         Ok(listener) => serve_until(listener, store, limits, drain).await,
                         Err(e) => tracing::error!(error = %e, "worker listener failed"),
+                    }
+                });
+            })?;
+        handles.push(handle);
+    }
+    Ok(handles)
+}
+
+/// Like [`spawn_workers_until`], for the HTTPS listener ([`crate::tls::serve_https_until`]).
+pub fn spawn_https_workers(
+    addr: SocketAddr,
+    workers: usize,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let mut handles = Vec::with_capacity(workers);
+    for i in 0..workers.max(1) {
+        let std_listener = bind_reuseport(addr)?;
+        let store = Arc::clone(&store);
+        let drain = drain.clone();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = std::thread::Builder::new()
+            .name(format!("sluice-tls-worker-{i}"))
+            .spawn(move || {
+                rt.block_on(async move {
+                    match TcpListener::from_std(std_listener) {
+                        Ok(listener) => {
+                            crate::tls::serve_https_until(listener, store, limits, drain).await
+                        }
+                        Err(e) => tracing::error!(error = %e, "HTTPS worker listener failed"),
                     }
                 });
             })?;

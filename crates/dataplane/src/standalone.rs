@@ -126,7 +126,11 @@ pub fn reload(path: &Path, store: &Store, next_version: &mut u64) -> bool {
             return false;
         }
     };
-    let translation = translate(&loaded.state, &Options::default());
+    let opts = Options {
+        now: Some(std::time::SystemTime::now()),
+        ..Options::default()
+    };
+    let translation = translate(&loaded.state, &opts);
     let mut rejected = loaded.rejected;
     for object in &translation.status.objects {
         for c in object

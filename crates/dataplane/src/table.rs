@@ -28,6 +28,9 @@ pub enum InvalidSnapshot {
         /// The missing upstream id.
         upstream: String,
     },
+    /// A server certificate is invalid.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::InvalidTlsCertificate),
     /// A route has no backend with a non-zero weight.
     #[error("route {0}: backends: no backend with a non-zero weight")]
     NoBackend(String),
@@ -102,6 +105,8 @@ pub struct RouteTable {
     pub routes: Vec<CompiledRoute>,
     /// Number of upstreams.
     pub upstream_count: usize,
+    /// Server certificates by SNI, for the HTTPS listener.
+    pub tls: crate::tls::TlsTable,
 }
 
 fn duration_or(ms: u64, default: Duration) -> Duration {
@@ -166,6 +171,7 @@ impl RouteTable {
         }
         global.sort_by_key(|p| std::cmp::Reverse(p.priority()));
         let router = Router::new(&snapshot.routes)?;
+        let tls = crate::tls::TlsTable::compile(&snapshot.tls_certificates)?;
         let mut upstreams: HashMap<&str, Arc<Upstream>> =
             HashMap::with_capacity(snapshot.upstreams.len());
         for up in &snapshot.upstreams {
@@ -248,6 +254,7 @@ impl RouteTable {
             router,
             routes,
             upstream_count: upstreams.len(),
+            tls,
         })
     }
 }

@@ -66,6 +66,9 @@ async fn start(config: &Path) -> Proc {
         .args([
             "--listen-http",
             &http.to_string(),
+            // Loopback only; this test does not use HTTPS.
+            "--listen-https",
+            "127.0.0.1:0",
             "--admin",
             &admin.to_string(),
             "--workers",

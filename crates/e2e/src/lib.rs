@@ -38,7 +38,9 @@ pub use helm::{
 };
 pub use http::{HttpResponse, http_get};
 pub use netns::{Backend, Netns, SUBNET_POOL};
-pub use pipeline::{Pipeline, eventually, free_port, spawn_controller, spawn_dataplane};
+pub use pipeline::{
+    Pipeline, eventually, free_port, spawn_controller, spawn_dataplane, spawn_dataplane_https,
+};
 
 /// The repository root: the nearest ancestor of the running test's package (cargo sets
 /// `CARGO_MANIFEST_DIR` at run time) or of the working directory that holds `Cargo.lock`.

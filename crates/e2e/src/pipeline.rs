@@ -64,6 +64,8 @@ pub struct Pipeline {
     pub dataplane: Option<Backend>,
     /// The dataplane's HTTP listener.
     pub http: SocketAddr,
+    /// The dataplane's HTTPS listener.
+    pub https: SocketAddr,
     /// The dataplane's state directory (persisted snapshot).
     pub state_dir: PathBuf,
 }
@@ -134,7 +136,8 @@ ports: [{{name: http, port: 8080}}]
             why: e.to_string(),
         })?;
         let http = free_port()?;
-        let dataplane = spawn_dataplane(&format!("http://{grpc}"), &state_dir, http)?;
+        let https = free_port()?;
+        let dataplane = spawn_dataplane_https(&format!("http://{grpc}"), &state_dir, http, https)?;
         Ok(Pipeline {
             cluster,
             namespace,
@@ -147,6 +150,7 @@ ports: [{{name: http, port: 8080}}]
             controller_args: controller_args.iter().map(|s| s.to_string()).collect(),
             dataplane: Some(dataplane),
             http,
+            https,
             state_dir,
         })
     }
@@ -169,8 +173,14 @@ ports: [{{name: http, port: 8080}}]
     pub fn restart_dataplane(&mut self) -> Result<(), Error> {
         self.dataplane = None;
         self.http = free_port()?;
+        self.https = free_port()?;
         let url = format!("http://{}", self.grpc);
-        self.dataplane = Some(spawn_dataplane(&url, &self.state_dir, self.http)?);
+        self.dataplane = Some(spawn_dataplane_https(
+            &url,
+            &self.state_dir,
+            self.http,
+            self.https,
+        )?);
         Ok(())
     }
 
@@ -225,6 +235,16 @@ pub fn spawn_dataplane(
     state: &Path,
     http: SocketAddr,
 ) -> Result<Backend, Error> {
+    spawn_dataplane_https(controllers, state, http, free_port()?)
+}
+
+/// Like [`spawn_dataplane`], with the HTTPS listener on `https`.
+pub fn spawn_dataplane_https(
+    controllers: &str,
+    state: &Path,
+    http: SocketAddr,
+    https: SocketAddr,
+) -> Result<Backend, Error> {
     let admin = free_port()?;
     let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane")?);
     cmd.args(["--controller", controllers, "--insecure", "--workers", "1"])
@@ -233,6 +253,8 @@ pub fn spawn_dataplane(
         .args([
             "--listen-http",
             &http.to_string(),
+            "--listen-https",
+            &https.to_string(),
             "--admin",
             &admin.to_string(),
         ]);

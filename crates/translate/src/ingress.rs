@@ -11,7 +11,9 @@
 //!   priority settles the tie between `Exact /foo` and the `/foo` of `Prefix /foo`.
 //! - Backends resolve exactly like ApisixRoute backends (same upstream ids), weight 100.
 //! - Annotations `k8s.apisix.apache.org/enable-websocket` and `upstream-{connect,send,read}-timeout`
-//!   are applied to every route of the Ingress. Access-control annotations that are not
+//!   are applied to every route of the Ingress, and so is the `redirect` plugin made from
+//!   `http-to-https: "true"` (`{"http_to_https":true}`: APISIX answers 301 for GET/HEAD and
+//!   308 otherwise) or `http-redirect` + `http-redirect-code` (see [`redirect_plugin`]). Access-control annotations that are not
 //!   implemented yet reject the Ingress (fail closed, like ApisixRoute `authentication`);
 //!   other unknown ones are listed in the `Accepted` message.
 
@@ -88,6 +90,43 @@ pub(crate) fn selected(ing: &Ingress, classes: &[IngressClass], opts: &Options) 
 struct Settings {
     websocket: bool,
     timeout: Option<v1::Timeouts>,
+    /// Plugins from annotations (the `redirect` plugin), sorted by name.
+    plugins: Vec<v1::Plugin>,
+}
+
+/// `redirect` plugin from `http-to-https`, else `http-redirect` with `http-redirect-code`,
+/// as the APISIX ingress controller translates them: `{"http_to_https": true}`, or
+/// `{"uri": <uri>, "ret_code": <code>}` where a code outside 301..=308 (or unparsable)
+/// becomes 301.
+fn redirect_plugin(ing: &Ingress, problems: &mut Problems) -> Option<v1::Plugin> {
+    let get = |name: &str| {
+        ing.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&format!("{ANNOTATION_PREFIX}{name}")))
+    };
+    let config = match get("http-to-https").map(String::as_str) {
+        Some("true") => serde_json::json!({"http_to_https": true}),
+        Some("false") | None => {
+            let uri = get("http-redirect").filter(|u| !u.is_empty())?;
+            let code = get("http-redirect-code")
+                .and_then(|c| c.parse::<u16>().ok())
+                .filter(|c| (301..=308).contains(c))
+                .unwrap_or(301);
+            serde_json::json!({"uri": uri, "ret_code": code})
+        }
+        Some(other) => {
+            problems.error(
+                annotation_field(&format!("{ANNOTATION_PREFIX}http-to-https")),
+                format!("{other:?} must be \"true\" or \"false\""),
+            );
+            return None;
+        }
+    };
+    Some(v1::Plugin {
+        name: "redirect".into(),
+        config_json: crate::json::canonical(&config),
+    })
 }
 
 fn annotation_field(key: &str) -> String {
@@ -114,6 +153,7 @@ fn settings(ing: &Ingress, problems: &mut Problems) -> Settings {
                 }
                 continue;
             }
+            "http-to-https" | "http-redirect" | "http-redirect-code" => continue,
             "upstream-connect-timeout" => 0,
             "upstream-send-timeout" => 1,
             "upstream-read-timeout" => 2,
@@ -135,6 +175,7 @@ fn settings(ing: &Ingress, problems: &mut Problems) -> Settings {
         }
     }
     out.timeout = upstream::timeouts(timeouts);
+    out.plugins.extend(redirect_plugin(ing, problems));
     if !unknown.is_empty() {
         problems.notes.push(format!(
             "annotations not supported yet, ignored: {}",
@@ -274,6 +315,7 @@ pub(crate) fn translate_object(
         timeout: settings.timeout,
         websocket: settings.websocket,
         backends: vec![backend],
+        plugins: settings.plugins.clone(),
         ..Default::default()
     };
 
@@ -331,13 +373,6 @@ pub(crate) fn translate_object(
         ));
         out.upstreams.push(up);
     }
-    for (k, tls) in spec.tls.iter().flatten().enumerate() {
-        let hosts = tls.hosts.as_deref().unwrap_or_default().join(", ");
-        let secret = tls.secret_name.as_deref().unwrap_or("<none>");
-        problems.notes.push(format!(
-            "spec.tls[{k}] (Secret {secret}, hosts [{hosts}]) is not served yet (TLS is not supported yet)"
-        ));
-    }
     out
 }
 
@@ -377,6 +412,7 @@ mod tests {
     fn class_selection() {
         let sluice = Options {
             ingress_class: Some("sluice".into()),
+            ..Default::default()
         };
         let default_class: IngressClass = serde_yaml::from_str(
             "metadata: {name: sluice, annotations: {ingressclass.kubernetes.io/is-default-class: \"true\"}}",

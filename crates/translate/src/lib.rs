@@ -51,12 +51,16 @@
 //!   annotation is `c`, or neither is set and IngressClass `c` is the cluster default (unlike
 //!   ApisixRoute, an unclassed Ingress is not ours otherwise). Ingress verdicts are in
 //!   [`Translation::ingresses`], not in the status report.
+//! - ApisixTls objects and Ingress `spec.tls[]` entries become `tls_certificates`; `src/tls.rs`
+//!   documents the checks (Secret present, PEM, key matches, validity at [`Options::now`]) and
+//!   how two claims of one host are settled.
 //!
 //! # Golden tests
 //!
 //! `testdata/<case>.in.yaml` holds objects as a user writes them; `<case>.out.yaml` the
 //! snapshot (canonical protobuf JSON mapping, as YAML) and the status report. A first line
-//! `# options: ingress_class=<name>` sets [`Options::ingress_class`]. Regenerate the expected
+//! `# options: ingress_class=<name> now=<unix seconds>` sets [`Options::ingress_class`] and
+//! [`Options::now`]. Regenerate the expected
 //! files after an intended change with
 //!
 //! ```text
@@ -73,6 +77,7 @@ mod problems;
 mod route;
 pub mod state;
 pub mod status;
+mod tls;
 mod upstream;
 mod upstream_health;
 mod validate;
@@ -84,7 +89,7 @@ use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sluice_crds::{
-    ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixUpstream,
+    ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
 };
 use sluice_proto::v1;
 
@@ -105,6 +110,9 @@ pub struct Options {
     /// only objects whose `spec.ingressClassName` is `class` or unset (for Ingresses: see the
     /// crate docs).
     pub ingress_class: Option<String>,
+    /// The time certificates must be valid at (the controller and standalone mode pass the
+    /// current time). `None` (the default): validity periods are not checked.
+    pub now: Option<std::time::SystemTime>,
 }
 
 /// The result of [`translate`].
@@ -133,6 +141,7 @@ pub(crate) struct Index<'a> {
     pub(crate) plugin_configs: BTreeMap<(&'a str, &'a str), &'a ApisixPluginConfig>,
     pub(crate) consumers: BTreeMap<(&'a str, &'a str), &'a ApisixConsumer>,
     pub(crate) global_rules: BTreeMap<(&'a str, &'a str), &'a ApisixGlobalRule>,
+    pub(crate) tlses: BTreeMap<(&'a str, &'a str), &'a ApisixTls>,
     /// Pod labels, keyed by (namespace, Pod name); for subsets.
     pub(crate) pod_labels: BTreeMap<(&'a str, &'a str), Option<&'a BTreeMap<String, String>>>,
 }
@@ -186,6 +195,12 @@ impl<'a> Index<'a> {
             .iter()
             .map(|o| (key(&o.metadata), o))
             .collect();
+        let tlses = state
+            .apisix_tlses
+            .iter()
+            .filter(|o| class_selected(o.spec.ingress_class_name.as_deref(), opts))
+            .map(|o| (key(&o.metadata), o))
+            .collect();
         let mut slices: BTreeMap<(&str, &str), Vec<&EndpointSlice>> = BTreeMap::new();
         for s in &state.endpoint_slices {
             let svc = s
@@ -237,6 +252,7 @@ impl<'a> Index<'a> {
             plugin_configs,
             consumers,
             global_rules,
+            tlses,
             pod_labels,
         }
     }
@@ -386,10 +402,17 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             routes: ids,
         });
     }
+    let mut tls = tls::translate(&idx, opts);
+    status.objects.append(&mut tls.apisix);
     let mut ingresses = Vec::new();
     for (&(ns, name), ing) in &idx.ingresses {
         let mut problems = Problems::default();
         let out = ingress::translate_object(ing, ns, name, &idx, &aus, &mut problems);
+        if let Some(list) = tls.ingress.remove(&(ns.to_owned(), name.to_owned())) {
+            for (reason, field, message) in list {
+                problems.unresolved(reason, field, message);
+            }
+        }
         let mut ids = Vec::new();
         // An ApisixRoute of the same name with a rule named like `ingress-r0-p0` would take
         // the same id: reject the Ingress rather than silently replace that route.
@@ -421,7 +444,6 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             routes: ids,
         });
     }
-    unsupported_kinds(state, opts, &mut status);
     status.sort();
 
     Translation {
@@ -432,6 +454,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             upstreams: upstreams.into_values().collect(),
             consumers,
             global_rules,
+            tls_certificates: tls.certificates,
         },
         status,
         ingresses,
@@ -453,36 +476,5 @@ fn simple_status(
         generation,
         conditions: vec![problems.accepted()],
         routes: Vec::new(),
-    }
-}
-
-/// Objects of kinds that are loaded but not translated yet get `Accepted=False`, so a user
-/// sees that e.g. their ApisixTls has no effect instead of assuming it is served.
-fn unsupported_kinds(state: &ClusterState, opts: &Options, status: &mut StatusReport) {
-    let mut push = |kind: ObjectKind, meta: &ObjectMeta, class: Option<&str>| {
-        if !class_selected(class, opts) {
-            return;
-        }
-        let (ns, name) = key(meta);
-        status.objects.push(ObjectStatus {
-            kind,
-            namespace: ns.to_owned(),
-            name: name.to_owned(),
-            generation: meta.generation,
-            conditions: vec![Condition::new(
-                status::CONDITION_ACCEPTED,
-                ConditionStatus::False,
-                status::REASON_UNSUPPORTED,
-                format!("{kind} is not supported by Sluice yet; this object has no effect"),
-            )],
-            routes: Vec::new(),
-        });
-    };
-    for o in &state.apisix_tlses {
-        push(
-            ObjectKind::ApisixTls,
-            &o.metadata,
-            o.spec.ingress_class_name.as_deref(),
-        );
     }
 }

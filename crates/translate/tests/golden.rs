@@ -8,7 +8,8 @@
 //! SLUICE_UPDATE_GOLDEN=1 cargo test -p sluice-translate --test golden
 //! ```
 //!
-//! A first line `# options: ingress_class=<name>` in an input sets `Options::ingress_class`.
+//! A first line `# options: ingress_class=<name> now=<unix seconds>` in an input sets
+//! `Options::ingress_class` and `Options::now`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -43,6 +44,10 @@ fn options(input: &str) -> Options {
         for kv in rest.split_whitespace() {
             match kv.split_once('=') {
                 Some(("ingress_class", v)) => opts.ingress_class = Some(v.to_owned()),
+                Some(("now", v)) => {
+                    let secs: u64 = v.parse().expect("now=<unix seconds>");
+                    opts.now = Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
+                }
                 _ => panic!("unknown golden option {kv:?}"),
             }
         }
