@@ -71,6 +71,11 @@ struct Args {
     /// Most open downstream connections per worker.
     #[arg(long, default_value_t = 10_000)]
     max_connections: usize,
+    /// Plugins this dataplane runs (comma-separated), like APISIX's `plugins:` list; a
+    /// snapshot with a route using any other plugin is rejected and the last good one keeps
+    /// serving. Default: every built-in plugin.
+    #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
+    plugins: Option<Vec<String>>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -155,6 +160,19 @@ fn main() -> anyhow::Result<()> {
         max_requests: args.upstream_keepalive_requests,
         dns_refresh: args.upstream_dns_refresh,
     })?);
+    if let Some(names) = &args.plugins {
+        let known: Vec<&str> = sluice_dataplane::plugins::BUILDERS
+            .iter()
+            .map(|(n, _)| *n)
+            .collect();
+        if let Some(bad) = names.iter().find(|n| !known.contains(&n.as_str())) {
+            anyhow::bail!(
+                "--plugins: unknown plugin {bad:?} (known: {})",
+                known.join(", ")
+            );
+        }
+    }
+    store.plugin_state().set_enabled(args.plugins.clone());
 
     // One small runtime for the admin listener and the configuration source.
     let control = tokio::runtime::Builder::new_current_thread()

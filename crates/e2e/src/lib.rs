@@ -40,6 +40,7 @@ pub use http::{HttpResponse, http_get};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{
     Pipeline, eventually, free_port, spawn_controller, spawn_dataplane, spawn_dataplane_https,
+    spawn_dataplane_with,
 };
 
 /// The repository root: the nearest ancestor of the running test's package (cargo sets

@@ -245,6 +245,17 @@ pub fn spawn_dataplane_https(
     http: SocketAddr,
     https: SocketAddr,
 ) -> Result<Backend, Error> {
+    spawn_dataplane_with(controllers, state, http, https, &[])
+}
+
+/// Like [`spawn_dataplane_https`], with `extra` flags (e.g. `--plugins`).
+pub fn spawn_dataplane_with(
+    controllers: &str,
+    state: &Path,
+    http: SocketAddr,
+    https: SocketAddr,
+    extra: &[&str],
+) -> Result<Backend, Error> {
     let admin = free_port()?;
     let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane")?);
     cmd.args(["--controller", controllers, "--insecure", "--workers", "1"])
@@ -257,6 +268,7 @@ pub fn spawn_dataplane_https(
             &https.to_string(),
             "--admin",
             &admin.to_string(),
-        ]);
+        ])
+        .args(extra);
     Backend::spawn(cmd, admin, Duration::from_secs(30))
 }

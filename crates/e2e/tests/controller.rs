@@ -274,3 +274,59 @@ fn two_replicas_elect_one_status_writer_and_every_dataplane_converges() {
     eventually(Duration::from_secs(30), same_hash).expect("same hash after failover");
     drop(replica_b);
 }
+
+#[test]
+fn a_snapshot_a_dataplane_cannot_compile_is_nacked_and_shown_in_programmed() {
+    let p = Pipeline::start().unwrap();
+    // A second dataplane that runs only the prometheus plugin (APISIX's `plugins:` list).
+    let state = p.cluster.dir().join("dataplane-strict-state");
+    std::fs::create_dir_all(&state).unwrap();
+    let http_strict = free_port().unwrap();
+    let _strict = sluice_e2e::spawn_dataplane_with(
+        &format!("http://{}", p.grpc),
+        &state,
+        http_strict,
+        free_port().unwrap(),
+        &["--plugins", "prometheus"],
+    )
+    .unwrap();
+    p.cluster.apply(&p.route_yaml("demo", "/hello*")).unwrap();
+    wait_served_by(&p, "/hello", "e2e-echo");
+    eventually(Duration::from_secs(30), || serving(http_strict, "/hello"))
+        .expect("the strict dataplane serves demo");
+    eventually(Duration::from_secs(30), || {
+        condition(&p, "demo", "Programmed").filter(|c| {
+            c["status"] == "True" && c["message"].as_str().is_some_and(|m| m.starts_with("2/2"))
+        })
+    })
+    .expect("demo Programmed 2/2");
+
+    // A route with limit-count: translation accepts it, the strict dataplane cannot run it.
+    let limited = p.route_yaml("limited", "/limited*").replace(
+        "      backends:\n",
+        "      plugins:\n        - name: limit-count\n          enable: true\n          config: {count: 100, time_window: 60}\n      backends:\n",
+    );
+    p.cluster.apply(&limited).unwrap();
+    wait_served_by(&p, "/limited", "e2e-echo");
+    let programmed = eventually(Duration::from_secs(30), || {
+        condition(&p, "limited", "Programmed").filter(|c| c["reason"] == "Rejected")
+    })
+    .expect("limited: Programmed=False Rejected");
+    assert_eq!(programmed["status"], "False");
+    let msg = programmed["message"].as_str().unwrap();
+    assert!(msg.contains("1/2 dataplanes"), "{msg}");
+    assert!(
+        msg.contains("plugin \"limit-count\" is not enabled on this dataplane"),
+        "{msg}"
+    );
+    // The strict dataplane keeps serving its last good snapshot.
+    for _ in 0..10 {
+        assert_eq!(serving(http_strict, "/hello").as_deref(), Some("e2e-echo"));
+    }
+    assert_eq!(
+        http_get(http_strict, "demo.e2e", "/limited")
+            .unwrap()
+            .status,
+        404
+    );
+}

@@ -49,6 +49,9 @@ pub enum ConfigError {
     /// No plugin of that name exists.
     #[error("plugin {0:?} is unknown (known plugins: {known})", known = known_names())]
     UnknownPlugin(String),
+    /// The plugin exists but this dataplane does not run it (`sluice-dataplane --plugins`).
+    #[error("plugin {0:?} is not enabled on this dataplane (its --plugins list)")]
+    NotEnabled(String),
     /// The plugin takes no consumer configuration.
     #[error("plugin {0:?} takes no consumer configuration")]
     NoConsumerConfig(String),

@@ -211,6 +211,9 @@ pub fn build(p: &v1::Plugin, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, Confi
     let Some((_, f)) = BUILDERS.iter().find(|(n, _)| *n == p.name) else {
         return Err(ConfigError::UnknownPlugin(p.name.clone()));
     };
+    if !cx.state.is_enabled(&p.name) {
+        return Err(ConfigError::NotEnabled(p.name.clone()));
+    }
     f(&p.config_json, cx)
 }
 

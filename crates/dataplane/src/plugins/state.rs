@@ -13,9 +13,32 @@ pub struct PluginState {
     shared: Mutex<HashMap<String, Shared>>,
     /// APISIX metric families (prometheus plugin, connection and request counts).
     pub apisix: Arc<super::prometheus::ApisixMetrics>,
+    /// Plugins this dataplane runs (`--plugins`); `None` = every built-in plugin.
+    enabled: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
 }
 
 impl PluginState {
+    /// Restricts the plugins this dataplane runs, as APISIX's `plugins:` list does: a
+    /// snapshot with a route using any other plugin is rejected (NACKed). `None` = all.
+    pub fn set_enabled(&self, names: Option<Vec<String>>) {
+        let set = names.map(|n| n.into_iter().collect());
+        match self.enabled.write() {
+            Ok(mut g) => *g = set,
+            Err(poisoned) => *poisoned.into_inner() = set,
+        }
+    }
+
+    /// Whether plugin `name` may run here.
+    pub fn is_enabled(&self, name: &str) -> bool {
+        let check = |g: &Option<std::collections::HashSet<String>>| {
+            g.as_ref().is_none_or(|set| set.contains(name))
+        };
+        match self.enabled.read() {
+            Ok(g) => check(&g),
+            Err(poisoned) => check(&poisoned.into_inner()),
+        }
+    }
+
     /// The value registered under `key`, made by `make` if there is none (or it has another
     /// type). Plugins use keys like `limit-count:<route>:<config>` so that an unchanged
     /// config keeps its counters across snapshots and a changed one starts afresh.
