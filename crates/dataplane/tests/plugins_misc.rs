@@ -7,50 +7,10 @@ use std::io::Read as _;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
 use common::*;
-use http::{Request, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 use serde_json::json;
 use sluice_testkit::EchoServer;
-
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
-async fn with_plugins(plugins: Vec<sluice_proto::v1::Plugin>) -> (EchoServer, Dataplane) {
-    let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![
-                    route_with("default/r/p", &["/*"], "u", plugins),
-                    route("default/r/free", &["/free"], "u"),
-                ],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
-    (echo, dp)
-}
-
-async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
-    let mut b = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "example.com");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    send(addr, b.body(Full::new(Bytes::new())).unwrap()).await
-}
-
-fn h<'a>(r: &'a Resp, name: &str) -> Option<&'a str> {
-    r.headers.get(name).map(|v| v.to_str().unwrap())
-}
 
 fn gunzip(b: &[u8]) -> String {
     let mut out = String::new();

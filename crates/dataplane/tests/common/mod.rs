@@ -183,3 +183,50 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
         .find_map(|l| l.strip_prefix(series).and_then(|v| v.strip_prefix(' ')))
         .and_then(|v| v.trim().parse().ok())
 }
+
+// Shared by the plugin suites (plugins_misc, plugins_rewrite, plugins_cors_ip).
+
+/// `127.0.0.1:0`.
+pub fn any() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// An echo origin `a` behind route `default/r/p` (`/*`, with `plugins`) and a plugin-free
+/// route `default/r/free` (`/free`).
+pub async fn with_plugins(
+    plugins: Vec<sluice_proto::v1::Plugin>,
+) -> (sluice_testkit::EchoServer, Dataplane) {
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![
+                    route_with("default/r/p", &["/*"], "u", plugins),
+                    route("default/r/free", &["/free"], "u"),
+                ],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    (echo, dp)
+}
+
+/// Sends a bodiless `method` request for `path` with Host `example.com` and `headers`.
+pub async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
+    let mut b = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "example.com");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    send(addr, b.body(Full::new(Bytes::new())).unwrap()).await
+}
+
+/// A response header as text.
+pub fn h<'a>(r: &'a Resp, name: &str) -> Option<&'a str> {
+    r.headers.get(name).map(|v| v.to_str().unwrap())
+}
