@@ -28,4 +28,4 @@ cargo build --workspace --bins --locked --quiet
 export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 
 echo "==> cargo test"
-cargo test --workspace --locked
+cargo test --workspace --locked --no-fail-fast

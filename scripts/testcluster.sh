@@ -159,10 +159,15 @@ port_in_use() { [ -n "$(ss -Htln "sport = :$1" 2>/dev/null)" ]; }
 
 # free_port VAR: sets VAR to a free loopback port not handed out before in this run.
 # (Not `$(free_port)`: a subshell would forget USED_PORTS.)
+# NB: ports come from 10000-32767, below the kernel's ephemeral range (32768-60999 here),
+# so no outgoing connection (curl, the API server's etcd clients, other tests) can be
+# holding the port when etcd or the API server binds it; `ss -l` only sees listeners.
 free_port() {
-    local p
+    local p lo=10000 hi
+    hi=$(awk '{print $1 - 1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32767)
+    [ "$hi" -gt $((lo + 1000)) ] || hi=32767
     for _ in $(seq 1 200); do
-        p=$((20000 + (RANDOM * 32768 + RANDOM) % 40000))
+        p=$((lo + (RANDOM * 32768 + RANDOM) % (hi - lo)))
         case " ${USED_PORTS:-} " in *" $p "*) continue ;; esac
         if ! port_in_use "$p"; then
             USED_PORTS="${USED_PORTS:-} $p"
@@ -268,7 +273,7 @@ cmd_start() {
     gen_pki "$dir/pki"
 
     local attempt
-    for attempt in 1 2 3; do
+    for attempt in 1 2 3 4 5; do
         USED_PORTS=
         local etcd_port etcd_peer api_port
         free_port etcd_port
@@ -342,7 +347,9 @@ cmd_start() {
             return 0
         fi
         local why="did not become ready within 60s"
-        if grep -qi "address already in use" "$dir/etcd.log" "$dir/kube-apiserver.log" 2>/dev/null; then
+        local taken
+        taken=$(grep -hi "address already in use" "$dir/etcd.log" "$dir/kube-apiserver.log" 2>/dev/null | head -n 1 || true)
+        if [ -n "$taken" ]; then
             why="port taken"
         fi
         cmd_stop "$dir" >/dev/null 2>&1 || true
@@ -351,7 +358,7 @@ cmd_start() {
             log "kube-apiserver.log (last lines):"; tail -n 40 "$dir/kube-apiserver.log" >&2 || true
             die "the test cluster in $dir $why"
         fi
-        log "attempt $attempt: a port was taken, retrying with others"
+        log "attempt $attempt: a port was taken (etcd $etcd_port/$etcd_peer, apiserver $api_port), retrying with others: ${taken:0:300}"
     done
     die "could not start the test cluster in $dir (ports kept colliding)"
 }
