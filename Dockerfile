@@ -13,8 +13,8 @@ ARG DEBIAN_RELEASE=bookworm
 FROM --platform=$BUILDPLATFORM rust:${RUST_VERSION}-${DEBIAN_RELEASE} AS build
 ARG TARGETARCH
 ARG BUILDARCH
-# Cargo profile of the shipped binaries (release: fat LTO; `fast` builds quicker).
-ARG PROFILE=release
+# Cargo profile of the shipped binaries (dist: optimised, thin LTO, stripped; see Cargo.toml).
+ARG PROFILE=dist
 RUN set -eux; \
     case "$TARGETARCH" in \
       amd64) triple=x86_64-unknown-linux-gnu; gccpkg=gcc-x86-64-linux-gnu; libc=libc6-dev-amd64-cross ;; \

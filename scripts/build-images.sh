@@ -26,7 +26,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
 
-profile=release
+profile=dist
 out=dist
 amd64_prebuilt=
 arm64_prebuilt=
