@@ -40,7 +40,9 @@ fn escape(s: &str) -> String {
 fn machine_label(r: &BenchResult, file: &str) -> String {
     format!(
         "{} · {} · {} CPUs ({file})",
-        r.machine.arch, r.machine.cpu_model, r.machine.nproc
+        r.machine.arch_label(),
+        r.machine.cpu_model,
+        r.machine.nproc
     )
 }
 
@@ -193,10 +195,14 @@ pub fn render_compare_svg(a: &BenchResult, b: &BenchResult, a_name: &str, b_name
             COLOURS[j],
             if j == 0 { "A" } else { "B" },
             escape(&machine_label(r, file)),
-            if r.ratios.as_ref().is_some_and(|x| x.noisy) {
-                " — NOISY run"
-            } else {
-                ""
+            match (
+                r.ratios.as_ref().is_some_and(|x| x.noisy),
+                r.machine.emulation.is_some()
+            ) {
+                (false, false) => "",
+                (true, false) => " — NOISY run",
+                (false, true) => " — qemu-user emulation, not a Graviton measurement",
+                (true, true) => " — NOISY run, qemu-user emulation, not a Graviton measurement",
             }
         );
     }
@@ -242,6 +248,30 @@ mod tests {
         assert!(svg.contains("nginx = 1"), "{svg}");
         // Every opened element is closed: 2 bars × (2 + 3) groups.
         assert_eq!(svg.matches("<rect x=").count() - 2, 10, "{svg}");
+    }
+
+    #[test]
+    fn an_emulated_machine_is_labelled() {
+        let a = result();
+        let mut b = a.clone();
+        b.machine.emulation = crate::machine::emulation(
+            "aarch64",
+            "x86_64",
+            Some("aarch64"),
+            Some("qemu-aarch64-static (qemu-aarch64 version 7.2.22)".into()),
+        );
+        b.machine.arch = "aarch64".to_owned();
+        let svg = render_compare_svg(&a, &b, "x86.json", "arm-qemu.json");
+        assert!(
+            svg.contains("aarch64 under qemu-user on x86_64 · "),
+            "{svg}"
+        );
+        assert_eq!(
+            svg.matches("qemu-user emulation, not a Graviton measurement")
+                .count(),
+            1,
+            "{svg}"
+        );
     }
 
     #[test]

@@ -25,6 +25,133 @@ pub struct MachineInfo {
     pub git_commit: String,
     /// True when the work tree had uncommitted changes.
     pub git_dirty: bool,
+    /// Set when the measured sluice-dataplane did not run as native code on this machine
+    /// (user-mode emulation such as qemu-user); absent in native results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emulation: Option<Emulation>,
+}
+
+/// How an emulated run was made: which architecture's code ran on which host, through what.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Emulation {
+    /// Architecture of the sluice-dataplane binary (from its ELF header), e.g. `aarch64`.
+    pub guest_arch: String,
+    /// Architecture of the host kernel (`uname -m` of a native process), e.g. `x86_64`.
+    pub host_arch: String,
+    /// The emulator and its version, e.g. `qemu-aarch64-static (qemu-aarch64 version 7.2.22)`.
+    pub emulator: String,
+    /// True when sluice-bench itself also ran emulated (its own architecture is not the host's).
+    pub harness_emulated: bool,
+}
+
+impl MachineInfo {
+    /// The architecture part of result file names: `arch` for native runs,
+    /// `<guest>-qemu` (or `<guest>-emulated`) for emulated ones, so an emulated result
+    /// never takes the place of a native one (`latest-1-aarch64.json`).
+    pub fn file_arch(&self) -> String {
+        match &self.emulation {
+            None => self.arch.clone(),
+            Some(e) if e.emulator.contains("qemu") => format!("{}-qemu", e.guest_arch),
+            Some(e) => format!("{}-emulated", e.guest_arch),
+        }
+    }
+
+    /// A one-line description of the architecture for reports and charts, e.g. `x86_64`
+    /// or `aarch64 under qemu-user on x86_64`.
+    pub fn arch_label(&self) -> String {
+        match &self.emulation {
+            None => self.arch.clone(),
+            Some(e) => format!(
+                "{} under {} on {}",
+                e.guest_arch,
+                if e.emulator.contains("qemu") {
+                    "qemu-user"
+                } else {
+                    "emulation"
+                },
+                e.host_arch
+            ),
+        }
+    }
+}
+
+/// The architecture (`uname -m` spelling) an ELF executable was built for, from its header;
+/// `None` for anything else.
+pub fn elf_arch(header: &[u8]) -> Option<&'static str> {
+    if header.len() < 20 || header[..4] != *b"\x7fELF" {
+        return None;
+    }
+    let machine = match header[5] {
+        1 => u16::from_le_bytes([header[18], header[19]]),
+        2 => u16::from_be_bytes([header[18], header[19]]),
+        _ => return None,
+    };
+    Some(match machine {
+        0x03 => "i686",
+        0x28 => "arm",
+        0x3e => "x86_64",
+        0xb7 => "aarch64",
+        0xf3 => "riscv64",
+        0x16 => "s390x",
+        0x15 => "ppc64le",
+        _ => return None,
+    })
+}
+
+/// The architecture of the binary at `path` (see [`elf_arch`]).
+pub fn binary_arch(path: &Path) -> Option<&'static str> {
+    use std::io::Read as _;
+    let mut header = [0u8; 20];
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut header))
+        .ok()?;
+    elf_arch(&header)
+}
+
+/// The host kernel's architecture: `uname -m` run as a separate program. Under user-mode
+/// emulation that program is the host's own (native) `uname`, so this names the real machine
+/// even when sluice-bench itself is emulated; falls back to the harness's own architecture.
+pub fn host_arch() -> String {
+    run_trimmed(Command::new("uname").arg("-m"))
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(arch)
+}
+
+/// Decides whether a run is emulated: when `emulator` runs the dataplane, when the dataplane
+/// binary is for another architecture than the host, or when sluice-bench itself is not
+/// native (`harness_arch` differs from `host_arch`). `emulator_version` describes the
+/// emulator (its name and `--version`).
+pub fn emulation(
+    harness_arch: &str,
+    host_arch: &str,
+    dataplane_arch: Option<&str>,
+    emulator_version: Option<String>,
+) -> Option<Emulation> {
+    let harness_emulated = harness_arch != host_arch;
+    let foreign_dataplane = dataplane_arch.is_some_and(|a| a != host_arch);
+    if emulator_version.is_none() && !harness_emulated && !foreign_dataplane {
+        return None;
+    }
+    Some(Emulation {
+        guest_arch: dataplane_arch.unwrap_or(harness_arch).to_owned(),
+        host_arch: host_arch.to_owned(),
+        emulator: emulator_version.unwrap_or_else(|| {
+            "the kernel's binfmt_misc interpreter (probably qemu-user)".to_owned()
+        }),
+        harness_emulated,
+    })
+}
+
+/// `NAME (first line of NAME --version)` of an emulator such as qemu-aarch64-static.
+pub fn emulator_version(emulator: &Path) -> String {
+    let name = emulator.file_name().map_or_else(
+        || emulator.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    let version = run_trimmed(Command::new(emulator).arg("--version"))
+        .and_then(|v| v.lines().next().map(str::to_owned))
+        .unwrap_or_else(|| "version unknown".to_owned());
+    format!("{name} ({version})")
 }
 
 /// CPU architecture in `uname -m` spelling.
@@ -32,8 +159,14 @@ pub fn arch() -> String {
     std::env::consts::ARCH.to_owned()
 }
 
-/// Collects machine facts; tool versions come from the given binaries.
-pub fn collect(workspace: &Path, nginx_version: String, wrk_version: String) -> MachineInfo {
+/// Collects machine facts; tool versions come from the given binaries. With `emulation`,
+/// `arch` is the emulated (guest) architecture and the CPU model is the host's.
+pub fn collect(
+    workspace: &Path,
+    nginx_version: String,
+    wrk_version: String,
+    emulation: Option<Emulation>,
+) -> MachineInfo {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let cpu_model = cpu_model_from_cpuinfo(&cpuinfo)
         .or_else(|| {
@@ -56,7 +189,9 @@ pub fn collect(workspace: &Path, nginx_version: String, wrk_version: String) -> 
     ]))
     .is_some_and(|s| !s.is_empty());
     MachineInfo {
-        arch: arch(),
+        arch: emulation
+            .as_ref()
+            .map_or_else(arch, |e| e.guest_arch.clone()),
         nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_owned())
@@ -66,6 +201,7 @@ pub fn collect(workspace: &Path, nginx_version: String, wrk_version: String) -> 
         wrk_version,
         git_commit,
         git_dirty,
+        emulation,
     }
 }
 
@@ -202,6 +338,65 @@ mod tests {
         );
         let lscpu_x86 = "Vendor ID:     AuthenticAMD\nModel name:    AMD EPYC\n";
         assert_eq!(cpu_model_from_lscpu(lscpu_x86).as_deref(), Some("AMD EPYC"));
+    }
+
+    #[test]
+    fn elf_headers_name_their_architecture() {
+        let mut h = [0u8; 20];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[5] = 1;
+        h[18] = 0xb7;
+        assert_eq!(elf_arch(&h), Some("aarch64"));
+        h[18] = 0x3e;
+        assert_eq!(elf_arch(&h), Some("x86_64"));
+        assert_eq!(elf_arch(b"#!/bin/sh\nexec something else\n"), None);
+        // The test binary itself is native.
+        let me = std::env::current_exe().unwrap();
+        assert_eq!(binary_arch(&me), Some(std::env::consts::ARCH));
+    }
+
+    #[test]
+    fn emulated_runs_are_detected_and_labelled() {
+        // Native: nothing to say.
+        assert_eq!(emulation("x86_64", "x86_64", Some("x86_64"), None), None);
+        // Native harness, arm64 dataplane through an explicit emulator.
+        let e = emulation(
+            "x86_64",
+            "x86_64",
+            Some("aarch64"),
+            Some("qemu-aarch64-static (qemu-aarch64 version 7.2.22)".into()),
+        )
+        .unwrap();
+        assert_eq!(
+            (e.guest_arch.as_str(), e.harness_emulated),
+            ("aarch64", false)
+        );
+        // arm64 harness under qemu on an x86_64 kernel, interpreter from binfmt_misc.
+        let e = emulation("aarch64", "x86_64", Some("aarch64"), None).unwrap();
+        assert!(e.harness_emulated);
+        assert!(e.emulator.contains("binfmt_misc"), "{}", e.emulator);
+
+        let mut m = collect(
+            Path::new("/nonexistent"),
+            "nginx".into(),
+            "wrk".into(),
+            None,
+        );
+        assert_eq!(m.file_arch(), std::env::consts::ARCH);
+        assert_eq!(m.arch_label(), std::env::consts::ARCH);
+        m.emulation = emulation(
+            "aarch64",
+            "x86_64",
+            Some("aarch64"),
+            Some("qemu-aarch64-static (qemu-aarch64 version 7.2.22)".into()),
+        );
+        assert_eq!(m.file_arch(), "aarch64-qemu");
+        assert_eq!(m.arch_label(), "aarch64 under qemu-user on x86_64");
+        // Old result files have no emulation field and still load as native.
+        let mut v = serde_json::to_value(&m).unwrap();
+        v.as_object_mut().unwrap().remove("emulation");
+        let old: MachineInfo = serde_json::from_value(v).unwrap();
+        assert_eq!(old.emulation, None);
     }
 
     #[test]

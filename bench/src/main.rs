@@ -55,6 +55,11 @@ enum Cmd {
         /// Core of the upstream nginx: with the proxy (APISIX 2-core setup), with wrk, or unpinned.
         #[arg(long, value_enum, default_value = "proxy")]
         upstream_cpu: UpstreamArg,
+        /// Run the dataplane through this user-mode emulator (e.g. `qemu-aarch64-static` for an
+        /// arm64 `--sluice-bin` on an x86_64 host); nginx and wrk stay native. The result is
+        /// labelled emulated and written as `<scenario>-<arch>-qemu-*.json`.
+        #[arg(long, value_name = "PROGRAM")]
+        emulator: Option<PathBuf>,
         /// Rounds of nginx-then-sluice to run; with more than one, a summary gives each
         /// round's ratios and their median (this machine's throughput drifts 10-20% between
         /// runs, so one round's ratio is only indicative).
@@ -189,10 +194,12 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             upstream_cpu,
             workspace,
             repeat,
+            emulator,
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
             let workspace = workspace.unwrap_or_else(workspace_root);
             let opts = ProxyOptions {
+                emulator,
                 scenario,
                 duration,
                 warmup: if no_warmup { Duration::ZERO } else { warmup },
@@ -222,7 +229,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     written.json.display(),
                     written.markdown.display(),
                     result.scenario,
-                    result.machine.arch
+                    result.machine.file_arch()
                 );
                 rounds.push(result);
             }
@@ -232,7 +239,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 if let Some(last) = rounds.last() {
                     let path = opts.results_dir.join(format!(
                         "rounds-{}-{}-{}.md",
-                        last.scenario, last.machine.arch, last.timestamp
+                        last.scenario,
+                        last.machine.file_arch(),
+                        last.timestamp
                     ));
                     std::fs::write(&path, &summary)
                         .with_context(|| format!("writing {}", path.display()))?;

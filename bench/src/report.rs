@@ -307,6 +307,25 @@ fn errors_cell(m: &Metrics) -> String {
     )
 }
 
+/// What an emulated result is and is not, for reports and charts.
+pub fn emulation_note(e: &crate::machine::Emulation) -> String {
+    format!(
+        "EMULATED: sluice-dataplane ({}) ran under {} on an {} host{}; nginx, the origin and \
+         wrk ran natively. These figures measure the emulator, not {} hardware (not a \
+         Graviton measurement); its sluice ÷ nginx ratios compare emulated code with native \
+         nginx.",
+        e.guest_arch,
+        e.emulator,
+        e.host_arch,
+        if e.harness_emulated {
+            " (sluice-bench too)"
+        } else {
+            ""
+        },
+        e.guest_arch
+    )
+}
+
 /// Renders the result as a markdown report (title, machine, table, ratios).
 pub fn render_markdown(r: &BenchResult) -> String {
     let mut s = String::new();
@@ -317,9 +336,12 @@ pub fn render_markdown(r: &BenchResult) -> String {
         "## Sluice vs nginx, scenario {} ({}), {}, {}\n",
         r.scenario,
         scenario_title(r.scenario),
-        m.arch,
+        m.arch_label(),
         r.timestamp
     );
+    if let Some(e) = &m.emulation {
+        let _ = writeln!(s, "**{}**\n", emulation_note(e));
+    }
     let _ = writeln!(
         s,
         "- machine: {} × {} CPUs, kernel {}, {}, {}",
@@ -495,7 +517,19 @@ pub fn render_compare(a: &BenchResult, b: &BenchResult, a_name: &str, b_name: &s
         &b.scenario.to_string(),
     );
     text_row(&mut s, "timestamp", &a.timestamp, &b.timestamp);
-    text_row(&mut s, "arch", &a.machine.arch, &b.machine.arch);
+    text_row(
+        &mut s,
+        "arch",
+        &a.machine.arch_label(),
+        &b.machine.arch_label(),
+    );
+    let emulated = |r: &BenchResult| {
+        r.machine
+            .emulation
+            .as_ref()
+            .map_or_else(|| "native".to_owned(), |e| e.emulator.clone())
+    };
+    text_row(&mut s, "execution", &emulated(a), &emulated(b));
     text_row(&mut s, "cpu", &a.machine.cpu_model, &b.machine.cpu_model);
     text_row(
         &mut s,
@@ -679,6 +713,7 @@ mod tests {
                 wrk_version: "wrk 4.1.0".into(),
                 git_commit: "abcdef0".into(),
                 git_dirty: false,
+                emulation: None,
             },
             params: RunParams {
                 duration_s: 10.0,
@@ -896,6 +931,37 @@ mod tests {
         )];
         let md = render_compare(&a, &b, "a.json", "b.json");
         assert!(md.contains("| arch | x86_64 | aarch64 | |"), "{md}");
+        assert!(md.contains("| execution | native | native | |"), "{md}");
+        assert!(!render_markdown(&b).contains("EMULATED"));
+
+        // An arm64 dataplane under qemu-user says so wherever it is shown.
+        b.machine.emulation = crate::machine::emulation(
+            "aarch64",
+            "x86_64",
+            Some("aarch64"),
+            Some("qemu-aarch64-static (qemu-aarch64 version 7.2.22)".into()),
+        );
+        let md = render_compare(&a, &b, "a.json", "b.json");
+        assert!(
+            md.contains("| arch | x86_64 | aarch64 under qemu-user on x86_64 | |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| execution | native | qemu-aarch64-static (qemu-aarch64 version 7.2.22) | |"
+            ),
+            "{md}"
+        );
+        let report = render_markdown(&b);
+        assert!(
+            report.contains("aarch64 under qemu-user on x86_64"),
+            "{report}"
+        );
+        assert!(
+            report.contains("**EMULATED: sluice-dataplane (aarch64) ran under qemu-aarch64-static"),
+            "{report}"
+        );
+        assert!(report.contains("not a Graviton measurement"), "{report}");
         assert!(
             md.contains("| nginx req/s | 70,000 | 35,000 | 0.50× |"),
             "{md}"

@@ -66,6 +66,9 @@ pub struct ProxyOptions {
     pub ready_timeout: Duration,
     /// Placement of the upstream nginx.
     pub upstream_cpu: UpstreamCpu,
+    /// A user-mode emulator (e.g. `qemu-aarch64-static`) that runs the dataplane binary,
+    /// for a dataplane built for another architecture. The result is labelled emulated.
+    pub emulator: Option<PathBuf>,
 }
 
 /// Paths of the files a run wrote.
@@ -348,7 +351,17 @@ fn start_sluice(
 ) -> Result<(ProcessGuard, u16), String> {
     let admin = probe::free_port().map_err(|e| format!("no free admin port: {e}"))?;
     let config = sluice::scenario_config(&opts.workspace, opts.scenario);
-    let cmd = pinned(cpu, bin, &sluice::args(&config, port, admin));
+    let args = sluice::args(&config, port, admin);
+    let cmd = match &opts.emulator {
+        // NB: qemu-user runs the guest in its own process, so the pid (and its CPU
+        // accounting) is the dataplane's.
+        Some(emulator) => pinned(
+            cpu,
+            emulator,
+            &[vec![bin.display().to_string()], args].concat(),
+        ),
+        None => pinned(cpu, bin, &args),
+    };
     let mut guard = ProcessGuard::spawn("sluice", cmd, &dir.path().join("sluice.log"))
         .map_err(|e| e.to_string())?;
     let ready = probe::wait_for_hello(port, PATH, opts.ready_timeout, || {
@@ -406,6 +419,27 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
     std::fs::create_dir_all(&opts.results_dir)
         .map_err(|e| BenchError::io("create dir", &opts.results_dir, e))?;
 
+    let emulator =
+        match &opts.emulator {
+            Some(e) if e.components().count() == 1 => {
+                let name = e.to_string_lossy();
+                Some(process::find_on_path(&name).ok_or_else(|| {
+                    BenchError::Usage(format!("--emulator {name} is not on PATH"))
+                })?)
+            }
+            Some(e) if !e.is_file() => {
+                return Err(BenchError::Usage(format!(
+                    "--emulator {} is not a file",
+                    e.display()
+                )));
+            }
+            other => other.clone(),
+        };
+    let opts = &ProxyOptions {
+        emulator,
+        ..opts.clone()
+    };
+
     let started = SystemTime::now();
     let clk_tck = procfs::clock_ticks_per_sec();
 
@@ -415,6 +449,36 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         Some(Only::Nginx) => None,
         _ => Some(sluice_binary(opts).map_err(|e| e.to_string())),
     };
+    let host_arch = machine::host_arch();
+    let dataplane_arch = sluice_bin
+        .as_ref()
+        .and_then(|b| b.as_ref().ok())
+        .and_then(|b| machine::binary_arch(b));
+    let emulation = machine::emulation(
+        &machine::arch(),
+        &host_arch,
+        dataplane_arch,
+        opts.emulator.as_deref().map(machine::emulator_version),
+    );
+    if let Some(e) = &emulation {
+        eprintln!(
+            "sluice-bench: EMULATED run: sluice-dataplane ({}) runs under {} on this {} host; \
+             the figures measure the emulator, not {} hardware",
+            e.guest_arch, e.emulator, e.host_arch, e.guest_arch
+        );
+    }
+    let sluice_bin = sluice_bin.map(|b| {
+        b.and_then(|bin| match dataplane_arch {
+            Some(a) if a != host_arch && opts.emulator.is_none() && !binfmt_handles(a) => {
+                Err(format!(
+                    "{} is an {a} binary and this host is {host_arch}; run it through an \
+                     emulator with --emulator qemu-{a}-static",
+                    bin.display()
+                ))
+            }
+            _ => Ok(bin),
+        })
+    });
 
     let bench = Bench {
         opts,
@@ -504,7 +568,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         schema_version: report::SCHEMA_VERSION,
         scenario: opts.scenario,
         timestamp: machine::timestamp_utc(started),
-        machine: machine::collect(&opts.workspace, nginx_version, wrk_version),
+        machine: machine::collect(&opts.workspace, nginx_version, wrk_version, emulation),
         params: RunParams {
             duration_s: opts.duration.as_secs_f64().ceil(),
             warmup_s: if opts.warmup.is_zero() {
@@ -526,13 +590,20 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
     };
     result.ratios = result.compute_ratios();
     if opts.scenario == 2 {
-        let name = latest_name(1, &result.machine.arch, "json");
+        let name = latest_name(1, &result.machine.file_arch(), "json");
         if let Ok(reference) = BenchResult::load(&opts.results_dir.join(&name)) {
             result.plugin_cost = result.plugin_cost_against(&reference, &name);
         }
     }
     let written = write_results(&result, &opts.results_dir)?;
     Ok((result, written))
+}
+
+/// True when the kernel has a binfmt_misc interpreter registered for `arch` binaries
+/// (e.g. `/proc/sys/fs/binfmt_misc/qemu-aarch64`), so they can be executed directly.
+fn binfmt_handles(arch: &str) -> bool {
+    std::fs::read_to_string(format!("/proc/sys/fs/binfmt_misc/qemu-{arch}"))
+        .is_ok_and(|s| s.lines().next() == Some("enabled"))
 }
 
 /// `latest-<scenario>-<arch>.<ext>`.
@@ -544,7 +615,9 @@ pub fn latest_name(scenario: u8, arch: &str, ext: &str) -> String {
 pub fn write_results(result: &BenchResult, dir: &Path) -> Result<Written, BenchError> {
     let stem = format!(
         "{}-{}-{}",
-        result.scenario, result.machine.arch, result.timestamp
+        result.scenario,
+        result.machine.file_arch(),
+        result.timestamp
     );
     let json = result.to_json()? + "\n";
     let md = report::render_markdown(result);
@@ -555,11 +628,19 @@ pub fn write_results(result: &BenchResult, dir: &Path) -> Result<Written, BenchE
     write_file(&written.json, &json)?;
     write_file(&written.markdown, &md)?;
     write_file(
-        &dir.join(latest_name(result.scenario, &result.machine.arch, "json")),
+        &dir.join(latest_name(
+            result.scenario,
+            &result.machine.file_arch(),
+            "json",
+        )),
         &json,
     )?;
     write_file(
-        &dir.join(latest_name(result.scenario, &result.machine.arch, "md")),
+        &dir.join(latest_name(
+            result.scenario,
+            &result.machine.file_arch(),
+            "md",
+        )),
         &md,
     )?;
     Ok(written)
