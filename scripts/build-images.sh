@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Builds the Sluice images without a container engine: release binaries for linux/amd64
+# Builds the Sluice images without a container engine: optimised, stripped binaries
+# (cargo profile `dist`, see Cargo.toml) for linux/amd64
 # (rustup's toolchain) and linux/arm64 (cross-compiled with Debian's rustc-web, which ships
 # an aarch64 standard library), one OCI image per architecture from scratch with the
 # runtime files they need (scripts/image-rootfs.sh, the same layout as the Dockerfile) and a
 # non-root user (65532), then one multi-arch OCI index, written as an OCI archive:
 #
-#   scripts/build-images.sh [--profile release|fast] [--out DIR]
-#                           [--amd64-bins DIR] [--arm64-bins DIR]
+#   scripts/build-images.sh [--profile dist|release|fast] [--out DIR]
+#                           [--amd64-bins DIR] [--arm64-bins DIR] [--arches "amd64 arm64"]
+#
+#   --arches builds only some architectures (default both; the index then lists only those).
 #
 #   --amd64-bins / --arm64-bins take that architecture's sluice-controller and
 #   sluice-dataplane from DIR (e.g. a CI artifact) instead of building them.
@@ -19,7 +22,9 @@
 # Installs what it needs via apt (buildah, skopeo, umoci, the arm64 cross toolchain and
 # Debian's Rust, qemu-user-static for the check). The arm64 build uses its own target
 # directory ($SLUICE_CACHE/target-image-arm64), the amd64 one $SLUICE_CACHE/target-image-amd64.
-# Release builds (fat LTO) take a long time on a small machine; `--profile fast` skips LTO.
+# The default profile `dist` is release code generation with thin LTO, 16 codegen units and
+# stripped symbols; `release` (fat LTO, one codegen unit, line tables) takes much longer on a
+# small machine and keeps unstripped binaries; `fast` skips LTO.
 # SLUICE_IMAGE_PROFILE_AMD64 / SLUICE_IMAGE_PROFILE_ARM64 override the profile of one
 # architecture (the image labels and the SIZES file say which profile each image has).
 set -euo pipefail
@@ -30,16 +35,23 @@ profile=dist
 out=dist
 amd64_prebuilt=
 arm64_prebuilt=
+arches="amd64 arm64"
 while [ $# -gt 0 ]; do
     case $1 in
     --profile) profile=${2:?--profile needs a name}; shift 2 ;;
     --out) out=${2:?--out needs a directory}; shift 2 ;;
     --amd64-bins) amd64_prebuilt=${2:?--amd64-bins needs a directory}; shift 2 ;;
     --arm64-bins) arm64_prebuilt=${2:?--arm64-bins needs a directory}; shift 2 ;;
-    -h | --help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --arches) arches=${2:?--arches needs e.g. "amd64 arm64"}; shift 2 ;;
+    -h | --help) sed -n '2,30p' "$0" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-images: unknown option $1" >&2; exit 2 ;;
     esac
 done
+
+for a in $arches; do
+    case $a in amd64 | arm64) ;; *) echo "build-images: unknown arch $a (amd64, arm64)" >&2; exit 2 ;; esac
+done
+want() { case " $arches " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
 
 SLUICE_CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)
@@ -83,7 +95,9 @@ trap cleanup EXIT
 
 # ---- binaries ------------------------------------------------------------------------------
 t0=$SECONDS
-if [ -n "$amd64_prebuilt" ]; then
+if ! want amd64; then
+    amd64_bin=
+elif [ -n "$amd64_prebuilt" ]; then
     amd64_bin=$amd64_prebuilt
     profile_amd64="prebuilt ($amd64_prebuilt)"
     log "linux/amd64 binaries: prebuilt in $amd64_bin"
@@ -94,7 +108,9 @@ else
     amd64_bin="$SLUICE_CACHE/target-image-amd64/$(pdir "$profile_amd64")"
 fi
 
-if [ -n "$arm64_prebuilt" ]; then
+if ! want arm64; then
+    arm64_bin=
+elif [ -n "$arm64_prebuilt" ]; then
     arm64_bin=$arm64_prebuilt
     profile_arm64="prebuilt ($arm64_prebuilt)"
     log "linux/arm64 binaries: prebuilt in $arm64_bin"
@@ -120,7 +136,7 @@ list="localhost/sluice:$version"
 mkdir -p "$out"
 sizes="$out/sluice-$version-SIZES.txt"
 : >"$sizes"
-for arch in amd64 arm64; do
+for arch in $arches; do
     binvar=${arch}_bin
     profvar=profile_${arch}
     rootfs="$work/rootfs-$arch"
@@ -166,6 +182,6 @@ for m in idx["manifests"]:
             out.append(f"{l}, compressed {comp / 1048576:.1f} MiB, manifest {m['digest'][:19]}")
 open(sizes, "w").write("\n".join(out) + "\n")
 PY
-log "wrote $archive ($(du -h "$archive" | cut -f1)), index of linux/amd64 + linux/arm64:"
+log "wrote $archive ($(du -h "$archive" | cut -f1)), index of: $arches"
 cat "$sizes" >&2
 log "check it with: scripts/check-images.sh $archive"
