@@ -366,19 +366,46 @@ fn upstream_failed(addr: &str, e: hyper::Error) -> ProxyError {
     }
 }
 
-/// Proxies `req` to the endpoint `address` of an upstream with `protocol`.
-pub async fn proxy(
+/// A connection to one endpoint, ready to take a request: the connect phase of
+/// [`send`], split off so that a connect failure can be retried on another endpoint
+/// (see [`crate::failover`]).
+#[derive(Debug)]
+pub struct Connected {
+    pool: Arc<HyperPool>,
+    sender: Sender,
+}
+
+/// Connects to the endpoint `address` of an upstream with `protocol` (or takes an idle or
+/// shared connection). Nothing of a request has been sent when this fails.
+pub async fn connect(
+    conn: &ConnInfo,
+    protocol: &UpstreamProtocol,
+    address: &str,
+    timeouts: Timeouts,
+) -> Result<Connected, ProxyError> {
+    let pool = protocol
+        .pools
+        .get(address)
+        .ok_or_else(|| ProxyError::NoEndpoint(address.to_owned()))?;
+    let sender = pool.checkout(timeouts, conn).await?;
+    Ok(Connected {
+        pool: Arc::clone(pool),
+        sender,
+    })
+}
+
+/// Proxies `req` on `connected`, a connection to the endpoint `address` of an upstream
+/// with `protocol`.
+pub async fn send(
     req: Request<Incoming>,
     host: Option<HeaderValue>,
     conn: &ConnInfo,
     protocol: &UpstreamProtocol,
     address: &str,
+    connected: Connected,
     timeouts: Timeouts,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let pool = protocol
-        .pools
-        .get(address)
-        .ok_or_else(|| ProxyError::NoEndpoint(address.to_owned()))?;
+    let Connected { pool, mut sender } = connected;
     let (mut parts, body) = req.into_parts();
     let te_trailers = wants_trailers(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
@@ -396,7 +423,6 @@ pub async fn proxy(
         .to_owned();
     let mut req = Request::from_parts(parts, body);
 
-    let mut sender = pool.checkout(timeouts, conn).await?;
     let mut retried = false;
     let response = loop {
         let sent = match &mut sender {

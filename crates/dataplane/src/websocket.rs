@@ -30,8 +30,11 @@ use crate::upstream_tls::{Alpn, UpstreamTlsClient};
 const MAX_REFUSAL_BODY: usize = 64 * 1024;
 
 /// A byte stream to the upstream, plain or TLS.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// A connection to an upstream endpoint made for one upgrade (see [`connect`]).
+pub type UpstreamIo = Box<dyn Io>;
 
 /// Whether `req` asks for a WebSocket upgrade (HTTP/1.1 `Upgrade: websocket`).
 pub fn is_upgrade(req: &Request<Incoming>) -> bool {
@@ -51,12 +54,47 @@ fn upstream_err(addr: &str, e: H1Error) -> ProxyError {
     }
 }
 
-/// Proxies the upgrade request `req` to the endpoint `address` (over TLS with `tls`).
+/// Connects to the endpoint `address` for an upgrade (over TLS with `tls`, ALPN
+/// `http/1.1`). Nothing of the request has been sent when this fails, so the caller may try
+/// another endpoint (see [`crate::failover`]).
+pub async fn connect(
+    conn: &ConnInfo,
+    tls: Option<&UpstreamTlsClient>,
+    address: &str,
+    timeouts: Timeouts,
+) -> Result<UpstreamIo, ProxyError> {
+    let addr = address.to_owned();
+    let tcp = match conn
+        .timer
+        .timeout(timeouts.connect, TcpStream::connect(address))
+        .await
+    {
+        Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
+        Ok(Err(source)) => return Err(ProxyError::Connect { addr, source }),
+        Ok(Ok(s)) => s,
+    };
+    let _ = tcp.set_nodelay(true);
+    Ok(match tls {
+        None => Box::new(tcp),
+        Some(tls) => match conn
+            .timer
+            .timeout(timeouts.connect, tls.connect(tcp, address, Alpn::Http11))
+            .await
+        {
+            Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
+            Ok(Err(source)) => return Err(ProxyError::UpstreamTls { addr, source }),
+            Ok(Ok(s)) => Box::new(s),
+        },
+    })
+}
+
+/// Proxies the upgrade request `req` on `upstream`, a connection to the endpoint `address`
+/// made by [`connect`].
 pub async fn proxy(
     mut req: Request<Incoming>,
     host: Option<HeaderValue>,
     conn: &ConnInfo,
-    tls: Option<&UpstreamTlsClient>,
+    mut upstream: UpstreamIo,
     address: &str,
     timeouts: Timeouts,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -90,28 +128,6 @@ pub async fn proxy(
     );
 
     let addr = address.to_owned();
-    let tcp = match conn
-        .timer
-        .timeout(timeouts.connect, TcpStream::connect(address))
-        .await
-    {
-        Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
-        Ok(Err(source)) => return Err(ProxyError::Connect { addr, source }),
-        Ok(Ok(s)) => s,
-    };
-    let _ = tcp.set_nodelay(true);
-    let mut upstream: Box<dyn Io> = match tls {
-        None => Box::new(tcp),
-        Some(tls) => match conn
-            .timer
-            .timeout(timeouts.connect, tls.connect(tcp, address, Alpn::Http11))
-            .await
-        {
-            Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
-            Ok(Err(source)) => return Err(ProxyError::UpstreamTls { addr, source }),
-            Ok(Ok(s)) => Box::new(s),
-        },
-    };
     if let Err(e) = upstream.write_all(&head).await {
         return Err(upstream_err(address, H1Error::Io(e)));
     }

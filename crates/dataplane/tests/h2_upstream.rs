@@ -149,3 +149,33 @@ async fn request_body_streams_to_an_h2_upstream() {
     assert_eq!(resp.status, 200);
     assert_eq!(resp.text(), "got 300000");
 }
+
+#[tokio::test]
+async fn a_dead_endpoint_is_retried_on_another_and_ejected_by_the_passive_check() {
+    let origin = Origin::start().await;
+    let dead = closed_port();
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(dead, 1), (origin.addr, 1)]);
+    up.scheme = v1::Scheme::Grpc as i32;
+    up.health_check = Some(passive_check());
+    dp.store
+        .apply(
+            snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![up]),
+            vec![],
+        )
+        .unwrap();
+    // Round robin sends the first request to the dead endpoint: its connect failure is
+    // retried on the live one.
+    for i in 0..6 {
+        let r = get(dp.addr, "h2.test", &format!("/r/{i}")).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.text(), format!("HTTP/2.0 /r/{i}"));
+    }
+    assert_eq!(health_of(&dp, "u", dead), Some(0.0), "dead endpoint ejected");
+    assert_eq!(health_of(&dp, "u", origin.addr), Some(1.0));
+    assert_eq!(
+        metric_of(&dp, "sluice_upstream_retries_total", &["upstream=\"u\""]),
+        Some(1.0),
+        "one retry: the ejected endpoint is not tried again"
+    );
+}

@@ -547,3 +547,36 @@ async fn an_https_probe_that_cannot_verify_the_certificate_ejects_unless_verific
         "without verification the probe succeeds"
     );
 }
+
+#[tokio::test]
+async fn a_dead_tls_endpoint_is_retried_on_another_and_ejected_by_the_passive_check() {
+    let ca = ca("test ca");
+    let origin = tls_origin(server_leaf(&ca, &["127.0.0.1"]), &[b"h2", b"http/1.1"], None).await;
+    let dead = closed_port();
+    let mut up = tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: ca.pem.clone(),
+            ..Default::default()
+        },
+    );
+    up.endpoints.insert(
+        0,
+        v1::Endpoint {
+            host: "127.0.0.1".into(),
+            port: u32::from(dead.port()),
+            weight: 1,
+        },
+    );
+    up.health_check = Some(passive_check());
+    let dp = dataplane_with(up).await;
+    for i in 0..6 {
+        let resp = get(dp.addr, "client.example", &format!("/t/{i}")).await;
+        assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
+        assert_eq!(resp.json()["path"], format!("/t/{i}"));
+    }
+    assert_eq!(health_of(&dp, "u", dead), Some(0.0), "dead endpoint ejected");
+    assert_eq!(health_of(&dp, "u", origin), Some(1.0));
+}
