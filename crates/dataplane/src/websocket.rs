@@ -10,6 +10,13 @@
 //!
 //! NB: once upgraded, a session has no idle timeout (the route's read timeout applies only
 //! to the upstream's answer to the upgrade request).
+//!
+//! Graceful drain: an upgraded session outlives its HTTP connection, so each worker counts
+//! the sessions it runs ([`sessions_closed`]) and keeps serving them after SIGTERM until
+//! they end or the process's `--drain-timeout` passes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -18,6 +25,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
@@ -25,6 +33,60 @@ use crate::h1::{Framing, H1Error, MAX_HEAD_BYTES, MAX_HEADERS, ProxyHeaders, enc
 use crate::proxy::{ConnInfo, strip_hop_by_hop};
 use crate::upstream::Timeouts;
 use crate::upstream_tls::{Alpn, UpstreamTlsClient};
+
+/// Upgraded sessions running on one worker thread.
+#[derive(Debug, Default)]
+struct Sessions {
+    open: AtomicUsize,
+    closed: Notify,
+}
+
+thread_local! {
+    // NB: per thread, because a worker is a current-thread runtime: its sessions' tasks run
+    // where the upgrade was answered, and that worker waits for them when it drains.
+    static SESSIONS: Arc<Sessions> = Arc::new(Sessions::default());
+}
+
+/// Counts one upgraded session of this thread as open until dropped.
+struct SessionGuard(Arc<Sessions>);
+
+impl SessionGuard {
+    fn open() -> Self {
+        let sessions = SESSIONS.with(Arc::clone);
+        sessions.open.fetch_add(1, Ordering::SeqCst);
+        SessionGuard(sessions)
+    }
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.closed.notify_waiters();
+        }
+    }
+}
+
+/// Upgraded sessions open on this thread (this worker).
+pub fn open_sessions() -> usize {
+    SESSIONS.with(|s| s.open.load(Ordering::SeqCst))
+}
+
+/// Resolves once no upgraded session is open on this thread (this worker); a draining
+/// worker awaits it after its HTTP connections have finished.
+pub async fn sessions_closed() {
+    let sessions = SESSIONS.with(Arc::clone);
+    loop {
+        let closed = sessions.closed.notified();
+        tokio::pin!(closed);
+        closed.as_mut().enable();
+        let open = sessions.open.load(Ordering::SeqCst);
+        if open == 0 {
+            return;
+        }
+        tracing::info!(open, "draining: waiting for upgraded (WebSocket) sessions to close");
+        closed.await;
+    }
+}
 
 /// Largest body of a refused upgrade (a non-101 answer) relayed to the client.
 const MAX_REFUSAL_BODY: usize = 64 * 1024;
@@ -174,7 +236,9 @@ pub async fn proxy(
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
     let leftover = buf.freeze();
+    let session = SessionGuard::open();
     tokio::spawn(async move {
+        let _session = session;
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
             Err(e) => {
