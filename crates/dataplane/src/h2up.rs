@@ -394,18 +394,20 @@ pub async fn connect(
     })
 }
 
-/// Proxies `req` on `connected`, a connection to the endpoint `address` of an upstream
-/// with `protocol`.
-pub async fn send(
+/// A request made ready for any endpoint of the upstream (hop-by-hop headers dropped,
+/// forwarding headers added), so that it can be sent again elsewhere unchanged.
+#[derive(Debug)]
+pub struct Prepared {
     req: Request<Incoming>,
-    host: Option<HeaderValue>,
+    path: String,
+}
+
+/// Prepares `req` from a client whose Host is `client_host`.
+pub fn prepare(
+    req: Request<Incoming>,
     conn: &ConnInfo,
-    protocol: &UpstreamProtocol,
-    address: &str,
-    connected: Connected,
-    timeouts: Timeouts,
-) -> Result<Response<ProxyBody>, ProxyError> {
-    let Connected { pool, mut sender } = connected;
+    client_host: Option<&HeaderValue>,
+) -> Prepared {
     let (mut parts, body) = req.into_parts();
     let te_trailers = wants_trailers(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
@@ -414,15 +416,48 @@ pub async fn send(
             .headers
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    add_forwarding_headers(&mut parts.headers, conn, host.as_ref());
+    add_forwarding_headers(&mut parts.headers, conn, client_host);
     let path = parts
         .uri
         .path_and_query()
         .map(|pq| pq.as_str())
         .unwrap_or("/")
         .to_owned();
-    let mut req = Request::from_parts(parts, body);
+    Prepared {
+        req: Request::from_parts(parts, body),
+        path,
+    }
+}
 
+/// Why [`send`] failed.
+#[derive(Debug)]
+pub enum SendError {
+    /// The request never left: its connection died before taking it and no new one could
+    /// be made. Another endpoint may take it.
+    Unsent(Prepared, ProxyError),
+    /// The request may have reached the upstream.
+    Failed(ProxyError),
+}
+
+impl From<ProxyError> for SendError {
+    fn from(e: ProxyError) -> Self {
+        SendError::Failed(e)
+    }
+}
+
+/// Sends `prepared` on `connected`, a connection to the endpoint `address` of an upstream
+/// with `protocol`; `host` is the Host (HTTP/2 `:authority`) this endpoint receives.
+pub async fn send(
+    prepared: Prepared,
+    host: Option<HeaderValue>,
+    conn: &ConnInfo,
+    protocol: &UpstreamProtocol,
+    address: &str,
+    connected: Connected,
+    timeouts: Timeouts,
+) -> Result<Response<ProxyBody>, SendError> {
+    let Connected { pool, mut sender } = connected;
+    let Prepared { mut req, path } = prepared;
     let mut retried = false;
     let response = loop {
         let sent = match &mut sender {
@@ -442,7 +477,9 @@ pub async fn send(
                     .authority(authority)
                     .path_and_query(path.as_str())
                     .build()
-                    .map_err(|_| ProxyError::BadRequest("invalid host or path"))?;
+                    .map_err(|_| {
+                        SendError::Failed(ProxyError::BadRequest("invalid host or path"))
+                    })?;
                 *req.version_mut() = Version::HTTP_2;
                 req.headers_mut().remove(header::HOST);
                 conn.timer
@@ -451,11 +488,9 @@ pub async fn send(
             }
             Sender::H1(tx) => {
                 *req.uri_mut() = Uri::try_from(path.as_str())
-                    .map_err(|_| ProxyError::BadRequest("invalid path"))?;
+                    .map_err(|_| SendError::Failed(ProxyError::BadRequest("invalid path")))?;
                 *req.version_mut() = Version::HTTP_11;
-                if !req.headers().contains_key(header::HOST)
-                    && let Some(h) = &host
-                {
+                if let Some(h) = &host {
                     req.headers_mut().insert(header::HOST, h.clone());
                 }
                 conn.timer
@@ -464,17 +499,25 @@ pub async fn send(
             }
         };
         match sent {
-            Err(_) => return Err(ProxyError::ReadTimeout(address.to_owned())),
+            Err(_) => return Err(ProxyError::ReadTimeout(address.to_owned()).into()),
             Ok(Ok(resp)) => break resp,
             Ok(Err(mut e)) => match e.take_message() {
                 // NB: the request never left (the connection had just died): send it once
-                // more on a fresh connection.
+                // more on a fresh connection, or hand it back for another endpoint.
                 Some(again) if !retried => {
                     retried = true;
-                    req = again;
-                    sender = pool.connect(timeouts, conn).await?;
+                    match pool.connect(timeouts, conn).await {
+                        Ok(s) => {
+                            req = again;
+                            sender = s;
+                        }
+                        Err(e) => {
+                            let path = path.clone();
+                            return Err(SendError::Unsent(Prepared { req: again, path }, e));
+                        }
+                    }
                 }
-                _ => return Err(upstream_failed(address, e.into_error())),
+                _ => return Err(upstream_failed(address, e.into_error()).into()),
             },
         }
     };

@@ -131,7 +131,9 @@ impl ProbeTls {
                 Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !n.ends_with(':') => n,
                 _ => h,
             };
-            name.trim_start_matches('[').trim_end_matches(']').to_owned()
+            name.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned()
         });
         let client = UpstreamTlsClient::for_probes(tls, sni.as_deref(), verify).map_err(|e| {
             InvalidHealthCheck {

@@ -83,7 +83,10 @@ pub async fn sessions_closed() {
         if open == 0 {
             return;
         }
-        tracing::info!(open, "draining: waiting for upgraded (WebSocket) sessions to close");
+        tracing::info!(
+            open,
+            "draining: waiting for upgraded (WebSocket) sessions to close"
+        );
         closed.await;
     }
 }

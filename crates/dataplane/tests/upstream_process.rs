@@ -435,7 +435,9 @@ async fn ws_dataplane(
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        if let Ok((mut ws, _)) = tokio_tungstenite::connect_async(format!("ws://{http}/ws/warm")).await {
+        if let Ok((mut ws, _)) =
+            tokio_tungstenite::connect_async(format!("ws://{http}/ws/warm")).await
+        {
             let _ = ws.close(None).await;
             break;
         }
@@ -450,16 +452,25 @@ async fn ws_echo<S>(ws: &mut S, text: &str) -> Result<String, String>
 where
     S: futures::Sink<tokio_tungstenite::tungstenite::Message>
         + futures::Stream<
-            Item = Result<tokio_tungstenite::tungstenite::Message, tokio_tungstenite::tungstenite::Error>,
+            Item = Result<
+                tokio_tungstenite::tungstenite::Message,
+                tokio_tungstenite::tungstenite::Error,
+            >,
         > + Unpin,
 {
     use futures::{SinkExt, StreamExt};
-    ws.send(text.into()).await.map_err(|_| "send failed".to_owned())?;
+    ws.send(text.into())
+        .await
+        .map_err(|_| "send failed".to_owned())?;
     match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
         Err(_) => Err("no answer".into()),
         Ok(None) => Err("session closed".into()),
         Ok(Some(Err(e))) => Err(e.to_string()),
-        Ok(Some(Ok(m))) => Ok(m.into_text().map_err(|e| e.to_string())?.as_str().to_owned()),
+        Ok(Some(Ok(m))) => Ok(m
+            .into_text()
+            .map_err(|e| e.to_string())?
+            .as_str()
+            .to_owned()),
     }
 }
 
@@ -542,7 +553,10 @@ async fn a_websocket_session_left_open_is_closed_at_the_drain_timeout() {
         .await
         .expect("the session ends with the process");
     assert!(
-        !matches!(end, Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_)))),
+        !matches!(
+            end,
+            Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_)))
+        ),
         "{end:?}"
     );
 }

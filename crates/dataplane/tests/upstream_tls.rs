@@ -448,7 +448,12 @@ async fn tls_health_origin(
 
 /// An https upstream of `origin` with active `type: https` probes of `/healthz` (one probe
 /// flips the state, every second) whose Host is `probe_host`.
-fn https_probed(origin: SocketAddr, ca_pem: &str, probe_host: &str, verify: Option<bool>) -> v1::Upstream {
+fn https_probed(
+    origin: SocketAddr,
+    ca_pem: &str,
+    probe_host: &str,
+    verify: Option<bool>,
+) -> v1::Upstream {
     let mut up = tls_upstream(
         v1::Scheme::Https,
         origin,
@@ -551,7 +556,12 @@ async fn an_https_probe_that_cannot_verify_the_certificate_ejects_unless_verific
 #[tokio::test]
 async fn a_dead_tls_endpoint_is_retried_on_another_and_ejected_by_the_passive_check() {
     let ca = ca("test ca");
-    let origin = tls_origin(server_leaf(&ca, &["127.0.0.1"]), &[b"h2", b"http/1.1"], None).await;
+    let origin = tls_origin(
+        server_leaf(&ca, &["127.0.0.1"]),
+        &[b"h2", b"http/1.1"],
+        None,
+    )
+    .await;
     let dead = closed_port();
     let mut up = tls_upstream(
         v1::Scheme::Https,
@@ -577,6 +587,10 @@ async fn a_dead_tls_endpoint_is_retried_on_another_and_ejected_by_the_passive_ch
         assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
         assert_eq!(resp.json()["path"], format!("/t/{i}"));
     }
-    assert_eq!(health_of(&dp, "u", dead), Some(0.0), "dead endpoint ejected");
+    assert_eq!(
+        health_of(&dp, "u", dead),
+        Some(0.0),
+        "dead endpoint ejected"
+    );
     assert_eq!(health_of(&dp, "u", origin), Some(1.0));
 }
