@@ -135,7 +135,7 @@ pub async fn proxy(
                         return Err(e);
                     }
                     Err(crate::h2up::SendError::Unsent(p, e)) => {
-                        prepared = p;
+                        prepared = *p;
                         e
                     }
                 }

@@ -434,7 +434,7 @@ pub fn prepare(
 pub enum SendError {
     /// The request never left: its connection died before taking it and no new one could
     /// be made. Another endpoint may take it.
-    Unsent(Prepared, ProxyError),
+    Unsent(Box<Prepared>, ProxyError),
     /// The request may have reached the upstream.
     Failed(ProxyError),
 }
@@ -513,7 +513,10 @@ pub async fn send(
                         }
                         Err(e) => {
                             let path = path.clone();
-                            return Err(SendError::Unsent(Prepared { req: again, path }, e));
+                            return Err(SendError::Unsent(
+                                Box::new(Prepared { req: again, path }),
+                                e,
+                            ));
                         }
                     }
                 }

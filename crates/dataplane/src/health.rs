@@ -96,7 +96,7 @@ pub enum ProbeKind {
         /// Extra request headers.
         headers: Vec<(String, String)>,
         /// TLS for `type: https` probes; `None` = plain HTTP.
-        tls: Option<ProbeTls>,
+        tls: Option<Box<ProbeTls>>,
     },
 }
 
@@ -210,11 +210,11 @@ impl HealthConfig {
                     }
                     let host = (!a.host.is_empty()).then(|| a.host.clone());
                     let tls = if https {
-                        Some(ProbeTls::new(
+                        Some(Box::new(ProbeTls::new(
                             tls,
                             host.as_deref(),
                             a.https_verify_certificate.unwrap_or(true),
-                        )?)
+                        )?))
                     } else {
                         None
                     };
