@@ -10,6 +10,11 @@
 //! The thresholds follow APISIX (lua-resty-healthcheck): consecutive successes make an
 //! unhealthy endpoint healthy, consecutive HTTP failures, TCP failures or timeouts make a
 //! healthy one unhealthy, and a threshold of 0 never fires.
+//!
+//! Probes are a TCP connect (`tcp`) or an HTTP/1.1 `GET` (`http`), over TLS for `https`:
+//! verified against the upstream's TLS settings (CA, client certificate) unless
+//! `https_verify_certificate` is false, with the probe's `host` as SNI when set. A failed
+//! handshake is a TCP failure.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
