@@ -66,11 +66,6 @@ impl Drop for SessionGuard {
     }
 }
 
-/// Upgraded sessions open on this thread (this worker).
-pub fn open_sessions() -> usize {
-    SESSIONS.with(|s| s.open.load(Ordering::SeqCst))
-}
-
 /// Resolves once no upgraded session is open on this thread (this worker); a draining
 /// worker awaits it after its HTTP connections have finished.
 pub async fn sessions_closed() {
