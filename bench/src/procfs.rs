@@ -1,6 +1,7 @@
 //! CPU time and peak memory of a process tree, read from `/proc`.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use crate::error::BenchError;
@@ -203,10 +204,25 @@ pub fn system_cpu() -> SystemCpu {
 
 /// CPU ticks of this process's reaped children (e.g. a finished wrk run).
 pub fn own_reaped_children_ticks() -> u64 {
-    std::fs::read_to_string("/proc/self/stat")
+    reaped_children_ticks(&own_main_thread_stat())
+        .or_else(|| reaped_children_ticks(Path::new("/proc/self/stat")))
+        .unwrap_or(0)
+}
+
+/// `/proc/<pid>/task/<pid>/stat` of this process's main thread. Its cutime/cstime are the
+/// whole process's (the kernel reads them from the shared signal struct). NB: not
+/// `/proc/self/stat`, which qemu-user fakes (zeros) when sluice-bench itself runs emulated.
+pub fn own_main_thread_stat() -> PathBuf {
+    let pid = std::process::id();
+    PathBuf::from(format!("/proc/{pid}/task/{pid}/stat"))
+}
+
+/// cutime + cstime from a stat file; `None` if it cannot be read or parsed.
+pub fn reaped_children_ticks(stat: &Path) -> Option<u64> {
+    std::fs::read_to_string(stat)
         .ok()
         .and_then(|s| parse_stat(&s).ok())
-        .map_or(0, |s| s.cutime + s.cstime)
+        .map(|s| s.cutime + s.cstime)
 }
 
 /// Clock ticks per second (`getconf CLK_TCK`); 100 — the Linux value on every
@@ -252,6 +268,19 @@ mod tests {
         assert_eq!(s.ppid, 4241);
         assert_eq!(s.utime, 731);
         assert_eq!(s.stime, 269);
+    }
+
+    #[test]
+    fn children_ticks_come_from_the_main_thread_stat() {
+        let path = own_main_thread_stat();
+        assert_eq!(
+            path,
+            PathBuf::from(format!("/proc/{0}/task/{0}/stat", std::process::id()))
+        );
+        // The file exists and parses (natively and under qemu-user, which fakes only
+        // /proc/self/stat and /proc/<pid>/stat).
+        assert!(reaped_children_ticks(&path).is_some());
+        assert_eq!(reaped_children_ticks(Path::new("/nonexistent/stat")), None);
     }
 
     #[test]
