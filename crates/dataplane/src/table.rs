@@ -105,6 +105,8 @@ pub struct RouteTable {
     pub routes: Vec<CompiledRoute>,
     /// Number of upstreams.
     pub upstream_count: usize,
+    /// The snapshot's upstreams in snapshot order (by id), for `apisix_upstream_status`.
+    pub upstreams: Vec<Arc<Upstream>>,
     /// Server certificates by SNI, for the HTTPS listener.
     pub tls: crate::tls::TlsTable,
 }
@@ -254,6 +256,11 @@ impl RouteTable {
             router,
             routes,
             upstream_count: upstreams.len(),
+            upstreams: snapshot
+                .upstreams
+                .iter()
+                .filter_map(|u| upstreams.get(u.id.as_str()).cloned())
+                .collect(),
             tls,
         })
     }
