@@ -78,6 +78,7 @@ mod route;
 pub mod state;
 pub mod status;
 mod tls;
+mod traffic_split;
 mod upstream;
 mod upstream_health;
 mod validate;
@@ -356,7 +357,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             ns,
             "spec.plugins",
             &idx.secrets,
-            plugins::Owner::Route,
+            plugins::Owner::GlobalRule,
             &mut problems,
         );
         status.objects.push(simple_status(
