@@ -162,6 +162,7 @@ impl RouteTable {
                 owner: &owner,
                 state: plugin_state,
                 consumers: &consumers,
+                upstreams: None,
             };
             let built = plugins::build_sorted(&rule.plugins, &cx).map_err(|error| {
                 InvalidSnapshot::Plugin {
@@ -232,6 +233,7 @@ impl RouteTable {
                 owner: &r.id,
                 state: plugin_state,
                 consumers: &consumers,
+                upstreams: Some(&upstreams),
             };
             let route_plugins = plugins::build_sorted(&r.plugins, &cx).map_err(|error| {
                 InvalidSnapshot::Plugin {
