@@ -114,7 +114,10 @@ async fn proxy(
                 let upstream = route
                     .pick_backend()
                     .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
-                Some((upstream, crate::balancer::request_hash(upstream, &info, None)))
+                Some((
+                    upstream,
+                    crate::balancer::request_hash(upstream, &info, None),
+                ))
             }
         };
         (route, picked)

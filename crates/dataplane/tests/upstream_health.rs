@@ -599,7 +599,10 @@ async fn apisix_upstream_status_reports_each_checked_endpoint() {
     }
     assert_eq!(sample(&text, &series(dead)), Some(0.0), "{text}");
     assert_eq!(sample(&text, &series(a.addr)), Some(1.0), "{text}");
-    assert!(text.contains("# TYPE apisix_upstream_status gauge"), "{text}");
+    assert!(
+        text.contains("# TYPE apisix_upstream_status gauge"),
+        "{text}"
+    );
     // Only upstreams with health checks are reported, as in APISIX.
     assert!(!text.contains("name=\"plain\""), "{text}");
     // The same on the admin /metrics path.

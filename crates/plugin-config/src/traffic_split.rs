@@ -154,9 +154,8 @@ impl InlineUpstream {
             Value::Object(m) => {
                 for (addr, w) in m {
                     let field = format!("nodes.{addr}");
-                    let (host, p) = split_host_port(addr).ok_or_else(|| {
-                        FieldError::new(&field, "the key must be `host:port`")
-                    })?;
+                    let (host, p) = split_host_port(addr)
+                        .ok_or_else(|| FieldError::new(&field, "the key must be `host:port`"))?;
                     out.push(Node {
                         host: node_host(&field, host)?,
                         port: port(&field, p.parse().ok())?,

@@ -113,7 +113,14 @@ pub(crate) fn resolve(
                 by_id(&id, &format!("{sub}.upstream_id"), origin, scope, problems)
             } else if let Some(inline) = &wu.upstream {
                 let id = format!("{}/traffic-split/{j}/{k}", scope.route_id);
-                inline_upstream(id, inline, &format!("{sub}.upstream"), origin, scope, problems)
+                inline_upstream(
+                    id,
+                    inline,
+                    &format!("{sub}.upstream"),
+                    origin,
+                    scope,
+                    problems,
+                )
             } else {
                 None
             };
@@ -229,11 +236,7 @@ fn service(
 ) -> Option<v1::Upstream> {
     let ns = scope.ns;
     let Some(svc) = scope.idx.services.get(&(ns, name)) else {
-        origin.error(
-            problems,
-            sub,
-            format!("Service {ns}/{name} not found"),
-        );
+        origin.error(problems, sub, format!("Service {ns}/{name} not found"));
         return None;
     };
     let external = svc.spec.as_ref().and_then(|s| s.type_.as_deref()) == Some("ExternalName");
