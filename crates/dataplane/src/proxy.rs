@@ -160,6 +160,7 @@ async fn proxy(
         let hash = crate::balancer::request_hash(upstream, &info, ctx.consumer_name());
         (Request::from_parts(parts, body), upstream, hash)
     } else {
+        // NB: not reached: `picked` is only `None` for a route with plugins.
         return Err(ProxyError::NoRoute);
     };
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
