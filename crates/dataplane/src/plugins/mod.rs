@@ -12,7 +12,8 @@
 //!  ┌────────────▼─────────────┐                                         │
 //!  │ before_proxy             │  on the upstream request head           │
 //!  └────────────┬─────────────┘                                         │
-//!           upstream (or an error response: 502/503/504)                 │
+//!   upstream: traffic-split's choice (access, 966), else the route's     │
+//!   weighted backends; then an endpoint (or an error: 502/503/504)       │
 //!  ┌────────────▼─────────────┐                                         │
 //!  │ response_headers         │◀────────────────────────────────────────┘
 //!  │ body_filter (streaming)  │  per chunk, never buffering unless a plugin must
