@@ -200,9 +200,17 @@ impl Conn {
         // value below still takes precedence over a framing error.
         let framing = response_framing(request_method, status, &facts);
         let close = facts.close;
+        let facts_nominates = facts.nominates;
         let head = self.buf.split_to(len).freeze();
         let mut map = HeaderMap::with_capacity(spans.len());
+        // NB: a proxy drops hop-by-hop headers anyway; leaving them out here saves adding
+        // and then removing them (issue 2). When `Connection` names other headers (rare),
+        // all are kept for `strip_hop_by_hop`, which removes the named ones too.
+        let skip_hop_by_hop = !facts_nominates;
         for (name, start, end) in spans {
+            if skip_hop_by_hop && crate::proxy::hop_by_hop_bit(name.as_str()) != 0 {
+                continue;
+            }
             let value = HeaderValue::from_maybe_shared(head.slice(start..end))
                 .map_err(|_| H1Error::Invalid("bad header value"))?;
             map.append(name, value);
@@ -230,6 +238,9 @@ struct FramingFacts<'a> {
     content_length: Result<Option<u64>, &'static str>,
     /// Whether a `connection` value lists `close`.
     close: bool,
+    /// Whether a `connection` value names a header other than the hop-by-hop ones, so that
+    /// header must be removed too.
+    nominates: bool,
 }
 
 /// A header value as text, as [`HeaderValue::to_str`] sees it (visible ASCII only; values
@@ -248,6 +259,7 @@ impl Default for FramingFacts<'_> {
             transfer_encoding: None,
             content_length: Ok(None),
             close: false,
+            nominates: false,
         }
     }
 }
@@ -266,11 +278,18 @@ impl<'a> FramingFacts<'a> {
                 (Some(n), Ok(Some(l))) if l != n => Err("conflicting content-length"),
                 (Some(n), Ok(_)) => Ok(Some(n)),
             };
-        } else if *name == header::CONNECTION
-            && let Some(s) = ascii_str(value)
-            && s.split(',').any(|t| t.trim().eq_ignore_ascii_case("close"))
-        {
-            self.close = true;
+        } else if *name == header::CONNECTION {
+            // A value that is not text names nothing (as in `strip_hop_by_hop`).
+            let Some(s) = ascii_str(value) else {
+                return;
+            };
+            for token in s.split(',').map(str::trim) {
+                if token.eq_ignore_ascii_case("close") {
+                    self.close = true;
+                } else if !token.is_empty() && !crate::proxy::is_hop_by_hop_token(token) {
+                    self.nominates = true;
+                }
+            }
         }
     }
 }
@@ -656,6 +675,17 @@ mod tests {
             head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: x\r\n\r\n").await,
             Err(H1Error::Invalid("bad content-length"))
         ));
+        // Hop-by-hop headers are left out of the head; when `Connection` names another
+        // header, everything is kept for `strip_hop_by_hop`.
+        let h = head(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nX-A: b\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+        assert_eq!(h.parts.headers.len(), 2, "{:?}", h.parts.headers);
+        assert_eq!(h.parts.headers["x-a"], "b");
+        assert!(h.parts.headers.contains_key("content-length"));
+        let h = head(b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive, X-Secret\r\nX-Secret: 1\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+        assert!(h.parts.headers.contains_key("connection"));
+        let mut stripped = h.parts.headers.clone();
+        crate::proxy::strip_hop_by_hop(&mut stripped);
+        assert_eq!(stripped.len(), 1, "{stripped:?}");
         // No length, no transfer-encoding: until close, never kept alive.
         let h = head(b"HTTP/1.1 200 OK\r\nServer: x\r\n\r\n").await.unwrap();
         assert_eq!(h.framing, Framing::UntilClose);

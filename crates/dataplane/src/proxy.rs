@@ -420,7 +420,7 @@ const HOP_BY_HOP: [&str; 8] = [
 /// this runs for every request and response header (issue 2: searching the list cost about
 /// 90 instructions per header).
 #[inline]
-fn hop_by_hop_bit(name: &str) -> u8 {
+pub(crate) fn hop_by_hop_bit(name: &str) -> u8 {
     let bit = match name.len() {
         2 if name == HOP_BY_HOP[1] => 1,
         7 if name == HOP_BY_HOP[3] => 3,
@@ -433,6 +433,11 @@ fn hop_by_hop_bit(name: &str) -> u8 {
         _ => return 0,
     };
     1 << bit
+}
+
+/// Whether a `Connection` token names one of the hop-by-hop headers (any case).
+pub(crate) fn is_hop_by_hop_token(token: &str) -> bool {
+    HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(token))
 }
 
 /// Removes hop-by-hop headers, including those named in `Connection`.
@@ -451,9 +456,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         && let Ok(list) = conn.to_str()
     {
         for token in list.split(',').map(str::trim) {
-            let known = token.is_empty()
-                || token.eq_ignore_ascii_case("close")
-                || HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(token));
+            let known =
+                token.is_empty() || token.eq_ignore_ascii_case("close") || is_hop_by_hop_token(token);
             if !known {
                 headers.remove(token);
             }
