@@ -52,7 +52,11 @@ fn bench(c: &mut Criterion) {
         ("upgrade-insecure-requests", "1"),
     ]);
     let mut g = c.benchmark_group("strip_hop_by_hop");
-    for (name, h) in [("request", &req), ("response", &resp), ("browser", &browser)] {
+    for (name, h) in [
+        ("request", &req),
+        ("response", &resp),
+        ("browser", &browser),
+    ] {
         g.bench_function(name, |b| {
             b.iter_batched_ref(
                 || h.clone(),

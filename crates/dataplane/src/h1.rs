@@ -669,7 +669,9 @@ mod tests {
         assert_eq!(h.framing, Framing::Length(2));
         assert!(!h.keep_alive);
         // Equal repeated lengths are fine; a bad one is an error even after a good one.
-        let h = head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length:  2 \r\n\r\nok").await.unwrap();
+        let h = head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length:  2 \r\n\r\nok")
+            .await
+            .unwrap();
         assert_eq!(h.framing, Framing::Length(2));
         assert!(matches!(
             head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: x\r\n\r\n").await,

@@ -448,8 +448,9 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
         && let Ok(list) = conn.to_str()
     {
         for token in list.split(',').map(str::trim) {
-            let known =
-                token.is_empty() || token.eq_ignore_ascii_case("close") || is_hop_by_hop_token(token);
+            let known = token.is_empty()
+                || token.eq_ignore_ascii_case("close")
+                || is_hop_by_hop_token(token);
             if !known {
                 headers.remove(token);
             }
@@ -492,7 +493,14 @@ mod tests {
             strip_hop_by_hop(&mut h);
             assert_eq!(h.len(), 1, "{name} left in place");
         }
-        for other in ["host", "tx", "upgrader", "connections", "content-length", "trailers"] {
+        for other in [
+            "host",
+            "tx",
+            "upgrader",
+            "connections",
+            "content-length",
+            "trailers",
+        ] {
             assert_eq!(hop_by_hop_bit(other), 0, "{other}");
         }
     }
