@@ -93,7 +93,7 @@ async fn proxy(
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
     let uri = req.uri();
-    let (route, upstream, mut hash) = {
+    let (route, picked) = {
         let info = RequestInfo {
             method: req.method(),
             host: host.as_ref().and_then(|h| h.to_str().ok()),
@@ -106,17 +106,29 @@ async fn proxy(
         };
         let idx = table.router.lookup(&info).ok_or(ProxyError::NoRoute)?;
         let route = table.routes.get(idx).ok_or(ProxyError::NoRoute)?;
-        let upstream = route
-            .pick_backend()
-            .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
-        // NB: `hashOn: consumer` is recomputed below once an auth plugin named the consumer.
-        let hash = crate::balancer::request_hash(upstream, &info, None);
-        (route, upstream, hash)
+        // NB: a route with plugins picks its upstream after the request phases (below):
+        // traffic-split may choose another one, and `hashOn: consumer` needs the consumer.
+        let picked = match route.plugins {
+            Some(_) => None,
+            None => {
+                let upstream = route
+                    .pick_backend()
+                    .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
+                Some((
+                    upstream,
+                    crate::balancer::request_hash(upstream, &info, None),
+                ))
+            }
+        };
+        (route, picked)
     };
-    let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
+    // Holds the upstream traffic-split chose, which `upstream` then borrows.
+    let split: Option<Arc<crate::upstream::Upstream>>;
     // Plugins: request phases (rewrite, access, before_proxy); a plugin may answer. They run
     // before every protocol (WebSocket, h2/gRPC upstreams too), so auth is never bypassed.
-    let req = if let Some(chain) = &route.plugins {
+    let (req, upstream, hash) = if let Some((upstream, hash)) = picked {
+        (req, upstream, hash)
+    } else if let Some(chain) = &route.plugins {
         let (mut parts, body) = req.into_parts();
         let ctx = plugin_ctx.insert(PluginCtx::new(
             Arc::clone(chain),
@@ -128,23 +140,30 @@ async fn proxy(
         if let Err(resp) = plugins::request_phases(&mut parts, ctx).await {
             return Ok(*resp);
         }
-        if let Some(consumer) = ctx.consumer_name() {
-            let info = RequestInfo {
-                method: &parts.method,
-                host: host.as_ref().and_then(|h| h.to_str().ok()),
-                path: parts.uri.path(),
-                query: parts.uri.query(),
-                headers: &parts.headers,
-                remote_addr: conn.remote_addr,
-                local_addr: conn.local_addr,
-                scheme: conn.scheme,
-            };
-            hash = crate::balancer::request_hash(upstream, &info, Some(consumer));
-        }
-        Request::from_parts(parts, body)
+        split = ctx.split_upstream.take();
+        let upstream = match &split {
+            Some(up) => up,
+            None => route
+                .pick_backend()
+                .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?,
+        };
+        let info = RequestInfo {
+            method: &parts.method,
+            host: host.as_ref().and_then(|h| h.to_str().ok()),
+            path: parts.uri.path(),
+            query: parts.uri.query(),
+            headers: &parts.headers,
+            remote_addr: conn.remote_addr,
+            local_addr: conn.local_addr,
+            scheme: conn.scheme,
+        };
+        let hash = crate::balancer::request_hash(upstream, &info, ctx.consumer_name());
+        (Request::from_parts(parts, body), upstream, hash)
     } else {
-        req
+        // NB: not reached: `picked` is only `None` for a route with plugins.
+        return Err(ProxyError::NoRoute);
     };
+    let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
     // Protocols other than plain HTTP/1.1 (WebSocket upgrades, HTTP/2 and TLS upstreams):
     // endpoint choice, retries and passive health in `failover`.
     let upgrade = route.websocket && crate::websocket::is_upgrade(&req);

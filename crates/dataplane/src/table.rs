@@ -105,6 +105,8 @@ pub struct RouteTable {
     pub routes: Vec<CompiledRoute>,
     /// Number of upstreams.
     pub upstream_count: usize,
+    /// The snapshot's upstreams in snapshot order (by id), for `apisix_upstream_status`.
+    pub upstreams: Vec<Arc<Upstream>>,
     /// Server certificates by SNI, for the HTTPS listener.
     pub tls: crate::tls::TlsTable,
 }
@@ -160,6 +162,7 @@ impl RouteTable {
                 owner: &owner,
                 state: plugin_state,
                 consumers: &consumers,
+                upstreams: None,
             };
             let built = plugins::build_sorted(&rule.plugins, &cx).map_err(|error| {
                 InvalidSnapshot::Plugin {
@@ -230,6 +233,7 @@ impl RouteTable {
                 owner: &r.id,
                 state: plugin_state,
                 consumers: &consumers,
+                upstreams: Some(&upstreams),
             };
             let route_plugins = plugins::build_sorted(&r.plugins, &cx).map_err(|error| {
                 InvalidSnapshot::Plugin {
@@ -254,6 +258,11 @@ impl RouteTable {
             router,
             routes,
             upstream_count: upstreams.len(),
+            upstreams: snapshot
+                .upstreams
+                .iter()
+                .filter_map(|u| upstreams.get(u.id.as_str()).cloned())
+                .collect(),
             tls,
         })
     }

@@ -330,6 +330,12 @@ impl Upstream {
         matches!(self.policy, Policy::Ewma(_))
     }
 
+    /// Whether the upstream has an active or passive health check (only those report
+    /// `apisix_upstream_status`, as in APISIX).
+    pub fn health_checked(&self) -> bool {
+        self.passive.is_some() || self._checker.is_some()
+    }
+
     /// Whether health checks have taken every endpoint out of the rotation.
     pub fn all_unhealthy(&self) -> bool {
         !self.states.is_empty() && self.states.iter().all(|s| !s.is_healthy())

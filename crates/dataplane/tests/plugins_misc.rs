@@ -322,14 +322,14 @@ async fn bad_configs_are_rejected_naming_plugin_and_field() {
                 "traffic-split",
                 json!({"rules": [{"weighted_upstreams": [{"upstream_id": "u2", "weight": 1}]}]}),
             ),
-            "plugin \"traffic-split\": rules[0].weighted_upstreams[0].upstream_id: upstreams referenced by a plugin are not supported",
+            "plugin \"traffic-split\": rules[0].weighted_upstreams[0].upstream_id: unknown upstream `u2`",
         ),
         (
             plugin(
                 "traffic-split",
-                json!({"rules": [{"weighted_upstreams": [{"weight": 1}]}]}),
+                json!({"rules": [{"weighted_upstreams": [{"weight": 0}]}]}),
             ),
-            "plugin \"traffic-split\": rules: traffic-split is not supported; give the route several backends with weights",
+            "plugin \"traffic-split\": rules[0].weighted_upstreams: every weight is 0",
         ),
     ] {
         let err = dp

@@ -553,3 +553,72 @@ async fn active_probes_send_host_path_and_headers_and_tcp_probes_follow_the_list
     }
     assert!(seen_b);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apisix_upstream_status_reports_each_checked_endpoint() {
+    let a = Origin::start("a");
+    let dead = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let unchecked = Origin::start("u2");
+    let dp = dataplane().await;
+    let mut checked = upstream_of("default/app:80", &[a.addr, dead]);
+    checked.health_check = Some(health_check(false));
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![
+                    route("default/r/r1", &["/*"], "default/app:80"),
+                    route("default/r/r2", &["/other"], "plain"),
+                ],
+                vec![checked, upstream_of("plain", &[unchecked.addr])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let admin = admin(&dp.store).await;
+    let series = |addr: SocketAddr| {
+        format!(
+            "apisix_upstream_status{{name=\"default/app:80\",ip=\"{}\",port=\"{}\"}}",
+            addr.ip(),
+            addr.port()
+        )
+    };
+    // The active check finds the closed port down within a probe round.
+    let mut text = String::new();
+    for _ in 0..40 {
+        text = get(admin, "localhost", "/apisix/prometheus/metrics")
+            .await
+            .text();
+        if sample(&text, &series(dead)) == Some(0.0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(sample(&text, &series(dead)), Some(0.0), "{text}");
+    assert_eq!(sample(&text, &series(a.addr)), Some(1.0), "{text}");
+    assert!(
+        text.contains("# TYPE apisix_upstream_status gauge"),
+        "{text}"
+    );
+    // Only upstreams with health checks are reported, as in APISIX.
+    assert!(!text.contains("name=\"plain\""), "{text}");
+    // The same on the admin /metrics path.
+    let text = get(admin, "localhost", "/metrics").await.text();
+    assert_eq!(sample(&text, &series(dead)), Some(0.0), "{text}");
+    // The upstream leaves the snapshot: its series go with it.
+    dp.store
+        .apply(
+            snapshot(
+                2,
+                vec![route("default/r/r2", &["/*"], "plain")],
+                vec![upstream_of("plain", &[unchecked.addr])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let text = get(admin, "localhost", "/metrics").await.text();
+    assert!(!text.contains("apisix_upstream_status{"), "{text}");
+}

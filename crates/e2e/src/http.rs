@@ -31,6 +31,16 @@ impl HttpResponse {
 /// `GET path` with `Host: host` to `addr` over a fresh connection (`Connection: close`), with a
 /// 10 s timeout on each step.
 pub fn http_get(addr: SocketAddr, host: &str, path: &str) -> Result<HttpResponse, Error> {
+    http_get_with(addr, host, path, &[])
+}
+
+/// Like [`http_get`], with extra request headers.
+pub fn http_get_with(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+) -> Result<HttpResponse, Error> {
     let err = |why: String| Error::Http { addr, why };
     let timeout = Duration::from_secs(10);
     let mut stream =
@@ -39,9 +49,13 @@ pub fn http_get(addr: SocketAddr, host: &str, path: &str) -> Result<HttpResponse
         .set_read_timeout(Some(timeout))
         .and_then(|()| stream.set_write_timeout(Some(timeout)))
         .map_err(|e| err(e.to_string()))?;
-    let request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: sluice-e2e\r\n\r\n"
+    let mut request = format!(
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: sluice-e2e\r\n"
     );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
     stream
         .write_all(request.as_bytes())
         .map_err(|e| err(format!("write: {e}")))?;

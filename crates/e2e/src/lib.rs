@@ -36,7 +36,7 @@ pub use helm::{
     HelmOutput, RELEASE, chart_dir, helm, helm_command, helm_ok, helm_path, render_chart,
     render_release,
 };
-pub use http::{HttpResponse, http_get};
+pub use http::{HttpResponse, http_get, http_get_with};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{
     Pipeline, eventually, free_port, spawn_controller, spawn_dataplane, spawn_dataplane_https,

@@ -37,6 +37,11 @@
 //!   by the plugin `authentication` implies (keyAuth/basicAuth/jwtAuth). ApisixConsumers
 //!   become snapshot consumers `<ns>_<name>` (credentials inline or from a Secret, plus
 //!   consumer plugins); ApisixGlobalRules become global rules `<ns>/<name>`.
+//! - `traffic-split` (`src/traffic_split.rs`): each weighted upstream resolves in the
+//!   route's namespace (`<service>:<port>`, a single-port Service, an ApisixUpstream with
+//!   externalNodes, or inline nodes → `<route id>/traffic-split/<rule>/<entry>`) into a
+//!   snapshot upstream, and the plugin config is rewritten to carry snapshot upstream ids;
+//!   an id that names nothing rejects the rule naming the `upstream_id` field.
 //! - Fail closed: unsupported authentication types, missing ApisixPluginConfigs,
 //!   `filter_func`, Body exprs and plugin `secretRef`s to missing Secrets reject the rule
 //!   instead of serving it with less protection than written. Plugin `secretRef`s are merged
@@ -78,6 +83,7 @@ mod route;
 pub mod state;
 pub mod status;
 mod tls;
+mod traffic_split;
 mod upstream;
 mod upstream_health;
 mod validate;
@@ -356,7 +362,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             ns,
             "spec.plugins",
             &idx.secrets,
-            plugins::Owner::Route,
+            plugins::Owner::GlobalRule,
             &mut problems,
         );
         status.objects.push(simple_status(

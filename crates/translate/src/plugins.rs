@@ -22,8 +22,10 @@ type Secrets<'a> = BTreeMap<(&'a str, &'a str), &'a Secret>;
 /// Where a plugin list is used; consumers validate credentials with the consumer schema.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Owner {
-    /// A route, plugin config or global rule.
+    /// A route or plugin config.
     Route,
+    /// An ApisixGlobalRule.
+    GlobalRule,
     /// A consumer's `plugins[]`.
     Consumer,
 }
@@ -58,6 +60,14 @@ pub(crate) fn plugin_list(
             continue;
         }
         if !p.enable {
+            continue;
+        }
+        if owner != Owner::Route && p.name == "traffic-split" {
+            problems.error(
+                format!("{field}.name"),
+                "traffic-split picks a route's upstream, so it only works in an ApisixRoute's \
+                 plugins or an ApisixPluginConfig a route references",
+            );
             continue;
         }
         let mut config = p.config.clone().unwrap_or_default();

@@ -143,15 +143,32 @@ impl RuleCtx<'_, '_> {
             .map(|t| upstream::parse_timeout(t, &self.f("timeout"), problems))
             .and_then(upstream::timeouts);
 
-        let plugins = self.plugins(rule, problems);
+        let mut plugins = self.plugins(rule, problems);
 
-        let (backends, upstreams) = self.backends(rule, problems);
+        let (backends, mut upstreams) = self.backends(rule, problems);
+
+        let id = format!("{}/{}/{}", self.ns, self.name, rule.name);
+        if problems.errors.len() == before {
+            let scope = crate::traffic_split::Scope {
+                ns: self.ns,
+                route_id: &id,
+                idx: self.idx,
+                aus: self.aus,
+            };
+            let origin = self.traffic_split_origin(rule);
+            upstreams.extend(crate::traffic_split::resolve(
+                &mut plugins,
+                &origin,
+                &scope,
+                problems,
+            ));
+        }
 
         if problems.errors.len() > before {
             return None;
         }
         let route = v1::Route {
-            id: format!("{}/{}/{}", self.ns, self.name, rule.name),
+            id,
             source: format!("ApisixRoute {}/{}", self.ns, self.name),
             priority,
             hosts: m.hosts.clone(),
@@ -284,6 +301,33 @@ impl RuleCtx<'_, '_> {
             out = plugins::merge(out, vec![p]);
         }
         out
+    }
+
+    /// Where the rule's `traffic-split` comes from: its own `plugins` (which override the
+    /// plugin config's), else its ApisixPluginConfig.
+    fn traffic_split_origin(&self, rule: &ApisixRouteHttp) -> crate::traffic_split::Origin {
+        let name = <sluice_plugin_config::traffic_split::TrafficSplit as sluice_plugin_config::PluginSchema>::NAME;
+        if let Some(j) = rule.plugins.iter().position(|p| p.name == name && p.enable) {
+            return crate::traffic_split::Origin::Rule(self.f(&format!("plugins[{j}].config")));
+        }
+        let pc_ns = rule
+            .plugin_config_namespace
+            .as_deref()
+            .filter(|n| !n.is_empty())
+            .unwrap_or(self.ns);
+        let pc_name = rule.plugin_config_name.as_deref().unwrap_or_default();
+        let j = self
+            .idx
+            .plugin_configs
+            .get(&(pc_ns, pc_name))
+            .and_then(|pc| pc.spec.plugins.iter().position(|p| p.name == name));
+        crate::traffic_split::Origin::PluginConfig {
+            field: self.f("plugin_config_name"),
+            what: format!(
+                "ApisixPluginConfig {pc_ns}/{pc_name} spec.plugins[{}].config",
+                j.unwrap_or(0)
+            ),
+        }
     }
 
     fn backends(

@@ -752,6 +752,28 @@ pub(crate) fn service_upstream(
     Some(up)
 }
 
+/// The upstream `id` made of `nodes` with the settings `config` (a plugin's inline upstream,
+/// given in the ApisixUpstream shape). Errors name fields under `field` (e.g.
+/// `...upstream.`).
+pub(crate) fn inline_upstream(
+    id: String,
+    config: &ApisixUpstreamConfig,
+    nodes: Vec<v1::Endpoint>,
+    field: &str,
+    idx: &Index<'_>,
+    problems: &mut Problems,
+) -> v1::Upstream {
+    let settings = Settings::parse(config, field, idx, problems);
+    let mut up = v1::Upstream {
+        id,
+        endpoints: nodes,
+        ..Default::default()
+    };
+    sort_endpoints(&mut up.endpoints);
+    settings.apply(&mut up);
+    up
+}
+
 /// Whether an EndpointSlice endpoint is a Pod (in `ns` unless its `targetRef` says
 /// otherwise) carrying every label in `labels`.
 fn pod_matches(
@@ -788,7 +810,7 @@ fn sort_endpoints(eps: &mut Vec<v1::Endpoint>) {
 }
 
 /// The Service port a backend names: by name for a string, by number for an int.
-fn find_port<'s>(svc: &'s Service, port: &IntOrString) -> Option<&'s ServicePort> {
+pub(crate) fn find_port<'s>(svc: &'s Service, port: &IntOrString) -> Option<&'s ServicePort> {
     let ports = svc.spec.as_ref()?.ports.as_ref()?;
     match port {
         IntOrString::Int(n) => ports.iter().find(|p| p.port == *n),

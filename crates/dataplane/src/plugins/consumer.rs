@@ -65,6 +65,7 @@ impl ConsumerTable {
                 owner: &owner,
                 state,
                 consumers: &empty,
+                upstreams: None,
             };
             let mut credentials = Vec::new();
             let mut plugins = Vec::new();

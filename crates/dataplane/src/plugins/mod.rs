@@ -12,7 +12,8 @@
 //!  ┌────────────▼─────────────┐                                         │
 //!  │ before_proxy             │  on the upstream request head           │
 //!  └────────────┬─────────────┘                                         │
-//!           upstream (or an error response: 502/503/504)                 │
+//!   upstream: traffic-split's choice (access, 966), else the route's     │
+//!   weighted backends; then an endpoint (or an error: 502/503/504)       │
 //!  ┌────────────▼─────────────┐                                         │
 //!  │ response_headers         │◀────────────────────────────────────────┘
 //!  │ body_filter (streaming)  │  per chunk, never buffering unless a plugin must
@@ -179,7 +180,13 @@ pub struct BuildCtx<'a> {
     pub state: &'a PluginState,
     /// The snapshot's consumers.
     pub consumers: &'a Arc<ConsumerTable>,
+    /// The snapshot's upstreams by id, for plugins that pick one (traffic-split); `None`
+    /// where there is no route to pick for (global rules, consumers).
+    pub upstreams: Option<&'a UpstreamMap<'a>>,
 }
+
+/// A snapshot's compiled upstreams by id.
+pub type UpstreamMap<'a> = std::collections::HashMap<&'a str, Arc<crate::upstream::Upstream>>;
 
 /// Builds one plugin from its canonical JSON config.
 pub type BuildFn = fn(&str, &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError>;
@@ -294,6 +301,8 @@ pub struct PluginCtx {
     pub upstream_started: Option<Instant>,
     /// When the upstream's response head arrived.
     pub upstream_done: Option<Instant>,
+    /// The upstream traffic-split chose for this request instead of the route's backends.
+    pub split_upstream: Option<Arc<crate::upstream::Upstream>>,
     /// Response status (set before the response phases).
     pub status: StatusCode,
     /// Request head + body bytes received (approximate head size).
@@ -342,6 +351,7 @@ impl PluginCtx {
             upstream: None,
             upstream_started: None,
             upstream_done: None,
+            split_upstream: None,
             status: StatusCode::OK,
             request_bytes: 0,
             response_body_bytes: 0,
@@ -673,6 +683,7 @@ mod tests {
             owner: "t",
             state: &state,
             consumers: &consumers,
+            upstreams: None,
         };
         for e in sluice_plugin_config::REGISTRY {
             assert!(

@@ -8,6 +8,8 @@
 //! - `apisix_http_requests_total` (every request the process served)
 //! - `apisix_nginx_http_current_connections{state=active|reading|writing|waiting|accepted|handled}`
 //! - `apisix_node_info{hostname}`
+//! - `apisix_upstream_status{name,ip,port}`: 1 healthy, 0 unhealthy, for the endpoints of
+//!   upstreams with health checks ([`render_upstream_status`])
 //!
 //! Label values are bounded: the route id, the route's path *pattern* (never the raw
 //! path), its first host pattern, the consumer name and the upstream IP. `service` is
@@ -28,7 +30,7 @@ use sluice_plugin_config::prometheus::Prometheus as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
 use super::{BuildCtx, Consumer, Plugin, PluginCtx};
-use crate::upstream::Pool;
+use crate::upstream::{Pool, Upstream};
 
 /// APISIX's latency buckets, milliseconds.
 pub const BUCKETS_MS: [u64; 15] = [
@@ -272,6 +274,40 @@ impl ApisixMetrics {
     }
 }
 
+/// Appends `apisix_upstream_status{name,ip,port}` (1 healthy, 0 unhealthy) for every
+/// endpoint of the upstreams that have an active or passive health check, as APISIX
+/// reports its health checkers. `name` is the Sluice upstream id (e.g.
+/// `default/httpbin:80`), where APISIX puts the upstream's resource key. Read from the
+/// table being served at scrape time, so an upstream that leaves the snapshot leaves the
+/// metric with it.
+pub fn render_upstream_status(upstreams: &[Arc<Upstream>], out: &mut String) {
+    out.push_str("# HELP apisix_upstream_status Upstream status from health check\n");
+    out.push_str("# TYPE apisix_upstream_status gauge\n");
+    for up in upstreams.iter().filter(|u| u.health_checked()) {
+        for ep in &up.endpoints {
+            let (ip, port) = split_address(&ep.address);
+            let _ = writeln!(
+                out,
+                "apisix_upstream_status{{name=\"{}\",ip=\"{}\",port=\"{}\"}} {}",
+                escape(&up.id),
+                escape(ip),
+                escape(port),
+                u8::from(ep.state.is_healthy())
+            );
+        }
+    }
+}
+
+/// (host, port) of an endpoint address `ip:port` / `[v6]:port` / `name:port`.
+fn split_address(addr: &str) -> (&str, &str) {
+    if let Some(rest) = addr.strip_prefix('[')
+        && let Some((ip, port)) = rest.split_once(']')
+    {
+        return (ip, port.strip_prefix(':').unwrap_or(""));
+    }
+    addr.rsplit_once(':').unwrap_or((addr, ""))
+}
+
 fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
@@ -417,6 +453,9 @@ mod tests {
     fn node_ips() {
         assert_eq!(node_ip("10.0.0.1:80"), "10.0.0.1");
         assert_eq!(node_ip("[::1]:80"), "::1");
+        assert_eq!(split_address("10.0.0.1:80"), ("10.0.0.1", "80"));
+        assert_eq!(split_address("[::1]:8080"), ("::1", "8080"));
+        assert_eq!(split_address("svc.example:443"), ("svc.example", "443"));
     }
 
     #[test]
