@@ -187,23 +187,36 @@ impl Conn {
         // Header values point into the buffer: remember offsets, then share the bytes.
         let base = self.buf.as_ptr() as usize;
         let mut spans = Vec::with_capacity(resp.headers.len());
+        // The framing headers are noted on the way, so no header map lookup is needed later.
+        let mut facts = FramingFacts::default();
         for h in resp.headers.iter() {
             let name = HeaderName::from_bytes(h.name.as_bytes())
                 .map_err(|_| H1Error::Invalid("bad header name"))?;
+            facts.note(&name, h.value);
             let start = h.value.as_ptr() as usize - base;
             spans.push((name, start, start + h.value.len()));
         }
+        // NB: decided before the buffer is split (the facts borrow it); an invalid header
+        // value below still takes precedence over a framing error.
+        let framing = response_framing(request_method, status, &facts);
+        let close = facts.close;
+        let facts_nominates = facts.nominates;
         let head = self.buf.split_to(len).freeze();
         let mut map = HeaderMap::with_capacity(spans.len());
+        // NB: a proxy drops hop-by-hop headers anyway; leaving them out here saves adding
+        // and then removing them (issue 2). When `Connection` names other headers (rare),
+        // all are kept for `strip_hop_by_hop`, which removes the named ones too.
+        let skip_hop_by_hop = !facts_nominates;
         for (name, start, end) in spans {
+            if skip_hop_by_hop && crate::proxy::hop_by_hop_bit(name.as_str()) != 0 {
+                continue;
+            }
             let value = HeaderValue::from_maybe_shared(head.slice(start..end))
                 .map_err(|_| H1Error::Invalid("bad header value"))?;
             map.append(name, value);
         }
-        let framing = response_framing(request_method, status, &map)?;
-        let keep_alive = version == Version::HTTP_11
-            && framing != Framing::UntilClose
-            && !has_token(&map, &header::CONNECTION, "close");
+        let framing = framing?;
+        let keep_alive = version == Version::HTTP_11 && framing != Framing::UntilClose && !close;
         let mut parts = http::Response::new(()).into_parts().0;
         parts.status = status;
         parts.version = version;
@@ -216,18 +229,76 @@ impl Conn {
     }
 }
 
-fn has_token(headers: &HeaderMap, name: &HeaderName, token: &str) -> bool {
-    headers.get_all(name).iter().any(|v| {
-        v.to_str()
-            .is_ok_and(|s| s.split(',').any(|t| t.trim().eq_ignore_ascii_case(token)))
-    })
+/// What the framing rules need from a response head, collected while it is parsed.
+#[derive(Debug)]
+struct FramingFacts<'a> {
+    /// The first `transfer-encoding` value (`None` inside: not text).
+    transfer_encoding: Option<Option<&'a str>>,
+    /// The `content-length`: `Err` at the first value that is not a number or disagrees.
+    content_length: Result<Option<u64>, &'static str>,
+    /// Whether a `connection` value lists `close`.
+    close: bool,
+    /// Whether a `connection` value names a header other than the hop-by-hop ones, so that
+    /// header must be removed too.
+    nominates: bool,
+}
+
+/// A header value as text, as [`HeaderValue::to_str`] sees it (visible ASCII only; values
+/// with control characters never get this far).
+fn ascii_str(value: &[u8]) -> Option<&str> {
+    if value.is_ascii() {
+        std::str::from_utf8(value).ok()
+    } else {
+        None
+    }
+}
+
+impl Default for FramingFacts<'_> {
+    fn default() -> Self {
+        FramingFacts {
+            transfer_encoding: None,
+            content_length: Ok(None),
+            close: false,
+            nominates: false,
+        }
+    }
+}
+
+impl<'a> FramingFacts<'a> {
+    fn note(&mut self, name: &HeaderName, value: &'a [u8]) {
+        if *name == header::TRANSFER_ENCODING {
+            if self.transfer_encoding.is_none() {
+                self.transfer_encoding = Some(ascii_str(value));
+            }
+        } else if *name == header::CONTENT_LENGTH {
+            let n: Option<u64> = ascii_str(value).and_then(|s| s.trim().parse().ok());
+            self.content_length = match (n, self.content_length) {
+                (_, Err(e)) => Err(e),
+                (None, _) => Err("bad content-length"),
+                (Some(n), Ok(Some(l))) if l != n => Err("conflicting content-length"),
+                (Some(n), Ok(_)) => Ok(Some(n)),
+            };
+        } else if *name == header::CONNECTION {
+            // A value that is not text names nothing (as in `strip_hop_by_hop`).
+            let Some(s) = ascii_str(value) else {
+                return;
+            };
+            for token in s.split(',').map(str::trim) {
+                if token.eq_ignore_ascii_case("close") {
+                    self.close = true;
+                } else if !token.is_empty() && !crate::proxy::is_hop_by_hop_token(token) {
+                    self.nominates = true;
+                }
+            }
+        }
+    }
 }
 
 /// RFC 9112 §6.3: how the body of a response is delimited.
 fn response_framing(
     method: &Method,
     status: StatusCode,
-    headers: &HeaderMap,
+    facts: &FramingFacts<'_>,
 ) -> Result<Framing, H1Error> {
     if method == Method::HEAD
         || status.is_informational()
@@ -236,33 +307,18 @@ fn response_framing(
     {
         return Ok(Framing::Empty);
     }
-    if let Some(te) = headers.get(header::TRANSFER_ENCODING) {
-        let last = te
-            .to_str()
-            .ok()
-            .and_then(|s| s.rsplit(',').next())
-            .map(str::trim);
+    if let Some(te) = facts.transfer_encoding {
+        let last = te.and_then(|s| s.rsplit(',').next()).map(str::trim);
         return Ok(match last {
             Some(c) if c.eq_ignore_ascii_case("chunked") => Framing::Chunked,
             _ => Framing::UntilClose,
         });
     }
-    let mut length = None;
-    for v in headers.get_all(header::CONTENT_LENGTH) {
-        let n: u64 = v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or(H1Error::Invalid("bad content-length"))?;
-        if length.is_some_and(|l| l != n) {
-            return Err(H1Error::Invalid("conflicting content-length"));
-        }
-        length = Some(n);
-    }
-    Ok(match length {
-        Some(0) => Framing::Empty,
-        Some(n) => Framing::Length(n),
-        None => Framing::UntilClose,
+    Ok(match facts.content_length {
+        Err(e) => return Err(H1Error::Invalid(e)),
+        Ok(Some(0)) => Framing::Empty,
+        Ok(Some(n)) => Framing::Length(n),
+        Ok(None) => Framing::UntilClose,
     })
 }
 
@@ -597,6 +653,45 @@ mod tests {
             c.read_head(&Method::GET).await,
             Err(H1Error::Invalid(_))
         ));
+    }
+
+    #[tokio::test]
+    async fn framing_headers_are_read_while_parsing() {
+        let head = |raw: &'static [u8]| async move {
+            conn_reading(raw).await.read_head(&Method::GET).await
+        };
+        // The first transfer-encoding decides, whatever the content-length says.
+        let h = head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\nTransfer-Encoding: gzip\r\n\r\n").await.unwrap();
+        assert_eq!(h.framing, Framing::Chunked);
+        assert!(h.keep_alive);
+        // `close` in any connection header, in any case, among other tokens.
+        let h = head(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nconnection: Upgrade , CLOSE\r\nContent-Length: 2\r\n\r\nok").await.unwrap();
+        assert_eq!(h.framing, Framing::Length(2));
+        assert!(!h.keep_alive);
+        // Equal repeated lengths are fine; a bad one is an error even after a good one.
+        let h = head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length:  2 \r\n\r\nok")
+            .await
+            .unwrap();
+        assert_eq!(h.framing, Framing::Length(2));
+        assert!(matches!(
+            head(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: x\r\n\r\n").await,
+            Err(H1Error::Invalid("bad content-length"))
+        ));
+        // Hop-by-hop headers are left out of the head; when `Connection` names another
+        // header, everything is kept for `strip_hop_by_hop`.
+        let h = head(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nKeep-Alive: timeout=5\r\nX-A: b\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+        assert_eq!(h.parts.headers.len(), 2, "{:?}", h.parts.headers);
+        assert_eq!(h.parts.headers["x-a"], "b");
+        assert!(h.parts.headers.contains_key("content-length"));
+        let h = head(b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive, X-Secret\r\nX-Secret: 1\r\nContent-Length: 0\r\n\r\n").await.unwrap();
+        assert!(h.parts.headers.contains_key("connection"));
+        let mut stripped = h.parts.headers.clone();
+        crate::proxy::strip_hop_by_hop(&mut stripped);
+        assert_eq!(stripped.len(), 1, "{stripped:?}");
+        // No length, no transfer-encoding: until close, never kept alive.
+        let h = head(b"HTTP/1.1 200 OK\r\nServer: x\r\n\r\n").await.unwrap();
+        assert_eq!(h.framing, Framing::UntilClose);
+        assert!(!h.keep_alive);
     }
 
     #[test]

@@ -112,6 +112,7 @@ impl CoarseTimer {
         CoarseSleep {
             timer: self.clone(),
             state,
+            polled: false,
         }
     }
 
@@ -147,20 +148,30 @@ pub struct Elapsed;
 pub struct CoarseSleep {
     timer: CoarseTimer,
     state: Arc<SleepState>,
+    /// Whether the waker is registered; from then on only the sweeper fires the sleep.
+    polled: bool,
 }
 
 impl Future for CoarseSleep {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let done = |s: &SleepState, timer: &CoarseTimer| {
-            s.fired.load(Ordering::Acquire) || s.deadline.load(Ordering::Relaxed) <= timer.now_ms()
-        };
-        if done(&self.state, &self.timer) {
+        let this = self.get_mut();
+        if this.state.fired.load(Ordering::Acquire) {
             return Poll::Ready(());
         }
-        self.state.waker.register(cx.waker());
-        if done(&self.state, &self.timer) {
+        // NB: the clock is read at the first poll only (a deadline already past completes
+        // at once); later polls, one per wake-up of the request's task, just check `fired`
+        // (issue 2). The waker of a task does not change, but a future may move between
+        // tasks, so it is registered again when it would not wake the same one.
+        if !this.polled {
+            this.polled = true;
+            if this.state.deadline.load(Ordering::Relaxed) <= this.timer.now_ms() {
+                return Poll::Ready(());
+            }
+        }
+        this.state.waker.register(cx.waker());
+        if this.state.fired.load(Ordering::Acquire) {
             Poll::Ready(())
         } else {
             Poll::Pending
