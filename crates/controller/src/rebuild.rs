@@ -545,7 +545,12 @@ mod tests {
         version.wait_for(|p| p.is_some()).await.unwrap();
         let first = hub.current().unwrap();
         assert_eq!(first.snapshot.version, 1);
-        let ids: Vec<&str> = first.snapshot.tls_certificates.iter().map(|c| c.id.as_str()).collect();
+        let ids: Vec<&str> = first
+            .snapshot
+            .tls_certificates
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect();
         assert_eq!(ids, ["default/later", "default/soon"]);
         let accepted = tls_status(&status.borrow().clone().unwrap(), "soon");
         assert_eq!(accepted.status, ConditionStatus::True);
@@ -560,7 +565,12 @@ mod tests {
         .unwrap();
         assert!(SystemTime::now() > soon, "not rebuilt before the expiry");
         let second = hub.current().unwrap();
-        let ids: Vec<&str> = second.snapshot.tls_certificates.iter().map(|c| c.id.as_str()).collect();
+        let ids: Vec<&str> = second
+            .snapshot
+            .tls_certificates
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect();
         assert_eq!(ids, ["default/later"]);
         let rebuilt = status.borrow().clone().unwrap();
         let accepted = tls_status(&rebuilt, "soon");
@@ -573,7 +583,10 @@ mod tests {
             accepted.message
         );
         assert!(
-            second.rejected_objects.iter().any(|l| l.contains("ApisixTls default/soon")),
+            second
+                .rejected_objects
+                .iter()
+                .any(|l| l.contains("ApisixTls default/soon")),
             "{:?}",
             second.rejected_objects
         );
@@ -599,7 +612,11 @@ mod tests {
         rb.rebuild(&inputs(&tls_objects("a", "a.example.com", later)));
         let p = hub.current().unwrap();
         assert!(p.snapshot.default_certificate.is_none());
-        assert_eq!(p.snapshot.tls_certificates.len(), 1, "other certificates serve");
+        assert_eq!(
+            p.snapshot.tls_certificates.len(),
+            1,
+            "other certificates serve"
+        );
         assert!(
             p.rejected_objects.iter().any(|l| l.starts_with(
                 "--default-ssl-certificate default/missing: Secret default/missing not found"

@@ -647,18 +647,20 @@ async fn an_expiring_certificate_is_rejected_when_it_expires() {
     let url = serve(&running).await;
     let dp = dataplane(client_config(url, "dp-0", None, None));
     eventually("dataplane serves both certificates and the default", || {
-        dp.store.snapshot().is_some_and(|s| {
-            s.tls_certificates.len() == 2 && s.default_certificate.is_some()
-        })
+        dp.store
+            .snapshot()
+            .is_some_and(|s| s.tls_certificates.len() == 2 && s.default_certificate.is_some())
     })
     .await;
     let table = dp.store.table();
     let entry = table.tls.select(Some("soon.example.com")).unwrap();
     assert_eq!(entry.id, format!("{ns}/soon"));
     drop(table);
-    eventually_kubectl("soon Accepted=True", &["apisixtls", "soon", "-n", &ns], |o| {
-        condition(o, "Accepted").is_some_and(|c| c["status"] == "True")
-    })
+    eventually_kubectl(
+        "soon Accepted=True",
+        &["apisixtls", "soon", "-n", &ns],
+        |o| condition(o, "Accepted").is_some_and(|c| c["status"] == "True"),
+    )
     .await;
 
     // Nothing is changed from here on.

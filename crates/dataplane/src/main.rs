@@ -211,9 +211,8 @@ fn main() -> anyhow::Result<()> {
     let mut recheck_at = None;
     match &source {
         Source::Standalone(path) => {
-            recheck_at =
-                standalone::reload_with(path, &store, &mut version, &standalone_options)
-                    .certificates_change_at;
+            recheck_at = standalone::reload_with(path, &store, &mut version, &standalone_options)
+                .certificates_change_at;
         }
         Source::Controller(config) => {
             if let Some(dir) = &config.state_dir

@@ -140,12 +140,7 @@ pub struct Reloaded {
 }
 
 /// Like [`reload`], translating with `base` (its `now` is replaced by the current time).
-pub fn reload_with(
-    path: &Path,
-    store: &Store,
-    next_version: &mut u64,
-    base: &Options,
-) -> Reloaded {
+pub fn reload_with(path: &Path, store: &Store, next_version: &mut u64, base: &Options) -> Reloaded {
     let loaded = match load(path) {
         Ok(l) => l,
         Err(e) => {

@@ -743,7 +743,10 @@ fn any_cert_client(sni: bool) -> Arc<ClientConfig> {
 }
 
 /// The certificate served for `sni` (`None`: no SNI sent), or the handshake error.
-async fn served_for(addr: SocketAddr, sni: Option<&str>) -> Result<CertificateDer<'static>, String> {
+async fn served_for(
+    addr: SocketAddr,
+    sni: Option<&str>,
+) -> Result<CertificateDer<'static>, String> {
     // NB: without SNI the name only feeds the (accept-all) verifier.
     let cfg = any_cert_client(sni.is_some());
     connect(addr, sni.unwrap_or("no-sni.invalid"), cfg)
@@ -780,8 +783,14 @@ async fn default_certificate_serves_unknown_and_missing_sni_only() {
             "{sni:?}: the default certificate"
         );
     }
-    assert_eq!(served_for(dp.addr, Some("a.example.com")).await.unwrap(), exact.der);
-    assert_eq!(served_for(dp.addr, Some("B.example.com")).await.unwrap(), wild.der);
+    assert_eq!(
+        served_for(dp.addr, Some("a.example.com")).await.unwrap(),
+        exact.der
+    );
+    assert_eq!(
+        served_for(dp.addr, Some("B.example.com")).await.unwrap(),
+        wild.der
+    );
 
     // A request over a default-certificate connection (no SNI) is routed by Host as usual.
     let tls = connect(dp.addr, "no-sni.invalid", any_cert_client(false))
@@ -860,10 +869,21 @@ async fn default_certificate_with_hosts_is_rejected() {
     let certs = vec![leaf.cert("default/a", &["a.example.com"])];
     let dp = Https::start(certs.clone()).await;
     let err = dp
-        .apply_with(2, certs, Some(leaf.cert("default-certificate", &["x.test"])), "")
+        .apply_with(
+            2,
+            certs,
+            Some(leaf.cert("default-certificate", &["x.test"])),
+            "",
+        )
         .unwrap_err();
-    assert!(err.contains("default-certificate") && err.contains("hosts"), "{err}");
-    assert_eq!(served_for(dp.addr, Some("a.example.com")).await.unwrap(), leaf.der);
+    assert!(
+        err.contains("default-certificate") && err.contains("hosts"),
+        "{err}"
+    );
+    assert_eq!(
+        served_for(dp.addr, Some("a.example.com")).await.unwrap(),
+        leaf.der
+    );
 }
 
 /// openssl s_client with an unknown SNI and without SNI sees the default certificate; curl
@@ -892,16 +912,27 @@ async fn openssl_and_curl_get_the_default_certificate() {
         assert!(text.contains("access denied"), "{args:?}: {text}");
     }
 
-    dp.apply_with(2, certs, Some(fallback.cert("default-certificate", &[])), "")
-        .unwrap();
+    dp.apply_with(
+        2,
+        certs,
+        Some(fallback.cert("default-certificate", &[])),
+        "",
+    )
+    .unwrap();
     for (args, cn) in [
         (&["-servername", "unknown"][..], "ingress.local"),
         (&["-noservername"][..], "ingress.local"),
-        (&["-servername", "known.example.com"][..], "known.example.com"),
+        (
+            &["-servername", "known.example.com"][..],
+            "known.example.com",
+        ),
     ] {
         let out = run(s_client(args)).await;
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(text.contains(&format!("subject=CN = {cn}")), "{args:?}: {text}");
+        assert!(
+            text.contains(&format!("subject=CN = {cn}")),
+            "{args:?}: {text}"
+        );
     }
 
     let mut cmd = std::process::Command::new("curl");
@@ -911,7 +942,11 @@ async fn openssl_and_curl_get_the_default_certificate() {
         .arg(format!("https://unknown.test:{port}/via-default"));
     let curl = run(cmd).await;
     let out = String::from_utf8_lossy(&curl.stdout);
-    assert!(out.ends_with("\n200"), "{out} {}", String::from_utf8_lossy(&curl.stderr));
+    assert!(
+        out.ends_with("\n200"),
+        "{out} {}",
+        String::from_utf8_lossy(&curl.stderr)
+    );
     assert!(out.contains("\"path\":\"/via-default\""), "{out}");
 }
 
@@ -951,9 +986,17 @@ async fn standalone_default_certificate_from_the_files() {
     let r = sluice_dataplane::standalone::reload_with(&file, &dp.store, &mut version, &opts);
     assert!(r.live);
     assert!(r.certificates_change_at.is_some());
-    assert_eq!(served_for(dp.addr, Some("unknown.test")).await.unwrap(), fallback.der);
+    assert_eq!(
+        served_for(dp.addr, Some("unknown.test")).await.unwrap(),
+        fallback.der
+    );
     assert_eq!(served_for(dp.addr, None).await.unwrap(), fallback.der);
-    assert_eq!(served_for(dp.addr, Some("known.example.com")).await.unwrap(), known.der);
+    assert_eq!(
+        served_for(dp.addr, Some("known.example.com"))
+            .await
+            .unwrap(),
+        known.der
+    );
 
     let opts = sluice_translate::Options {
         default_certificate: Some(("ingress".into(), "no-such".into())),
@@ -962,11 +1005,18 @@ async fn standalone_default_certificate_from_the_files() {
     assert!(sluice_dataplane::standalone::reload_with(&file, &dp.store, &mut version, &opts).live);
     let rejected = dp.store.state().rejected_objects.clone();
     assert!(
-        rejected.iter().any(|r| r.contains("--default-ssl-certificate ingress/no-such")
-            && r.contains("Secret ingress/no-such not found")),
+        rejected
+            .iter()
+            .any(|r| r.contains("--default-ssl-certificate ingress/no-such")
+                && r.contains("Secret ingress/no-such not found")),
         "{rejected:?}"
     );
     let err = served_for(dp.addr, Some("unknown.test")).await.unwrap_err();
     assert!(err.contains("AccessDenied"), "{err}");
-    assert_eq!(served_for(dp.addr, Some("known.example.com")).await.unwrap(), known.der);
+    assert_eq!(
+        served_for(dp.addr, Some("known.example.com"))
+            .await
+            .unwrap(),
+        known.der
+    );
 }

@@ -288,7 +288,9 @@ pub(crate) fn translate(idx: &Index<'_>, opts: &Options) -> TlsTranslation {
 /// Whether one of `hosts` (exact or `*.` wildcard of one label) covers `host`.
 fn covers(hosts: &[String], host: &str) -> bool {
     hosts.iter().any(|h| match h.strip_prefix("*.") {
-        Some(suffix) => host.split_once('.').is_some_and(|(_, parent)| parent == suffix),
+        Some(suffix) => host
+            .split_once('.')
+            .is_some_and(|(_, parent)| parent == suffix),
         None => h == host,
     })
 }

@@ -81,11 +81,9 @@ fn render(name: &str, input: &str) -> String {
         status: &t.status,
         ingresses: &t.ingresses,
         settings: &t.settings,
-        certificates_change_at: t.certificates_change_at.map(|t| {
-            t.duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_secs()
-        }),
+        certificates_change_at: t
+            .certificates_change_at
+            .map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()),
     };
     format!("{HEADER}{}", serde_yaml::to_string(&golden).unwrap())
 }
