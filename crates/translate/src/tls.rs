@@ -635,4 +635,33 @@ mod tests {
         );
         assert!(sni_host("a..com").unwrap_err().contains("empty label"));
     }
+
+    #[test]
+    fn flag_values() {
+        assert_eq!(
+            parse_secret_ref("ingress/default-cert").unwrap(),
+            ("ingress".to_owned(), "default-cert".to_owned())
+        );
+        assert!(
+            parse_secret_ref("default-cert")
+                .unwrap_err()
+                .contains("NAMESPACE/NAME")
+        );
+        assert!(parse_secret_ref("a/b/c").unwrap_err().contains("name"));
+        assert_eq!(parse_fallback_sni("Www.Example.com").unwrap(), "www.example.com");
+        assert!(
+            parse_fallback_sni("*.example.com")
+                .unwrap_err()
+                .contains("not a wildcard")
+        );
+    }
+
+    #[test]
+    fn wildcards_cover_one_label() {
+        let hosts = ["*.example.com".to_owned(), "a.test".to_owned()];
+        assert!(covers(&hosts, "x.example.com"));
+        assert!(!covers(&hosts, "x.y.example.com"));
+        assert!(!covers(&hosts, "example.com"));
+        assert!(covers(&hosts, "a.test"));
+    }
 }
