@@ -12,15 +12,31 @@ use std::time::{Duration, Instant};
 
 use crate::{Backend, Cluster, Error, Netns, RELEASE, repo_root, workspace_bin};
 
-/// A free loopback port (bound and released; good enough for tests).
+/// A free loopback port for a process the test is about to start.
+///
+/// NB: the port comes from 21000-32767, below the kernel's ephemeral range (32768-60999),
+/// not from binding port 0: a port handed out by the kernel and released again can be taken
+/// by any outgoing connection before the process binds it. `scripts/testcluster.sh` uses
+/// 10000-20999, so the two never race for one port.
 pub fn free_port() -> Result<SocketAddr, Error> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").map_err(|e| Error::Http {
+    use std::hash::{BuildHasher, Hasher};
+    const LOW: u64 = 21_000;
+    const SPAN: u64 = 32_768 - LOW;
+    let mut last = None;
+    for attempt in 0..200u64 {
+        // A fresh RandomState per call is seeded differently: enough randomness for ports.
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(attempt ^ u64::from(std::process::id()));
+        let port = u16::try_from(LOW + h.finish() % SPAN).unwrap_or(21_000);
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        match std::net::TcpListener::bind(addr) {
+            Ok(_) => return Ok(addr),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(Error::Http {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        why: format!("no free port: {e}"),
-    })?;
-    l.local_addr().map_err(|e| Error::Http {
-        addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        why: e.to_string(),
+        why: format!("no free port in 21000-32767: {last:?}"),
     })
 }
 

@@ -15,11 +15,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::request;
-use sluice_plugin_config::common::{LimitKey, Policy};
+use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::limit_conn::LimitConn as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::redis::{RedisClient, stable_hash};
+use super::redis::{LimitStore, RedisClient, compiled_key, limit_store};
 use super::vars::{self, KeyValue};
 use super::{BuildCtx, Flow, Plugin, PluginCtx};
 
@@ -120,46 +120,28 @@ if n <= 0 then redis.call('del', KEYS[1]) end
 return n
 ";
 
-#[derive(Debug)]
-enum Backend {
-    Local(Arc<LocalConns>),
-    Redis {
-        client: Arc<RedisClient>,
-        prefix: String,
-    },
-}
-
 /// The plugin.
 #[derive(Debug)]
 pub struct LimitConn {
     conf: Config,
     key: LimitKey,
-    backend: Backend,
+    backend: LimitStore<LocalConns>,
     script: redis::Script,
 }
 
 /// Builds `limit-conn`.
 pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
     let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let key = conf.limit_key().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    let backend = match conf.policy {
-        Policy::Redis => Backend::Redis {
-            client: RedisClient::shared(&conf.redis, cx.state).map_err(|e| ConfigError::Field {
-                plugin: Config::NAME.into(),
-                field: "redis_host".into(),
-                reason: e,
-            })?,
-            prefix: format!("sluice:limit-conn:{}:{:016x}:", cx.owner, stable_hash(json)),
-        },
-        _ => Backend::Local(cx.state.shared(
-            &format!("limit-conn:{}:{json}", cx.owner),
-            LocalConns::default,
-        )),
-    };
+    let key = compiled_key(Config::NAME, conf.limit_key())?;
+    let backend = limit_store(
+        Config::NAME,
+        conf.policy,
+        &conf.redis,
+        cx.state,
+        cx.owner,
+        json,
+        &format!("limit-conn:{}:{json}", cx.owner),
+    )?;
     Ok(Arc::new(LimitConn {
         conf,
         key,
@@ -204,7 +186,7 @@ impl Plugin for LimitConn {
         let key = vars::limit_key(&self.key, req, ctx);
         let max = self.conf.conn.saturating_add(self.conf.burst);
         match &self.backend {
-            Backend::Local(conns) => match conns.enter(&key, max) {
+            LimitStore::Local(conns) => match conns.enter(&key, max) {
                 None => Flow::respond(self.reject()),
                 Some(n) => {
                     ctx.keep(Box::new(LocalSlot(Arc::clone(conns), key)));
@@ -217,7 +199,7 @@ impl Plugin for LimitConn {
                     }
                 }
             },
-            Backend::Redis { client, prefix } => {
+            LimitStore::Redis { client, prefix } => {
                 let redis_key = format!("{prefix}{key}");
                 Flow::Pending(Box::pin(async move {
                     let max = i64::try_from(max).unwrap_or(i64::MAX);

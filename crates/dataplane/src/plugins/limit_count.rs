@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 
 use http::header::{HeaderName, HeaderValue};
 use http::request;
-use sluice_plugin_config::common::{LimitKey, Policy};
+use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::limit_count::LimitCount as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::redis::{RedisClient, stable_hash};
+use super::redis::{LimitStore, compiled_key, limit_store};
 use super::vars::{self, KeyValue};
 use super::{BuildCtx, Flow, Plugin, PluginCtx};
 
@@ -123,16 +123,6 @@ impl LocalWindows {
     }
 }
 
-#[derive(Debug)]
-enum Backend {
-    Local(Arc<LocalWindows>),
-    Redis {
-        client: Arc<RedisClient>,
-        /// `sluice:limit-count:<route or group>:<config hash>:`.
-        prefix: String,
-    },
-}
-
 /// Decrements the window's budget; creates it (with the window as TTL) on first use.
 /// Returns `{remaining, ttl}`; a negative remaining means rejected.
 const REDIS_SCRIPT: &str = r"
@@ -151,44 +141,31 @@ pub struct LimitCount {
     key: LimitKey,
     window: Duration,
     limit_value: HeaderValue,
-    backend: Backend,
+    backend: LimitStore<LocalWindows>,
     script: redis::Script,
 }
 
 /// Builds `limit-count` from its config.
 pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
     let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let key = conf.limit_key().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
+    let key = compiled_key(Config::NAME, conf.limit_key())?;
     // NB: routes in one group share one budget, as in APISIX.
-    let backend = match conf.policy {
-        Policy::Redis => {
-            let client =
-                RedisClient::shared(&conf.redis, cx.state).map_err(|e| ConfigError::Field {
-                    plugin: Config::NAME.into(),
-                    field: "redis_host".into(),
-                    reason: e,
-                })?;
-            let scope = match &conf.group {
-                Some(g) => format!("group:{g}"),
-                None => cx.owner.to_owned(),
-            };
-            Backend::Redis {
-                client,
-                prefix: format!("sluice:limit-count:{scope}:{:016x}:", stable_hash(json)),
-            }
-        }
-        _ => {
-            let shared_key = match &conf.group {
-                Some(g) => format!("limit-count:group:{g}"),
-                None => format!("limit-count:{}:{json}", cx.owner),
-            };
-            Backend::Local(cx.state.shared(&shared_key, LocalWindows::default))
-        }
+    let (scope, local_key) = match &conf.group {
+        Some(g) => (format!("group:{g}"), format!("limit-count:group:{g}")),
+        None => (
+            cx.owner.to_owned(),
+            format!("limit-count:{}:{json}", cx.owner),
+        ),
     };
+    let backend = limit_store(
+        Config::NAME,
+        conf.policy,
+        &conf.redis,
+        cx.state,
+        &scope,
+        json,
+        &local_key,
+    )?;
     Ok(Arc::new(LimitCount {
         window: Duration::from_secs(conf.time_window),
         limit_value: HeaderValue::from(conf.count),
@@ -229,11 +206,11 @@ impl Plugin for LimitCount {
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let key = vars::limit_key(&self.key, req, ctx);
         match &self.backend {
-            Backend::Local(local) => {
+            LimitStore::Local(local) => {
                 let v = local.incoming(key, self.conf.count, self.window, Instant::now());
                 self.apply(v, ctx)
             }
-            Backend::Redis { client, prefix } => {
+            LimitStore::Redis { client, prefix } => {
                 let redis_key = format!("{prefix}{key}");
                 Flow::Pending(Box::pin(async move {
                     let count = i64::try_from(self.conf.count).unwrap_or(i64::MAX);

@@ -14,11 +14,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::request;
-use sluice_plugin_config::common::{LimitKey, Policy};
+use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::limit_req::LimitReq as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::redis::{RedisClient, stable_hash};
+use super::redis::{LimitStore, compiled_key, limit_store};
 use super::vars::{self, KeyValue};
 use super::{BuildCtx, Flow, Plugin, PluginCtx};
 
@@ -123,46 +123,28 @@ redis.call('pexpire', KEYS[1], math.ceil(excess * 1000 / rate) + 1000)
 return {1, math.floor(excess)}
 ";
 
-#[derive(Debug)]
-enum Backend {
-    Local(Arc<LocalBuckets>),
-    Redis {
-        client: Arc<RedisClient>,
-        prefix: String,
-    },
-}
-
 /// The plugin.
 #[derive(Debug)]
 pub struct LimitReq {
     conf: Config,
     key: LimitKey,
-    backend: Backend,
+    backend: LimitStore<LocalBuckets>,
     script: redis::Script,
 }
 
 /// Builds `limit-req`.
 pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
     let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let key = conf.limit_key().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    let backend = match conf.policy {
-        Policy::Redis => Backend::Redis {
-            client: RedisClient::shared(&conf.redis, cx.state).map_err(|e| ConfigError::Field {
-                plugin: Config::NAME.into(),
-                field: "redis_host".into(),
-                reason: e,
-            })?,
-            prefix: format!("sluice:limit-req:{}:{:016x}:", cx.owner, stable_hash(json)),
-        },
-        _ => Backend::Local(cx.state.shared(
-            &format!("limit-req:{}:{json}", cx.owner),
-            LocalBuckets::default,
-        )),
-    };
+    let key = compiled_key(Config::NAME, conf.limit_key())?;
+    let backend = limit_store(
+        Config::NAME,
+        conf.policy,
+        &conf.redis,
+        cx.state,
+        cx.owner,
+        json,
+        &format!("limit-req:{}:{json}", cx.owner),
+    )?;
     Ok(Arc::new(LimitReq {
         conf,
         key,
@@ -196,7 +178,7 @@ impl Plugin for LimitReq {
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let key = vars::limit_key(&self.key, req, ctx);
         match &self.backend {
-            Backend::Local(b) => {
+            LimitStore::Local(b) => {
                 match b.incoming(key, self.conf.rate, self.conf.burst, Instant::now()) {
                     None => Flow::respond(self.reject()),
                     Some(d) => match self.delay(d) {
@@ -208,7 +190,7 @@ impl Plugin for LimitReq {
                     },
                 }
             }
-            Backend::Redis { client, prefix } => {
+            LimitStore::Redis { client, prefix } => {
                 let redis_key = format!("{prefix}{key}");
                 Flow::Pending(Box::pin(async move {
                     let now_ms = SystemTime::now()

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::ConnectionManager;
-use sluice_plugin_config::common::RedisConf;
+use sluice_plugin_config::ConfigError;
+use sluice_plugin_config::common::{LimitKey, Policy, RedisConf};
 use tokio::sync::OnceCell;
 
 use super::PluginState;
@@ -133,4 +134,57 @@ pub fn stable_hash(s: &str) -> u64 {
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     h
+}
+
+/// Where a rate limit keeps its counters: in this process (`policy: local`), or in Redis,
+/// shared by every replica (`policy: redis`).
+#[derive(Debug)]
+pub enum LimitStore<L> {
+    /// Process-wide state, shared through [`PluginState`] so it outlives snapshots.
+    Local(Arc<L>),
+    /// A shared client and the prefix of this limit's keys.
+    Redis {
+        /// The client.
+        client: Arc<RedisClient>,
+        /// `sluice:<plugin>:<scope>:<config hash>:`; the request's key follows.
+        prefix: String,
+    },
+}
+
+/// Picks a limit plugin's store by its `policy`.
+///
+/// `scope` is what shares one budget: the owner (a route, a consumer), or `group:<name>`
+/// for limit-count's `group`. Local state is keyed by `local_key` in `state`.
+pub fn limit_store<L: Default + Send + Sync + 'static>(
+    plugin: &str,
+    policy: Policy,
+    redis: &RedisConf,
+    state: &PluginState,
+    scope: &str,
+    json: &str,
+    local_key: &str,
+) -> Result<LimitStore<L>, ConfigError> {
+    Ok(match policy {
+        Policy::Redis => LimitStore::Redis {
+            client: RedisClient::shared(redis, state).map_err(|e| ConfigError::Field {
+                plugin: plugin.into(),
+                field: "redis_host".into(),
+                reason: e,
+            })?,
+            prefix: format!("sluice:{plugin}:{scope}:{:016x}:", stable_hash(json)),
+        },
+        _ => LimitStore::Local(state.shared(local_key, L::default)),
+    })
+}
+
+/// A limit plugin's compiled `key`, or its error named for the plugin.
+pub fn compiled_key(
+    plugin: &str,
+    key: Result<LimitKey, sluice_plugin_config::FieldError>,
+) -> Result<LimitKey, ConfigError> {
+    key.map_err(|e| ConfigError::Field {
+        plugin: plugin.into(),
+        field: e.field,
+        reason: e.reason,
+    })
 }
