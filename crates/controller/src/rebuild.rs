@@ -525,7 +525,7 @@ mod tests {
     async fn an_expired_certificate_leaves_the_snapshot_on_time_without_any_change() {
         let (_, hub, _) = rebuilder();
         let rb = Rebuilder::new(Arc::clone(&hub), Metrics::new().unwrap(), "apisix");
-        let status = rb.subscribe_status();
+        let mut status = rb.subscribe_status();
         let soon = SystemTime::now() + Duration::from_secs(2);
         let later = SystemTime::now() + Duration::from_secs(86_400);
         let state = inputs(&format!(
@@ -552,7 +552,14 @@ mod tests {
             .map(|c| c.id.as_str())
             .collect();
         assert_eq!(ids, ["default/later", "default/soon"]);
-        let accepted = tls_status(&status.borrow().clone().unwrap(), "soon");
+        // NB: the status side output follows the publication; wait for it.
+        let rebuilt = status
+            .wait_for(|r| r.as_ref().is_some_and(|r| r.version == 1))
+            .await
+            .unwrap()
+            .clone()
+            .unwrap();
+        let accepted = tls_status(&rebuilt, "soon");
         assert_eq!(accepted.status, ConditionStatus::True);
 
         // No trigger: only the expiry timer can cause version 2.
@@ -572,7 +579,12 @@ mod tests {
             .map(|c| c.id.as_str())
             .collect();
         assert_eq!(ids, ["default/later"]);
-        let rebuilt = status.borrow().clone().unwrap();
+        let rebuilt = status
+            .wait_for(|r| r.as_ref().is_some_and(|r| r.version == 2))
+            .await
+            .unwrap()
+            .clone()
+            .unwrap();
         let accepted = tls_status(&rebuilt, "soon");
         assert_eq!(accepted.status, ConditionStatus::False);
         assert_eq!(accepted.reason, "InvalidCertificateRef");

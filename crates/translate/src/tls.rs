@@ -648,7 +648,10 @@ mod tests {
                 .contains("NAMESPACE/NAME")
         );
         assert!(parse_secret_ref("a/b/c").unwrap_err().contains("name"));
-        assert_eq!(parse_fallback_sni("Www.Example.com").unwrap(), "www.example.com");
+        assert_eq!(
+            parse_fallback_sni("Www.Example.com").unwrap(),
+            "www.example.com"
+        );
         assert!(
             parse_fallback_sni("*.example.com")
                 .unwrap_err()
