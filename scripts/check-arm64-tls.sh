@@ -157,8 +157,20 @@ spec:
 EOF
 } >conf/config.yaml
 
-python3 -m http.server "$origin_port" --bind 127.0.0.1 --directory www >origin.log 2>&1 &
+# The origin: HTTP/1.1 with keep-alive, as an upstream pool expects.
+python3 - "$origin_port" >origin.log 2>&1 <<'PY' &
+import http.server, sys
+class Origin(http.server.SimpleHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def __init__(self, *a, **kw):
+        super().__init__(*a, directory="www", **kw)
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Origin).serve_forever()
+PY
 pids+=($!)
+for _ in $(seq 1 100); do
+    curl -fsS "http://127.0.0.1:$origin_port/hello.txt" >/dev/null 2>&1 && break
+    sleep 0.1
+done
 log "starting the aarch64 dataplane under qemu-aarch64-static ..."
 qemu-aarch64-static -L /usr/aarch64-linux-gnu "$bin" --standalone conf \
     --listen-http "127.0.0.1:$http_port" --listen-https "127.0.0.1:$https_port" \
