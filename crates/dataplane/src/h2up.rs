@@ -366,19 +366,48 @@ fn upstream_failed(addr: &str, e: hyper::Error) -> ProxyError {
     }
 }
 
-/// Proxies `req` to the endpoint `address` of an upstream with `protocol`.
-pub async fn proxy(
-    req: Request<Incoming>,
-    host: Option<HeaderValue>,
+/// A connection to one endpoint, ready to take a request: the connect phase of
+/// [`send`], split off so that a connect failure can be retried on another endpoint
+/// (see [`crate::failover`]).
+#[derive(Debug)]
+pub struct Connected {
+    pool: Arc<HyperPool>,
+    sender: Sender,
+}
+
+/// Connects to the endpoint `address` of an upstream with `protocol` (or takes an idle or
+/// shared connection). Nothing of a request has been sent when this fails.
+pub async fn connect(
     conn: &ConnInfo,
     protocol: &UpstreamProtocol,
     address: &str,
     timeouts: Timeouts,
-) -> Result<Response<ProxyBody>, ProxyError> {
+) -> Result<Connected, ProxyError> {
     let pool = protocol
         .pools
         .get(address)
         .ok_or_else(|| ProxyError::NoEndpoint(address.to_owned()))?;
+    let sender = pool.checkout(timeouts, conn).await?;
+    Ok(Connected {
+        pool: Arc::clone(pool),
+        sender,
+    })
+}
+
+/// A request made ready for any endpoint of the upstream (hop-by-hop headers dropped,
+/// forwarding headers added), so that it can be sent again elsewhere unchanged.
+#[derive(Debug)]
+pub struct Prepared {
+    req: Request<Incoming>,
+    path: String,
+}
+
+/// Prepares `req` from a client whose Host is `client_host`.
+pub fn prepare(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    client_host: Option<&HeaderValue>,
+) -> Prepared {
     let (mut parts, body) = req.into_parts();
     let te_trailers = wants_trailers(&parts.headers);
     strip_hop_by_hop(&mut parts.headers);
@@ -387,16 +416,48 @@ pub async fn proxy(
             .headers
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    add_forwarding_headers(&mut parts.headers, conn, host.as_ref());
+    add_forwarding_headers(&mut parts.headers, conn, client_host);
     let path = parts
         .uri
         .path_and_query()
         .map(|pq| pq.as_str())
         .unwrap_or("/")
         .to_owned();
-    let mut req = Request::from_parts(parts, body);
+    Prepared {
+        req: Request::from_parts(parts, body),
+        path,
+    }
+}
 
-    let mut sender = pool.checkout(timeouts, conn).await?;
+/// Why [`send`] failed.
+#[derive(Debug)]
+pub enum SendError {
+    /// The request never left: its connection died before taking it and no new one could
+    /// be made. Another endpoint may take it.
+    Unsent(Box<Prepared>, ProxyError),
+    /// The request may have reached the upstream.
+    Failed(ProxyError),
+}
+
+impl From<ProxyError> for SendError {
+    fn from(e: ProxyError) -> Self {
+        SendError::Failed(e)
+    }
+}
+
+/// Sends `prepared` on `connected`, a connection to the endpoint `address` of an upstream
+/// with `protocol`; `host` is the Host (HTTP/2 `:authority`) this endpoint receives.
+pub async fn send(
+    prepared: Prepared,
+    host: Option<HeaderValue>,
+    conn: &ConnInfo,
+    protocol: &UpstreamProtocol,
+    address: &str,
+    connected: Connected,
+    timeouts: Timeouts,
+) -> Result<Response<ProxyBody>, SendError> {
+    let Connected { pool, mut sender } = connected;
+    let Prepared { mut req, path } = prepared;
     let mut retried = false;
     let response = loop {
         let sent = match &mut sender {
@@ -416,7 +477,9 @@ pub async fn proxy(
                     .authority(authority)
                     .path_and_query(path.as_str())
                     .build()
-                    .map_err(|_| ProxyError::BadRequest("invalid host or path"))?;
+                    .map_err(|_| {
+                        SendError::Failed(ProxyError::BadRequest("invalid host or path"))
+                    })?;
                 *req.version_mut() = Version::HTTP_2;
                 req.headers_mut().remove(header::HOST);
                 conn.timer
@@ -425,11 +488,9 @@ pub async fn proxy(
             }
             Sender::H1(tx) => {
                 *req.uri_mut() = Uri::try_from(path.as_str())
-                    .map_err(|_| ProxyError::BadRequest("invalid path"))?;
+                    .map_err(|_| SendError::Failed(ProxyError::BadRequest("invalid path")))?;
                 *req.version_mut() = Version::HTTP_11;
-                if !req.headers().contains_key(header::HOST)
-                    && let Some(h) = &host
-                {
+                if let Some(h) = &host {
                     req.headers_mut().insert(header::HOST, h.clone());
                 }
                 conn.timer
@@ -438,17 +499,28 @@ pub async fn proxy(
             }
         };
         match sent {
-            Err(_) => return Err(ProxyError::ReadTimeout(address.to_owned())),
+            Err(_) => return Err(ProxyError::ReadTimeout(address.to_owned()).into()),
             Ok(Ok(resp)) => break resp,
             Ok(Err(mut e)) => match e.take_message() {
                 // NB: the request never left (the connection had just died): send it once
-                // more on a fresh connection.
+                // more on a fresh connection, or hand it back for another endpoint.
                 Some(again) if !retried => {
                     retried = true;
-                    req = again;
-                    sender = pool.connect(timeouts, conn).await?;
+                    match pool.connect(timeouts, conn).await {
+                        Ok(s) => {
+                            req = again;
+                            sender = s;
+                        }
+                        Err(e) => {
+                            let path = path.clone();
+                            return Err(SendError::Unsent(
+                                Box::new(Prepared { req: again, path }),
+                                e,
+                            ));
+                        }
+                    }
                 }
-                _ => return Err(upstream_failed(address, e.into_error())),
+                _ => return Err(upstream_failed(address, e.into_error()).into()),
             },
         }
     };

@@ -10,6 +10,11 @@
 //! The thresholds follow APISIX (lua-resty-healthcheck): consecutive successes make an
 //! unhealthy endpoint healthy, consecutive HTTP failures, TCP failures or timeouts make a
 //! healthy one unhealthy, and a threshold of 0 never fires.
+//!
+//! Probes are a TCP connect (`tcp`) or an HTTP/1.1 `GET` (`http`), over TLS for `https`:
+//! verified against the upstream's TLS settings (CA, client certificate) unless
+//! `https_verify_certificate` is false, with the probe's `host` as SNI when set. A failed
+//! handshake is a TCP failure.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +25,8 @@ use futures::StreamExt as _;
 use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use sluice_proto::v1;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use crate::upstream_tls::{Alpn, UpstreamTlsClient};
 
 /// What one request (or probe) to an endpoint came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +100,57 @@ pub enum ProbeKind {
         host: Option<String>,
         /// Extra request headers.
         headers: Vec<(String, String)>,
+        /// TLS for `type: https` probes; `None` = plain HTTP.
+        tls: Option<Box<ProbeTls>>,
     },
+}
+
+/// The TLS client of HTTPS probes, built once per snapshot from the upstream's TLS settings.
+#[derive(Debug, Clone)]
+pub struct ProbeTls {
+    /// The client (CA, client certificate, SNI, verification as configured).
+    pub client: Arc<UpstreamTlsClient>,
+    /// What the client was built from, so that an unchanged configuration keeps its checker.
+    settings: (Option<v1::UpstreamTls>, Option<String>, bool),
+}
+
+impl PartialEq for ProbeTls {
+    fn eq(&self, other: &Self) -> bool {
+        self.settings == other.settings
+    }
+}
+
+impl Eq for ProbeTls {}
+
+impl ProbeTls {
+    /// The client for probes of an upstream with `tls` settings; `host` is the probe's Host
+    /// (its name, without a port, is the SNI when set).
+    fn new(
+        tls: Option<&v1::UpstreamTls>,
+        host: Option<&str>,
+        verify: bool,
+    ) -> Result<Self, InvalidHealthCheck> {
+        let sni = host.map(|h| {
+            let name = match h.rsplit_once(':') {
+                // `[v6]:port` or `name:port`; a bare IPv6 address has several colons.
+                Some((n, p)) if p.bytes().all(|b| b.is_ascii_digit()) && !n.ends_with(':') => n,
+                _ => h,
+            };
+            name.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned()
+        });
+        let client = UpstreamTlsClient::for_probes(tls, sni.as_deref(), verify).map_err(|e| {
+            InvalidHealthCheck {
+                field: "health_check.active.type",
+                reason: format!("https probes cannot use the upstream's TLS settings: {e}"),
+            }
+        })?;
+        Ok(ProbeTls {
+            client: Arc::new(client),
+            settings: (tls.cloned(), sni, verify),
+        })
+    }
 }
 
 /// Active check configuration.
@@ -131,18 +188,17 @@ pub struct InvalidHealthCheck {
 }
 
 impl HealthConfig {
-    /// Compiles the snapshot form.
-    pub fn from_proto(hc: &v1::UpstreamHealthCheck) -> Result<Self, InvalidHealthCheck> {
+    /// Compiles the snapshot form; `tls` is the upstream's TLS settings, used by `https`
+    /// probes.
+    pub fn from_proto(
+        hc: &v1::UpstreamHealthCheck,
+        tls: Option<&v1::UpstreamTls>,
+    ) -> Result<Self, InvalidHealthCheck> {
         let active = match &hc.active {
             None => None,
             Some(a) => {
                 let tcp = a.r#type() == v1::UpstreamHealthCheckType::Tcp;
-                if a.r#type() == v1::UpstreamHealthCheckType::Https {
-                    return Err(InvalidHealthCheck {
-                        field: "health_check.active.type",
-                        reason: "https probes are not supported yet".into(),
-                    });
-                }
+                let https = a.r#type() == v1::UpstreamHealthCheckType::Https;
                 let kind = if tcp {
                     ProbeKind::Tcp
                 } else {
@@ -157,14 +213,25 @@ impl HealthConfig {
                             reason: format!("{path:?} is not a path"),
                         });
                     }
+                    let host = (!a.host.is_empty()).then(|| a.host.clone());
+                    let tls = if https {
+                        Some(Box::new(ProbeTls::new(
+                            tls,
+                            host.as_deref(),
+                            a.https_verify_certificate.unwrap_or(true),
+                        )?))
+                    } else {
+                        None
+                    };
                     ProbeKind::Http {
                         path,
-                        host: (!a.host.is_empty()).then(|| a.host.clone()),
+                        host,
                         headers: a
                             .request_headers
                             .iter()
                             .map(|h| (h.name.clone(), h.value.clone()))
                             .collect(),
+                        tls,
                     }
                 };
                 Some(ActiveConfig {
@@ -602,7 +669,7 @@ fn probe_address(address: &str, port: Option<u16>) -> String {
 pub async fn probe(config: &ActiveConfig, address: &str) -> Outcome {
     let target = probe_address(address, config.port);
     let run = async {
-        let mut stream = match tokio::net::TcpStream::connect(&target).await {
+        let stream = match tokio::net::TcpStream::connect(&target).await {
             Ok(s) => s,
             Err(_) => return Outcome::TcpFailure,
         };
@@ -610,6 +677,7 @@ pub async fn probe(config: &ActiveConfig, address: &str) -> Outcome {
             path,
             host,
             headers,
+            tls,
         } = &config.kind
         else {
             return Outcome::Status(200);
@@ -625,30 +693,49 @@ pub async fn probe(config: &ActiveConfig, address: &str) -> Outcome {
             req.push_str("\r\n");
         }
         req.push_str("\r\n");
-        if stream.write_all(req.as_bytes()).await.is_err() {
-            return Outcome::TcpFailure;
-        }
-        let mut buf = Vec::with_capacity(256);
-        let mut chunk = [0u8; 256];
-        while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
-            match stream.read(&mut chunk).await {
-                Ok(0) | Err(_) => return Outcome::TcpFailure,
-                Ok(n) => buf.extend_from_slice(&chunk[..n]),
-            }
-        }
-        // `HTTP/1.1 200 OK`
-        let status = buf
-            .get(9..12)
-            .and_then(|s| std::str::from_utf8(s).ok())
-            .and_then(|s| s.parse::<u16>().ok());
-        match status {
-            Some(s) if buf.starts_with(b"HTTP/1.") => Outcome::Status(s),
-            _ => Outcome::TcpFailure,
+        match tls {
+            None => http_probe(stream, req.as_bytes()).await,
+            // NB: a handshake that fails (certificate not verified, no TLS spoken) counts as
+            // a TCP failure, as in lua-resty-healthcheck.
+            Some(tls) => match tls.client.connect(stream, &target, Alpn::Http11).await {
+                Ok(stream) => http_probe(stream, req.as_bytes()).await,
+                Err(e) => {
+                    tracing::debug!(endpoint = %target, error = %e, "https probe handshake failed");
+                    Outcome::TcpFailure
+                }
+            },
         }
     };
     match tokio::time::timeout(config.timeout, run).await {
         Ok(o) => o,
         Err(_) => Outcome::Timeout,
+    }
+}
+
+/// Sends the probe request `req` on `stream` and judges the status line of the answer.
+async fn http_probe<S>(mut stream: S, req: &[u8]) -> Outcome
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    if stream.write_all(req).await.is_err() {
+        return Outcome::TcpFailure;
+    }
+    let mut buf = Vec::with_capacity(256);
+    let mut chunk = [0u8; 256];
+    while !buf.windows(2).any(|w| w == b"\r\n") && buf.len() < 4096 {
+        match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => return Outcome::TcpFailure,
+            Ok(n) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+    // `HTTP/1.1 200 OK`
+    let status = buf
+        .get(9..12)
+        .and_then(|s| std::str::from_utf8(s).ok())
+        .and_then(|s| s.parse::<u16>().ok());
+    match status {
+        Some(s) if buf.starts_with(b"HTTP/1.") => Outcome::Status(s),
+        _ => Outcome::TcpFailure,
     }
 }
 

@@ -10,7 +10,8 @@
 //! Upstream protocols: plain `http` upstreams use the in-task HTTP/1.1 client of [`h1`];
 //! schemes `grpc`, `grpcs` and `https` go through [`h2up`] (HTTP/2 multiplexed per worker
 //! and endpoint, TLS via [`upstream_tls`]); WebSocket upgrades on routes with
-//! `websocket: true` are spliced by [`websocket`].
+//! `websocket: true` are spliced by [`websocket`]. Both pick endpoints, retry and feed the
+//! passive health checks in [`failover`].
 
 #![forbid(unsafe_code)]
 
@@ -20,6 +21,7 @@ pub mod body;
 pub mod controller_client;
 pub mod dns;
 pub mod error;
+pub mod failover;
 pub mod h1;
 pub mod h2up;
 pub mod health;

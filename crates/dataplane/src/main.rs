@@ -89,8 +89,9 @@ struct Args {
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
-    /// On SIGTERM/SIGINT: how long in-flight requests may take to finish after the listeners
-    /// close (idle connections close at once); the process then exits 0.
+    /// On SIGTERM/SIGINT: how long in-flight requests and upgraded WebSocket sessions may take
+    /// to finish after the listeners close (idle connections close at once); whatever is
+    /// still open then is closed, and the process exits 0.
     #[arg(long, default_value = "30s", value_parser = duration)]
     drain_timeout: Duration,
     /// Most idle keep-alive connections kept per upstream endpoint (APISIX
@@ -275,15 +276,18 @@ fn main() -> anyhow::Result<()> {
             }
         }
         shutdown_signal().await;
-        // Graceful drain: /readyz turns 503, listeners close, in-flight requests finish
-        // (up to --drain-timeout), idle connections close.
+        // Graceful drain: /readyz turns 503, listeners close, in-flight requests and
+        // upgraded WebSocket sessions finish (up to --drain-timeout, then they are cut),
+        // idle connections close.
         tracing::info!(timeout = ?args.drain_timeout, "draining");
         store.start_draining();
         drain_trigger.drain();
         let deadline = tokio::time::Instant::now() + args.drain_timeout;
         while !handles.iter().all(|h| h.is_finished()) {
             if tokio::time::Instant::now() >= deadline {
-                tracing::warn!("drain timeout reached; exiting with requests still in flight");
+                tracing::warn!(
+                    "drain timeout reached; exiting with requests or WebSocket sessions still open"
+                );
                 break;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;

@@ -145,23 +145,15 @@ async fn proxy(
     } else {
         req
     };
-    // Protocols other than plain HTTP/1.1 (see `websocket` and `h2up`): one endpoint, no
-    // retries to others.
+    // Protocols other than plain HTTP/1.1 (WebSocket upgrades, HTTP/2 and TLS upstreams):
+    // endpoint choice, retries and passive health in `failover`.
     let upgrade = route.websocket && crate::websocket::is_upgrade(&req);
     if upgrade || upstream.protocol.is_some() {
-        let endpoint = upstream
-            .pick_index(hash, &Tried::default())
-            .and_then(|i| upstream.endpoints.get(i))
-            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
-        let host = upstream.host_header(endpoint).cloned().or(host.clone());
-        let address = &endpoint.address;
-        if upgrade {
-            let tls = upstream.protocol.as_ref().and_then(|p| p.tls.as_deref());
-            return crate::websocket::proxy(req, host, conn, tls, address, timeouts).await;
-        }
-        if let Some(protocol) = &upstream.protocol {
-            return crate::h2up::proxy(req, host, conn, protocol, address, timeouts).await;
-        }
+        // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.
+        return Box::pin(crate::failover::proxy(
+            req, host, conn, upstream, hash, timeouts, upgrade,
+        ))
+        .await;
     }
 
     let (mut parts, mut body) = req.into_parts();

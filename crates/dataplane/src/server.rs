@@ -236,6 +236,9 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
     // Every connection holds a permit: having them all back means none is left.
     let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
     let _ = permits.acquire_many(all).await;
+    // Upgraded (WebSocket) sessions outlive their connection: serve them until they close
+    // (the process's --drain-timeout bounds the wait).
+    crate::websocket::sessions_closed().await;
 }
 
 /// Counts a downstream connection as closed when dropped (`apisix_nginx_http_current_connections`).

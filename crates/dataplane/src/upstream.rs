@@ -268,7 +268,8 @@ impl Upstream {
                 active: None,
                 passive: None,
             },
-            Some(hc) => HealthConfig::from_proto(hc).map_err(|e| invalid(e.field, e.reason))?,
+            Some(hc) => HealthConfig::from_proto(hc, up.tls.as_ref())
+                .map_err(|e| invalid(e.field, e.reason))?,
         };
         let source = if up.load_balancer() == v1::LoadBalancer::Chash {
             Some(

@@ -74,6 +74,26 @@ impl UpstreamTlsClient {
     /// Builds the client for `tls` (`None` = system roots, no client certificate, SNI from
     /// the endpoint host).
     pub fn new(tls: Option<&v1::UpstreamTls>) -> Result<Self, InvalidUpstreamTls> {
+        Self::with_options(tls, None, true)
+    }
+
+    /// Builds the client for active health probes over TLS: like [`Self::new`], with the
+    /// name sent as SNI and verified taken from `sni` when given (the probe's `host`), and
+    /// without any certificate verification when `verify` is false (APISIX's
+    /// `https_verify_certificate: false`, the ApisixUpstream `strictTLS: false`).
+    pub fn for_probes(
+        tls: Option<&v1::UpstreamTls>,
+        sni: Option<&str>,
+        verify: bool,
+    ) -> Result<Self, InvalidUpstreamTls> {
+        Self::with_options(tls, sni, verify)
+    }
+
+    fn with_options(
+        tls: Option<&v1::UpstreamTls>,
+        sni_override: Option<&str>,
+        verify: bool,
+    ) -> Result<Self, InvalidUpstreamTls> {
         let default = v1::UpstreamTls::default();
         let tls = tls.unwrap_or(&default);
         let roots = if tls.ca_pem.trim().is_empty() {
@@ -115,20 +135,27 @@ impl UpstreamTlsClient {
                 ));
             }
         };
-        let sni = if tls.sni.is_empty() {
+        let sni_name = sni_override.unwrap_or(&tls.sni);
+        let sni = if sni_name.is_empty() {
             None
         } else {
             Some(
-                ServerName::try_from(tls.sni.clone())
-                    .map_err(|_| InvalidUpstreamTls::Sni(tls.sni.clone()))?,
+                ServerName::try_from(sni_name.to_owned())
+                    .map_err(|_| InvalidUpstreamTls::Sni(sni_name.to_owned()))?,
             )
         };
         let config = |alpn: &[&[u8]]| -> Result<Arc<ClientConfig>, InvalidUpstreamTls> {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let builder = ClientConfig::builder_with_provider(provider)
+            let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
                 .with_safe_default_protocol_versions()
-                .map_err(|e| InvalidUpstreamTls::Config(e.to_string()))?
-                .with_root_certificates(Arc::clone(&roots));
+                .map_err(|e| InvalidUpstreamTls::Config(e.to_string()))?;
+            let builder = if verify {
+                builder.with_root_certificates(Arc::clone(&roots))
+            } else {
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
+            };
             let mut config = match &client_auth {
                 None => builder.with_no_client_auth(),
                 Some((chain, key)) => builder
@@ -180,6 +207,56 @@ impl UpstreamTlsClient {
         TlsConnector::from(Arc::clone(connector))
             .connect(name, tcp)
             .await
+    }
+}
+
+/// Accepts any server certificate, still checking the handshake signatures: for health
+/// probes whose configuration turns verification off (`strictTLS: false`), never for traffic.
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
     }
 }
 

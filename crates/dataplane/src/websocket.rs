@@ -10,6 +10,13 @@
 //!
 //! NB: once upgraded, a session has no idle timeout (the route's read timeout applies only
 //! to the upstream's answer to the upgrade request).
+//!
+//! Graceful drain: an upgraded session outlives its HTTP connection, so each worker counts
+//! the sessions it runs ([`sessions_closed`]) and keeps serving them after SIGTERM until
+//! they end or the process's `--drain-timeout` passes.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -18,6 +25,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::sync::Notify;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
@@ -26,12 +34,67 @@ use crate::proxy::{ConnInfo, strip_hop_by_hop};
 use crate::upstream::Timeouts;
 use crate::upstream_tls::{Alpn, UpstreamTlsClient};
 
+/// Upgraded sessions running on one worker thread.
+#[derive(Debug, Default)]
+struct Sessions {
+    open: AtomicUsize,
+    closed: Notify,
+}
+
+thread_local! {
+    // NB: per thread, because a worker is a current-thread runtime: its sessions' tasks run
+    // where the upgrade was answered, and that worker waits for them when it drains.
+    static SESSIONS: Arc<Sessions> = Arc::new(Sessions::default());
+}
+
+/// Counts one upgraded session of this thread as open until dropped.
+struct SessionGuard(Arc<Sessions>);
+
+impl SessionGuard {
+    fn open() -> Self {
+        let sessions = SESSIONS.with(Arc::clone);
+        sessions.open.fetch_add(1, Ordering::SeqCst);
+        SessionGuard(sessions)
+    }
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if self.0.open.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.closed.notify_waiters();
+        }
+    }
+}
+
+/// Resolves once no upgraded session is open on this thread (this worker); a draining
+/// worker awaits it after its HTTP connections have finished.
+pub async fn sessions_closed() {
+    let sessions = SESSIONS.with(Arc::clone);
+    loop {
+        let closed = sessions.closed.notified();
+        tokio::pin!(closed);
+        closed.as_mut().enable();
+        let open = sessions.open.load(Ordering::SeqCst);
+        if open == 0 {
+            return;
+        }
+        tracing::info!(
+            open,
+            "draining: waiting for upgraded (WebSocket) sessions to close"
+        );
+        closed.await;
+    }
+}
+
 /// Largest body of a refused upgrade (a non-101 answer) relayed to the client.
 const MAX_REFUSAL_BODY: usize = 64 * 1024;
 
 /// A byte stream to the upstream, plain or TLS.
-trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+pub trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+/// A connection to an upstream endpoint made for one upgrade (see [`connect`]).
+pub type UpstreamIo = Box<dyn Io>;
 
 /// Whether `req` asks for a WebSocket upgrade (HTTP/1.1 `Upgrade: websocket`).
 pub fn is_upgrade(req: &Request<Incoming>) -> bool {
@@ -51,12 +114,47 @@ fn upstream_err(addr: &str, e: H1Error) -> ProxyError {
     }
 }
 
-/// Proxies the upgrade request `req` to the endpoint `address` (over TLS with `tls`).
+/// Connects to the endpoint `address` for an upgrade (over TLS with `tls`, ALPN
+/// `http/1.1`). Nothing of the request has been sent when this fails, so the caller may try
+/// another endpoint (see [`crate::failover`]).
+pub async fn connect(
+    conn: &ConnInfo,
+    tls: Option<&UpstreamTlsClient>,
+    address: &str,
+    timeouts: Timeouts,
+) -> Result<UpstreamIo, ProxyError> {
+    let addr = address.to_owned();
+    let tcp = match conn
+        .timer
+        .timeout(timeouts.connect, TcpStream::connect(address))
+        .await
+    {
+        Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
+        Ok(Err(source)) => return Err(ProxyError::Connect { addr, source }),
+        Ok(Ok(s)) => s,
+    };
+    let _ = tcp.set_nodelay(true);
+    Ok(match tls {
+        None => Box::new(tcp),
+        Some(tls) => match conn
+            .timer
+            .timeout(timeouts.connect, tls.connect(tcp, address, Alpn::Http11))
+            .await
+        {
+            Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
+            Ok(Err(source)) => return Err(ProxyError::UpstreamTls { addr, source }),
+            Ok(Ok(s)) => Box::new(s),
+        },
+    })
+}
+
+/// Proxies the upgrade request `req` on `upstream`, a connection to the endpoint `address`
+/// made by [`connect`].
 pub async fn proxy(
     mut req: Request<Incoming>,
     host: Option<HeaderValue>,
     conn: &ConnInfo,
-    tls: Option<&UpstreamTlsClient>,
+    mut upstream: UpstreamIo,
     address: &str,
     timeouts: Timeouts,
 ) -> Result<Response<ProxyBody>, ProxyError> {
@@ -90,28 +188,6 @@ pub async fn proxy(
     );
 
     let addr = address.to_owned();
-    let tcp = match conn
-        .timer
-        .timeout(timeouts.connect, TcpStream::connect(address))
-        .await
-    {
-        Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
-        Ok(Err(source)) => return Err(ProxyError::Connect { addr, source }),
-        Ok(Ok(s)) => s,
-    };
-    let _ = tcp.set_nodelay(true);
-    let mut upstream: Box<dyn Io> = match tls {
-        None => Box::new(tcp),
-        Some(tls) => match conn
-            .timer
-            .timeout(timeouts.connect, tls.connect(tcp, address, Alpn::Http11))
-            .await
-        {
-            Err(_) => return Err(ProxyError::ConnectTimeout(addr)),
-            Ok(Err(source)) => return Err(ProxyError::UpstreamTls { addr, source }),
-            Ok(Ok(s)) => Box::new(s),
-        },
-    };
     if let Err(e) = upstream.write_all(&head).await {
         return Err(upstream_err(address, H1Error::Io(e)));
     }
@@ -158,7 +234,9 @@ pub async fn proxy(
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
     let leftover = buf.freeze();
+    let session = SessionGuard::open();
     tokio::spawn(async move {
+        let _session = session;
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
             Err(e) => {

@@ -25,6 +25,7 @@ struct Origin {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
     conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+    listener: tokio::task::JoinHandle<()>,
 }
 
 impl Origin {
@@ -34,7 +35,7 @@ impl Origin {
         let accepted = Arc::new(AtomicUsize::new(0));
         let conns = Arc::new(Mutex::new(Vec::new()));
         let (a, c) = (Arc::clone(&accepted), Arc::clone(&conns));
-        tokio::spawn(async move {
+        let listener = tokio::spawn(async move {
             loop {
                 let (tcp, _) = listener.accept().await.unwrap();
                 a.fetch_add(1, Ordering::SeqCst);
@@ -58,11 +59,18 @@ impl Origin {
             addr,
             accepted,
             conns,
+            listener,
         }
     }
 
     fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Closes the listener and every connection, as a dying pod does.
+    fn kill(&self) {
+        self.listener.abort();
+        self.drop_connections();
     }
 
     fn drop_connections(&self) {
@@ -148,4 +156,74 @@ async fn request_body_streams_to_an_h2_upstream() {
     let resp = send(dp.addr, req).await;
     assert_eq!(resp.status, 200);
     assert_eq!(resp.text(), "got 300000");
+}
+
+#[tokio::test]
+async fn a_dead_endpoint_is_retried_on_another_and_ejected_by_the_passive_check() {
+    let origin = Origin::start().await;
+    let dead = closed_port();
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(dead, 1), (origin.addr, 1)]);
+    up.scheme = v1::Scheme::Grpc as i32;
+    up.health_check = Some(passive_check());
+    dp.store
+        .apply(
+            snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![up]),
+            vec![],
+        )
+        .unwrap();
+    // Round robin sends the first request to the dead endpoint: its connect failure is
+    // retried on the live one.
+    for i in 0..6 {
+        let r = get(dp.addr, "h2.test", &format!("/r/{i}")).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.text(), format!("HTTP/2.0 /r/{i}"));
+    }
+    assert_eq!(
+        health_of(&dp, "u", dead),
+        Some(0.0),
+        "dead endpoint ejected"
+    );
+    assert_eq!(health_of(&dp, "u", origin.addr), Some(1.0));
+    assert_eq!(
+        metric_of(&dp, "sluice_upstream_retries_total", &["upstream=\"u\""]),
+        Some(1.0),
+        "one retry: the ejected endpoint is not tried again"
+    );
+}
+
+#[tokio::test]
+async fn an_endpoint_killed_under_traffic_costs_no_request() {
+    let a = Origin::start().await;
+    let b = Origin::start().await;
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(a.addr, 1), (b.addr, 1)]);
+    up.scheme = v1::Scheme::Grpc as i32;
+    up.health_check = Some(passive_check());
+    dp.store
+        .apply(
+            snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![up]),
+            vec![],
+        )
+        .unwrap();
+    // Both endpoints hold a shared HTTP/2 connection.
+    for i in 0..4 {
+        assert_eq!(
+            get(dp.addr, "h2.test", &format!("/warm/{i}")).await.status,
+            200
+        );
+    }
+    assert_eq!((a.accepted(), b.accepted()), (1, 1));
+    a.kill();
+    // Requests that meet the dead connection or the closed port go to `b`.
+    for i in 0..10 {
+        let r = get(dp.addr, "h2.test", &format!("/after/{i}")).await;
+        assert_eq!(r.status, 200, "request {i}: {}", r.text());
+        assert_eq!(r.text(), format!("HTTP/2.0 /after/{i}"));
+    }
+    assert_eq!(
+        health_of(&dp, "u", a.addr),
+        Some(0.0),
+        "killed endpoint ejected"
+    );
 }

@@ -461,7 +461,7 @@ async fn an_invalid_health_check_is_refused_and_the_last_snapshot_keeps_serving(
     apply(&dp, 1, upstream_of("u", &[a.addr]));
     let mut up = upstream_of("u", &[a.addr]);
     let mut hc = health_check(false);
-    hc.active.as_mut().unwrap().r#type = v1::UpstreamHealthCheckType::Https as i32;
+    hc.active.as_mut().unwrap().http_path = "healthz".into();
     up.health_check = Some(hc);
     let err = dp
         .store
@@ -472,7 +472,7 @@ async fn an_invalid_health_check_is_refused_and_the_last_snapshot_keeps_serving(
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "upstream u: health_check.active.type: https probes are not supported yet"
+        "upstream u: health_check.active.http_path: \"healthz\" is not a path"
     );
     assert_eq!(get(dp.addr, "app", "/x").await.status, StatusCode::OK);
 }

@@ -352,3 +352,211 @@ async fn apisix_upstream_fields_take_effect_through_the_real_process() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// A WebSocket echo server (`echo: <text>`) on a thread and runtime of its own.
+fn ws_echo_server() -> SocketAddr {
+    use futures::{SinkExt, StreamExt};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let addr = listener.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                tokio::spawn(async move {
+                    let Ok(mut ws) = tokio_tungstenite::accept_async(stream).await else {
+                        return;
+                    };
+                    while let Some(Ok(msg)) = ws.next().await {
+                        match msg {
+                            tokio_tungstenite::tungstenite::Message::Text(t) => {
+                                let reply = format!("echo: {}", t.as_str());
+                                if ws.send(reply.into()).await.is_err() {
+                                    break;
+                                }
+                            }
+                            tokio_tungstenite::tungstenite::Message::Close(_) => break,
+                            _ => {}
+                        }
+                    }
+                });
+            }
+        });
+    });
+    addr
+}
+
+fn ws_config(port: u16) -> String {
+    format!(
+        r#"apiVersion: apisix.apache.org/v2
+kind: ApisixRoute
+metadata: {{name: app, namespace: default}}
+spec:
+  http:
+    - name: ws
+      match: {{paths: ["/ws*"]}}
+      websocket: true
+      upstreams: [{{name: ext}}]
+---
+apiVersion: apisix.apache.org/v2
+kind: ApisixUpstream
+metadata: {{name: ext, namespace: default}}
+spec:
+  externalNodes: [{{name: 127.0.0.1, type: Domain, port: {port}}}]
+"#
+    )
+}
+
+/// A real dataplane process in standalone mode proxying `/ws*` to `backend` as WebSocket,
+/// with `--drain-timeout drain`; returns it once it answers upgrades.
+async fn ws_dataplane(
+    dir: &tempfile::TempDir,
+    backend: SocketAddr,
+    drain: &str,
+) -> (std::process::Child, SocketAddr) {
+    let file = dir.path().join("config.yaml");
+    std::fs::write(&file, ws_config(backend.port())).unwrap();
+    let (http, admin) = (free_port(), free_port());
+    let child = Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
+        .arg("--standalone")
+        .arg(&file)
+        .args(["--listen-http", &http.to_string()])
+        .args(["--listen-https", &free_port().to_string()])
+        .args(["--admin", &admin.to_string()])
+        .args(["--workers", "2", "--drain-timeout", drain])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok((mut ws, _)) =
+            tokio_tungstenite::connect_async(format!("ws://{http}/ws/warm")).await
+        {
+            let _ = ws.close(None).await;
+            break;
+        }
+        assert!(Instant::now() < deadline, "dataplane did not serve");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, http)
+}
+
+/// Sends `text` and returns the next text message (within 5 s).
+async fn ws_echo<S>(ws: &mut S, text: &str) -> Result<String, String>
+where
+    S: futures::Sink<tokio_tungstenite::tungstenite::Message>
+        + futures::Stream<
+            Item = Result<
+                tokio_tungstenite::tungstenite::Message,
+                tokio_tungstenite::tungstenite::Error,
+            >,
+        > + Unpin,
+{
+    use futures::{SinkExt, StreamExt};
+    ws.send(text.into())
+        .await
+        .map_err(|_| "send failed".to_owned())?;
+    match tokio::time::timeout(Duration::from_secs(5), ws.next()).await {
+        Err(_) => Err("no answer".into()),
+        Ok(None) => Err("session closed".into()),
+        Ok(Some(Err(e))) => Err(e.to_string()),
+        Ok(Some(Ok(m))) => Ok(m
+            .into_text()
+            .map_err(|e| e.to_string())?
+            .as_str()
+            .to_owned()),
+    }
+}
+
+/// Waits for the listener to close (drain started) after SIGTERM.
+async fn wait_refused(http: SocketAddr) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while tokio::net::TcpStream::connect(http).await.is_ok() {
+        assert!(Instant::now() < deadline, "new connections still accepted");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "dataplane did not exit");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_keeps_an_open_websocket_session_until_the_client_closes_it() {
+    use futures::StreamExt;
+    let backend = ws_echo_server();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, http) = ws_dataplane(&dir, backend, "30s").await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws/chat"))
+        .await
+        .unwrap();
+    assert_eq!(ws_echo(&mut ws, "before").await.unwrap(), "echo: before");
+
+    assert_eq!(send_sigterm(i32::try_from(child.id()).unwrap()), 0);
+    wait_refused(http).await;
+    // Draining: the session opened before SIGTERM keeps working, and holds the process.
+    for i in 0..3 {
+        let text = format!("after {i}");
+        assert_eq!(
+            ws_echo(&mut ws, &text).await,
+            Ok(format!("echo: {text}")),
+            "the session still echoes after SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the process waits for the open session"
+    );
+    // The client closes the session (close handshake, then its socket): the process exits 0.
+    ws.close(None).await.unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
+    drop(ws);
+    let status = wait_exit(&mut child, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_session_left_open_is_closed_at_the_drain_timeout() {
+    use futures::StreamExt;
+    let backend = ws_echo_server();
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, http) = ws_dataplane(&dir, backend, "2s").await;
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws/chat"))
+        .await
+        .unwrap();
+    assert_eq!(ws_echo(&mut ws, "before").await.unwrap(), "echo: before");
+
+    assert_eq!(send_sigterm(i32::try_from(child.id()).unwrap()), 0);
+    wait_refused(http).await;
+    assert_eq!(ws_echo(&mut ws, "after").await.unwrap(), "echo: after");
+    // Nobody closes the session: the drain timeout does, and the process exits 0.
+    let status = wait_exit(&mut child, Duration::from_secs(15)).await;
+    assert!(status.success(), "{status}");
+    let end = tokio::time::timeout(Duration::from_secs(5), ws.next())
+        .await
+        .expect("the session ends with the process");
+    assert!(
+        !matches!(
+            end,
+            Some(Ok(tokio_tungstenite::tungstenite::Message::Text(_)))
+        ),
+        "{end:?}"
+    );
+}

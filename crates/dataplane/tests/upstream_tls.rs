@@ -4,10 +4,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+mod upstream_support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
@@ -23,6 +25,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sluice_proto::v1;
 use sluice_testkit::grpc::{EchoClient, EchoRequest, GrpcEchoServer};
 use tokio::net::TcpListener;
+use upstream_support::{eventually, health_check, metric};
 
 /// A certificate authority made for one test.
 struct Ca {
@@ -386,4 +389,208 @@ async fn unusable_tls_settings_reject_the_snapshot_and_keep_the_last_good_one() 
         "{err}"
     );
     assert_eq!(get(dp.addr, "a", "/").await.status, 200);
+}
+
+/// A TLS origin (HTTP/1.1) whose `/healthz` answers 200 while `healthy` is set and 500
+/// otherwise; it records the SNI of every handshake in `snis`.
+async fn tls_health_origin(
+    (cert, key): (String, String),
+    healthy: Arc<std::sync::atomic::AtomicBool>,
+    snis: Arc<std::sync::Mutex<Vec<Option<String>>>>,
+) -> SocketAddr {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            let healthy = Arc::clone(&healthy);
+            let snis = Arc::clone(&snis);
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                snis.lock()
+                    .unwrap()
+                    .push(tls.get_ref().1.server_name().map(str::to_owned));
+                let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let ok = !req.uri().path().starts_with("/healthz")
+                        || healthy.load(std::sync::atomic::Ordering::SeqCst);
+                    async move {
+                        let mut resp = http::Response::new(Full::new(Bytes::from("tls")));
+                        if !ok {
+                            *resp.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                        }
+                        Ok::<_, Infallible>(resp)
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    addr
+}
+
+/// An https upstream of `origin` with active `type: https` probes of `/healthz` (one probe
+/// flips the state, every second) whose Host is `probe_host`.
+fn https_probed(
+    origin: SocketAddr,
+    ca_pem: &str,
+    probe_host: &str,
+    verify: Option<bool>,
+) -> v1::Upstream {
+    let mut up = tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: ca_pem.to_owned(),
+            ..Default::default()
+        },
+    );
+    let mut hc = health_check(false);
+    let active = hc.active.as_mut().unwrap();
+    active.r#type = v1::UpstreamHealthCheckType::Https as i32;
+    active.host = probe_host.to_owned();
+    active.https_verify_certificate = verify;
+    up.health_check = Some(hc);
+    up
+}
+
+fn endpoint_healthy(dp: &Dataplane, origin: SocketAddr) -> Option<f64> {
+    metric(
+        &dp.store.metrics().render(),
+        "sluice_upstream_endpoint_healthy",
+        &["upstream=\"u\"", &format!("endpoint=\"{origin}\"")],
+    )
+}
+
+#[tokio::test]
+async fn https_probes_eject_an_endpoint_whose_healthz_fails_over_tls_and_restore_it() {
+    let ca = ca("probe ca");
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let snis = Arc::new(std::sync::Mutex::new(Vec::new()));
+    // The certificate names only `probe.test`: a probe that does not send the probe's host as
+    // SNI and verify that name fails.
+    let origin = tls_health_origin(
+        server_leaf(&ca, &["probe.test"]),
+        Arc::clone(&healthy),
+        Arc::clone(&snis),
+    )
+    .await;
+    let dp = dataplane_with(https_probed(origin, &ca.pem, "probe.test:8443", None)).await;
+    let wait = Duration::from_secs(6);
+    // Probes run and succeed: the endpoint stays in.
+    assert!(eventually(wait, || !snis.lock().unwrap().is_empty()).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(endpoint_healthy(&dp, origin), Some(1.0));
+    assert_eq!(
+        snis.lock().unwrap()[0].as_deref(),
+        Some("probe.test"),
+        "the probe's host is the SNI"
+    );
+
+    healthy.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        eventually(wait, || endpoint_healthy(&dp, origin) == Some(0.0)).await,
+        "a 500 from /healthz over TLS ejects the endpoint"
+    );
+    healthy.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        eventually(wait, || endpoint_healthy(&dp, origin) == Some(1.0)).await,
+        "a 200 restores it"
+    );
+}
+
+#[tokio::test]
+async fn an_https_probe_that_cannot_verify_the_certificate_ejects_unless_verification_is_off() {
+    let real = ca("real ca");
+    let other = ca("other ca");
+    let healthy = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let snis = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let origin = tls_health_origin(
+        server_leaf(&real, &["127.0.0.1"]),
+        Arc::clone(&healthy),
+        Arc::clone(&snis),
+    )
+    .await;
+    // `/healthz` answers 200, but the upstream trusts another CA.
+    let dp = dataplane_with(https_probed(origin, &other.pem, "", None)).await;
+    let wait = Duration::from_secs(6);
+    assert!(
+        eventually(wait, || endpoint_healthy(&dp, origin) == Some(0.0)).await,
+        "a certificate that fails verification marks the endpoint unhealthy"
+    );
+    // `strictTLS: false` (https_verify_certificate = false): the same origin is healthy.
+    dp.store
+        .apply(
+            snapshot(
+                2,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![https_probed(origin, &other.pem, "", Some(false))],
+            ),
+            vec![],
+        )
+        .unwrap();
+    assert!(
+        eventually(wait, || endpoint_healthy(&dp, origin) == Some(1.0)).await,
+        "without verification the probe succeeds"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_tls_endpoint_is_retried_on_another_and_ejected_by_the_passive_check() {
+    let ca = ca("test ca");
+    let origin = tls_origin(
+        server_leaf(&ca, &["127.0.0.1"]),
+        &[b"h2", b"http/1.1"],
+        None,
+    )
+    .await;
+    let dead = closed_port();
+    let mut up = tls_upstream(
+        v1::Scheme::Https,
+        origin,
+        None,
+        v1::UpstreamTls {
+            ca_pem: ca.pem.clone(),
+            ..Default::default()
+        },
+    );
+    up.endpoints.insert(
+        0,
+        v1::Endpoint {
+            host: "127.0.0.1".into(),
+            port: u32::from(dead.port()),
+            weight: 1,
+        },
+    );
+    up.health_check = Some(passive_check());
+    let dp = dataplane_with(up).await;
+    for i in 0..6 {
+        let resp = get(dp.addr, "client.example", &format!("/t/{i}")).await;
+        assert_eq!(resp.status, 200, "request {i}: {}", resp.text());
+        assert_eq!(resp.json()["path"], format!("/t/{i}"));
+    }
+    assert_eq!(
+        health_of(&dp, "u", dead),
+        Some(0.0),
+        "dead endpoint ejected"
+    );
+    assert_eq!(health_of(&dp, "u", origin), Some(1.0));
 }

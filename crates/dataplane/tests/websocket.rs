@@ -181,3 +181,34 @@ async fn many_sessions_in_parallel_each_get_their_own_upstream_connection() {
     });
     futures::future::join_all(sessions).await;
 }
+
+#[tokio::test]
+async fn an_upgrade_to_a_dead_endpoint_is_retried_on_another_and_ejects_it() {
+    let backend = ws_server("alive").await;
+    let dead = closed_port();
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(dead, 1), (backend, 1)]);
+    up.health_check = Some(passive_check());
+    dp.store
+        .apply(snapshot(1, vec![ws_route(true, "u")], vec![up]), vec![])
+        .unwrap();
+    for i in 0..4 {
+        let (mut ws, resp) = tokio_tungstenite::connect_async(format!("ws://{}/ws/{i}", dp.addr))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 101);
+        assert_eq!(
+            next_text(&mut ws).await,
+            format!("hello from alive /ws/{i}")
+        );
+        ws.send(Message::text("hi")).await.unwrap();
+        assert_eq!(next_text(&mut ws).await, "alive: hi");
+        ws.close(None).await.unwrap();
+    }
+    assert_eq!(
+        health_of(&dp, "u", dead),
+        Some(0.0),
+        "dead endpoint ejected"
+    );
+    assert_eq!(health_of(&dp, "u", backend), Some(1.0));
+}

@@ -136,7 +136,12 @@ impl Settings {
                 .map_err(|e| problems.error(format!("{field}tlsSecret"), e))
                 .ok()
         });
+        let https_probes = health_check
+            .as_ref()
+            .and_then(|h| h.active.as_ref())
+            .is_some_and(|a| a.r#type() == v1::UpstreamHealthCheckType::Https);
         if tls.is_some()
+            && !https_probes
             && matches!(
                 c.scheme.unwrap_or_default(),
                 UpstreamScheme::Http | UpstreamScheme::Grpc
@@ -191,10 +196,17 @@ impl Settings {
         } as i32;
         let scheme = self.scheme.unwrap_or_default();
         up.scheme = proto_scheme(scheme) as i32;
+        // `https` health probes use the tlsSecret too, whatever the scheme of the traffic.
+        let https_probes = self
+            .health_check
+            .as_ref()
+            .and_then(|h| h.active.as_ref())
+            .is_some_and(|a| a.r#type() == v1::UpstreamHealthCheckType::Https);
         up.tls = match scheme {
             UpstreamScheme::Https | UpstreamScheme::Grpcs => {
                 Some(self.tls.clone().unwrap_or_default())
             }
+            UpstreamScheme::Http | UpstreamScheme::Grpc if https_probes => self.tls.clone(),
             UpstreamScheme::Http | UpstreamScheme::Grpc => None,
         };
         up.retries = self.retries;

@@ -279,14 +279,6 @@ pub(crate) fn health_check(
 
 fn active(a: &ActiveHealthCheck, f: &str, problems: &mut Problems) -> v1::UpstreamActiveCheck {
     let ty = check_type(a.type_);
-    if ty == v1::UpstreamHealthCheckType::Https {
-        // NB: probes over TLS need the upstream TLS client, which is not in the dataplane yet;
-        // refusing is better than probing over plain HTTP and marking every node unhealthy.
-        problems.error(
-            format!("{f}type"),
-            "https probes are not supported yet (use http or tcp)",
-        );
-    }
     let timeout_ms = match &a.timeout {
         None => 1000,
         Some(IntOrString::Int(s)) if *s > 0 => u64::try_from(*s).unwrap_or(1) * 1000,
@@ -366,6 +358,9 @@ fn active(a: &ActiveHealthCheck, f: &str, problems: &mut Problems) -> v1::Upstre
         port,
         http_path,
         request_headers,
+        // `strictTLS` matters only to https probes; unset (verify) otherwise.
+        https_verify_certificate: (ty == v1::UpstreamHealthCheckType::Https)
+            .then(|| a.strict_tls.unwrap_or(true)),
         healthy: Some(v1::UpstreamHealthThresholds {
             http_codes: codes(
                 &healthy.http_codes,

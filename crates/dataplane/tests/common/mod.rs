@@ -230,3 +230,59 @@ pub async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&st
 pub fn h<'a>(r: &'a Resp, name: &str) -> Option<&'a str> {
     r.headers.get(name).map(|v| v.to_str().unwrap())
 }
+
+// Shared by the failover tests of the h2, TLS and WebSocket suites.
+
+/// An address on which nothing listens (a port bound and released at once).
+pub fn closed_port() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}
+
+/// A passive-only health check: one connect failure or timeout ejects an endpoint, one 200
+/// brings it back.
+pub fn passive_check() -> v1::UpstreamHealthCheck {
+    v1::UpstreamHealthCheck {
+        active: None,
+        passive: Some(v1::UpstreamPassiveCheck {
+            healthy: Some(v1::UpstreamHealthThresholds {
+                http_codes: vec![200],
+                successes: 1,
+                ..Default::default()
+            }),
+            unhealthy: Some(v1::UpstreamHealthThresholds {
+                http_codes: vec![500, 503],
+                http_failures: 3,
+                tcp_failures: 1,
+                timeouts: 1,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+    }
+}
+
+/// The value of `name` in the dataplane's metrics for the series carrying every label of
+/// `labels` (`key="value"` strings).
+pub fn metric_of(dp: &Dataplane, name: &str, labels: &[&str]) -> Option<f64> {
+    dp.store
+        .metrics()
+        .render()
+        .lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .find(|l| labels.iter().all(|want| l.contains(want)))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `sluice_upstream_endpoint_healthy` of `endpoint` in `upstream`.
+pub fn health_of(dp: &Dataplane, upstream: &str, endpoint: SocketAddr) -> Option<f64> {
+    metric_of(
+        dp,
+        "sluice_upstream_endpoint_healthy",
+        &[
+            &format!("upstream=\"{upstream}\""),
+            &format!("endpoint=\"{endpoint}\""),
+        ],
+    )
+}

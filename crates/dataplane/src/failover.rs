@@ -1,0 +1,250 @@
+//! Endpoint choice, retries and passive health for the requests that do not take the plain
+//! HTTP/1.1 path of [`crate::proxy`]: HTTP/2, gRPC and TLS upstreams ([`crate::h2up`]) and
+//! WebSocket upgrades ([`crate::websocket`]).
+//!
+//! The rules are those of the HTTP/1.1 path. The upstream's balancer picks an endpoint
+//! (healthy and untried first). A failure of the connect phase (TCP connect, connect
+//! timeout, TLS handshake) is retried on another endpoint, as nothing of the request was
+//! sent: at most `retries` times (default: endpoints - 1), and not after connect + read
+//! timeout counted from the first failure. An HTTP/2 request that a dying connection
+//! refused before taking it (hyper hands it back) counts as a connect failure too. Once a
+//! request has been taken by a connection its body may be streaming, so it is never sent
+//! elsewhere. Every outcome feeds the
+//! upstream's passive health check: the response status (for an upgrade, the upstream's
+//! answer to it), connect failures as TCP failures, timeouts as timeouts.
+
+use std::time::Instant;
+
+use http::HeaderValue;
+use http::{Request, Response};
+use hyper::body::Incoming;
+
+use crate::balancer::Tried;
+use crate::body::ProxyBody;
+use crate::error::ProxyError;
+use crate::health::Outcome;
+use crate::proxy::ConnInfo;
+use crate::upstream::{Endpoint, Timeouts, Upstream};
+
+/// What a failed exchange says about the endpoint's health (`None`: not its fault).
+fn failure_outcome(e: &ProxyError) -> Option<Outcome> {
+    match e {
+        ProxyError::Connect { .. } | ProxyError::Upstream { .. } => Some(Outcome::TcpFailure),
+        // NB: a failed handshake counts as a TCP failure, as in lua-resty-healthcheck.
+        ProxyError::UpstreamTls { .. } => Some(Outcome::TcpFailure),
+        ProxyError::ConnectTimeout(_) | ProxyError::ReadTimeout(_) | ProxyError::SendTimeout(_) => {
+            Some(Outcome::Timeout)
+        }
+        _ => None,
+    }
+}
+
+/// Whether a failure of the connect phase may be retried on another endpoint.
+fn connect_retryable(e: &ProxyError) -> bool {
+    e.retryable() || matches!(e, ProxyError::UpstreamTls { .. })
+}
+
+/// Retry bookkeeping of one request.
+struct Attempts {
+    tried: Tried,
+    budget: usize,
+    deadline: Option<Instant>,
+}
+
+impl Attempts {
+    /// After endpoint `idx` failed with `e` before taking the request: `None` to try
+    /// another endpoint, or the error to answer with.
+    fn give_up(
+        &mut self,
+        upstream: &Upstream,
+        idx: usize,
+        e: ProxyError,
+        timeouts: Timeouts,
+    ) -> Option<ProxyError> {
+        let now = Instant::now();
+        let until = *self
+            .deadline
+            .get_or_insert(now + timeouts.connect + timeouts.read);
+        let retryable = connect_retryable(&e);
+        if !retryable || self.tried.len() >= self.budget || now >= until {
+            // Known down by the health checks, every one: 503, as on the HTTP/1.1 path.
+            if retryable && upstream.all_unhealthy() {
+                return Some(ProxyError::AllEndpointsDown(upstream.id.clone()));
+            }
+            return Some(e);
+        }
+        tracing::debug!(upstream = %upstream.id, error = %e, "retrying on another endpoint");
+        self.tried.push(idx);
+        upstream.count_retry();
+        None
+    }
+}
+
+/// Proxies `req` to `upstream` (an upgrade when `upgrade`, else over its non-HTTP/1.1
+/// protocol); `host` is the client's Host, `hash` the request's balancer hash.
+pub async fn proxy(
+    req: Request<Incoming>,
+    host: Option<HeaderValue>,
+    conn: &ConnInfo,
+    upstream: &Upstream,
+    hash: u64,
+    timeouts: Timeouts,
+    upgrade: bool,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Some(protocol) = upstream.protocol.as_deref().filter(|_| !upgrade) else {
+        return upgrade_to(req, host, conn, upstream, hash, timeouts).await;
+    };
+    let mut attempts = Attempts {
+        tried: Tried::default(),
+        budget: upstream.retry_budget(),
+        deadline: None,
+    };
+    let mut prepared = crate::h2up::prepare(req, conn, host.as_ref());
+    loop {
+        let idx = upstream
+            .pick_index(hash, &attempts.tried)
+            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+        let Some(endpoint) = upstream.endpoints.get(idx) else {
+            return Err(ProxyError::NoEndpoint(upstream.id.clone()));
+        };
+        let started = upstream.measures_latency().then(Instant::now);
+        let in_flight = endpoint.state.begin();
+        let address = endpoint.address.as_str();
+        let error = match crate::h2up::connect(conn, protocol, address, timeouts).await {
+            Err(e) => e,
+            Ok(connected) => {
+                let endpoint_host = upstream.host_header(endpoint).cloned().or(host.clone());
+                let sent = crate::h2up::send(
+                    prepared,
+                    endpoint_host,
+                    conn,
+                    protocol,
+                    address,
+                    connected,
+                    timeouts,
+                )
+                .await;
+                drop(in_flight);
+                match sent {
+                    Ok(resp) => {
+                        succeeded(upstream, endpoint, &resp, started);
+                        return Ok(resp);
+                    }
+                    Err(crate::h2up::SendError::Failed(e)) => {
+                        failed(upstream, endpoint, &e, started, timeouts);
+                        return Err(e);
+                    }
+                    Err(crate::h2up::SendError::Unsent(p, e)) => {
+                        prepared = *p;
+                        e
+                    }
+                }
+            }
+        };
+        failed(upstream, endpoint, &error, started, timeouts);
+        if let Some(e) = attempts.give_up(upstream, idx, error, timeouts) {
+            return Err(e);
+        }
+    }
+}
+
+/// Proxies the upgrade request `req` to an endpoint of `upstream`.
+async fn upgrade_to(
+    req: Request<Incoming>,
+    host: Option<HeaderValue>,
+    conn: &ConnInfo,
+    upstream: &Upstream,
+    hash: u64,
+    timeouts: Timeouts,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let tls = upstream.protocol.as_deref().and_then(|p| p.tls.as_deref());
+    let mut attempts = Attempts {
+        tried: Tried::default(),
+        budget: upstream.retry_budget(),
+        deadline: None,
+    };
+    loop {
+        let idx = upstream
+            .pick_index(hash, &attempts.tried)
+            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+        let Some(endpoint) = upstream.endpoints.get(idx) else {
+            return Err(ProxyError::NoEndpoint(upstream.id.clone()));
+        };
+        let started = upstream.measures_latency().then(Instant::now);
+        let in_flight = endpoint.state.begin();
+        let address = endpoint.address.as_str();
+        match crate::websocket::connect(conn, tls, address, timeouts).await {
+            Ok(io) => {
+                let endpoint_host = upstream.host_header(endpoint).cloned().or(host);
+                let result =
+                    crate::websocket::proxy(req, endpoint_host, conn, io, address, timeouts).await;
+                drop(in_flight);
+                match &result {
+                    Ok(resp) => succeeded(upstream, endpoint, resp, started),
+                    Err(e) => failed(upstream, endpoint, e, started, timeouts),
+                }
+                return result;
+            }
+            Err(e) => {
+                drop(in_flight);
+                failed(upstream, endpoint, &e, started, timeouts);
+                if let Some(e) = attempts.give_up(upstream, idx, e, timeouts) {
+                    return Err(e);
+                }
+            }
+        }
+    }
+}
+
+/// Reports a response from `endpoint` to the passive check (and to `ewma`).
+fn succeeded(
+    upstream: &Upstream,
+    endpoint: &Endpoint,
+    resp: &Response<ProxyBody>,
+    started: Option<Instant>,
+) {
+    upstream.report(endpoint, Outcome::Status(resp.status().as_u16()));
+    if let Some(t) = started {
+        endpoint.state.observe_latency(t.elapsed());
+    }
+}
+
+/// Reports a failed exchange with `endpoint` to the passive check (and to `ewma`).
+fn failed(
+    upstream: &Upstream,
+    endpoint: &Endpoint,
+    e: &ProxyError,
+    started: Option<Instant>,
+    timeouts: Timeouts,
+) {
+    if let Some(outcome) = failure_outcome(e) {
+        upstream.report(endpoint, outcome);
+        // A failed endpoint looks slow to `ewma`.
+        if let Some(t) = started {
+            endpoint
+                .state
+                .observe_latency(t.elapsed().max(timeouts.connect));
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connect_phase_failures_are_retryable_and_count_against_health() {
+        let refused = ProxyError::Connect {
+            addr: "a:1".into(),
+            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        assert!(connect_retryable(&refused));
+        assert_eq!(failure_outcome(&refused), Some(Outcome::TcpFailure));
+        let timeout = ProxyError::ConnectTimeout("a:1".into());
+        assert!(connect_retryable(&timeout));
+        assert_eq!(failure_outcome(&timeout), Some(Outcome::Timeout));
+        let read = ProxyError::ReadTimeout("a:1".into());
+        assert!(!connect_retryable(&read));
+    }
+}
