@@ -66,11 +66,11 @@ struct Args {
     /// files) served to TLS handshakes without SNI or for a host no certificate covers, as
     /// ingress-nginx's flag of the same name. Default: such handshakes are refused. (With
     /// --controller, the controller's flag of the same name sets it.)
-    #[arg(long, value_name = "NS/NAME", requires = "standalone", value_parser = secret_ref)]
+    #[arg(long, value_name = "NS/NAME", value_parser = secret_ref)]
     default_ssl_certificate: Option<(String, String)>,
     /// Standalone mode: a TLS handshake without SNI gets the certificate of this host
     /// (APISIX `apisix.ssl.fallback_sni`), before the default certificate.
-    #[arg(long, value_name = "HOST", requires = "standalone", value_parser = fallback_sni)]
+    #[arg(long, value_name = "HOST", value_parser = fallback_sni)]
     fallback_sni: Option<String>,
     /// Admin listener: /healthz, /readyz, /snapshot, /metrics.
     #[arg(long, default_value = "127.0.0.1:9091")]
@@ -133,6 +133,13 @@ enum Source {
 fn source(args: &Args) -> anyhow::Result<Source> {
     if let Some(path) = &args.standalone {
         return Ok(Source::Standalone(path.clone()));
+    }
+    if args.default_ssl_certificate.is_some() || args.fallback_sni.is_some() {
+        // NB: in controller mode the snapshot carries these; the controller's flags set them.
+        anyhow::bail!(
+            "--default-ssl-certificate and --fallback-sni are standalone-mode flags; with \
+             --controller, give them to sluice-controller"
+        );
     }
     let Some(url) = args.controller.clone() else {
         anyhow::bail!("give --standalone PATH or --controller URL");
