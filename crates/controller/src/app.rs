@@ -13,7 +13,7 @@ use crate::grpc::Hub;
 use crate::ingress_status::{self, Publish};
 use crate::leader::{self, LeaseConfig};
 use crate::metrics::Metrics;
-use crate::rebuild::{self, Debounce, Rebuilder};
+use crate::rebuild::{self, Debounce, Rebuilder, TlsSettings};
 use crate::status;
 use crate::watch::{Scope, Stores, Trigger};
 
@@ -32,6 +32,8 @@ pub struct Settings {
     pub publish: Option<Publish>,
     /// This replica's name in the Events it publishes (`reportingInstance`).
     pub instance: Option<String>,
+    /// Default certificate and fallback SNI (`--default-ssl-certificate`, `--fallback-sni`).
+    pub tls: TlsSettings,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -63,7 +65,8 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
     let stores = Stores::watch(&client, &settings.scope, &trigger, &metrics);
     let mut tasks = Vec::new();
 
-    let rebuilder = Rebuilder::new(Arc::clone(&hub), metrics.clone(), &settings.ingress_class);
+    let rebuilder = Rebuilder::new(Arc::clone(&hub), metrics.clone(), &settings.ingress_class)
+        .with_tls(settings.tls.clone());
     let status_rx = rebuilder.subscribe_status();
     let (for_inputs, for_sync) = (stores.clone(), stores.clone());
     tasks.push(tokio::spawn(rebuild::run(

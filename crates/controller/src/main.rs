@@ -16,7 +16,7 @@ use sluice_controller::grpc;
 use sluice_controller::ingress_status::Publish;
 use sluice_controller::leader::{self, LeaseConfig};
 use sluice_controller::metrics::Metrics;
-use sluice_controller::rebuild::Debounce;
+use sluice_controller::rebuild::{Debounce, TlsSettings};
 use sluice_controller::tls::{self, TlsFiles};
 use sluice_controller::watch::Scope;
 
@@ -86,9 +86,28 @@ struct Args {
     /// with commas), as APISIX's `ingress_status_address`.
     #[arg(long, value_name = "ADDR", value_delimiter = ',')]
     ingress_status_address: Vec<String>,
+    /// The kubernetes.io/tls Secret (`NAMESPACE/NAME`) served to TLS handshakes without SNI
+    /// or for a host no certificate covers, as ingress-nginx's flag of the same name; never
+    /// for a host another certificate covers. Must be in a watched namespace. A missing or
+    /// bad Secret is logged and listed with the rejected objects on each dataplane's
+    /// /snapshot; those handshakes are then refused. Default: they are refused.
+    #[arg(long, value_name = "NS/NAME", value_parser = secret_ref)]
+    default_ssl_certificate: Option<(String, String)>,
+    /// A TLS handshake without SNI gets the certificate of this host (APISIX's
+    /// `apisix.ssl.fallback_sni`), before the default certificate.
+    #[arg(long, value_name = "HOST", value_parser = fallback_sni)]
+    fallback_sni: Option<String>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+fn secret_ref(raw: &str) -> Result<(String, String), String> {
+    sluice_translate::parse_secret_ref(raw)
+}
+
+fn fallback_sni(raw: &str) -> Result<String, String> {
+    sluice_translate::parse_fallback_sni(raw)
 }
 
 async fn kube_client(kubeconfig: Option<&PathBuf>) -> anyhow::Result<Client> {
@@ -166,6 +185,10 @@ async fn main() -> anyhow::Result<()> {
             .clone()
             .or_else(|| std::env::var("HOSTNAME").ok())
             .filter(|s| !s.is_empty()),
+        tls: TlsSettings {
+            default_certificate: args.default_ssl_certificate.clone(),
+            fallback_sni: args.fallback_sni.clone(),
+        },
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);
     let hub = Arc::clone(&running.hub);

@@ -8,10 +8,19 @@
 //!                         hub.publish(v+1) ◀── hash changed? ◀── translate ◀── assemble
 //!                         status side output (per object: conditions, since-version)
 //! ```
+//!
+//! Certificates are checked against the time of each rebuild. Translation also says when
+//! a certificate verdict next changes (an expiry, or a `notBefore` reached); the loop
+//! rebuilds then without any object changing, so an expired certificate gets
+//! `Accepted=False` ("... expired at ...") and leaves the snapshot: dataplanes stop serving
+//! it (a handshake for its hosts gets the default certificate if one is configured, else
+//! it is refused). Unlike nginx/APISIX, which keep serving an expired certificate, a
+//! client sees a clear failure and the object's status says why. The wait is capped at
+//! [`MAX_CERTIFICATE_WAIT`] so a wall-clock jump cannot postpone the check for long.
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use sluice_translate::status::{ConditionStatus, IngressStatus};
 use sluice_translate::{ObjectKind, ObjectStatus, Options, translate};
@@ -74,6 +83,20 @@ pub enum Outcome {
 
 type ObjectKey = (ObjectKind, String, String);
 
+/// Longest wait for a certificate verdict change before translating again anyway.
+pub const MAX_CERTIFICATE_WAIT: Duration = Duration::from_secs(3600);
+
+/// Server-certificate settings that are not Kubernetes objects (controller flags).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TlsSettings {
+    /// `--default-ssl-certificate NS/NAME`: (namespace, name) of the kubernetes.io/tls Secret
+    /// served to handshakes without SNI or for a host no certificate covers. Default: none
+    /// (such handshakes are refused).
+    pub default_certificate: Option<(String, String)>,
+    /// `--fallback-sni HOST`: a handshake without SNI gets this host's certificate.
+    pub fallback_sni: Option<String>,
+}
+
 /// Translates and publishes; keeps the version counter and the last hash.
 #[derive(Debug)]
 pub struct Rebuilder {
@@ -82,8 +105,11 @@ pub struct Rebuilder {
     ingress_class: String,
     version: u64,
     hash: Option<String>,
-    since: HashMap<ObjectKey, (Option<i64>, Vec<String>, u64)>,
+    since: HashMap<ObjectKey, (Option<i64>, Vec<String>, bool, u64)>,
     status: watch::Sender<Option<Arc<Rebuilt>>>,
+    tls: TlsSettings,
+    certificates_change_at: Option<SystemTime>,
+    settings_problems: Vec<String>,
 }
 
 impl Rebuilder {
@@ -97,7 +123,21 @@ impl Rebuilder {
             hash: None,
             since: HashMap::new(),
             status: watch::Sender::new(None),
+            tls: TlsSettings::default(),
+            certificates_change_at: None,
+            settings_problems: Vec::new(),
         }
+    }
+
+    /// Uses these certificate settings from the next rebuild on.
+    pub fn with_tls(mut self, tls: TlsSettings) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// When a certificate verdict of the last rebuild changes with time: rebuild then.
+    pub fn certificates_change_at(&self) -> Option<SystemTime> {
+        self.certificates_change_at
     }
 
     /// The status side output, updated after every rebuild.
@@ -110,19 +150,29 @@ impl Rebuilder {
         let started = Instant::now();
         let state = assemble(inputs, &self.ingress_class);
         // NB: `assemble` already kept only our class, so translate everything it got.
-        // NB: certificate validity is checked against the time of the rebuild; one that
-        // expires later stays served until the next rebuild (any object change).
+        // NB: certificate validity is checked against the time of the rebuild; `run`
+        // rebuilds again at `certificates_change_at`.
         let opts = Options {
-            now: Some(std::time::SystemTime::now()),
+            now: Some(SystemTime::now()),
+            default_certificate: self.tls.default_certificate.clone(),
+            fallback_sni: self.tls.fallback_sni.clone(),
             ..Options::default()
         };
         let translation = translate(&state, &opts);
+        self.certificates_change_at = translation.certificates_change_at;
+        if translation.settings != self.settings_problems {
+            for p in &translation.settings {
+                tracing::error!(problem = %p, "TLS setting not applied");
+            }
+            self.settings_problems = translation.settings.clone();
+        }
         let hash = sluice_proto::content_hash(&translation.snapshot);
         let outcome = if self.hash.as_deref() == Some(hash.as_str()) {
             Outcome::Unchanged(self.version)
         } else {
             self.version += 1;
-            let rejected_objects = rejected_lines(&translation.status.objects);
+            let mut rejected_objects = translation.settings.clone();
+            rejected_objects.extend(rejected_lines(&translation.status.objects));
             self.hub.publish(Published {
                 snapshot: sluice_proto::seal(translation.snapshot, self.version),
                 rejected_objects,
@@ -143,9 +193,14 @@ impl Rebuilder {
         let mut objects = Vec::with_capacity(translation.status.objects.len());
         for status in translation.status.objects {
             let key = (status.kind, status.namespace.clone(), status.name.clone());
+            // NB: the verdict counts too: a certificate that expires (or becomes valid)
+            // leaves (or enters) the snapshot without a new generation.
+            let accepted = status.is_accepted();
             let since_version = match self.since.get(&key) {
-                Some((generation, routes, v))
-                    if *generation == status.generation && *routes == status.routes =>
+                Some((generation, routes, was_accepted, v))
+                    if *generation == status.generation
+                        && *routes == status.routes
+                        && *was_accepted == accepted =>
                 {
                     *v
                 }
@@ -153,7 +208,12 @@ impl Rebuilder {
             };
             since.insert(
                 key,
-                (status.generation, status.routes.clone(), since_version),
+                (
+                    status.generation,
+                    status.routes.clone(),
+                    accepted,
+                    since_version,
+                ),
             );
             objects.push(ObjectVerdict {
                 status,
@@ -243,9 +303,32 @@ pub async fn run<F>(
                 return;
             }
         }
-        if !next_batch(&mut trigger, debounce).await {
-            return;
+        let recheck = rebuilder.certificates_change_at().map(wait_until);
+        tokio::select! {
+            more = next_batch(&mut trigger, debounce) => {
+                if !more {
+                    return;
+                }
+            }
+            _ = sleep_opt(recheck) => {
+                tracing::info!("a certificate's validity changes now; rebuilding");
+            }
         }
+    }
+}
+
+/// How long to wait from now until `at` (wall clock), at most [`MAX_CERTIFICATE_WAIT`].
+fn wait_until(at: SystemTime) -> Duration {
+    at.duration_since(SystemTime::now())
+        .unwrap_or(Duration::ZERO)
+        .min(MAX_CERTIFICATE_WAIT)
+}
+
+/// Sleeps for `d`, or forever when `None`.
+async fn sleep_opt(d: Option<Duration>) {
+    match d {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -402,6 +485,168 @@ mod tests {
             "{took:?}"
         );
         sender.abort();
+    }
+
+    /// A self-signed certificate for `host` valid until `not_after`: (cert PEM, key PEM).
+    fn certificate(host: &str, not_after: SystemTime) -> (String, String) {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+        params.not_before = time::OffsetDateTime::now_utc() - Duration::from_secs(3600);
+        params.not_after = time::OffsetDateTime::from(not_after);
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// A kubernetes.io/tls Secret `<name>-cert` and an ApisixTls `<name>` for `host`.
+    fn tls_objects(name: &str, host: &str, not_after: SystemTime) -> String {
+        let (crt, key) = certificate(host, not_after);
+        let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-cert}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}---\napiVersion: apisix.apache.org/v2\nkind: ApisixTls\nmetadata: {{name: {name}, generation: 1}}\nspec:\n  ingressClassName: apisix\n  hosts: [{host}]\n  secret: {{name: {name}-cert, namespace: default}}\n---\n",
+            indent(&crt),
+            indent(&key)
+        )
+    }
+
+    fn tls_status(rebuilt: &Rebuilt, name: &str) -> sluice_translate::Condition {
+        rebuilt
+            .objects
+            .iter()
+            .find(|o| o.status.kind == ObjectKind::ApisixTls && o.status.name == name)
+            .unwrap()
+            .status
+            .conditions[0]
+            .clone()
+    }
+
+    /// Nothing changes in the cluster, yet the certificate that expires is dropped from the
+    /// snapshot and its ApisixTls turns `Accepted=False` once it has expired.
+    #[tokio::test]
+    async fn an_expired_certificate_leaves_the_snapshot_on_time_without_any_change() {
+        let (_, hub, _) = rebuilder();
+        let rb = Rebuilder::new(Arc::clone(&hub), Metrics::new().unwrap(), "apisix");
+        let mut status = rb.subscribe_status();
+        let soon = SystemTime::now() + Duration::from_secs(2);
+        let later = SystemTime::now() + Duration::from_secs(86_400);
+        let state = inputs(&format!(
+            "{}{}",
+            tls_objects("soon", "soon.example.com", soon),
+            tls_objects("later", "later.example.com", later)
+        ));
+        let (trigger, rx) = watch::channel(0u64);
+        let task = tokio::spawn(run(
+            rb,
+            move || state.clone(),
+            rx,
+            Debounce::default(),
+            async {},
+        ));
+        let mut version = hub.subscribe();
+        version.wait_for(|p| p.is_some()).await.unwrap();
+        let first = hub.current().unwrap();
+        assert_eq!(first.snapshot.version, 1);
+        let ids: Vec<&str> = first
+            .snapshot
+            .tls_certificates
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect();
+        assert_eq!(ids, ["default/later", "default/soon"]);
+        // NB: the status side output follows the publication; wait for it.
+        let rebuilt = status
+            .wait_for(|r| r.as_ref().is_some_and(|r| r.version == 1))
+            .await
+            .unwrap()
+            .clone()
+            .unwrap();
+        let accepted = tls_status(&rebuilt, "soon");
+        assert_eq!(accepted.status, ConditionStatus::True);
+
+        // No trigger: only the expiry timer can cause version 2.
+        tokio::time::timeout(
+            Duration::from_secs(10),
+            version.wait_for(|p| p.as_ref().is_some_and(|p| p.snapshot.version == 2)),
+        )
+        .await
+        .expect("rebuilt when the certificate expired")
+        .unwrap();
+        assert!(SystemTime::now() > soon, "not rebuilt before the expiry");
+        let second = hub.current().unwrap();
+        let ids: Vec<&str> = second
+            .snapshot
+            .tls_certificates
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect();
+        assert_eq!(ids, ["default/later"]);
+        let rebuilt = status
+            .wait_for(|r| r.as_ref().is_some_and(|r| r.version == 2))
+            .await
+            .unwrap()
+            .clone()
+            .unwrap();
+        let accepted = tls_status(&rebuilt, "soon");
+        assert_eq!(accepted.status, ConditionStatus::False);
+        assert_eq!(accepted.reason, "InvalidCertificateRef");
+        assert!(
+            accepted.message.contains("Secret default/soon-cert")
+                && accepted.message.contains("expired at"),
+            "{}",
+            accepted.message
+        );
+        assert!(
+            second
+                .rejected_objects
+                .iter()
+                .any(|l| l.contains("ApisixTls default/soon")),
+            "{:?}",
+            second.rejected_objects
+        );
+        // The verdict changed, so the object's since-version moved with it.
+        let soon_verdict = rebuilt
+            .objects
+            .iter()
+            .find(|o| o.status.name == "soon")
+            .unwrap();
+        assert_eq!(soon_verdict.since_version, 2);
+        drop(trigger);
+        task.abort();
+    }
+
+    #[test]
+    fn the_default_certificate_flag_names_its_secret_when_it_is_bad() {
+        let (rb, hub, _) = rebuilder();
+        let mut rb = rb.with_tls(TlsSettings {
+            default_certificate: Some(("default".into(), "missing".into())),
+            fallback_sni: None,
+        });
+        let later = SystemTime::now() + Duration::from_secs(86_400);
+        rb.rebuild(&inputs(&tls_objects("a", "a.example.com", later)));
+        let p = hub.current().unwrap();
+        assert!(p.snapshot.default_certificate.is_none());
+        assert_eq!(
+            p.snapshot.tls_certificates.len(),
+            1,
+            "other certificates serve"
+        );
+        assert!(
+            p.rejected_objects.iter().any(|l| l.starts_with(
+                "--default-ssl-certificate default/missing: Secret default/missing not found"
+            )),
+            "{:?}",
+            p.rejected_objects
+        );
+
+        let mut rb = rb.with_tls(TlsSettings {
+            default_certificate: Some(("default".into(), "a-cert".into())),
+            fallback_sni: Some("a.example.com".into()),
+        });
+        rb.rebuild(&inputs(&tls_objects("a", "a.example.com", later)));
+        let p = hub.current().unwrap();
+        let default = p.snapshot.default_certificate.as_ref().unwrap();
+        assert_eq!(default.id, "default-certificate");
+        assert_eq!(p.snapshot.fallback_sni, "a.example.com");
+        assert!(p.rejected_objects.is_empty(), "{:?}", p.rejected_objects);
     }
 
     #[tokio::test]

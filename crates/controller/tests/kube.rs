@@ -16,7 +16,7 @@ use sluice_controller::app::{self, Settings};
 use sluice_controller::grpc;
 use sluice_controller::leader::LeaseConfig;
 use sluice_controller::metrics::Metrics;
-use sluice_controller::rebuild::Debounce;
+use sluice_controller::rebuild::{Debounce, TlsSettings};
 use sluice_controller::watch::Scope;
 use sluice_e2e::Cluster;
 
@@ -60,6 +60,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
         lease,
         publish: None,
         instance: None,
+        tls: TlsSettings::default(),
     }
 }
 
@@ -600,4 +601,100 @@ spec:
         .unwrap();
     eventually("annotation skipped", || skipped() > before).await;
     assert_eq!(running.metrics.nacks.get(), 0);
+}
+
+/// A kubernetes.io/tls Secret `<name>-cert` (self-signed for `host`, valid until
+/// `not_after`) and an ApisixTls `<name>` serving it.
+fn tls_objects(ns: &str, name: &str, host: &str, not_after: std::time::SystemTime) -> String {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+    params.not_before = time::OffsetDateTime::now_utc() - Duration::from_secs(3600);
+    params.not_after = time::OffsetDateTime::from(not_after);
+    let cert = params.self_signed(&key).unwrap();
+    let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
+    format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-cert, namespace: {ns}}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}---\napiVersion: apisix.apache.org/v2\nkind: ApisixTls\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  ingressClassName: apisix\n  hosts: [{host}]\n  secret: {{name: {name}-cert, namespace: {ns}}}\n---\n",
+        indent(&cert.pem()),
+        indent(&key.serialize_pem())
+    )
+}
+
+/// Certificate expiry on a timer: a certificate that expires a few seconds after it was
+/// applied turns its ApisixTls `Accepted=False` ("expired at ...") and leaves the
+/// dataplane's table without any object changing; with `--default-ssl-certificate` its
+/// host then gets the default certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_certificate_is_rejected_when_it_expires() {
+    let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
+    let ns = cluster.create_namespace("tlsexp").unwrap();
+    let now = std::time::SystemTime::now();
+    let soon = now + Duration::from_secs(6);
+    let later = now + Duration::from_secs(86_400);
+    cluster
+        .apply(&format!(
+            "{}{}",
+            tls_objects(&ns, "soon", "soon.example.com", soon),
+            tls_objects(&ns, "later", "later.example.com", later)
+        ))
+        .unwrap();
+
+    let mut settings = settings(&ns, None);
+    settings.tls = TlsSettings {
+        default_certificate: Some((ns.clone(), "later-cert".into())),
+        fallback_sni: None,
+    };
+    let running = app::start(client(cluster).await, settings, Metrics::new().unwrap());
+    let url = serve(&running).await;
+    let dp = dataplane(client_config(url, "dp-0", None, None));
+    eventually("dataplane serves both certificates and the default", || {
+        dp.store
+            .snapshot()
+            .is_some_and(|s| s.tls_certificates.len() == 2 && s.default_certificate.is_some())
+    })
+    .await;
+    let table = dp.store.table();
+    let entry = table.tls.select(Some("soon.example.com")).unwrap();
+    assert_eq!(entry.id, format!("{ns}/soon"));
+    drop(table);
+    eventually_kubectl(
+        "soon Accepted=True",
+        &["apisixtls", "soon", "-n", &ns],
+        |o| condition(o, "Accepted").is_some_and(|c| c["status"] == "True"),
+    )
+    .await;
+
+    // Nothing is changed from here on.
+    let soon_tls = eventually_kubectl(
+        "soon Accepted=False after its expiry",
+        &["apisixtls", "soon", "-n", &ns],
+        |o| condition(o, "Accepted").is_some_and(|c| c["status"] == "False"),
+    )
+    .await;
+    assert!(std::time::SystemTime::now() > soon);
+    let accepted = condition(&soon_tls, "Accepted").unwrap();
+    assert_eq!(accepted["reason"], "InvalidCertificateRef");
+    let message = accepted["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("Secret {ns}/soon-cert")) && message.contains("expired at"),
+        "{message}"
+    );
+    eventually("dataplane no longer serves the expired certificate", || {
+        dp.store
+            .snapshot()
+            .is_some_and(|s| s.tls_certificates.len() == 1)
+    })
+    .await;
+    let table = dp.store.table();
+    assert!(table.tls.lookup("soon.example.com").is_none());
+    assert_eq!(
+        table.tls.select(Some("soon.example.com")).unwrap().id,
+        "default-certificate",
+        "the expired host now gets the default certificate"
+    );
+    assert_eq!(
+        table.tls.select(Some("later.example.com")).unwrap().id,
+        format!("{ns}/later")
+    );
+    let later_tls = get_json(cluster, &["apisixtls", "later", "-n", &ns]);
+    assert_eq!(condition(&later_tls, "Accepted").unwrap()["status"], "True");
 }

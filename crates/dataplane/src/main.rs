@@ -62,6 +62,16 @@ struct Args {
     /// Ingress spec.tls), chosen by SNI; ALPN h2 and http/1.1.
     #[arg(long, default_value = "0.0.0.0:9443")]
     listen_https: SocketAddr,
+    /// Standalone mode: the kubernetes.io/tls Secret (NAMESPACE/NAME, a document in the
+    /// files) served to TLS handshakes without SNI or for a host no certificate covers, as
+    /// ingress-nginx's flag of the same name. Default: such handshakes are refused. (With
+    /// --controller, the controller's flag of the same name sets it.)
+    #[arg(long, value_name = "NS/NAME", value_parser = secret_ref)]
+    default_ssl_certificate: Option<(String, String)>,
+    /// Standalone mode: a TLS handshake without SNI gets the certificate of this host
+    /// (APISIX `apisix.ssl.fallback_sni`), before the default certificate.
+    #[arg(long, value_name = "HOST", value_parser = fallback_sni)]
+    fallback_sni: Option<String>,
     /// Admin listener: /healthz, /readyz, /snapshot, /metrics.
     #[arg(long, default_value = "127.0.0.1:9091")]
     admin: SocketAddr,
@@ -102,6 +112,14 @@ struct Args {
     upstream_dns_refresh: Duration,
 }
 
+fn secret_ref(raw: &str) -> Result<(String, String), String> {
+    sluice_translate::parse_secret_ref(raw)
+}
+
+fn fallback_sni(raw: &str) -> Result<String, String> {
+    sluice_translate::parse_fallback_sni(raw)
+}
+
 fn duration(raw: &str) -> Result<Duration, String> {
     sluice_crds::parse_duration(raw).map_err(|e| e.to_string())
 }
@@ -115,6 +133,13 @@ enum Source {
 fn source(args: &Args) -> anyhow::Result<Source> {
     if let Some(path) = &args.standalone {
         return Ok(Source::Standalone(path.clone()));
+    }
+    if args.default_ssl_certificate.is_some() || args.fallback_sni.is_some() {
+        // NB: in controller mode the snapshot carries these; the controller's flags set them.
+        anyhow::bail!(
+            "--default-ssl-certificate and --fallback-sni are standalone-mode flags; with \
+             --controller, give them to sluice-controller"
+        );
     }
     let Some(url) = args.controller.clone() else {
         anyhow::bail!("give --standalone PATH or --controller URL");
@@ -186,9 +211,16 @@ fn main() -> anyhow::Result<()> {
     // Serve the first configuration before opening the traffic port: the files, or the
     // snapshot persisted by the last run in controller mode.
     let mut version = 1;
+    let standalone_options = sluice_translate::Options {
+        default_certificate: args.default_ssl_certificate.clone(),
+        fallback_sni: args.fallback_sni.clone(),
+        ..Default::default()
+    };
+    let mut recheck_at = None;
     match &source {
         Source::Standalone(path) => {
-            standalone::reload(path, &store, &mut version);
+            recheck_at = standalone::reload_with(path, &store, &mut version, &standalone_options)
+                .certificates_change_at;
         }
         Source::Controller(config) => {
             if let Some(dir) = &config.state_dir
@@ -233,11 +265,13 @@ fn main() -> anyhow::Result<()> {
         tokio::spawn(admin::serve(admin_listener, Arc::clone(&store)));
         match source {
             Source::Standalone(path) => {
-                tokio::spawn(standalone::watch(
+                tokio::spawn(standalone::watch_with(
                     path,
                     Arc::clone(&store),
                     version,
                     trim_heap,
+                    standalone_options,
+                    recheck_at,
                 ));
             }
             Source::Controller(config) => {

@@ -174,7 +174,11 @@ impl RouteTable {
         }
         global.sort_by_key(|p| std::cmp::Reverse(p.priority()));
         let router = Router::new(&snapshot.routes)?;
-        let tls = crate::tls::TlsTable::compile(&snapshot.tls_certificates)?;
+        let tls = crate::tls::TlsTable::compile_with_defaults(
+            &snapshot.tls_certificates,
+            snapshot.default_certificate.as_ref(),
+            &snapshot.fallback_sni,
+        )?;
         let mut upstreams: HashMap<&str, Arc<Upstream>> =
             HashMap::with_capacity(snapshot.upstreams.len());
         for up in &snapshot.upstreams {

@@ -9,9 +9,14 @@
 //! ```
 //!
 //! - SNI selection: an exact host beats a wildcard; `*.example.com` covers exactly one
-//!   label (`a.example.com`, not `a.b.example.com`), as certificate wildcards do. A
-//!   ClientHello without SNI, or for a host no certificate covers, is refused with a TLS
-//!   `access_denied` alert: a client never gets another tenant's certificate.
+//!   label (`a.example.com`, not `a.b.example.com`), as certificate wildcards do.
+//! - A ClientHello without SNI gets the certificate of the snapshot's `fallback_sni` host
+//!   (APISIX `apisix.ssl.fallback_sni`) if one covers it, else the default certificate.
+//!   A ClientHello for a host no certificate covers gets the snapshot's
+//!   `default_certificate` (ingress-nginx `--default-ssl-certificate`); the default is
+//!   never served for a host another certificate covers. Without a default such
+//!   handshakes are refused with a TLS `access_denied` alert: a client never gets another
+//!   tenant's certificate.
 //! - One `rustls::ServerConfig` per certificate, built when the snapshot compiles, never per
 //!   connection. A handshake takes the table current at its ClientHello and keeps that
 //!   config for its whole life, so a rotation (the next snapshot) serves new handshakes with
@@ -107,6 +112,10 @@ pub struct SniEntry {
 #[derive(Debug, Default)]
 pub struct TlsTable {
     exact: HashMap<String, Arc<SniEntry>>,
+    /// For a ClientHello without SNI: the fallback SNI's certificate, else the default.
+    no_sni: Option<Arc<SniEntry>>,
+    /// For a host no certificate covers.
+    default: Option<Arc<SniEntry>>,
     /// Keyed by the wildcard's suffix without `*.`.
     wildcard: HashMap<String, Arc<SniEntry>>,
     any_client_auth: bool,
@@ -114,8 +123,57 @@ pub struct TlsTable {
 }
 
 impl TlsTable {
-    /// Validates and compiles the snapshot's certificates.
+    /// Validates and compiles certificates chosen by SNI only (no default certificate, no
+    /// fallback SNI).
     pub fn compile(certs: &[v1::TlsCertificate]) -> Result<Self, InvalidTlsCertificate> {
+        Self::compile_with_defaults(certs, None, "")
+    }
+
+    /// Validates and compiles the snapshot's certificates with its `default_certificate`
+    /// and `fallback_sni` ("" = unset).
+    pub fn compile_with_defaults(
+        certs: &[v1::TlsCertificate],
+        default: Option<&v1::TlsCertificate>,
+        fallback_sni: &str,
+    ) -> Result<Self, InvalidTlsCertificate> {
+        let mut table = Self::compile_sni(certs)?;
+        if let Some(cert) = default {
+            if !cert.hosts.is_empty() {
+                return Err(invalid(
+                    cert,
+                    "hosts",
+                    "the default certificate is not chosen by host; must be empty".into(),
+                ));
+            }
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let entry = Arc::new(compile_one(cert, &provider)?);
+            table.any_client_auth |= !matches!(entry.client_auth, ClientAuth::None);
+            table.default = Some(entry);
+        }
+        table.no_sni = if fallback_sni.is_empty() {
+            None
+        } else {
+            sluice_proto::validate::dns_name(fallback_sni).map_err(|e| InvalidTlsCertificate {
+                id: "fallback_sni".into(),
+                field: "fallback_sni",
+                reason: format!("{fallback_sni:?}: {e}"),
+            })?;
+            table.lookup(fallback_sni).cloned()
+        }
+        .or_else(|| table.default.clone());
+        Ok(table)
+    }
+
+    /// The certificate for a ClientHello's server name (`None`: no SNI): see the module
+    /// docs. `None` when the handshake must be refused.
+    pub fn select(&self, server_name: Option<&str>) -> Option<&Arc<SniEntry>> {
+        match server_name {
+            None => self.no_sni.as_ref(),
+            Some(name) => self.lookup(name).or(self.default.as_ref()),
+        }
+    }
+
+    fn compile_sni(certs: &[v1::TlsCertificate]) -> Result<Self, InvalidTlsCertificate> {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut table = TlsTable::default();
         for cert in certs {
@@ -535,12 +593,7 @@ async fn handshake(
         }
     };
     let sni = start.client_hello().server_name().map(str::to_owned);
-    let entry = {
-        let table = store.table();
-        sni.as_deref()
-            .and_then(|name| table.tls.lookup(name))
-            .cloned()
-    };
+    let entry = store.table().tls.select(sni.as_deref()).cloned();
     let Some(entry) = entry else {
         tracing::debug!(%remote, sni = ?sni, "TLS handshake refused: no certificate for this server name");
         // NB: finishing the handshake with a resolver that has no certificate sends the

@@ -136,12 +136,25 @@ impl Https {
     }
 
     fn apply(&self, version: u64, certs: Vec<v1::TlsCertificate>) -> Result<(), String> {
+        self.apply_with(version, certs, None, "")
+    }
+
+    /// Applies certificates plus a default certificate and a fallback SNI ("" = none).
+    fn apply_with(
+        &self,
+        version: u64,
+        certs: Vec<v1::TlsCertificate>,
+        default: Option<v1::TlsCertificate>,
+        fallback_sni: &str,
+    ) -> Result<(), String> {
         let mut snap = snapshot(
             version,
             vec![route("default/r/r1", &["/*"], "u")],
             vec![upstream("u", &[(self.echo.addr, 1)])],
         );
         snap.tls_certificates = certs;
+        snap.default_certificate = default;
+        snap.fallback_sni = fallback_sni.into();
         let snap = sluice_proto::seal(snap, version);
         self.store.apply(snap, vec![]).map_err(|e| e.to_string())
     }
@@ -663,4 +676,347 @@ async fn curl_and_openssl_see_the_right_certificates() {
         );
         assert!(text.contains("Verify return code: 0 (ok)"), "{sni}: {text}");
     }
+}
+
+/// Accepts any server certificate (the tests check WHICH certificate is served, including
+/// one that does not cover the name asked for); signatures are still verified.
+#[derive(Debug)]
+struct AnyServerCert(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
+    fn verify_server_cert(
+        &self,
+        _end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A client that shows whatever certificate it gets; `sni = false` sends no SNI.
+fn any_cert_client(sni: bool) -> Arc<ClientConfig> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = ClientConfig::builder_with_provider(Arc::clone(&provider))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider)))
+        .with_no_client_auth();
+    config.enable_sni = sni;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Arc::new(config)
+}
+
+/// The certificate served for `sni` (`None`: no SNI sent), or the handshake error.
+async fn served_for(
+    addr: SocketAddr,
+    sni: Option<&str>,
+) -> Result<CertificateDer<'static>, String> {
+    // NB: without SNI the name only feeds the (accept-all) verifier.
+    let cfg = any_cert_client(sni.is_some());
+    connect(addr, sni.unwrap_or("no-sni.invalid"), cfg)
+        .await
+        .map(|tls| served_cert(&tls))
+        .map_err(|e| e.to_string())
+}
+
+/// `--default-ssl-certificate`: a handshake for a host no certificate covers, or without
+/// SNI, gets the default certificate; hosts other certificates cover never do. Without the
+/// default, both are refused again.
+#[tokio::test]
+async fn default_certificate_serves_unknown_and_missing_sni_only() {
+    let ca = Ca::new("test CA");
+    let exact = ca.leaf(&["a.example.com"]);
+    let wild = ca.leaf(&["*.example.com"]);
+    let fallback = ca.leaf(&["ingress.local"]);
+    let certs = vec![
+        exact.cert("default/a", &["a.example.com"]),
+        wild.cert("default/wild", &["*.example.com"]),
+    ];
+    let default = v1::TlsCertificate {
+        id: "default-certificate".into(),
+        ..fallback.cert("default-certificate", &[])
+    };
+    let dp = Https::start(certs.clone()).await;
+    dp.apply_with(2, certs.clone(), Some(default.clone()), "")
+        .unwrap();
+
+    for sni in [Some("unknown.test"), Some("x.y.example.com"), None] {
+        assert_eq!(
+            served_for(dp.addr, sni).await.unwrap(),
+            fallback.der,
+            "{sni:?}: the default certificate"
+        );
+    }
+    assert_eq!(
+        served_for(dp.addr, Some("a.example.com")).await.unwrap(),
+        exact.der
+    );
+    assert_eq!(
+        served_for(dp.addr, Some("B.example.com")).await.unwrap(),
+        wild.der
+    );
+
+    // A request over a default-certificate connection (no SNI) is routed by Host as usual.
+    let tls = connect(dp.addr, "no-sni.invalid", any_cert_client(false))
+        .await
+        .unwrap();
+    let mut sender = h1_over(tls).await;
+    let resp = get_on(&mut sender, "unknown.test", "/via-default").await;
+    assert_eq!(resp.status, StatusCode::OK);
+    assert_eq!(resp.json()["path"], "/via-default");
+
+    // fallback_sni: no SNI gets that host's certificate; an unknown SNI still the default.
+    dp.apply_with(3, certs.clone(), Some(default.clone()), "a.example.com")
+        .unwrap();
+    assert_eq!(served_for(dp.addr, None).await.unwrap(), exact.der);
+    assert_eq!(
+        served_for(dp.addr, Some("unknown.test")).await.unwrap(),
+        fallback.der
+    );
+    // fallback_sni alone: no SNI is served, an unknown SNI is refused.
+    dp.apply_with(4, certs.clone(), None, "b.example.com")
+        .unwrap();
+    assert_eq!(served_for(dp.addr, None).await.unwrap(), wild.der);
+    let err = served_for(dp.addr, Some("unknown.test")).await.unwrap_err();
+    assert!(err.contains("AccessDenied"), "{err}");
+
+    // No default any more: refused as before.
+    dp.apply_with(5, certs, None, "").unwrap();
+    for sni in [Some("unknown.test"), None] {
+        let err = served_for(dp.addr, sni).await.unwrap_err();
+        assert!(err.contains("AccessDenied"), "{sni:?}: {err}");
+    }
+}
+
+/// A connection made with the default certificate cannot reach a host that requires
+/// client certificates (421), so the default is no way around mTLS.
+#[tokio::test]
+async fn default_certificate_connection_cannot_reach_an_mtls_host() {
+    let server_ca = Ca::new("server CA");
+    let client_ca = Ca::new("client CA");
+    let secure = server_ca.leaf(&["secure.example.com"]);
+    let fallback = server_ca.leaf(&["ingress.local"]);
+    let dp = Https::start(vec![]).await;
+    dp.apply_with(
+        2,
+        vec![with_client_auth(
+            secure.cert("default/secure", &["secure.example.com"]),
+            &client_ca,
+            1,
+            &[],
+        )],
+        Some(fallback.cert("default-certificate", &[])),
+        "",
+    )
+    .unwrap();
+    let tls = connect(dp.addr, "other.test", any_cert_client(true))
+        .await
+        .unwrap();
+    assert_eq!(served_cert(&tls), fallback.der);
+    let mut sender = h1_over(tls).await;
+    assert_eq!(
+        get_on(&mut sender, "secure.example.com", "/").await.status,
+        StatusCode::MISDIRECTED_REQUEST
+    );
+    assert_eq!(
+        get_on(&mut sender, "other.test", "/").await.status,
+        StatusCode::OK
+    );
+}
+
+/// A default certificate with hosts is not a valid snapshot: rejected whole, the last good
+/// one keeps serving.
+#[tokio::test]
+async fn default_certificate_with_hosts_is_rejected() {
+    let ca = Ca::new("test CA");
+    let leaf = ca.leaf(&["a.example.com"]);
+    let certs = vec![leaf.cert("default/a", &["a.example.com"])];
+    let dp = Https::start(certs.clone()).await;
+    let err = dp
+        .apply_with(
+            2,
+            certs,
+            Some(leaf.cert("default-certificate", &["x.test"])),
+            "",
+        )
+        .unwrap_err();
+    assert!(
+        err.contains("default-certificate") && err.contains("hosts"),
+        "{err}"
+    );
+    assert_eq!(
+        served_for(dp.addr, Some("a.example.com")).await.unwrap(),
+        leaf.der
+    );
+}
+
+/// openssl s_client with an unknown SNI and without SNI sees the default certificate; curl
+/// to an unknown host gets through it (the name does not match, so `-k`).
+#[tokio::test]
+async fn openssl_and_curl_get_the_default_certificate() {
+    let ca = Ca::new("cli CA");
+    let known = ca.leaf(&["known.example.com"]);
+    let fallback = ca.leaf(&["ingress.local"]);
+    let certs = vec![known.cert("default/known", &["known.example.com"])];
+    let dp = Https::start(certs.clone()).await;
+    let port = dp.addr.port();
+    let s_client = |args: &[&str]| {
+        let mut cmd = std::process::Command::new("openssl");
+        cmd.args(["s_client", "-connect"])
+            .arg(format!("127.0.0.1:{port}"))
+            .args(args);
+        cmd
+    };
+    // Without a default: refused, with and without SNI.
+    for args in [&["-servername", "unknown"][..], &["-noservername"][..]] {
+        let out = run(s_client(args)).await;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?}: {text}");
+        assert!(text.contains("access denied"), "{args:?}: {text}");
+    }
+
+    dp.apply_with(
+        2,
+        certs,
+        Some(fallback.cert("default-certificate", &[])),
+        "",
+    )
+    .unwrap();
+    for (args, cn) in [
+        (&["-servername", "unknown"][..], "ingress.local"),
+        (&["-noservername"][..], "ingress.local"),
+        (
+            &["-servername", "known.example.com"][..],
+            "known.example.com",
+        ),
+    ] {
+        let out = run(s_client(args)).await;
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains(&format!("subject=CN = {cn}")),
+            "{args:?}: {text}"
+        );
+    }
+
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args(["-sS", "-k", "--resolve"])
+        .arg(format!("unknown.test:{port}:127.0.0.1"))
+        .args(["-w", "\n%{http_code}"])
+        .arg(format!("https://unknown.test:{port}/via-default"));
+    let curl = run(cmd).await;
+    let out = String::from_utf8_lossy(&curl.stdout);
+    assert!(
+        out.ends_with("\n200"),
+        "{out} {}",
+        String::from_utf8_lossy(&curl.stderr)
+    );
+    assert!(out.contains("\"path\":\"/via-default\""), "{out}");
+}
+
+/// Standalone mode: `--default-ssl-certificate NS/NAME` names a Secret in the files; the
+/// reload serves it, and a Secret that is missing is listed with the rejected objects while
+/// the other certificates keep serving.
+#[tokio::test]
+async fn standalone_default_certificate_from_the_files() {
+    let ca = Ca::new("standalone CA");
+    let known = ca.leaf(&["known.example.com"]);
+    let fallback = ca.leaf(&["ingress.local"]);
+    let secret = |name: &str, leaf: &Leaf| {
+        let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
+        format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: ingress}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}---\n",
+            indent(&leaf.chain_pem),
+            indent(&leaf.key_pem)
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("config.yaml");
+    std::fs::write(
+        &file,
+        format!(
+            "{}{}apiVersion: apisix.apache.org/v2\nkind: ApisixTls\nmetadata: {{name: known, namespace: ingress}}\nspec:\n  hosts: [known.example.com]\n  secret: {{name: known-cert, namespace: ingress}}\n",
+            secret("known-cert", &known),
+            secret("fallback-cert", &fallback)
+        ),
+    )
+    .unwrap();
+    let dp = Https::start(vec![]).await;
+    let mut version = 10;
+    let opts = sluice_translate::Options {
+        default_certificate: Some(("ingress".into(), "fallback-cert".into())),
+        ..Default::default()
+    };
+    let r = sluice_dataplane::standalone::reload_with(&file, &dp.store, &mut version, &opts);
+    assert!(r.live);
+    assert!(r.certificates_change_at.is_some());
+    assert_eq!(
+        served_for(dp.addr, Some("unknown.test")).await.unwrap(),
+        fallback.der
+    );
+    assert_eq!(served_for(dp.addr, None).await.unwrap(), fallback.der);
+    assert_eq!(
+        served_for(dp.addr, Some("known.example.com"))
+            .await
+            .unwrap(),
+        known.der
+    );
+
+    let opts = sluice_translate::Options {
+        default_certificate: Some(("ingress".into(), "no-such".into())),
+        ..Default::default()
+    };
+    assert!(sluice_dataplane::standalone::reload_with(&file, &dp.store, &mut version, &opts).live);
+    let rejected = dp.store.state().rejected_objects.clone();
+    assert!(
+        rejected
+            .iter()
+            .any(|r| r.contains("--default-ssl-certificate ingress/no-such")
+                && r.contains("Secret ingress/no-such not found")),
+        "{rejected:?}"
+    );
+    let err = served_for(dp.addr, Some("unknown.test")).await.unwrap_err();
+    assert!(err.contains("AccessDenied"), "{err}");
+    assert_eq!(
+        served_for(dp.addr, Some("known.example.com"))
+            .await
+            .unwrap(),
+        known.der
+    );
 }

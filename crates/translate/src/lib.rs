@@ -58,7 +58,9 @@
 //!   [`Translation::ingresses`], not in the status report.
 //! - ApisixTls objects and Ingress `spec.tls[]` entries become `tls_certificates`; `src/tls.rs`
 //!   documents the checks (Secret present, PEM, key matches, validity at [`Options::now`]) and
-//!   how two claims of one host are settled.
+//!   how two claims of one host are settled, the default certificate and fallback SNI
+//!   ([`Options::default_certificate`], [`Options::fallback_sni`]) and when certificate
+//!   verdicts change with time ([`Translation::certificates_change_at`]).
 //!
 //! # Golden tests
 //!
@@ -84,6 +86,10 @@ pub mod state;
 pub mod status;
 mod tls;
 mod traffic_split;
+pub use tls::{
+    DEFAULT_CERTIFICATE_FLAG, DEFAULT_CERTIFICATE_ID, FALLBACK_SNI_FLAG, parse_fallback_sni,
+    parse_secret_ref,
+};
 mod upstream;
 mod upstream_health;
 mod validate;
@@ -119,6 +125,13 @@ pub struct Options {
     /// The time certificates must be valid at (the controller and standalone mode pass the
     /// current time). `None` (the default): validity periods are not checked.
     pub now: Option<std::time::SystemTime>,
+    /// (namespace, name) of the kubernetes.io/tls Secret served to handshakes without SNI or
+    /// for a host no certificate covers (`--default-ssl-certificate NS/NAME`, as in
+    /// ingress-nginx). `None` (the default): those handshakes are refused.
+    pub default_certificate: Option<(String, String)>,
+    /// A ClientHello without SNI gets the certificate of this host (APISIX
+    /// `apisix.ssl.fallback_sni`; `--fallback-sni`). `None` (the default): not set.
+    pub fallback_sni: Option<String>,
 }
 
 /// The result of [`translate`].
@@ -132,6 +145,15 @@ pub struct Translation {
     /// Conditions per Ingress of this controller's class, sorted by namespace and name (see
     /// [`IngressStatus`] for why they are not in `status`).
     pub ingresses: Vec<IngressStatus>,
+    /// Problems with the settings in [`Options`] (a bad `--default-ssl-certificate` Secret,
+    /// a `--fallback-sni` no certificate covers), one line each naming the flag. Empty when
+    /// all is well.
+    pub settings: Vec<String>,
+    /// With [`Options::now`]: the next time a certificate's validity verdict changes (one
+    /// second past the earliest `notAfter` of a checked certificate, or the earliest future
+    /// `notBefore`). Translate again then so an expired certificate stops being served and
+    /// its object gets `Accepted=False`. `None`: nothing changes with time.
+    pub certificates_change_at: Option<std::time::SystemTime>,
 }
 
 /// Objects of the state indexed by (namespace, name), in sorted order.
@@ -461,9 +483,16 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             consumers,
             global_rules,
             tls_certificates: tls.certificates,
+            default_certificate: tls.default_certificate,
+            fallback_sni: tls.fallback_sni,
         },
         status,
         ingresses,
+        settings: tls.settings,
+        certificates_change_at: tls
+            .changes_at
+            .and_then(|s| u64::try_from(s).ok())
+            .map(|s| std::time::UNIX_EPOCH + std::time::Duration::from_secs(s)),
     }
 }
 

@@ -22,8 +22,24 @@
 //!   and name) keeps it; the other is refused whole with reason `HostConflict` naming the
 //!   holder, so adding an object never takes a host away from one already serving it. An
 //!   exact host and a wildcard covering it do not conflict: the exact one wins per SNI.
+//! - Default certificate ([`Options::default_certificate`], the `--default-ssl-certificate
+//!   NS/NAME` flag as in ingress-nginx): the kubernetes.io/tls Secret is checked like any
+//!   other and becomes the snapshot's `default_certificate`, served to a ClientHello without
+//!   SNI or for a host no certificate covers. A bad one is left out (such handshakes stay
+//!   refused) and reported in [`crate::Translation::settings`] naming the flag and the
+//!   Secret; every other certificate is still served.
+//! - Fallback SNI ([`Options::fallback_sni`], APISIX's `apisix.ssl.fallback_sni`): a
+//!   ClientHello without SNI gets the certificate of this host. A host that no certificate
+//!   covers is reported in [`crate::Translation::settings`] (it still goes into the
+//!   snapshot: a certificate for it may be added later).
+//! - Expiry: with `Options::now`, [`crate::Translation::certificates_change_at`] is the next
+//!   time a verdict on a checked certificate changes (one second past the earliest
+//!   `notAfter`, or the earliest future `notBefore`), so the caller can translate again
+//!   then: an expired certificate becomes `Accepted=False` ("expired at ...") and is no
+//!   longer served, without any object changing.
 
 use std::borrow::Cow;
+use std::cell::Cell;
 use std::collections::BTreeMap;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -53,6 +69,32 @@ const TLS_CRT: &str = "tls.crt";
 const TLS_KEY: &str = "tls.key";
 /// Key of the client CA bundle in an ApisixTls `client.caSecret`.
 const CA_CRT: &str = "ca.crt";
+/// Snapshot id of the default certificate.
+pub const DEFAULT_CERTIFICATE_ID: &str = "default-certificate";
+/// The controller and dataplane flag naming the default certificate's Secret.
+pub const DEFAULT_CERTIFICATE_FLAG: &str = "--default-ssl-certificate";
+/// The flag setting the fallback SNI.
+pub const FALLBACK_SNI_FLAG: &str = "--fallback-sni";
+
+/// The time certificates are checked against, and the next time a verdict changes.
+struct Clock {
+    /// Unix seconds; `None`: validity is not checked.
+    now: Option<i64>,
+    /// Earliest unix second after `now` at which a checked certificate's verdict changes.
+    next: Cell<Option<i64>>,
+}
+
+impl Clock {
+    /// Notes that a verdict changes at `at` (ignored when not in the future).
+    fn changes_at(&self, at: i64) {
+        if let Some(now) = self.now
+            && at > now
+        {
+            self.next
+                .set(Some(self.next.get().map_or(at, |n| n.min(at))));
+        }
+    }
+}
 
 /// An unresolved TLS entry of an Ingress: (reason, field, message).
 pub(crate) type Unresolved = (&'static str, String, String);
@@ -66,6 +108,14 @@ pub(crate) struct TlsTranslation {
     pub(crate) apisix: Vec<ObjectStatus>,
     /// Per Ingress (namespace, name): unresolved (reason, field, message) of its TLS entries.
     pub(crate) ingress: BTreeMap<(String, String), Vec<Unresolved>>,
+    /// The default certificate, if configured and valid.
+    pub(crate) default_certificate: Option<v1::TlsCertificate>,
+    /// The fallback SNI ("" when unset).
+    pub(crate) fallback_sni: String,
+    /// Problems with the TLS settings, one line each naming the flag.
+    pub(crate) settings: Vec<String>,
+    /// Next unix second at which a certificate verdict changes.
+    pub(crate) changes_at: Option<i64>,
 }
 
 /// Who asked for a certificate.
@@ -103,7 +153,11 @@ struct Candidate<'a> {
 
 /// Translates every ApisixTls of the index and the TLS entries of its Ingresses.
 pub(crate) fn translate(idx: &Index<'_>, opts: &Options) -> TlsTranslation {
-    let now = opts.now.map(unix_seconds);
+    let clock = Clock {
+        now: opts.now.map(unix_seconds),
+        next: Cell::new(None),
+    };
+    let now = &clock;
     let mut out = TlsTranslation::default();
     let mut candidates = Vec::new();
     // Verdicts of ApisixTls objects that got as far as the conflict check.
@@ -196,7 +250,68 @@ pub(crate) fn translate(idx: &Index<'_>, opts: &Options) -> TlsTranslation {
         }
     }
     out.certificates = certificates.into_values().collect();
+    if let Some((ns, name)) = &opts.default_certificate {
+        match server_certificate(idx, ns, name, now) {
+            Ok((cert_chain_pem, private_key_pem)) => {
+                out.default_certificate = Some(v1::TlsCertificate {
+                    id: DEFAULT_CERTIFICATE_ID.into(),
+                    source: format!("{DEFAULT_CERTIFICATE_FLAG} {ns}/{name}"),
+                    hosts: Vec::new(),
+                    cert_chain_pem,
+                    private_key_pem,
+                    client_auth: None,
+                });
+            }
+            Err(e) => out.settings.push(format!(
+                "{DEFAULT_CERTIFICATE_FLAG} {ns}/{name}: {e}; handshakes without SNI or for \
+                 an unknown host are refused"
+            )),
+        }
+    }
+    if let Some(raw) = &opts.fallback_sni {
+        match parse_fallback_sni(raw) {
+            Ok(host) => {
+                if !out.certificates.iter().any(|c| covers(&c.hosts, &host)) {
+                    out.settings.push(format!(
+                        "{FALLBACK_SNI_FLAG} {host}: no certificate is served for this host"
+                    ));
+                }
+                out.fallback_sni = host;
+            }
+            Err(e) => out.settings.push(format!("{FALLBACK_SNI_FLAG}: {e}")),
+        }
+    }
+    out.changes_at = clock.next.get();
     out
+}
+
+/// Whether one of `hosts` (exact or `*.` wildcard of one label) covers `host`.
+fn covers(hosts: &[String], host: &str) -> bool {
+    hosts.iter().any(|h| match h.strip_prefix("*.") {
+        Some(suffix) => host
+            .split_once('.')
+            .is_some_and(|(_, parent)| parent == suffix),
+        None => h == host,
+    })
+}
+
+/// Parses `NS/NAME` (the `--default-ssl-certificate` value) into (namespace, name).
+pub fn parse_secret_ref(raw: &str) -> Result<(String, String), String> {
+    let Some((ns, name)) = raw.split_once('/') else {
+        return Err(format!("{raw:?}: expected NAMESPACE/NAME"));
+    };
+    for (what, v) in [("namespace", ns), ("name", name)] {
+        dns_name(v).map_err(|e| format!("{raw:?}: {what} {v:?}: {e}"))?;
+    }
+    Ok((ns.to_owned(), name.to_owned()))
+}
+
+/// Validates a `--fallback-sni` value: a host name (no wildcard), lower-cased.
+pub fn parse_fallback_sni(raw: &str) -> Result<String, String> {
+    if raw.starts_with("*.") {
+        return Err(format!("{raw:?}: must be a host name, not a wildcard"));
+    }
+    sni_host(raw)
 }
 
 fn status(ns: &str, name: &str, atls: &ApisixTls, accepted: Condition) -> ObjectStatus {
@@ -254,7 +369,7 @@ fn apisix_tls(
     ns: &str,
     name: &str,
     idx: &Index<'_>,
-    now: Option<i64>,
+    now: &Clock,
     problems: &mut Problems,
 ) -> Result<v1::TlsCertificate, (&'static str, String)> {
     let spec = &atls.spec;
@@ -325,7 +440,7 @@ fn ingress_tls(
     ns: &str,
     name: &str,
     idx: &Index<'_>,
-    now: Option<i64>,
+    now: &Clock,
 ) -> Vec<Result<Option<v1::TlsCertificate>, (String, String)>> {
     let Some(spec) = ing.spec.as_ref() else {
         return Vec::new();
@@ -432,7 +547,7 @@ fn server_certificate(
     idx: &Index<'_>,
     ns: &str,
     name: &str,
-    now: Option<i64>,
+    clock: &Clock,
 ) -> Result<(String, String), String> {
     let secret = find_secret(idx, ns, name)?;
     let crt = pem_text(secret, ns, name, TLS_CRT)?;
@@ -447,8 +562,11 @@ fn server_certificate(
         let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| {
             format!("Secret {ns}/{name}: {TLS_CRT}: {what} is not a valid X.509 certificate: {e}")
         })?;
-        if let Some(now) = now {
+        if let Some(now) = clock.now {
             let v = cert.validity();
+            // NB: valid through the whole second of notAfter, as the check below counts.
+            clock.changes_at(v.not_after.timestamp().saturating_add(1));
+            clock.changes_at(v.not_before.timestamp());
             if v.not_after.timestamp() < now {
                 return Err(format!(
                     "Secret {ns}/{name}: {TLS_CRT}: {what} expired at {}",
@@ -516,5 +634,37 @@ mod tests {
                 .contains("whole first label")
         );
         assert!(sni_host("a..com").unwrap_err().contains("empty label"));
+    }
+
+    #[test]
+    fn flag_values() {
+        assert_eq!(
+            parse_secret_ref("ingress/default-cert").unwrap(),
+            ("ingress".to_owned(), "default-cert".to_owned())
+        );
+        assert!(
+            parse_secret_ref("default-cert")
+                .unwrap_err()
+                .contains("NAMESPACE/NAME")
+        );
+        assert!(parse_secret_ref("a/b/c").unwrap_err().contains("name"));
+        assert_eq!(
+            parse_fallback_sni("Www.Example.com").unwrap(),
+            "www.example.com"
+        );
+        assert!(
+            parse_fallback_sni("*.example.com")
+                .unwrap_err()
+                .contains("not a wildcard")
+        );
+    }
+
+    #[test]
+    fn wildcards_cover_one_label() {
+        let hosts = ["*.example.com".to_owned(), "a.test".to_owned()];
+        assert!(covers(&hosts, "x.example.com"));
+        assert!(!covers(&hosts, "x.y.example.com"));
+        assert!(!covers(&hosts, "example.com"));
+        assert!(covers(&hosts, "a.test"));
     }
 }

@@ -8,8 +8,9 @@
 //! SLUICE_UPDATE_GOLDEN=1 cargo test -p sluice-translate --test golden
 //! ```
 //!
-//! A first line `# options: ingress_class=<name> now=<unix seconds>` in an input sets
-//! `Options::ingress_class` and `Options::now`.
+//! A first line `# options: ingress_class=<name> now=<unix seconds>
+//! default_certificate=<ns>/<name> fallback_sni=<host>` in an input sets the matching
+//! `Options` fields.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -28,6 +29,12 @@ struct Golden<'a> {
     status: &'a StatusReport,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     ingresses: &'a [IngressStatus],
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    settings: &'a [String],
+    /// `Translation::certificates_change_at` in unix seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[serde(rename = "certificatesChangeAt")]
+    certificates_change_at: Option<u64>,
 }
 
 fn testdata() -> PathBuf {
@@ -48,6 +55,11 @@ fn options(input: &str) -> Options {
                     let secs: u64 = v.parse().expect("now=<unix seconds>");
                     opts.now = Some(std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs));
                 }
+                Some(("default_certificate", v)) => {
+                    opts.default_certificate =
+                        Some(sluice_translate::parse_secret_ref(v).expect("NS/NAME"));
+                }
+                Some(("fallback_sni", v)) => opts.fallback_sni = Some(v.to_owned()),
                 _ => panic!("unknown golden option {kv:?}"),
             }
         }
@@ -68,6 +80,10 @@ fn render(name: &str, input: &str) -> String {
         snapshot: &t.snapshot,
         status: &t.status,
         ingresses: &t.ingresses,
+        settings: &t.settings,
+        certificates_change_at: t
+            .certificates_change_at
+            .map(|t| t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs()),
     };
     format!("{HEADER}{}", serde_yaml::to_string(&golden).unwrap())
 }
