@@ -168,7 +168,7 @@ http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Origin).serve_f
 PY
 pids+=($!)
 for _ in $(seq 1 100); do
-    curl -fsS "http://127.0.0.1:$origin_port/hello.txt" >/dev/null 2>&1 && break
+    curl -fsS --max-time 2 "http://127.0.0.1:$origin_port/hello.txt" >/dev/null 2>&1 && break
     sleep 0.1
 done
 log "starting the aarch64 dataplane under qemu-aarch64-static ..."
@@ -178,17 +178,17 @@ qemu-aarch64-static -L /usr/aarch64-linux-gnu "$bin" --standalone conf \
     --default-ssl-certificate default/fallback-cert >dataplane.log 2>&1 &
 pids+=($!)
 for _ in $(seq 1 300); do
-    curl -fsS "http://127.0.0.1:$admin_port/readyz" >/dev/null 2>&1 && break
+    curl -fsS --max-time 2 "http://127.0.0.1:$admin_port/readyz" >/dev/null 2>&1 && break
     sleep 0.1
 done
-curl -fsS "http://127.0.0.1:$admin_port/readyz" >/dev/null 2>&1 || {
+curl -fsS --max-time 2 "http://127.0.0.1:$admin_port/readyz" >/dev/null 2>&1 || {
     cat dataplane.log >&2
     fail "the dataplane did not become ready"
 }
 
 # ---- checks ------------------------------------------------------------------------------
 for proto in --http2 --http1.1; do
-    out=$(curl -sS "$proto" --cacert ca.pem --resolve "tls.example.com:$https_port:127.0.0.1" \
+    out=$(curl -sS --max-time 20 "$proto" --cacert ca.pem --resolve "tls.example.com:$https_port:127.0.0.1" \
         -w '\n%{http_version} %{http_code} %{ssl_verify_result}' \
         "https://tls.example.com:$https_port/hello.txt") || {
         cat dataplane.log >&2
@@ -203,7 +203,7 @@ for proto in --http2 --http1.1; do
 done
 for args in "-servername unknown.test" "-noservername" "-servername tls.example.com"; do
     # shellcheck disable=SC2086
-    subject=$(openssl s_client -connect "127.0.0.1:$https_port" $args -CAfile ca.pem </dev/null 2>/dev/null |
+    subject=$(timeout 20 openssl s_client -connect "127.0.0.1:$https_port" $args -CAfile ca.pem </dev/null 2>/dev/null |
         sed -n 's/^subject=//p')
     echo "openssl s_client $args: subject=$subject"
     case $args in
@@ -211,6 +211,6 @@ for args in "-servername unknown.test" "-noservername" "-servername tls.example.
     *) [ "$subject" = "CN = ingress.default" ] || fail "$args: expected the default certificate, got '$subject'" ;;
     esac
 done
-snapshot=$(curl -fsS "http://127.0.0.1:$admin_port/snapshot")
+snapshot=$(curl -fsS --max-time 5 "http://127.0.0.1:$admin_port/snapshot")
 echo "admin /snapshot: $snapshot"
 log "OK: aarch64 sluice-dataplane ($machine, under qemu-aarch64-static) terminated TLS (h2 and http/1.1, SNI, default certificate) and proxied to the loopback origin"

@@ -158,9 +158,13 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
 }
 
 fn workspace_root() -> PathBuf {
-    // bench/ is a direct member of the workspace.
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    manifest.parent().unwrap_or(manifest).to_owned()
+    // bench/ is a direct member of the workspace. NB: `cargo run` sets CARGO_MANIFEST_DIR for
+    // the process; the compiled-in path is only a fallback (the build cache may come from
+    // another clone).
+    let manifest = std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_owned());
+    manifest.parent().unwrap_or(&manifest).to_owned()
 }
 
 fn main() -> ExitCode {

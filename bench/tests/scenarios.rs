@@ -8,10 +8,18 @@ use serde_json::{Value, json};
 use sluice_bench::runner::{PATH, UPSTREAM_PORT};
 use sluice_bench::sluice::scenario_config;
 
+/// This crate's directory, read when the test runs (cargo sets `CARGO_MANIFEST_DIR` for test
+/// processes). NB: not `env!` alone: CI keeps the build cache outside the clone, and a test
+/// binary another clone built would look for files in that clone.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+}
+
 fn docs(scenario: u8) -> Vec<Value> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap();
+    let manifest = manifest_dir();
+    let root = manifest.parent().unwrap();
     let text = std::fs::read_to_string(scenario_config(root, scenario)).unwrap();
     serde_yaml::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap())

@@ -7,16 +7,27 @@ use serde::Deserialize;
 use serde_json::Value;
 use sluice_crds::{CRDGEN_COMMAND, crds, crds_yaml};
 
-const COMMITTED: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../charts/sluice/crds/apisix-crds.yaml"
-);
+/// This crate's directory, read when the test runs (cargo sets `CARGO_MANIFEST_DIR` for test
+/// processes). NB: not `env!` alone: CI keeps the build cache outside the clone, and a test
+/// binary another clone built would look for files in that clone.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+}
+
+fn committed() -> std::path::PathBuf {
+    manifest_dir().join("../../charts/sluice/crds/apisix-crds.yaml")
+}
 
 #[test]
 fn committed_crd_yaml_is_up_to_date() {
     let generated = crds_yaml().unwrap();
-    let committed = std::fs::read_to_string(COMMITTED).unwrap_or_else(|e| {
-        panic!("cannot read {COMMITTED}: {e}\nrun `{CRDGEN_COMMAND}` from the repository root")
+    let committed = std::fs::read_to_string(committed()).unwrap_or_else(|e| {
+        panic!(
+            "cannot read {}: {e}\nrun `{CRDGEN_COMMAND}` from the repository root",
+            committed().display()
+        )
     });
     if generated != committed {
         let (line, (want, got)) = generated
@@ -37,7 +48,7 @@ fn committed_crd_yaml_is_up_to_date() {
 
 #[test]
 fn committed_yaml_parses_as_six_crds() {
-    let text = std::fs::read_to_string(COMMITTED).unwrap();
+    let text = std::fs::read_to_string(committed()).unwrap();
     let docs: Vec<CustomResourceDefinition> = serde_yaml::Deserializer::from_str(&text)
         .map(|d| CustomResourceDefinition::deserialize(d).unwrap())
         .collect();
@@ -324,7 +335,7 @@ fn validate(schema: &Value, value: &Value, path: &str, out: &mut Vec<String>) {
 }
 
 fn fixture_documents(file: &str) -> Vec<Value> {
-    let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/tests/fixtures/{file}", manifest_dir().display());
     let text = std::fs::read_to_string(path).unwrap();
     serde_yaml::Deserializer::from_str(&text)
         .map(|d| serde_json::to_value(serde_yaml::Value::deserialize(d).unwrap()).unwrap())

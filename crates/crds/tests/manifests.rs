@@ -6,8 +6,17 @@ use serde::de::DeserializeOwned;
 use sluice_crds::*;
 
 /// Parses every YAML document of a fixture separately, as the standalone loader does.
+/// This crate's directory, read when the test runs (cargo sets `CARGO_MANIFEST_DIR` for test
+/// processes). NB: not `env!` alone: CI keeps the build cache outside the clone, and a test
+/// binary another clone built would look for files in that clone.
+fn manifest_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
+}
+
 fn documents(file: &str) -> Vec<serde_yaml::Value> {
-    let path = format!("{}/tests/fixtures/{file}", env!("CARGO_MANIFEST_DIR"));
+    let path = format!("{}/tests/fixtures/{file}", manifest_dir().display());
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
     serde_yaml::Deserializer::from_str(&text)
         .map(|doc| serde_yaml::Value::deserialize(doc).unwrap())

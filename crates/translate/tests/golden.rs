@@ -37,8 +37,13 @@ struct Golden<'a> {
     certificates_change_at: Option<u64>,
 }
 
+/// NB: `CARGO_MANIFEST_DIR` read when the test runs, not `env!` alone: CI keeps the build
+/// cache outside the clone, and a test binary another clone built would read its testdata.
 fn testdata() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("testdata")
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_owned())
+        .join("testdata")
 }
 
 fn options(input: &str) -> Options {
