@@ -171,8 +171,13 @@ for _ in $(seq 1 100); do
     curl -fsS --max-time 2 "http://127.0.0.1:$origin_port/hello.txt" >/dev/null 2>&1 && break
     sleep 0.1
 done
-log "starting the aarch64 dataplane under qemu-aarch64-static ..."
-qemu-aarch64-static -L /usr/aarch64-linux-gnu "$bin" --standalone conf \
+# NB: the loader and libc come from Debian's multiarch libc6:arm64 (/lib/aarch64-linux-gnu,
+# pulled in by libstd-rust-web-dev:arm64) when present: under qemu-user 7.2 on this kernel,
+# the older cross libc in /usr/aarch64-linux-gnu never returns from pthread_create.
+sysroot=/usr/aarch64-linux-gnu
+[ -e /lib/ld-linux-aarch64.so.1 ] && [ -e /lib/aarch64-linux-gnu/libc.so.6 ] && sysroot=/
+log "starting the aarch64 dataplane under qemu-aarch64-static (-L $sysroot) ..."
+qemu-aarch64-static -L "$sysroot" "$bin" --standalone conf \
     --listen-http "127.0.0.1:$http_port" --listen-https "127.0.0.1:$https_port" \
     --admin "127.0.0.1:$admin_port" --workers 1 \
     --default-ssl-certificate default/fallback-cert >dataplane.log 2>&1 &

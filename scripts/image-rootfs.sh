@@ -16,8 +16,12 @@
 #     OUT_DIR  created (must not exist)
 #
 # Libraries come from the build machine: the native ones for the build machine's own
-# architecture, the Debian cross packages (libc6-dev-arm64-cross / libc6-dev-amd64-cross,
-# under /usr/<triple>/lib) otherwise. Needs readelf (binutils).
+# architecture; for the other one, Debian's multiarch libc (libc6:arm64 under
+# /lib/<triple>, which Debian's security updates reach, and which the arm64 Rust build
+# installs anyway) first, then the cross packages (libc6-dev-arm64-cross /
+# libc6-dev-amd64-cross, under /usr/<triple>/lib). NB: bookworm's cross libc (2.36-8cross1)
+# lags behind; under qemu-user 7.2 on this kernel its pthread_create never returns, while
+# libc6:arm64 2.36-9+deb12u14 works. Needs readelf (binutils).
 set -euo pipefail
 
 die() { echo "image-rootfs: error: $*" >&2; exit 1; }
@@ -37,7 +41,7 @@ case $host_multiarch in x86_64*) host_multiarch=x86_64-linux-gnu ;; aarch64*) ho
 if [ "$host_multiarch" = "$multiarch" ]; then
     libdirs=("/lib/$multiarch" "/usr/lib/$multiarch" /lib64 /lib)
 else
-    libdirs=("/usr/$multiarch/lib" "/usr/$multiarch/lib64")
+    libdirs=("/lib/$multiarch" "/usr/lib/$multiarch" "/usr/$multiarch/lib" "/usr/$multiarch/lib64")
 fi
 
 find_lib() {
