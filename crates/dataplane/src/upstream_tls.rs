@@ -212,8 +212,9 @@ impl UpstreamTlsClient {
 
 /// Accepts any server certificate, still checking the handshake signatures: for health
 /// probes whose configuration turns verification off (`strictTLS: false`), never for traffic.
+/// (Public for tests that must see which certificate a server presents, whatever it names.)
 #[derive(Debug)]
-struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+pub struct NoVerification(pub Arc<rustls::crypto::CryptoProvider>);
 
 impl rustls::client::danger::ServerCertVerifier for NoVerification {
     fn verify_server_cert(

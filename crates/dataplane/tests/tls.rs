@@ -19,6 +19,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
 use sluice_dataplane::server::{self, Limits};
 use sluice_dataplane::store::Store;
+use sluice_dataplane::upstream_tls::NoVerification;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
 use tokio::net::TcpStream;
@@ -678,56 +679,6 @@ async fn curl_and_openssl_see_the_right_certificates() {
     }
 }
 
-/// Accepts any server certificate (the tests check WHICH certificate is served, including
-/// one that does not cover the name asked for); signatures are still verified.
-#[derive(Debug)]
-struct AnyServerCert(Arc<rustls::crypto::CryptoProvider>);
-
-impl rustls::client::danger::ServerCertVerifier for AnyServerCert {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp: &[u8],
-        _now: rustls::pki_types::UnixTime,
-    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
-        Ok(rustls::client::danger::ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &rustls::DigitallySignedStruct,
-    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
-}
-
 /// A client that shows whatever certificate it gets; `sni = false` sends no SNI.
 fn any_cert_client(sni: bool) -> Arc<ClientConfig> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -735,7 +686,7 @@ fn any_cert_client(sni: bool) -> Arc<ClientConfig> {
         .with_safe_default_protocol_versions()
         .unwrap()
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(AnyServerCert(provider)))
+        .with_custom_certificate_verifier(Arc::new(NoVerification(provider)))
         .with_no_client_auth();
     config.enable_sni = sni;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
