@@ -494,19 +494,31 @@ async fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::pro
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_keeps_an_open_websocket_session_until_the_client_closes_it() {
-    use futures::StreamExt;
+/// A dataplane process with `--drain-timeout drain`, a WebSocket session through it that
+/// echoes once, then SIGTERM, returned once the listener refuses new connections.
+async fn session_then_sigterm(
+    dir: &tempfile::TempDir,
+    drain: &str,
+) -> (
+    std::process::Child,
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>,
+) {
     let backend = ws_echo_server();
-    let dir = tempfile::tempdir().unwrap();
-    let (mut child, http) = ws_dataplane(&dir, backend, "30s").await;
+    let (child, http) = ws_dataplane(dir, backend, drain).await;
     let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws/chat"))
         .await
         .unwrap();
     assert_eq!(ws_echo(&mut ws, "before").await.unwrap(), "echo: before");
-
     assert_eq!(send_sigterm(i32::try_from(child.id()).unwrap()), 0);
     wait_refused(http).await;
+    (child, ws)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_keeps_an_open_websocket_session_until_the_client_closes_it() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, mut ws) = session_then_sigterm(&dir, "30s").await;
     // Draining: the session opened before SIGTERM keeps working, and holds the process.
     for i in 0..3 {
         let text = format!("after {i}");
@@ -535,16 +547,8 @@ async fn sigterm_keeps_an_open_websocket_session_until_the_client_closes_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_session_left_open_is_closed_at_the_drain_timeout() {
     use futures::StreamExt;
-    let backend = ws_echo_server();
     let dir = tempfile::tempdir().unwrap();
-    let (mut child, http) = ws_dataplane(&dir, backend, "2s").await;
-    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{http}/ws/chat"))
-        .await
-        .unwrap();
-    assert_eq!(ws_echo(&mut ws, "before").await.unwrap(), "echo: before");
-
-    assert_eq!(send_sigterm(i32::try_from(child.id()).unwrap()), 0);
-    wait_refused(http).await;
+    let (mut child, mut ws) = session_then_sigterm(&dir, "2s").await;
     assert_eq!(ws_echo(&mut ws, "after").await.unwrap(), "echo: after");
     // Nobody closes the session: the drain timeout does, and the process exits 0.
     let status = wait_exit(&mut child, Duration::from_secs(15)).await;
