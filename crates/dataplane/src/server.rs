@@ -300,27 +300,9 @@ pub fn spawn_workers_until(
     limits: Limits,
     drain: Drain,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
-    let mut handles = Vec::with_capacity(workers);
-    for i in 0..workers.max(1) {
-        let std_listener = bind_reuseport(addr)?;
-        let store = Arc::clone(&store);
-        let drain = drain.clone();
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?;
-        let handle = std::thread::Builder::new()
-            .name(format!("sluice-worker-{i}"))
-            .spawn(move || {
-                rt.block_on(async move {
-                    match TcpListener::from_std(std_listener) {
-                        Ok(listener) => serve_until(listener, store, limits, drain).await,
-                        Err(e) => tracing::error!(error = %e, "worker listener failed"),
-                    }
-                });
-            })?;
-        handles.push(handle);
-    }
-    Ok(handles)
+    spawn_listener_workers(addr, workers, "sluice-worker", move |listener| {
+        serve_until(listener, Arc::clone(&store), limits, drain.clone())
+    })
 }
 
 /// Like [`spawn_workers_until`], for the HTTPS listener ([`crate::tls::serve_https_until`]).
@@ -331,26 +313,39 @@ pub fn spawn_https_workers(
     limits: Limits,
     drain: Drain,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    spawn_listener_workers(addr, workers, "sluice-tls-worker", move |listener| {
+        crate::tls::serve_https_until(listener, Arc::clone(&store), limits, drain.clone())
+    })
+}
+
+/// Starts `workers` threads named `name-<i>`, each with its own `SO_REUSEPORT` listener on
+/// `addr` and a current-thread runtime running `serve(listener)`. Returns once every
+/// listener is bound.
+fn spawn_listener_workers<F, Fut>(
+    addr: SocketAddr,
+    workers: usize,
+    name: &str,
+    serve: F,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>>
+where
+    F: Fn(TcpListener) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let mut handles = Vec::with_capacity(workers);
     for i in 0..workers.max(1) {
         let std_listener = bind_reuseport(addr)?;
-        let store = Arc::clone(&store);
-        let drain = drain.clone();
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()?;
+        // NB: the listener is registered with the worker's own runtime, inside it.
+        let listener = {
+            let _guard = rt.enter();
+            TcpListener::from_std(std_listener)?
+        };
+        let fut = serve(listener);
         let handle = std::thread::Builder::new()
-            .name(format!("sluice-tls-worker-{i}"))
-            .spawn(move || {
-                rt.block_on(async move {
-                    match TcpListener::from_std(std_listener) {
-                        Ok(listener) => {
-                            crate::tls::serve_https_until(listener, store, limits, drain).await
-                        }
-                        Err(e) => tracing::error!(error = %e, "HTTPS worker listener failed"),
-                    }
-                });
-            })?;
+            .name(format!("{name}-{i}"))
+            .spawn(move || rt.block_on(fut))?;
         handles.push(handle);
     }
     Ok(handles)
