@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::thread::ThreadId;
 use std::time::{Duration, Instant};
 
 use http::HeaderValue;
@@ -386,7 +387,8 @@ fn node_host(address: &str) -> Option<HeaderValue> {
 /// CRD does not carry: set per dataplane with flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Most idle connections kept per endpoint. Default 320 (APISIX's `keepalive_pool.size`).
+    /// Most idle connections kept per endpoint and worker. Default 320 (APISIX's
+    /// `keepalive_pool.size`, which nginx also counts per worker).
     pub max_idle: usize,
     /// How long an idle connection is kept. Default 50 s: below the 60 s keep-alive timeout
     /// most servers use, so that Sluice closes first (APISIX: 60 s).
@@ -474,12 +476,21 @@ impl PoolRegistry {
     }
 }
 
+/// One worker's idle connections to an endpoint, the most recently used last.
+type IdleConns = Vec<(Conn, Instant, u32)>;
+
 /// Idle keep-alive HTTP/1.1 connections to one endpoint.
 #[derive(Debug)]
 pub struct Pool {
     address: String,
-    /// Idle connections with when they went idle and how many requests they served.
-    idle: Mutex<Vec<(Conn, Instant, u32)>>,
+    /// Idle connections per worker thread, with when they went idle and how many requests
+    /// they served.
+    ///
+    /// NB: per worker, as nginx's `keepalive` is: a socket belongs to the reactor of the
+    /// worker runtime that opened it. Handed to another worker it would be woken through
+    /// that thread and fail once that worker has drained and stopped (a 502 during a
+    /// graceful shutdown).
+    idle: Mutex<Vec<(ThreadId, IdleConns)>>,
     config: PoolConfig,
     reused_total: IntCounter,
     new_total: IntCounter,
@@ -507,7 +518,10 @@ impl Pool {
 
     /// Number of idle connections (for metrics and tests).
     pub fn idle_count(&self) -> usize {
-        self.idle.lock().map(|i| i.len()).unwrap_or(0)
+        self.idle
+            .lock()
+            .map(|i| i.iter().map(|(_, conns)| conns.len()).sum())
+            .unwrap_or(0)
     }
 
     /// Drops every idle connection (graceful drain).
@@ -518,7 +532,9 @@ impl Pool {
     }
 
     fn take_idle(&self) -> Option<(Conn, u32)> {
+        let me = std::thread::current().id();
         let mut idle = self.idle.lock().ok()?;
+        let (_, idle) = idle.iter_mut().find(|(t, _)| *t == me)?;
         while let Some((conn, since, uses)) = idle.pop() {
             if since.elapsed() < self.config.idle_timeout {
                 return Some((conn, uses));
@@ -531,10 +547,20 @@ impl Pool {
         if self.config.max_requests > 0 && uses >= self.config.max_requests {
             return;
         }
-        if let Ok(mut idle) = self.idle.lock()
-            && idle.len() < self.config.max_idle
-        {
-            idle.push((conn, Instant::now(), uses));
+        let me = std::thread::current().id();
+        let Ok(mut idle) = self.idle.lock() else {
+            return;
+        };
+        let at = match idle.iter().position(|(t, _)| *t == me) {
+            Some(i) => i,
+            None => {
+                idle.push((me, Vec::new()));
+                idle.len() - 1
+            }
+        };
+        let (_, mine) = &mut idle[at];
+        if mine.len() < self.config.max_idle {
+            mine.push((conn, Instant::now(), uses));
         }
     }
 
@@ -667,6 +693,46 @@ mod tests {
             &PoolRegistry::default(),
         );
         assert!(up.pick().is_none());
+    }
+
+    #[test]
+    fn idle_connections_are_reused_only_by_the_worker_that_opened_them() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        // Accepts and keeps every connection open.
+        std::thread::spawn(move || {
+            let mut open = Vec::new();
+            for s in listener.incoming() {
+                open.push(s);
+            }
+        });
+        let reg = PoolRegistry::default();
+        let pool = reg.get(&addr);
+        // One current-thread runtime per worker, as `sluice-dataplane --workers 2` runs.
+        let worker = |pool: Arc<Pool>| {
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .unwrap();
+                rt.block_on(async {
+                    let first = pool.checkout(Duration::from_secs(5), true).await.unwrap();
+                    let reused_first = first.reused;
+                    first.release();
+                    let second = pool.checkout(Duration::from_secs(5), true).await.unwrap();
+                    let reused_second = second.reused;
+                    second.release();
+                    (reused_first, reused_second)
+                })
+            })
+            .join()
+            .unwrap()
+        };
+        assert_eq!(worker(Arc::clone(&pool)), (false, true));
+        assert_eq!(pool.idle_count(), 1);
+        // Another worker does not get the first one's connection (its runtime is gone).
+        assert_eq!(worker(Arc::clone(&pool)), (false, true));
+        assert_eq!(pool.idle_count(), 2);
     }
 
     #[test]

@@ -23,6 +23,21 @@ fn free_port() -> SocketAddr {
         .unwrap()
 }
 
+/// Where a test's dataplane writes its log (stderr), to be shown when the test fails.
+fn log_file(dir: &std::path::Path) -> Stdio {
+    std::fs::File::create(dir.join("dataplane.log"))
+        .unwrap()
+        .into()
+}
+
+/// The last lines of the log written by [`log_file`].
+fn log_tail(dir: &std::path::Path) -> String {
+    let log = std::fs::read_to_string(dir.join("dataplane.log")).unwrap_or_default();
+    let lines: Vec<&str> = log.lines().collect();
+    let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+    format!("dataplane log (last 40 lines):\n{tail}")
+}
+
 fn config(port: u16) -> String {
     format!(
         r#"apiVersion: apisix.apache.org/v2
@@ -58,7 +73,8 @@ async fn sigterm_under_load_finishes_every_in_flight_request_and_refuses_new_one
         .args(["--admin", &admin.to_string()])
         .args(["--workers", "2", "--drain-timeout", "10s"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .env("RUST_LOG", "info,sluice_dataplane=debug")
+        .stderr(log_file(dir.path()))
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -149,8 +165,11 @@ async fn sigterm_under_load_finishes_every_in_flight_request_and_refuses_new_one
 
     let mut ok = 0;
     for t in in_flight {
-        let (status, body) = t.await.unwrap().unwrap();
-        assert_eq!(status, StatusCode::OK);
+        let (status, body) = t
+            .await
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{e}\n{}", log_tail(dir.path())));
+        assert_eq!(status, StatusCode::OK, "{}", log_tail(dir.path()));
         assert_eq!(&body[..], b"slow");
         ok += 1;
     }
@@ -430,7 +449,8 @@ async fn ws_dataplane(
         .args(["--admin", &admin.to_string()])
         .args(["--workers", "2", "--drain-timeout", drain])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .env("RUST_LOG", "info,sluice_dataplane=debug")
+        .stderr(log_file(dir.path()))
         .spawn()
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -525,7 +545,8 @@ async fn sigterm_keeps_an_open_websocket_session_until_the_client_closes_it() {
         assert_eq!(
             ws_echo(&mut ws, &text).await,
             Ok(format!("echo: {text}")),
-            "the session still echoes after SIGTERM"
+            "the session still echoes after SIGTERM\n{}",
+            log_tail(dir.path())
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
