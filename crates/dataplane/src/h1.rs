@@ -17,6 +17,8 @@ use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::wbatch::BatchedStream;
+
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
 /// Most response headers accepted from an upstream.
@@ -77,7 +79,7 @@ pub enum Framing {
 /// An upstream connection with its read buffer.
 #[derive(Debug)]
 pub struct Conn {
-    io: TcpStream,
+    io: BatchedStream,
     buf: BytesMut,
 }
 
@@ -96,7 +98,7 @@ impl Conn {
     /// Wraps a connected socket.
     pub fn new(io: TcpStream) -> Self {
         Conn {
-            io,
+            io: BatchedStream::new(io),
             buf: BytesMut::with_capacity(READ_CHUNK),
         }
     }
@@ -108,12 +110,12 @@ impl Conn {
             return false;
         }
         let mut cx = Context::from_waker(std::task::Waker::noop());
-        match self.io.poll_read_ready(&mut cx) {
+        match self.io.get_ref().poll_read_ready(&mut cx) {
             Poll::Pending => true,
             Poll::Ready(Err(_)) => false,
             Poll::Ready(Ok(())) => {
                 let mut probe = [0u8; 1];
-                matches!(self.io.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+                matches!(self.io.get_ref().try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
             }
         }
     }

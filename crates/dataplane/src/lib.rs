@@ -13,7 +13,9 @@
 //! `websocket: true` are spliced by [`websocket`]. Both pick endpoints, retry and feed the
 //! passive health checks in [`failover`].
 
-#![forbid(unsafe_code)]
+// NB: `deny`, not `forbid`: the one exception is [`wbatch`], whose system calls (send(2),
+// io_uring submissions) are `unsafe` FFI, each with its safety argument.
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod balancer;
@@ -37,4 +39,5 @@ pub mod timer;
 pub mod tls;
 pub mod upstream;
 pub mod upstream_tls;
+pub mod wbatch;
 pub mod websocket;

@@ -10,7 +10,7 @@ use clap::Parser;
 use sluice_cli::{LogFormat, init_logs, shutdown_signal};
 use sluice_dataplane::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::upstream::PoolConfig;
-use sluice_dataplane::{admin, server, standalone, store::Store};
+use sluice_dataplane::{admin, server, standalone, store::Store, wbatch};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -94,7 +94,7 @@ struct Args {
     /// still open then is closed, and the process exits 0.
     #[arg(long, default_value = "30s", value_parser = duration)]
     drain_timeout: Duration,
-    /// Most idle keep-alive connections kept per upstream endpoint (APISIX
+    /// Most idle keep-alive connections kept per upstream endpoint and worker (APISIX
     /// `keepalive_pool.size`).
     #[arg(long, default_value_t = 320)]
     upstream_keepalive_pool_size: usize,
@@ -110,6 +110,14 @@ struct Args {
     /// are resolved again, in the background.
     #[arg(long, default_value = "30s", value_parser = duration)]
     upstream_dns_refresh: Duration,
+    /// Send the small writes (responses, upstream requests) that a worker makes during one
+    /// turn of its event loop together when the turn ends: `auto` in one io_uring
+    /// submission (one send(2) each when io_uring is refused, e.g. by a seccomp profile),
+    /// `send` always one send(2) each, `off` every write at once. Fewer system calls and
+    /// fewer preemptions per request; see docs/performance.md. Applies to the plain HTTP
+    /// listener and to HTTP/1.1 upstream connections.
+    #[arg(long, value_enum, default_value = "auto")]
+    write_batching: WriteBatching,
 }
 
 fn secret_ref(raw: &str) -> Result<(String, String), String> {
@@ -122,6 +130,14 @@ fn fallback_sni(raw: &str) -> Result<String, String> {
 
 fn duration(raw: &str) -> Result<Duration, String> {
     sluice_crds::parse_duration(raw).map_err(|e| e.to_string())
+}
+
+/// `--write-batching`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum WriteBatching {
+    Auto,
+    Send,
+    Off,
 }
 
 /// Where the configuration comes from.
@@ -236,6 +252,11 @@ fn main() -> anyhow::Result<()> {
         max_connections: args.max_connections,
         ..Default::default()
     };
+    sluice_dataplane::wbatch::set_policy(match args.write_batching {
+        WriteBatching::Auto => wbatch::Policy::Auto,
+        WriteBatching::Send => wbatch::Policy::Send,
+        WriteBatching::Off => wbatch::Policy::Off,
+    });
     let (drain_trigger, drain) = server::Drain::channel();
     let mut handles = server::spawn_workers_until(
         args.listen_http,

@@ -196,6 +196,7 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
 /// request, closes idle keep-alive connections, and returns when none is left.
 pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limits, drain: Drain) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    crate::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
@@ -244,7 +245,7 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
                 let conn = Arc::clone(&conn);
                 async move { Ok::<_, std::convert::Infallible>(handle(req, &conn, &store).await) }
             });
-            let io = TokioIo::new(stream);
+            let io = TokioIo::new(crate::wbatch::BatchedStream::new(stream));
             // NB: on drain, hyper closes an idle connection at once and a busy one after its
             // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
             let result = if is_h2 {
