@@ -65,6 +65,10 @@ enum Cmd {
         /// runs, so one round's ratio is only indicative).
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
         repeat: u32,
+        /// An extra flag for sluice-dataplane (repeatable), e.g.
+        /// `--sluice-arg=--write-batching=off`; recorded in the results.
+        #[arg(long = "sluice-arg", value_name = "ARG", allow_hyphen_values = true)]
+        sluice_args: Vec<String>,
     },
     /// HTTPS side by side with nginx (same certificate): keep-alive requests and new TLS
     /// connections (ECDSA P-256, RSA-2048) per proxy CPU-second. Writes tls-<arch>.md.
@@ -199,11 +203,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             workspace,
             repeat,
             emulator,
+            sluice_args,
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
             let workspace = workspace.unwrap_or_else(workspace_root);
             let opts = ProxyOptions {
                 emulator,
+                sluice_args,
                 scenario,
                 duration,
                 warmup: if no_warmup { Duration::ZERO } else { warmup },

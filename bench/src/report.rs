@@ -65,6 +65,9 @@ pub struct RunParams {
     pub wrk_cpu: Option<usize>,
     /// Clock ticks per second used to convert /proc CPU times.
     pub clk_tck: u64,
+    /// Extra flags given to sluice-dataplane (`--sluice-arg`).
+    #[serde(default)]
+    pub sluice_args: Vec<String>,
 }
 
 /// One proxy's outcome.
@@ -357,6 +360,9 @@ pub fn render_markdown(r: &BenchResult) -> String {
             ""
         }
     );
+    if !p.sluice_args.is_empty() {
+        let _ = writeln!(s, "- sluice flags: `{}`", p.sluice_args.join(" "));
+    }
     let pin = match (p.wrk_cpu, p.proxy_cpu, p.upstream_cpu) {
         (Some(w), Some(x), Some(u)) if u == x => {
             format!("wrk on CPU {w}, proxy and upstream on CPU {x}")
@@ -725,6 +731,7 @@ mod tests {
                 upstream_cpu: Some(0),
                 wrk_cpu: Some(1),
                 clk_tck: 100,
+                sluice_args: Vec::new(),
             },
             runs,
             ratios: None,

@@ -69,6 +69,8 @@ pub struct ProxyOptions {
     /// A user-mode emulator (e.g. `qemu-aarch64-static`) that runs the dataplane binary,
     /// for a dataplane built for another architecture. The result is labelled emulated.
     pub emulator: Option<PathBuf>,
+    /// Extra flags for sluice-dataplane, after the benchmark's own.
+    pub sluice_args: Vec<String>,
 }
 
 /// Paths of the files a run wrote.
@@ -351,7 +353,8 @@ fn start_sluice(
 ) -> Result<(ProcessGuard, u16), String> {
     let admin = probe::free_port().map_err(|e| format!("no free admin port: {e}"))?;
     let config = sluice::scenario_config(&opts.workspace, opts.scenario);
-    let args = sluice::args(&config, port, admin);
+    let mut args = sluice::args(&config, port, admin);
+    args.extend(opts.sluice_args.iter().cloned());
     let cmd = match &opts.emulator {
         // NB: qemu-user runs the guest in its own process, so the pid (and its CPU
         // accounting) is the dataplane's.
@@ -583,6 +586,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             upstream_cpu,
             wrk_cpu,
             clk_tck,
+            sluice_args: opts.sluice_args.clone(),
         },
         runs,
         ratios: None,
@@ -611,7 +615,8 @@ pub fn latest_name(scenario: u8, arch: &str, ext: &str) -> String {
     format!("latest-{scenario}-{arch}.{ext}")
 }
 
-/// Writes `<scenario>-<arch>-<timestamp>.{json,md}` and the `latest-*` copies.
+/// Writes `<scenario>-<arch>-<timestamp>.{json,md}` and, for a run with the default
+/// dataplane flags, the `latest-*` copies.
 pub fn write_results(result: &BenchResult, dir: &Path) -> Result<Written, BenchError> {
     let stem = format!(
         "{}-{}-{}",
@@ -627,6 +632,11 @@ pub fn write_results(result: &BenchResult, dir: &Path) -> Result<Written, BenchE
     };
     write_file(&written.json, &json)?;
     write_file(&written.markdown, &md)?;
+    // A run with extra dataplane flags is an experiment: it does not become the reference
+    // (`latest-*`, which scenario 2's plugin cost is computed against).
+    if !result.params.sluice_args.is_empty() {
+        return Ok(written);
+    }
     write_file(
         &dir.join(latest_name(
             result.scenario,
