@@ -132,14 +132,27 @@ fn median(values: &[f64]) -> Option<f64> {
 
 /// A markdown table of each round's sluice ÷ nginx ratios and their medians.
 fn render_rounds(rounds: &[BenchResult]) -> String {
-    let mut out = String::from(
-        "| round | req/s ratio | req/CPU-s ratio | p99 ratio | noisy |\n|---:|---:|---:|---:|---|\n",
-    );
-    let (mut rps, mut cpu, mut p99) = (Vec::new(), Vec::new(), Vec::new());
+    // Scenario 2 also has the same-run plugin cost (with ÷ without the plugins).
+    let same_run = rounds.iter().any(|r| r.plugin_cost_same_run.is_some());
+    let mut out = String::from("| round | req/s ratio | req/CPU-s ratio | p99 ratio |");
+    out.push_str(if same_run {
+        " plugin cost (same run) | noisy |\n|---:|---:|---:|---:|---:|---|\n"
+    } else {
+        " noisy |\n|---:|---:|---:|---:|---|\n"
+    });
+    let (mut rps, mut cpu, mut p99, mut cost) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for (i, r) in rounds.iter().enumerate() {
         if let Some(x) = &r.ratios {
+            let c = match (same_run, r.plugin_cost_same_run) {
+                (false, _) => String::new(),
+                (true, Some(c)) => {
+                    cost.push(c);
+                    format!(" {c:.2}× |")
+                }
+                (true, None) => " - |".to_owned(),
+            };
             out.push_str(&format!(
-                "| {} | {:.2}× | {:.2}× | {:.2}× | {} |\n",
+                "| {} | {:.2}× | {:.2}× | {:.2}× |{c} {} |\n",
                 i + 1,
                 x.requests_per_sec,
                 x.requests_per_cpu_second,
@@ -153,10 +166,15 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
     }
     let m = |v: &[f64]| median(v).map_or_else(|| "-".to_owned(), |x| format!("{x:.2}×"));
     out.push_str(&format!(
-        "| **median** | **{}** | **{}** | **{}** | |\n",
+        "| **median** | **{}** | **{}** | **{}** |{} |\n",
         m(&rps),
         m(&cpu),
-        m(&p99)
+        m(&p99),
+        if same_run {
+            format!(" **{}** |", m(&cost))
+        } else {
+            String::new()
+        }
     ));
     out
 }

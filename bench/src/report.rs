@@ -41,6 +41,10 @@ pub struct BenchResult {
     pub ratios: Option<Ratios>,
     /// Scenario 2 only: plugin cost relative to the latest scenario-1 result on this arch.
     pub plugin_cost: Option<PluginCost>,
+    /// Scenario 2 only: sluice's requests per CPU-second with the plugins ÷ without them
+    /// (scenario 1's route), both measured in this run (budget ≥ [`BUDGET_PLUGIN_RATE`]).
+    #[serde(default)]
+    pub plugin_cost_same_run: Option<f64>,
 }
 
 /// Load-generation parameters.
@@ -219,6 +223,20 @@ impl BenchResult {
             errors_flagged: n.errors_flagged || s.errors_flagged,
             noisy: n.noisy || s.noisy,
         })
+    }
+
+    /// Scenario 2: sluice's req/CPU-s with plugins ÷ the same dataplane without them, both
+    /// from this run.
+    pub fn compute_plugin_cost_same_run(&self) -> Option<f64> {
+        if self.scenario != 2 {
+            return None;
+        }
+        let with = self.metrics("sluice")?;
+        let without = self.metrics(crate::runner::SLUICE_SCENARIO_1)?;
+        ratio(
+            with.requests_per_cpu_second,
+            without.requests_per_cpu_second,
+        )
     }
 
     /// For a scenario-2 result, the plugin cost against a scenario-1 `reference`.
@@ -494,6 +512,24 @@ pub fn render_markdown(r: &BenchResult) -> String {
             );
         }
     }
+    if let (Some(c), Some(n), Some(s2), Some(s1)) = (
+        r.plugin_cost_same_run,
+        r.metrics("nginx"),
+        r.metrics("sluice"),
+        r.metrics(crate::runner::SLUICE_SCENARIO_1),
+    ) {
+        let _ = writeln!(
+            s,
+            "\nPlugin cost, same run: sluice with the plugins {:.0} req/CPU-s ÷ without them (scenario 1's route) {:.0} = {:.2}× (budget ≥ {BUDGET_PLUGIN_RATE:.2}×: {}); with the plugins ÷ nginx's plain proxy {:.0} = {:.2}× (budget > 1: {})",
+            s2.requests_per_cpu_second,
+            s1.requests_per_cpu_second,
+            c,
+            verdict(c >= BUDGET_PLUGIN_RATE),
+            n.requests_per_cpu_second,
+            s2.requests_per_cpu_second / n.requests_per_cpu_second,
+            verdict(s2.requests_per_cpu_second > n.requests_per_cpu_second)
+        );
+    }
     if let Some(c) = &r.plugin_cost {
         let _ = writeln!(
             s,
@@ -736,6 +772,7 @@ mod tests {
             runs,
             ratios: None,
             plugin_cost: None,
+            plugin_cost_same_run: None,
         };
         r.ratios = r.compute_ratios();
         r
@@ -748,6 +785,44 @@ mod tests {
             metrics: Some(m),
             warnings: Vec::new(),
         }
+    }
+
+    #[test]
+    fn scenario_2_reports_the_plugin_cost_against_sluice_without_plugins_in_the_same_run() {
+        // nginx 40k req/CPU-s; sluice with plugins 50k; the same dataplane without 50k.
+        let mut r = result(
+            2,
+            vec![
+                run("nginx", metrics(wrk(40_000.0, 2.0, 0), 10.0, 1, 1.0)),
+                run("sluice", metrics(wrk(50_000.0, 2.0, 0), 10.0, 1, 1.0)),
+                run(
+                    crate::runner::SLUICE_SCENARIO_1,
+                    metrics(wrk(50_000.0, 2.0, 0), 10.0, 1, 1.0),
+                ),
+            ],
+        );
+        r.plugin_cost_same_run = r.compute_plugin_cost_same_run();
+        let c = r.plugin_cost_same_run.unwrap();
+        assert!((c - 1.0).abs() < 1e-9, "{c}");
+        // The nginx ratio is sluice-with-plugins ÷ nginx, not the plugin-less run.
+        assert!((r.ratios.as_ref().unwrap().requests_per_cpu_second - 1.25).abs() < 1e-9);
+        let md = render_markdown(&r);
+        assert!(
+            md.contains(
+                "plugins 50000 req/CPU-s ÷ without them (scenario 1's route) 50000 = 1.00× (budget ≥ 0.95×: meets)"
+            ),
+            "{md}"
+        );
+        assert!(
+            md.contains("÷ nginx's plain proxy 40000 = 1.25× (budget > 1: meets)"),
+            "{md}"
+        );
+        // Scenario 1 has no such figure.
+        let s1 = result(
+            1,
+            vec![run("sluice", metrics(wrk(1.0, 1.0, 0), 1.0, 1, 1.0))],
+        );
+        assert_eq!(s1.compute_plugin_cost_same_run(), None);
     }
 
     #[test]

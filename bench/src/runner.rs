@@ -346,13 +346,14 @@ fn check_scenario2(port: u16, admin: u16) -> Vec<String> {
 /// Returns the process and its admin port.
 fn start_sluice(
     opts: &ProxyOptions,
+    scenario: u8,
     bin: &Path,
     cpu: Option<usize>,
     dir: &TempDir,
     port: u16,
 ) -> Result<(ProcessGuard, u16), String> {
     let admin = probe::free_port().map_err(|e| format!("no free admin port: {e}"))?;
-    let config = sluice::scenario_config(&opts.workspace, opts.scenario);
+    let config = sluice::scenario_config(&opts.workspace, scenario);
     let mut args = sluice::args(&config, port, admin);
     args.extend(opts.sluice_args.iter().cloned());
     let cmd = match &opts.emulator {
@@ -518,11 +519,13 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             warnings: Vec::new(),
         });
     }
+    let mut plain_run = None;
     if let Some(bin) = sluice_bin {
+        let bin_for_plain = bin.clone();
         let outcome = bin.and_then(|bin| {
             let dir = TempDir::new("sluice").map_err(|e| e.to_string())?;
             let port = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
-            let (proxy, admin) = start_sluice(opts, &bin, proxy_cpu, &dir, port)?;
+            let (proxy, admin) = start_sluice(opts, opts.scenario, &bin, proxy_cpu, &dir, port)?;
             let m = bench
                 .measure(dir.path(), &proxy, &upstream, port)
                 .map_err(|e| e.to_string())?;
@@ -536,6 +539,33 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             }
             Ok((m, warnings))
         });
+        // Scenario 2: the same dataplane without the plugins (scenario 1's route), in the
+        // same run, for the plugin cost (issue 4's budget).
+        if opts.scenario == 2
+            && let Ok(bin) = &bin_for_plain
+        {
+            let plain = (|| {
+                let dir = TempDir::new("sluice-s1").map_err(|e| e.to_string())?;
+                let port = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
+                let (proxy, _) = start_sluice(opts, 1, bin, proxy_cpu, &dir, port)?;
+                bench
+                    .measure(dir.path(), &proxy, &upstream, port)
+                    .map_err(|e| e.to_string())
+            })();
+            match plain {
+                Ok(m) => {
+                    plain_run = Some(ProxyRun {
+                        proxy: SLUICE_SCENARIO_1.into(),
+                        skipped: None,
+                        metrics: Some(m),
+                        warnings: Vec::new(),
+                    })
+                }
+                Err(reason) => {
+                    eprintln!("sluice-bench: no same-run scenario 1 for sluice: {reason}")
+                }
+            }
+        }
         match outcome {
             Ok((m, warnings)) => runs.push(ProxyRun {
                 proxy: "sluice".into(),
@@ -554,6 +584,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             }
         }
     }
+    runs.extend(plain_run);
     drop(upstream);
     drop(upstream_dir);
 
@@ -591,8 +622,10 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         runs,
         ratios: None,
         plugin_cost: None,
+        plugin_cost_same_run: None,
     };
     result.ratios = result.compute_ratios();
+    result.plugin_cost_same_run = result.compute_plugin_cost_same_run();
     if opts.scenario == 2 {
         let name = latest_name(1, &result.machine.file_arch(), "json");
         if let Ok(reference) = BenchResult::load(&opts.results_dir.join(&name)) {
@@ -609,6 +642,9 @@ fn binfmt_handles(arch: &str) -> bool {
     std::fs::read_to_string(format!("/proc/sys/fs/binfmt_misc/qemu-{arch}"))
         .is_ok_and(|s| s.lines().next() == Some("enabled"))
 }
+
+/// In a scenario-2 run, the dataplane measured again with scenario 1's route (no plugins).
+pub const SLUICE_SCENARIO_1: &str = "sluice (scenario 1)";
 
 /// `latest-<scenario>-<arch>.<ext>`.
 pub fn latest_name(scenario: u8, arch: &str, ext: &str) -> String {
