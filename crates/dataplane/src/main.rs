@@ -114,8 +114,8 @@ struct Args {
     /// turn of its event loop together when the turn ends: `auto` in one io_uring
     /// submission (one send(2) each when io_uring is refused, e.g. by a seccomp profile),
     /// `send` always one send(2) each, `off` every write at once. Fewer system calls and
-    /// fewer preemptions per request; see docs/performance.md. Applies to the plain HTTP
-    /// listener and to HTTP/1.1 upstream connections.
+    /// fewer preemptions per request; see docs/performance.md. Applies to the HTTP and
+    /// HTTPS listeners and to HTTP/1.1 upstream connections.
     #[arg(long, value_enum, default_value = "auto")]
     write_batching: WriteBatching,
 }

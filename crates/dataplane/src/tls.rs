@@ -482,6 +482,7 @@ pub async fn serve_https_until(
         return;
     };
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    crate::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
@@ -516,7 +517,10 @@ pub async fn serve_https_until(
         tokio::spawn(async move {
             let deadline = limits.header_read_timeout;
             let handshaken = tokio::select! {
-                h = tokio::time::timeout(deadline, handshake(stream, remote, &store, refuse)) => h,
+                h = tokio::time::timeout(
+                    deadline,
+                    handshake(crate::wbatch::BatchedStream::new(stream), remote, &store, refuse),
+                ) => h,
                 _ = drain.wait() => return,
             };
             let Ok(Some((tls, conn))) = handshaken else {
@@ -577,12 +581,12 @@ pub async fn serve_https_until(
 /// Reads the ClientHello, picks the configuration for its SNI from the current table and
 /// completes the handshake. `None` when the handshake failed (logged at debug level).
 async fn handshake(
-    stream: tokio::net::TcpStream,
+    stream: crate::wbatch::BatchedStream,
     remote: SocketAddr,
     store: &Store,
     refuse: Arc<ServerConfig>,
 ) -> Option<(
-    tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+    tokio_rustls::server::TlsStream<crate::wbatch::BatchedStream>,
     TlsConn,
 )> {
     let start = match LazyConfigAcceptor::new(Acceptor::default(), stream).await {
