@@ -38,6 +38,27 @@ fn log_tail(dir: &std::path::Path) -> String {
     format!("dataplane log (last 40 lines):\n{tail}")
 }
 
+/// `sluice-dataplane --standalone <dir>/config.yaml` listening on `http` (admin on `admin`)
+/// with `extra` flags; its log goes to [`log_file`] at debug level.
+fn spawn_standalone(
+    dir: &std::path::Path,
+    http: SocketAddr,
+    admin: SocketAddr,
+    extra: &[&str],
+) -> std::process::Child {
+    Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
+        .arg("--standalone")
+        .arg(dir.join("config.yaml"))
+        .args(["--listen-http", &http.to_string()])
+        .args(["--admin", &admin.to_string()])
+        .args(extra)
+        .stdout(Stdio::null())
+        .env("RUST_LOG", "info,sluice_dataplane=debug")
+        .stderr(log_file(dir))
+        .spawn()
+        .unwrap()
+}
+
 fn config(port: u16) -> String {
     format!(
         r#"apiVersion: apisix.apache.org/v2
@@ -66,17 +87,12 @@ async fn sigterm_under_load_finishes_every_in_flight_request_and_refuses_new_one
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, config(origin.addr.port())).unwrap();
     let (http, admin) = (free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
-        .arg("--standalone")
-        .arg(&file)
-        .args(["--listen-http", &http.to_string()])
-        .args(["--admin", &admin.to_string()])
-        .args(["--workers", "2", "--drain-timeout", "10s"])
-        .stdout(Stdio::null())
-        .env("RUST_LOG", "info,sluice_dataplane=debug")
-        .stderr(log_file(dir.path()))
-        .spawn()
-        .unwrap();
+    let mut child = spawn_standalone(
+        dir.path(),
+        http,
+        admin,
+        &["--workers", "2", "--drain-timeout", "10s"],
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if tokio::net::TcpStream::connect(http).await.is_ok()
@@ -303,15 +319,7 @@ async fn apisix_upstream_fields_take_effect_through_the_real_process() {
     )
     .unwrap();
     let (http, admin) = (free_port(), free_port());
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
-        .arg("--standalone")
-        .arg(&file)
-        .args(["--listen-http", &http.to_string()])
-        .args(["--admin", &admin.to_string(), "--workers", "1"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_standalone(dir.path(), http, admin, &["--workers", "1"]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while tokio::net::TcpStream::connect(http).await.is_err() {
         assert!(Instant::now() < deadline, "dataplane did not start");
@@ -441,18 +449,20 @@ async fn ws_dataplane(
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, ws_config(backend.port())).unwrap();
     let (http, admin) = (free_port(), free_port());
-    let child = Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
-        .arg("--standalone")
-        .arg(&file)
-        .args(["--listen-http", &http.to_string()])
-        .args(["--listen-https", &free_port().to_string()])
-        .args(["--admin", &admin.to_string()])
-        .args(["--workers", "2", "--drain-timeout", drain])
-        .stdout(Stdio::null())
-        .env("RUST_LOG", "info,sluice_dataplane=debug")
-        .stderr(log_file(dir.path()))
-        .spawn()
-        .unwrap();
+    let https = free_port().to_string();
+    let child = spawn_standalone(
+        dir.path(),
+        http,
+        admin,
+        &[
+            "--listen-https",
+            &https,
+            "--workers",
+            "2",
+            "--drain-timeout",
+            drain,
+        ],
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok((mut ws, _)) =
