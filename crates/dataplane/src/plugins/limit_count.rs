@@ -21,6 +21,7 @@ use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::limit_count::LimitCount as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
+use super::fasthash::{MixBuildHasher, Prehashed};
 use super::redis::{LimitStore, compiled_key, limit_store};
 use super::vars::{self, KeyValue};
 use super::{BuildCtx, Flow, Plugin, PluginCtx};
@@ -60,7 +61,8 @@ pub struct LocalWindows {
 
 #[derive(Debug, Default)]
 struct Shard {
-    map: HashMap<KeyValue, Window>,
+    /// NB: keyed by the SipHash computed once for the shard (see [`Prehashed`]).
+    map: HashMap<Prehashed<KeyValue>, Window, MixBuildHasher>,
     sweep_at: usize,
 }
 
@@ -95,10 +97,13 @@ impl LocalWindows {
                 .retain(|_, w| now.saturating_duration_since(w.start) < window);
             shard.sweep_at = shard.map.len() * 2;
         }
-        let w = shard.map.entry(key).or_insert(Window {
-            start: now,
-            used: 0,
-        });
+        let w = shard
+            .map
+            .entry(Prehashed { hash: h, key })
+            .or_insert(Window {
+                start: now,
+                used: 0,
+            });
         if now.saturating_duration_since(w.start) >= window {
             *w = Window {
                 start: now,

@@ -22,6 +22,8 @@
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hash::{Hash, Hasher};
+
+use super::fasthash::MixBuildHasher;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
@@ -356,7 +358,8 @@ type CacheKey = (u16, ByPtr<Consumer>, ByPtr<Pool>);
 #[derive(Debug)]
 pub struct Prometheus {
     metrics: Arc<ApisixMetrics>,
-    cache: RwLock<HashMap<CacheKey, Arc<Series>>>,
+    /// NB: keyed by status and pointers, nothing a client chooses: [`MixBuildHasher`].
+    cache: RwLock<HashMap<CacheKey, Arc<Series>, MixBuildHasher>>,
 }
 
 /// Builds `prometheus`.
@@ -364,7 +367,7 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
     let _conf: Config = sluice_plugin_config::parse_json(json)?;
     Ok(Arc::new(Prometheus {
         metrics: Arc::clone(&cx.state.apisix),
-        cache: RwLock::new(HashMap::new()),
+        cache: RwLock::new(HashMap::default()),
     }))
 }
 
