@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Deterministic per-request cost of the scenario-1 proxy path (issue 2): user-space
+# Deterministic per-request cost of the proxy path (issues 2 and 4): user-space
 # instructions per request (valgrind callgrind) and system calls per request (perf
 # tracepoints), for sluice-dataplane and, side by side, for the nginx baseline.
 #
-#   bench/profile.sh [--sluice-bin PATH] [--only sluice|nginx] [--n1 N] [--n2 N]
-#                    [--conns C] [--out DIR] [--no-callgrind] [--no-syscalls]
+#   bench/profile.sh [--sluice-bin PATH] [--only sluice|nginx] [--scenario 1|2]
+#                    [--n1 N] [--n2 N] [--conns C] [--out DIR] [--no-callgrind]
+#                    [--no-syscalls]
+#
+# --scenario 2 runs sluice with bench/config/scenario2.yaml (limit-count + prometheus on
+# the route); nginx always runs the plain proxy (nginx has no such plugins).
 #
 # Method (the same for both proxies, same origin as `sluice-bench proxy --scenario 1`:
 # nginx answering `200 hello world\n` on 127.0.0.1:1980):
@@ -32,6 +36,7 @@ root=$(cd "$here/.." && pwd)
 
 sluice_bin=""
 only=""
+scenario=1
 n1=2000
 n2=12000
 conns=64
@@ -42,16 +47,21 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --sluice-bin) sluice_bin=$2; shift 2 ;;
         --only) only=$2; shift 2 ;;
+        --scenario) scenario=$2; shift 2 ;;
         --n1) n1=$2; shift 2 ;;
         --n2) n2=$2; shift 2 ;;
         --conns) conns=$2; shift 2 ;;
         --out) out=$2; shift 2 ;;
         --no-callgrind) do_callgrind=0; shift ;;
         --no-syscalls) do_syscalls=0; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "profile.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+case "$scenario" in
+    1|2) ;;
+    *) echo "profile.sh: --scenario must be 1 or 2" >&2; exit 2 ;;
+esac
 if [ "$n2" -le "$n1" ]; then
     echo "profile.sh: --n2 must be larger than --n1" >&2
     exit 2
@@ -61,7 +71,7 @@ if [ -z "${SLUICE_PROFILE_LOCKED:-}" ]; then
     export SLUICE_PROFILE_LOCKED=1
     exec flock /tmp/sluice-bench.lock "$0" \
         ${sluice_bin:+--sluice-bin "$sluice_bin"} ${only:+--only "$only"} \
-        --n1 "$n1" --n2 "$n2" --conns "$conns" ${out:+--out "$out"} \
+        --scenario "$scenario" --n1 "$n1" --n2 "$n2" --conns "$conns" ${out:+--out "$out"} \
         $([ $do_callgrind = 1 ] || echo --no-callgrind) \
         $([ $do_syscalls = 1 ] || echo --no-syscalls)
 fi
@@ -157,7 +167,7 @@ start_proxy() {
     local which=$1 port=$2 prefix=$3 dir=$work/$1-$2
     mkdir -p "$dir"
     if [ "$which" = sluice ]; then
-        $prefix "$sluice_bin" --standalone "$root/bench/config/scenario1.yaml" \
+        $prefix "$sluice_bin" --standalone "$root/bench/config/scenario$scenario.yaml" \
             --listen-http "127.0.0.1:$port" --listen-https 127.0.0.1:0 \
             --admin "127.0.0.1:$(free_port)" --workers 1 >"$dir/log" 2>&1 &
     else
@@ -266,7 +276,7 @@ EOF
 proxies=(sluice nginx)
 [ -n "$only" ] && proxies=("$only")
 {
-    echo "# Per-request cost, scenario 1 (GET /hello, keep-alive, h2load -c $conns), $stamp"
+    echo "# Per-request cost, scenario $scenario for sluice (GET /hello, keep-alive, h2load -c $conns), $stamp"
     echo
     echo "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (dirty)')"
     [ -n "$sluice_bin" ] && echo "- sluice binary: $sluice_bin"

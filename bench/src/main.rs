@@ -132,27 +132,43 @@ fn median(values: &[f64]) -> Option<f64> {
 
 /// A markdown table of each round's sluice ÷ nginx ratios and their medians.
 fn render_rounds(rounds: &[BenchResult]) -> String {
-    // Scenario 2 also has the same-run plugin cost (with ÷ without the plugins).
+    // Scenario 2 also has the plugin cost (with ÷ without the plugins), sequential and
+    // side by side.
     let same_run = rounds.iter().any(|r| r.plugin_cost_same_run.is_some());
+    let side = rounds.iter().any(|r| r.plugin_cost_side_by_side.is_some());
     let mut out = String::from("| round | req/s ratio | req/CPU-s ratio | p99 ratio |");
-    out.push_str(if same_run {
-        " plugin cost (same run) | noisy |\n|---:|---:|---:|---:|---:|---|\n"
-    } else {
-        " noisy |\n|---:|---:|---:|---:|---|\n"
-    });
-    let (mut rps, mut cpu, mut p99, mut cost) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut rule = String::from("|---:|---:|---:|---:|");
+    if same_run {
+        out.push_str(" plugin cost (same run) |");
+        rule.push_str("---:|");
+    }
+    if side {
+        out.push_str(" plugin cost (side by side) |");
+        rule.push_str("---:|");
+    }
+    out.push_str(" noisy |\n");
+    out.push_str(&rule);
+    out.push_str("---|\n");
+    let (mut rps, mut cpu, mut p99) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut cost, mut cost_side) = (Vec::new(), Vec::new());
+    let cell = |shown: bool, x: Option<f64>, all: &mut Vec<f64>| match (shown, x) {
+        (false, _) => String::new(),
+        (true, Some(c)) => {
+            all.push(c);
+            format!(" {c:.2}× |")
+        }
+        (true, None) => " - |".to_owned(),
+    };
     for (i, r) in rounds.iter().enumerate() {
         if let Some(x) = &r.ratios {
-            let c = match (same_run, r.plugin_cost_same_run) {
-                (false, _) => String::new(),
-                (true, Some(c)) => {
-                    cost.push(c);
-                    format!(" {c:.2}× |")
-                }
-                (true, None) => " - |".to_owned(),
-            };
+            let c = cell(same_run, r.plugin_cost_same_run, &mut cost);
+            let d = cell(
+                side,
+                r.plugin_cost_side_by_side.as_ref().map(|s| s.ratio),
+                &mut cost_side,
+            );
             out.push_str(&format!(
-                "| {} | {:.2}× | {:.2}× | {:.2}× |{c} {} |\n",
+                "| {} | {:.2}× | {:.2}× | {:.2}× |{c}{d} {} |\n",
                 i + 1,
                 x.requests_per_sec,
                 x.requests_per_cpu_second,
@@ -166,12 +182,17 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
     }
     let m = |v: &[f64]| median(v).map_or_else(|| "-".to_owned(), |x| format!("{x:.2}×"));
     out.push_str(&format!(
-        "| **median** | **{}** | **{}** | **{}** |{} |\n",
+        "| **median** | **{}** | **{}** | **{}** |{}{} |\n",
         m(&rps),
         m(&cpu),
         m(&p99),
         if same_run {
             format!(" **{}** |", m(&cost))
+        } else {
+            String::new()
+        },
+        if side {
+            format!(" **{}** |", m(&cost_side))
         } else {
             String::new()
         }

@@ -45,6 +45,73 @@ pub struct BenchResult {
     /// (scenario 1's route), both measured in this run (budget ≥ [`BUDGET_PLUGIN_RATE`]).
     #[serde(default)]
     pub plugin_cost_same_run: Option<f64>,
+    /// Scenario 2 only: the same comparison with both dataplanes loaded at the same time
+    /// (see [`SideBySide`]); the figure of record for the budget.
+    #[serde(default)]
+    pub plugin_cost_side_by_side: Option<SideBySide>,
+}
+
+/// Scenario 2's plugin cost measured side by side: the dataplane with the plugins and the
+/// same dataplane without them (scenario 1's route) run at the same time on the proxy's
+/// core, each loaded by its own wrk with half the connections, during the same seconds.
+/// Drifts of the machine's speed (which move sequential runs by ±10% on a shared VM) then
+/// act on both alike.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SideBySide {
+    /// With the plugins.
+    pub with_plugins: Share,
+    /// Without them.
+    pub without_plugins: Share,
+    /// `with_plugins.requests_per_cpu_second ÷ without_plugins.requests_per_cpu_second`
+    /// (budget ≥ [`BUDGET_PLUGIN_RATE`]).
+    pub ratio: f64,
+}
+
+/// One dataplane's part of a [`SideBySide`] measurement.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Share {
+    /// Requests completed.
+    pub requests: u64,
+    /// The dataplane's CPU time (user + system), seconds.
+    pub cpu_seconds: f64,
+    /// `requests ÷ cpu_seconds`.
+    pub requests_per_cpu_second: f64,
+    /// Responses with a status of 400 or above, plus socket errors.
+    pub errors: u64,
+}
+
+impl SideBySide {
+    /// The comparison of two shares; `None` when either used no CPU or saw errors.
+    pub fn new(with_plugins: Share, without_plugins: Share) -> Option<Self> {
+        if with_plugins.errors > 0 || without_plugins.errors > 0 {
+            return None;
+        }
+        let ratio = ratio(
+            with_plugins.requests_per_cpu_second,
+            without_plugins.requests_per_cpu_second,
+        )?;
+        Some(SideBySide {
+            with_plugins,
+            without_plugins,
+            ratio,
+        })
+    }
+}
+
+impl Share {
+    /// A share from wrk's report and the CPU seconds it cost.
+    pub fn new(wrk: &WrkReport, cpu_seconds: f64) -> Self {
+        Share {
+            requests: wrk.requests,
+            cpu_seconds,
+            requests_per_cpu_second: if cpu_seconds > 0.0 {
+                wrk.requests as f64 / cpu_seconds
+            } else {
+                f64::NAN
+            },
+            errors: wrk.non_2xx_3xx + wrk.socket_errors.total(),
+        }
+    }
 }
 
 /// Load-generation parameters.
@@ -530,6 +597,22 @@ pub fn render_markdown(r: &BenchResult) -> String {
             verdict(s2.requests_per_cpu_second > n.requests_per_cpu_second)
         );
     }
+    if let Some(x) = &r.plugin_cost_side_by_side {
+        let _ = writeln!(
+            s,
+            "\nPlugin cost, side by side (both dataplanes loaded during the same {:.0} s, {} connections each): with the plugins {} requests in {:.2} CPU-s = {:.0} req/CPU-s ÷ without them {} requests in {:.2} CPU-s = {:.0} req/CPU-s = **{:.3}×** (budget ≥ {BUDGET_PLUGIN_RATE:.2}×: {})",
+            r.params.duration_s,
+            r.params.connections / 2,
+            x.with_plugins.requests,
+            x.with_plugins.cpu_seconds,
+            x.with_plugins.requests_per_cpu_second,
+            x.without_plugins.requests,
+            x.without_plugins.cpu_seconds,
+            x.without_plugins.requests_per_cpu_second,
+            x.ratio,
+            verdict(x.ratio >= BUDGET_PLUGIN_RATE)
+        );
+    }
     if let Some(c) = &r.plugin_cost {
         let _ = writeln!(
             s,
@@ -773,6 +856,7 @@ mod tests {
             ratios: None,
             plugin_cost: None,
             plugin_cost_same_run: None,
+            plugin_cost_side_by_side: None,
         };
         r.ratios = r.compute_ratios();
         r
@@ -817,6 +901,20 @@ mod tests {
             md.contains("÷ nginx's plain proxy 40000 = 1.25× (budget > 1: meets)"),
             "{md}"
         );
+        // Side by side: 60,000 requests in 1.5 CPU-s with the plugins, 64,000 in 1.5 without.
+        let with = Share::new(&wrk(6_000.0, 2.0, 0), 1.5);
+        let without = Share::new(&wrk(6_400.0, 2.0, 0), 1.5);
+        assert_eq!(with.requests, 60_000);
+        r.plugin_cost_side_by_side = SideBySide::new(with.clone(), without.clone());
+        let x = r.plugin_cost_side_by_side.as_ref().unwrap();
+        assert!((x.ratio - 0.9375).abs() < 1e-9, "{}", x.ratio);
+        let md = render_markdown(&r);
+        assert!(
+            md.contains("= 40000 req/CPU-s ÷ without them 64000 requests in 1.50 CPU-s = 42667 req/CPU-s = **0.938×** (budget ≥ 0.95×: MISSES)"),
+            "{md}"
+        );
+        // Errors on either side void the comparison.
+        assert!(SideBySide::new(Share::new(&wrk(6_000.0, 2.0, 3), 1.5), without).is_none());
         // Scenario 1 has no such figure.
         let s1 = result(
             1,

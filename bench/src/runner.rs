@@ -198,16 +198,38 @@ impl Bench<'_> {
         duration: Duration,
         label: &str,
     ) -> Result<WrkReport, BenchError> {
+        let guard = self.spawn_wrk(dir, port, WRK_CONNECTIONS, duration, label)?;
+        self.finish_wrk(guard, duration, label)
+    }
+
+    /// Starts wrk with `connections` against `port`.
+    fn spawn_wrk(
+        &self,
+        dir: &Path,
+        port: u16,
+        connections: u32,
+        duration: Duration,
+        label: &str,
+    ) -> Result<ProcessGuard, BenchError> {
         let args = vec![
             format!("-t{WRK_THREADS}"),
-            format!("-c{WRK_CONNECTIONS}"),
+            format!("-c{connections}"),
             format!("-d{}", wrk_duration_arg(duration)),
             "--latency".into(),
             format!("http://127.0.0.1:{port}{PATH}"),
         ];
         let cmd = pinned(self.wrk_cpu, &self.tools.wrk, &args);
         let log = dir.join(format!("wrk-{label}.log"));
-        let mut guard = ProcessGuard::spawn(&format!("wrk ({label})"), cmd, &log)?;
+        ProcessGuard::spawn(&format!("wrk ({label})"), cmd, &log)
+    }
+
+    /// Waits for a wrk started by [`Bench::spawn_wrk`] and parses its report.
+    fn finish_wrk(
+        &self,
+        mut guard: ProcessGuard,
+        duration: Duration,
+        label: &str,
+    ) -> Result<WrkReport, BenchError> {
         let status = guard
             .wait_timeout(duration + Duration::from_secs(30))
             .ok_or_else(|| BenchError::Wrk(format!("{label}: wrk did not finish in time")))?;
@@ -218,6 +240,53 @@ impl Bench<'_> {
             )));
         }
         wrk::parse_wrk_output(&guard.log_text())
+    }
+
+    /// Scenario 2's plugin cost side by side (see [`report::SideBySide`]): `with` and
+    /// `without` (process, port) are loaded at the same time by two wrk processes with half
+    /// the connections each, after a warm-up done the same way.
+    fn measure_side_by_side(
+        &self,
+        dir: &Path,
+        with: (&ProcessGuard, u16),
+        without: (&ProcessGuard, u16),
+    ) -> Result<Option<report::SideBySide>, BenchError> {
+        let opts = self.opts;
+        let half = WRK_CONNECTIONS / 2;
+        let both = |duration: Duration,
+                    label: &str|
+         -> Result<(WrkReport, WrkReport), BenchError> {
+            let a = self.spawn_wrk(dir, with.1, half, duration, &format!("{label}-with"))?;
+            let b = self.spawn_wrk(dir, without.1, half, duration, &format!("{label}-without"))?;
+            let a = self.finish_wrk(a, duration, &format!("{label}-with"))?;
+            let b = self.finish_wrk(b, duration, &format!("{label}-without"))?;
+            Ok((a, b))
+        };
+        if !opts.warmup.is_zero() {
+            both(opts.warmup, "side-by-side-warmup")?;
+        }
+        eprintln!(
+            "sluice-bench: side by side, with and without the plugins: measuring {:?}",
+            opts.duration
+        );
+        let with_before = procfs::tree_cpu_ticks(with.0.pid());
+        let without_before = procfs::tree_cpu_ticks(without.0.pid());
+        let (a, b) = both(opts.duration, "side-by-side")?;
+        let with_after = procfs::tree_cpu_ticks(with.0.pid());
+        let without_after = procfs::tree_cpu_ticks(without.0.pid());
+        let secs = |x: u64, y: u64| y.saturating_sub(x) as f64 / self.clk_tck as f64;
+        let x = report::SideBySide::new(
+            report::Share::new(&a, secs(with_before, with_after)),
+            report::Share::new(&b, secs(without_before, without_after)),
+        );
+        if x.is_none() {
+            eprintln!(
+                "sluice-bench: side by side: errors ({} and {}) or no CPU time: no figure",
+                a.non_2xx_3xx + a.socket_errors.total(),
+                b.non_2xx_3xx + b.socket_errors.total()
+            );
+        }
+        Ok(x)
     }
 
     /// Warm-up, then a measured wrk run with CPU sampled around it.
@@ -520,6 +589,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         });
     }
     let mut plain_run = None;
+    let mut side_by_side = None;
     if let Some(bin) = sluice_bin {
         let bin_for_plain = bin.clone();
         let outcome = bin.and_then(|bin| {
@@ -552,6 +622,25 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
                     .measure(dir.path(), &proxy, &upstream, port)
                     .map_err(|e| e.to_string())
             })();
+            // Then both at once, for the figure of record.
+            let side = (|| {
+                // NB: a directory each, for their logs.
+                let dir2 = TempDir::new("sluice-side-2").map_err(|e| e.to_string())?;
+                let p2 = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
+                let (with, _) = start_sluice(opts, 2, bin, proxy_cpu, &dir2, p2)?;
+                let dir1 = TempDir::new("sluice-side-1").map_err(|e| e.to_string())?;
+                let p1 = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
+                let (without, _) = start_sluice(opts, 1, bin, proxy_cpu, &dir1, p1)?;
+                bench
+                    .measure_side_by_side(dir2.path(), (&with, p2), (&without, p1))
+                    .map_err(|e| e.to_string())
+            })();
+            match side {
+                Ok(x) => side_by_side = x,
+                Err(reason) => {
+                    eprintln!("sluice-bench: no side-by-side plugin cost: {reason}")
+                }
+            }
             match plain {
                 Ok(m) => {
                     plain_run = Some(ProxyRun {
@@ -623,6 +712,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         ratios: None,
         plugin_cost: None,
         plugin_cost_same_run: None,
+        plugin_cost_side_by_side: side_by_side,
     };
     result.ratios = result.compute_ratios();
     result.plugin_cost_same_run = result.compute_plugin_cost_same_run();

@@ -14,7 +14,7 @@ use crate::body::{ProxyBody, UpstreamBody};
 use crate::error::ProxyError;
 use crate::h1::{Framing, H1Error, ProxyHeaders, ResponseHead, encode_request_head};
 use crate::health::Outcome;
-use crate::plugins::{self, PluginCtx};
+use crate::plugins::{self, PluginBody, PluginCtx};
 use crate::router::RequestInfo;
 use crate::store::Store;
 use crate::table::RouteTable;
@@ -61,9 +61,9 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
     let table = store.table();
     let apisix = &store.plugin_state().apisix;
     apisix.request_started();
-    let mut plugin_ctx = None;
+    let mut plugin_run = None;
     let grpc = crate::h2up::is_grpc(&req);
-    let resp = match proxy(req, conn, &table, &mut plugin_ctx).await {
+    let resp = match proxy(req, conn, &table, &mut plugin_run).await {
         Ok(resp) => resp,
         Err(err) => {
             if !matches!(err, ProxyError::NoRoute) {
@@ -79,17 +79,19 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
     store.metrics().observe_status(resp.status());
     apisix.request_finished();
     // Plugins: response phases (headers, body filters, log) of routes with plugins.
-    match plugin_ctx {
-        Some(ctx) => plugins::response_phases(resp, ctx),
+    match plugin_run {
+        Some((run, chain)) => plugins::response_phases(resp, run, chain),
         None => resp,
     }
 }
 
-async fn proxy(
+/// `plugin_run` receives the plugin state of a route with plugins, and its chain (which
+/// lives as long as `table`).
+async fn proxy<'t>(
     req: Request<Incoming>,
     conn: &ConnInfo,
-    table: &Arc<RouteTable>,
-    plugin_ctx: &mut Option<PluginCtx>,
+    table: &'t Arc<RouteTable>,
+    plugin_run: &mut Option<(Box<PluginBody>, &'t plugins::PluginChain)>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
     let uri = req.uri();
@@ -124,20 +126,25 @@ async fn proxy(
     };
     // Holds the upstream traffic-split chose, which `upstream` then borrows.
     let split: Option<Arc<crate::upstream::Upstream>>;
+    // NB: the head and body stay apart from here on (each join and split moves the head).
+    let (mut parts, mut body) = req.into_parts();
     // Plugins: request phases (rewrite, access, before_proxy); a plugin may answer. They run
     // before every protocol (WebSocket, h2/gRPC upstreams too), so auth is never bypassed.
-    let (req, upstream, hash) = if let Some((upstream, hash)) = picked {
-        (req, upstream, hash)
+    let (upstream, hash) = if let Some(picked) = picked {
+        picked
     } else if let Some(chain) = &route.plugins {
-        let (mut parts, body) = req.into_parts();
-        let ctx = plugin_ctx.insert(PluginCtx::new(
-            Arc::clone(chain),
-            conn.remote_addr,
-            conn.local_addr,
-            conn.scheme,
-            std::time::Instant::now(),
+        let (run, _) = plugin_run.insert((
+            PluginBody::start(PluginCtx::new(
+                Arc::clone(chain),
+                conn.remote_addr,
+                conn.local_addr,
+                conn.scheme,
+                std::time::Instant::now(),
+            )),
+            chain,
         ));
-        if let Err(resp) = plugins::request_phases(&mut parts, ctx).await {
+        let ctx = &mut run.ctx;
+        if let Err(resp) = plugins::request_phases(chain, &mut parts, ctx).await {
             return Ok(*resp);
         }
         split = ctx.split_upstream.take();
@@ -158,7 +165,7 @@ async fn proxy(
             scheme: conn.scheme,
         };
         let hash = crate::balancer::request_hash(upstream, &info, ctx.consumer_name());
-        (Request::from_parts(parts, body), upstream, hash)
+        (upstream, hash)
     } else {
         // NB: not reached: `picked` is only `None` for a route with plugins.
         return Err(ProxyError::NoRoute);
@@ -166,16 +173,21 @@ async fn proxy(
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
     // Protocols other than plain HTTP/1.1 (WebSocket upgrades, HTTP/2 and TLS upstreams):
     // endpoint choice, retries and passive health in `failover`.
-    let upgrade = route.websocket && crate::websocket::is_upgrade(&req);
+    let upgrade = route.websocket && crate::websocket::is_upgrade(&parts);
     if upgrade || upstream.protocol.is_some() {
         // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.
         return Box::pin(crate::failover::proxy(
-            req, host, conn, upstream, hash, timeouts, upgrade,
+            Request::from_parts(parts, body),
+            host,
+            conn,
+            upstream,
+            hash,
+            timeouts,
+            upgrade,
         ))
         .await;
     }
 
-    let (mut parts, mut body) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
 
     let has_body = !body.is_end_stream();
@@ -196,7 +208,7 @@ async fn proxy(
         .unwrap_or("/");
     let mut head = Vec::with_capacity(512);
     // Plugins (real-ip) may have replaced the client address.
-    let real_ip = match plugin_ctx.as_ref() {
+    let real_ip = match plugin_run.as_ref().map(|(r, _)| &r.ctx) {
         Some(ctx) if ctx.remote_addr.ip() != conn.remote_addr.ip() => {
             HeaderValue::from_str(&ctx.remote_addr.ip().to_string()).ok()
         }
@@ -227,9 +239,9 @@ async fn proxy(
         let Some(endpoint) = upstream.endpoints.get(idx) else {
             return Err(ProxyError::NoEndpoint(upstream.id.clone()));
         };
-        if let Some(ctx) = plugin_ctx.as_mut() {
-            ctx.upstream = Some(Arc::clone(&endpoint.pool));
-            ctx.upstream_started = Some(std::time::Instant::now());
+        if let Some((run, _)) = plugin_run.as_mut() {
+            run.ctx.upstream = Some(Arc::clone(&endpoint.pool));
+            run.ctx.upstream_started = Some(std::time::Instant::now());
         }
         if let Some(h) = upstream.host_header(endpoint) {
             parts.headers.insert(header::HOST, h.clone());
@@ -296,8 +308,10 @@ async fn proxy(
         }
     };
     // --- end upstream-LB ---
-    if let Some(ctx) = plugin_ctx.as_mut() {
-        ctx.upstream_done = Some(std::time::Instant::now());
+    if let Some((run, _)) = plugin_run.as_mut() {
+        // NB: the upstream's head size stands for the one sent on (its hop-by-hop headers
+        // out, the plugins' in): cheaper than measuring the head again.
+        run.ctx.response_head_bytes = response.head_len as u64;
     }
     let mut parts = response.parts;
     parts.version = http::Version::HTTP_11;

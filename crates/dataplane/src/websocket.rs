@@ -96,10 +96,11 @@ impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
 /// A connection to an upstream endpoint made for one upgrade (see [`connect`]).
 pub type UpstreamIo = Box<dyn Io>;
 
-/// Whether `req` asks for a WebSocket upgrade (HTTP/1.1 `Upgrade: websocket`).
-pub fn is_upgrade(req: &Request<Incoming>) -> bool {
-    req.version() == http::Version::HTTP_11
-        && req.headers().get_all(header::UPGRADE).iter().any(|v| {
+/// Whether a request with head `req` asks for a WebSocket upgrade (HTTP/1.1
+/// `Upgrade: websocket`).
+pub fn is_upgrade(req: &http::request::Parts) -> bool {
+    req.version == http::Version::HTTP_11
+        && req.headers.get_all(header::UPGRADE).iter().any(|v| {
             v.to_str().is_ok_and(|s| {
                 s.split(',')
                     .any(|t| t.trim().eq_ignore_ascii_case("websocket"))

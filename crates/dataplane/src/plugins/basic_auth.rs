@@ -79,6 +79,10 @@ impl Plugin for BasicAuth {
         Config::PRIORITY
     }
 
+    fn has_response_phases(&self) -> bool {
+        false
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let Some(value) = req.headers.get(header::AUTHORIZATION) else {
             return unauthorized("Missing authorization in request", true);

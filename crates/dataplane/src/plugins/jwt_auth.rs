@@ -184,6 +184,10 @@ impl Plugin for JwtAuth {
         Config::PRIORITY
     }
 
+    fn has_response_phases(&self) -> bool {
+        false
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let Some((token, source)) = self.token(req) else {
             return unauthorized("Missing JWT token in request");

@@ -72,6 +72,10 @@ impl Plugin for KeyAuth {
         Config::PRIORITY
     }
 
+    fn has_response_phases(&self) -> bool {
+        false
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let from_header = req.headers.get(&self.header).and_then(|v| v.to_str().ok());
         let (key, in_header) = match from_header {

@@ -182,6 +182,10 @@ impl Plugin for LimitConn {
         Config::PRIORITY
     }
 
+    fn has_response_phases(&self) -> bool {
+        false
+    }
+
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let key = vars::limit_key(&self.key, req, ctx);
         let max = self.conf.conn.saturating_add(self.conf.burst);

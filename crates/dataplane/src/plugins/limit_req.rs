@@ -175,6 +175,10 @@ impl Plugin for LimitReq {
         Config::PRIORITY
     }
 
+    fn has_response_phases(&self) -> bool {
+        false
+    }
+
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let key = vars::limit_key(&self.key, req, ctx);
         match &self.backend {

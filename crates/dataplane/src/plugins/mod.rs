@@ -76,6 +76,7 @@ use http::{Response, StatusCode, request, response};
 use http_body::{Body, Frame};
 use sluice_plugin_config::ConfigError;
 use sluice_proto::v1;
+use smallvec::SmallVec;
 
 use crate::body::ProxyBody;
 use crate::h1::H1Error;
@@ -168,6 +169,13 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
         false
     }
 
+    /// Whether [`Plugin::response_headers`], [`Plugin::body_filter`] or
+    /// [`Plugin::encodes_body`] may do anything. `false` lets a chain whose plugins all say
+    /// so skip the response phases (three virtual calls per plugin and pass). Default true.
+    fn has_response_phases(&self) -> bool {
+        true
+    }
+
     /// Log phase: after the response body was sent (or the client went away).
     fn log(&self, _ctx: &PluginCtx) {}
 }
@@ -255,6 +263,8 @@ pub struct PluginChain {
     /// The snapshot's consumers (consumer plugins merge into `route`).
     pub consumers: Arc<ConsumerTable>,
     wrap_body: bool,
+    /// Whether a plugin of `global` or `route` has response phases.
+    response_phases: bool,
 }
 
 impl PluginChain {
@@ -270,6 +280,10 @@ impl PluginChain {
         }
         let wrap_body =
             consumers.any_wants_log() || global.iter().chain(plugins.iter()).any(|p| p.wants_log());
+        let response_phases = global
+            .iter()
+            .chain(plugins.iter())
+            .any(|p| p.has_response_phases());
         Some(Arc::new(PluginChain {
             route_id: Arc::from(route.id.as_str()),
             matched_uri: Arc::from(route.paths.first().map(String::as_str).unwrap_or("")),
@@ -278,11 +292,15 @@ impl PluginChain {
             route: Arc::from(plugins),
             consumers,
             wrap_body,
+            response_phases,
         }))
     }
 }
 
 /// Per-request state shared by the plugins of one request.
+///
+/// NB: the clock is read twice per request with plugins (arrival, upstream attempt) and
+/// once more by a plugin that measures (prometheus, at the end): each read costs ~30 ns.
 pub struct PluginCtx {
     /// The route's chain.
     pub chain: Arc<PluginChain>,
@@ -298,10 +316,10 @@ pub struct PluginCtx {
     pub consumer: Option<Arc<Consumer>>,
     /// The upstream endpoint's pool, once picked (its address is the `node` label).
     pub upstream: Option<Arc<crate::upstream::Pool>>,
-    /// When the upstream was picked.
+    /// When the (last) upstream attempt started. The upstream's time runs from here to the
+    /// end of the response (the log phase), as nginx's `$upstream_response_time` runs to
+    /// the end of the upstream's body.
     pub upstream_started: Option<Instant>,
-    /// When the upstream's response head arrived.
-    pub upstream_done: Option<Instant>,
     /// The upstream traffic-split chose for this request instead of the route's backends.
     pub split_upstream: Option<Arc<crate::upstream::Upstream>>,
     /// Response status (set before the response phases).
@@ -312,8 +330,9 @@ pub struct PluginCtx {
     pub response_body_bytes: u64,
     /// Response head bytes (approximate).
     pub response_head_bytes: u64,
-    /// Headers request phases want on the response (e.g. `X-RateLimit-*`).
-    pub response_headers: Vec<(HeaderName, HeaderValue)>,
+    /// Headers request phases want on the response (e.g. `X-RateLimit-*`). NB: inline
+    /// room for limit-count's three, so that they cost no allocation.
+    pub response_headers: SmallVec<[(HeaderName, HeaderValue); 3]>,
     /// The route's plugins merged with the consumer's, when the consumer has plugins.
     merged: Option<Arc<[Arc<dyn Plugin>]>>,
     /// Values kept until the request ends (e.g. a limit-conn slot released on drop).
@@ -351,13 +370,12 @@ impl PluginCtx {
             consumer: None,
             upstream: None,
             upstream_started: None,
-            upstream_done: None,
             split_upstream: None,
             status: StatusCode::OK,
             request_bytes: 0,
             response_body_bytes: 0,
             response_head_bytes: 0,
-            response_headers: Vec::new(),
+            response_headers: SmallVec::new(),
             merged: None,
             keep: Vec::new(),
             extensions: http::Extensions::new(),
@@ -378,37 +396,41 @@ impl PluginCtx {
     pub fn consumer_name(&self) -> Option<&str> {
         self.consumer.as_ref().map(|c| &*c.name)
     }
+}
 
-    /// The route plugins in effect (merged with the consumer's plugins once known).
-    fn route_plugins(&self) -> Arc<[Arc<dyn Plugin>]> {
-        match &self.merged {
-            Some(m) => Arc::clone(m),
-            None => Arc::clone(&self.chain.route),
+/// Runs one request phase of one plugin: returns from the calling function with the
+/// plugin's response, awaits a pending decision. NB: a macro rather than an `async fn`, so
+/// that a phase that decides at once (nearly all) costs no future.
+macro_rules! phase {
+    ($flow:expr) => {
+        match $flow {
+            Flow::Continue => {}
+            Flow::Respond(r) => return Err(r),
+            Flow::Pending(f) => f.await?,
         }
-    }
+    };
 }
 
-async fn run(flow: Flow<'_>) -> PhaseResult {
-    match flow {
-        Flow::Continue => Ok(()),
-        Flow::Respond(r) => Err(r),
-        Flow::Pending(f) => f.await,
-    }
-}
-
-/// Runs the request phases (rewrite, access, before_proxy). `Err` carries the response a
-/// plugin answered with.
-pub async fn request_phases(req: &mut request::Parts, ctx: &mut PluginCtx) -> PhaseResult {
+/// Runs the request phases (rewrite, access, before_proxy) of `chain`, the chain of
+/// `ctx`. `Err` carries the response a plugin answered with.
+///
+/// NB: `chain` is passed besides `ctx` (which plugins borrow mutably) so that walking it
+/// needs no `Arc` clone.
+pub async fn request_phases(
+    chain: &PluginChain,
+    req: &mut request::Parts,
+    ctx: &mut PluginCtx,
+) -> PhaseResult {
+    debug_assert!(std::ptr::eq(chain, &*ctx.chain));
     ctx.request_bytes = approx_request_head(req);
-    let chain = Arc::clone(&ctx.chain);
     for p in &chain.global {
-        run(p.rewrite(req, ctx)).await?;
+        phase!(p.rewrite(req, ctx));
     }
     for p in &chain.global {
-        run(p.access(req, ctx)).await?;
+        phase!(p.access(req, ctx));
     }
     for p in chain.route.iter() {
-        run(p.rewrite(req, ctx)).await?;
+        phase!(p.rewrite(req, ctx));
     }
     // The consumer's plugins override the route's of the same name (APISIX merge).
     if let Some(c) = ctx.consumer.as_ref().filter(|c| !c.plugins.is_empty()) {
@@ -422,9 +444,11 @@ pub async fn request_phases(req: &mut request::Parts, ctx: &mut PluginCtx) -> Ph
         merged.sort_by_key(|p| std::cmp::Reverse(p.priority()));
         ctx.merged = Some(Arc::from(merged));
     }
-    let plugins = ctx.route_plugins();
-    for p in plugins.iter() {
-        run(p.access(req, ctx)).await?;
+    // NB: cloned only when a consumer's plugins were merged in.
+    let merged = ctx.merged.clone();
+    let plugins: &[Arc<dyn Plugin>] = merged.as_deref().unwrap_or(&chain.route);
+    for p in plugins {
+        phase!(p.access(req, ctx));
     }
     for p in chain.global.iter().chain(plugins.iter()) {
         p.before_proxy(req, ctx);
@@ -432,28 +456,48 @@ pub async fn request_phases(req: &mut request::Parts, ctx: &mut PluginCtx) -> Ph
     Ok(())
 }
 
-/// Runs the response phases on `resp` and, when a plugin logs or filters bodies, wraps the
-/// body so that body filters and the log phase run as it streams.
-pub fn response_phases(resp: Response<ProxyBody>, mut ctx: PluginCtx) -> Response<ProxyBody> {
+/// Runs the response phases of `chain` on `resp` with the request's plugin state `run`
+/// (made by [`PluginBody::start`] before the request phases) and, when a plugin logs or
+/// filters bodies, makes `run` the response body, so that body filters and the log phase
+/// run as it streams. `chain` is `run.ctx.chain`, passed on its own so that walking it
+/// needs no `Arc` clone.
+pub fn response_phases(
+    resp: Response<ProxyBody>,
+    mut run: Box<PluginBody>,
+    chain: &PluginChain,
+) -> Response<ProxyBody> {
+    debug_assert!(std::ptr::eq(chain, &*run.ctx.chain));
     let (mut parts, body) = resp.into_parts();
+    let ctx = &mut run.ctx;
     ctx.status = parts.status;
-    let added = std::mem::take(&mut ctx.response_headers);
-    // NB: one reservation instead of a rehash while appending (limit-count adds three).
-    parts.headers.reserve(added.len());
-    for (name, value) in added {
-        parts.headers.append(name, value);
+    // The head size: the upstream's when known (set by the proxy), else measured below.
+    let mut head_bytes = ctx.response_head_bytes;
+    if !ctx.response_headers.is_empty() {
+        // NB: one reservation instead of a rehash while appending (limit-count adds three).
+        parts.headers.reserve(ctx.response_headers.len());
+        for (name, value) in ctx.response_headers.drain(..) {
+            head_bytes += (name.as_str().len() + value.len() + 4) as u64;
+            parts.headers.append(name, value);
+        }
     }
-    let chain = Arc::clone(&ctx.chain);
-    let plugins = ctx.route_plugins();
+    let merged = ctx.merged.clone();
+    let plugins: &[Arc<dyn Plugin>] = merged.as_deref().unwrap_or(&chain.route);
     let mut filters = Vec::new();
     // Encoders (gzip) last: they see the headers and body every other plugin made.
-    for last in [false, true] {
+    // NB: skipped when no plugin of the chain has response phases (a consumer's merged
+    // plugins may have).
+    let passes: &[bool] = if chain.response_phases || merged.is_some() {
+        &[false, true]
+    } else {
+        &[]
+    };
+    for &last in passes {
         for p in plugins.iter().chain(chain.global.iter()) {
             if p.encodes_body() != last {
                 continue;
             }
-            p.response_headers(&mut parts, &mut ctx);
-            if let Some(f) = p.body_filter(&mut ctx) {
+            p.response_headers(&mut parts, ctx);
+            if let Some(f) = p.body_filter(ctx) {
                 filters.push(f);
             }
         }
@@ -466,14 +510,15 @@ pub fn response_phases(resp: Response<ProxyBody>, mut ctx: PluginCtx) -> Respons
         // The length changes under a filter.
         parts.headers.remove(http::header::CONTENT_LENGTH);
     }
-    ctx.response_head_bytes = approx_response_head(&parts);
-    let wrapped = PluginBody {
-        inner: body,
-        filters,
-        ctx: Some(ctx),
-        plugins,
+    ctx.response_head_bytes = if ctx.response_head_bytes == 0 {
+        approx_response_head(&parts)
+    } else {
+        head_bytes
     };
-    Response::from_parts(parts, ProxyBody::Plugin(Box::new(wrapped)))
+    run.inner = body;
+    run.filters = filters;
+    run.wrapped = true;
+    Response::from_parts(parts, ProxyBody::Plugin(run))
 }
 
 fn approx_request_head(req: &request::Parts) -> u64 {
@@ -493,12 +538,20 @@ fn approx_response_head(resp: &response::Parts) -> u64 {
     n as u64
 }
 
-/// A response body that runs body filters per chunk and the log phase at its end.
+/// The plugin state of one request: its [`PluginCtx`] through the request phases, then
+/// the response body that runs body filters per chunk and the log phase at its end.
+///
+/// NB: one allocation per request holds both (the context is never moved once the request
+/// phases start).
 pub struct PluginBody {
+    /// The request's context.
+    pub ctx: PluginCtx,
     inner: ProxyBody,
     filters: Vec<Box<dyn BodyFilter>>,
-    ctx: Option<PluginCtx>,
-    plugins: Arc<[Arc<dyn Plugin>]>,
+    /// Whether [`response_phases`] made this the response body (then the log phase runs at
+    /// its end).
+    wrapped: bool,
+    done: bool,
 }
 
 impl std::fmt::Debug for PluginBody {
@@ -511,17 +564,34 @@ impl std::fmt::Debug for PluginBody {
 }
 
 impl PluginBody {
+    /// The state of a request on `ctx.chain`, before its request phases.
+    pub fn start(ctx: PluginCtx) -> Box<Self> {
+        Box::new(PluginBody {
+            ctx,
+            inner: ProxyBody::empty(),
+            filters: Vec::new(),
+            wrapped: false,
+            done: false,
+        })
+    }
+
     fn finish(&mut self) {
-        if let Some(ctx) = self.ctx.take() {
-            for p in self.plugins.iter().chain(ctx.chain.global.iter()) {
-                p.log(&ctx);
+        if self.done {
+            return;
+        }
+        self.done = true;
+        if self.wrapped {
+            let ctx = &self.ctx;
+            let plugins = ctx.merged.as_deref().unwrap_or(&ctx.chain.route);
+            for p in plugins.iter().chain(ctx.chain.global.iter()) {
+                p.log(ctx);
             }
         }
     }
 
     /// Whether the body is still being sent.
     pub fn is_end_stream(&self) -> bool {
-        self.ctx.is_none() || (self.filters.is_empty() && self.inner.is_end_stream())
+        self.done || (self.filters.is_empty() && self.inner.is_end_stream())
     }
 
     /// Size hint: the inner one unless a filter changes lengths.
@@ -538,7 +608,7 @@ impl PluginBody {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
-        if self.ctx.is_none() {
+        if self.done {
             return Poll::Ready(None);
         }
         match Pin::new(&mut self.inner).poll_frame(cx) {
@@ -546,12 +616,10 @@ impl PluginBody {
             Poll::Ready(Some(Ok(frame))) => {
                 let frame = match frame.into_data() {
                     Ok(mut data) => {
-                        if let Some(ctx) = self.ctx.as_mut() {
-                            for f in &mut self.filters {
-                                data = f.data(data, ctx);
-                            }
-                            ctx.response_body_bytes += data.len() as u64;
+                        for f in &mut self.filters {
+                            data = f.data(data, &mut self.ctx);
                         }
+                        self.ctx.response_body_bytes += data.len() as u64;
                         Frame::data(data)
                     }
                     Err(frame) => frame,
@@ -560,25 +628,24 @@ impl PluginBody {
             }
             Poll::Ready(None) => {
                 let mut tail: Option<Bytes> = None;
-                if let Some(ctx) = self.ctx.as_mut() {
-                    for f in &mut self.filters {
-                        let mut chunk = match tail.take() {
-                            Some(t) => f.data(t, ctx),
-                            None => Bytes::new(),
-                        };
-                        if let Some(rest) = f.end(ctx) {
-                            let mut v = Vec::with_capacity(chunk.len() + rest.len());
-                            v.extend_from_slice(&chunk);
-                            v.extend_from_slice(&rest);
-                            chunk = Bytes::from(v);
-                        }
-                        if !chunk.is_empty() {
-                            tail = Some(chunk);
-                        }
+                let ctx = &mut self.ctx;
+                for f in &mut self.filters {
+                    let mut chunk = match tail.take() {
+                        Some(t) => f.data(t, ctx),
+                        None => Bytes::new(),
+                    };
+                    if let Some(rest) = f.end(ctx) {
+                        let mut v = Vec::with_capacity(chunk.len() + rest.len());
+                        v.extend_from_slice(&chunk);
+                        v.extend_from_slice(&rest);
+                        chunk = Bytes::from(v);
                     }
-                    if let Some(t) = &tail {
-                        ctx.response_body_bytes += t.len() as u64;
+                    if !chunk.is_empty() {
+                        tail = Some(chunk);
                     }
+                }
+                if let Some(t) = &tail {
+                    ctx.response_body_bytes += t.len() as u64;
                 }
                 // Log once the last frame has been handed over.
                 match tail {

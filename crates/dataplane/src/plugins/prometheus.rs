@@ -15,34 +15,37 @@
 //! path), its first host pattern, the consumer name and the upstream IP. `service` is
 //! always empty (Sluice has no APISIX services).
 //!
-//! Cost per request: one read-locked map lookup keyed by (status, consumer pointer,
-//! upstream pointer) in a cache owned by the route's plugin instance, then relaxed atomic
-//! adds. Label strings are only built the first time a combination is seen.
+//! Cost per request: one lookup keyed by (plugin instance, status, consumer pointer,
+//! upstream pointer) in a cache of the worker thread, then plain loads and stores into
+//! that thread's own series (no lock, no atomic read-modify-write; a scrape sums the
+//! threads' series). Label strings are only built the first time a thread sees a
+//! combination.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::hash::{Hash, Hasher};
 
 use super::fasthash::MixBuildHasher;
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use sluice_plugin_config::prometheus::Prometheus as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Consumer, Plugin, PluginCtx};
-use crate::upstream::{Pool, Upstream};
+use super::{BuildCtx, Plugin, PluginCtx};
+use crate::upstream::Upstream;
 
 /// APISIX's latency buckets, milliseconds.
 pub const BUCKETS_MS: [u64; 15] = [
     1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 30000, 60000,
 ];
 
+/// Observations per bucket (not cumulative); the last counts those above every bound.
+/// NB: the count is their sum, so an observation costs two atomic adds, not three.
 #[derive(Debug, Default)]
 struct Histogram {
-    buckets: [AtomicU64; 15],
-    count: AtomicU64,
+    buckets: [AtomicU64; BUCKETS_MS.len() + 1],
     sum_us: AtomicU64,
 }
 
@@ -50,13 +53,19 @@ impl Histogram {
     fn observe(&self, d: Duration) {
         let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
         let ms = us.div_ceil(1000);
-        if let Some(i) = BUCKETS_MS.iter().position(|b| ms <= *b)
-            && let Some(b) = self.buckets.get(i)
-        {
-            b.fetch_add(1, Relaxed);
+        let i = BUCKETS_MS
+            .iter()
+            .position(|b| ms <= *b)
+            .unwrap_or(BUCKETS_MS.len());
+        if let Some(b) = self.buckets.get(i) {
+            bump(b, 1);
         }
-        self.count.fetch_add(1, Relaxed);
-        self.sum_us.fetch_add(us, Relaxed);
+        bump(&self.sum_us, us);
+    }
+
+    /// Observations in total.
+    fn count(&self) -> u64 {
+        self.buckets.iter().map(|b| b.load(Relaxed)).sum()
     }
 }
 
@@ -71,9 +80,19 @@ struct Labels {
     code: u16,
 }
 
+/// Adds `n` to a counter that only the calling thread writes (see [`Series`]): a load and
+/// a store, where `fetch_add` would be a locked read-modify-write (~20 cycles each, seven
+/// per request).
+fn bump(a: &AtomicU64, n: u64) {
+    a.store(a.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+/// The counters of one label combination, written by one thread only: each thread that
+/// logs requests has its own series per combination (see [`thread_series`]), and rendering
+/// sums them. The `apisix_http_status` count is the request histogram's count (every
+/// logged request is observed there once).
 #[derive(Debug, Default)]
 struct Series {
-    status: AtomicU64,
     request: Histogram,
     upstream: Histogram,
     apisix: Histogram,
@@ -85,7 +104,8 @@ struct Series {
 /// `/apisix/prometheus/metrics`.
 #[derive(Debug, Default)]
 pub struct ApisixMetrics {
-    series: Mutex<HashMap<Labels, Arc<Series>>>,
+    /// Per label combination and thread (see [`thread_index`]).
+    series: Mutex<HashMap<(Labels, u32), Arc<Series>>>,
     requests: AtomicU64,
     in_flight: AtomicI64,
     accepted: AtomicU64,
@@ -93,12 +113,13 @@ pub struct ApisixMetrics {
 }
 
 impl ApisixMetrics {
+    /// The calling thread's series for `labels`.
     fn series(&self, labels: Labels) -> Arc<Series> {
         let mut map = match self.series.lock() {
             Ok(g) => g,
             Err(p) => p.into_inner(),
         };
-        Arc::clone(map.entry(labels).or_default())
+        Arc::clone(map.entry((labels, thread_index())).or_default())
     }
 
     /// A request arrived (every request, with or without the plugin).
@@ -127,16 +148,23 @@ impl ApisixMetrics {
 
     /// Appends the exposition text of the APISIX families to `out`.
     pub fn render(&self, out: &mut String) {
-        let mut all: Vec<(Labels, Arc<Series>)> = {
+        // One entry per label combination with every thread's series of it.
+        let mut all: Vec<(Labels, Vec<Arc<Series>>)> = Vec::new();
+        {
             let map = match self.series.lock() {
                 Ok(g) => g,
                 Err(p) => p.into_inner(),
             };
-            map.iter()
-                .map(|(k, v)| (k.clone(), Arc::clone(v)))
-                .collect()
-        };
-        all.sort_by(|a, b| a.0.cmp(&b.0));
+            let mut flat: Vec<(&Labels, &Arc<Series>)> =
+                map.iter().map(|((l, _), s)| (l, s)).collect();
+            flat.sort_by(|a, b| a.0.cmp(b.0));
+            for (l, s) in flat {
+                match all.last_mut() {
+                    Some((last, v)) if last == l => v.push(Arc::clone(s)),
+                    _ => all.push((l.clone(), vec![Arc::clone(s)])),
+                }
+            }
+        }
         let active = self.active.load(Relaxed).max(0);
         let writing = self.in_flight.load(Relaxed).clamp(0, active);
         let accepted = self.accepted.load(Relaxed);
@@ -182,7 +210,7 @@ impl ApisixMetrics {
                 escape(&l.matched_host),
                 escape(&l.consumer),
                 escape(&l.node),
-                s.status.load(Relaxed)
+                s.iter().map(|s| s.request.count()).sum::<u64>()
             );
         }
 
@@ -190,15 +218,16 @@ impl ApisixMetrics {
         // only in those.
         type Short = (Arc<str>, Arc<str>, Arc<str>);
         let mut short: Vec<(Short, Vec<&Series>)> = Vec::new();
-        for (l, s) in &all {
+        for (l, list) in &all {
             let k = (
                 Arc::clone(&l.route),
                 Arc::clone(&l.consumer),
                 Arc::clone(&l.node),
             );
+            let series = list.iter().map(|s| &**s);
             match short.iter_mut().find(|(sk, _)| *sk == k) {
-                Some((_, v)) => v.push(s),
-                None => short.push((k, vec![s])),
+                Some((_, v)) => v.extend(series),
+                None => short.push((k, series.collect())),
             }
         }
         short.sort_by(|a, b| a.0.cmp(&b.0));
@@ -230,7 +259,7 @@ impl ApisixMetrics {
                         "apisix_http_latency_bucket{{type=\"{ty}\",{labels},le=\"{b}\"}} {cum}"
                     );
                 }
-                let count: u64 = list.iter().map(|s| pick(s).count.load(Relaxed)).sum();
+                let count: u64 = list.iter().map(|s| pick(s).count()).sum();
                 let sum_us: u64 = list.iter().map(|s| pick(s).sum_us.load(Relaxed)).sum();
                 let _ = writeln!(
                     out,
@@ -328,61 +357,56 @@ fn escape(s: &str) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// An `Arc` compared and hashed by address (the cache holds it, so the address cannot be
-/// reused while cached).
-#[derive(Debug, Clone)]
-struct ByPtr<T>(Option<Arc<T>>);
+/// (prometheus instance, status, consumer address, upstream pool address; 0 for none).
+/// NB: while an instance lives, so does the snapshot it was built for, and with it every
+/// consumer and pool it can see: the addresses are unambiguous.
+type CacheKey = (u64, u16, usize, usize);
 
-impl<T> PartialEq for ByPtr<T> {
-    fn eq(&self, o: &Self) -> bool {
-        match (&self.0, &o.0) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
-            (None, None) => true,
-            _ => false,
-        }
-    }
-}
-impl<T> Eq for ByPtr<T> {}
-impl<T> Hash for ByPtr<T> {
-    fn hash<H: Hasher>(&self, h: &mut H) {
-        self.0
-            .as_ref()
-            .map(|a| Arc::as_ptr(a) as *const u8 as usize)
-            .hash(h);
-    }
+fn addr<T>(a: &Option<Arc<T>>) -> usize {
+    a.as_ref()
+        .map_or(0, |a| Arc::as_ptr(a) as *const u8 as usize)
 }
 
-type CacheKey = (u16, ByPtr<Consumer>, ByPtr<Pool>);
+/// Entries a thread's series cache holds before it is emptied (entries of instances of
+/// old snapshots are dead; emptying only costs fresh lookups).
+const CACHE_LIMIT: usize = 4096;
+
+thread_local! {
+    /// This thread's series by [`CacheKey`]. NB: found without locks or atomic operations.
+    static CACHE: RefCell<HashMap<CacheKey, Arc<Series>, MixBuildHasher>> =
+        RefCell::new(HashMap::default());
+}
+
+/// A small number naming the calling thread (its series are its own).
+fn thread_index() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    thread_local! {
+        static INDEX: u32 = NEXT.fetch_add(1, Relaxed);
+    }
+    INDEX.with(|i| *i)
+}
 
 /// The plugin on one route.
 #[derive(Debug)]
 pub struct Prometheus {
     metrics: Arc<ApisixMetrics>,
-    /// NB: keyed by status and pointers, nothing a client chooses: [`MixBuildHasher`].
-    cache: RwLock<HashMap<CacheKey, Arc<Series>, MixBuildHasher>>,
+    /// Unique per instance, for the thread caches' keys.
+    id: u64,
 }
 
 /// Builds `prometheus`.
 pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
     let _conf: Config = sluice_plugin_config::parse_json(json)?;
     Ok(Arc::new(Prometheus {
         metrics: Arc::clone(&cx.state.apisix),
-        cache: RwLock::new(HashMap::default()),
+        id: NEXT_ID.fetch_add(1, Relaxed),
     }))
 }
 
 impl Prometheus {
-    fn series_for(&self, ctx: &PluginCtx) -> Arc<Series> {
-        let key: CacheKey = (
-            ctx.status.as_u16(),
-            ByPtr(ctx.consumer.clone()),
-            ByPtr(ctx.upstream.clone()),
-        );
-        if let Ok(c) = self.cache.read()
-            && let Some(s) = c.get(&key)
-        {
-            return Arc::clone(s);
-        }
+    /// This thread's series of a combination not in its cache yet.
+    fn new_series(&self, ctx: &PluginCtx) -> Arc<Series> {
         let node: Arc<str> = match &ctx.upstream {
             Some(p) => Arc::from(node_ip(p.address())),
             None => Arc::from(""),
@@ -398,13 +422,25 @@ impl Prometheus {
             node,
             code: ctx.status.as_u16(),
         };
-        let s = self.metrics.series(labels);
-        if let Ok(mut c) = self.cache.write() {
-            // NB: bounded by codes × consumers × endpoints of this route.
-            c.insert(key, Arc::clone(&s));
-        }
-        s
+        self.metrics.series(labels)
     }
+}
+
+fn record(s: &Series, ctx: &PluginCtx) {
+    let now = Instant::now();
+    let request = now.saturating_duration_since(ctx.started);
+    s.request.observe(request);
+    // NB: as APISIX: upstream = `$upstream_response_time` (to the end of the upstream's
+    // response, which streams to the client as it arrives), apisix = request - upstream.
+    if let Some(start) = ctx.upstream_started {
+        let up = now.saturating_duration_since(start);
+        s.upstream.observe(up);
+        s.apisix.observe(request.saturating_sub(up));
+    } else {
+        s.apisix.observe(request);
+    }
+    bump(&s.ingress, ctx.request_bytes);
+    bump(&s.egress, ctx.response_head_bytes + ctx.response_body_bytes);
 }
 
 /// The IP of an endpoint address `ip:port` / `[v6]:port` / `name:port`.
@@ -424,26 +460,48 @@ impl Plugin for Prometheus {
         Config::PRIORITY
     }
 
+    fn has_response_phases(&self) -> bool {
+        false
+    }
+
     fn wants_log(&self) -> bool {
         true
     }
 
     fn log(&self, ctx: &PluginCtx) {
-        let s = self.series_for(ctx);
-        let now = Instant::now();
-        s.status.fetch_add(1, Relaxed);
-        let request = now.saturating_duration_since(ctx.started);
-        s.request.observe(request);
-        if let (Some(start), Some(done)) = (ctx.upstream_started, ctx.upstream_done) {
-            let up = done.saturating_duration_since(start);
-            s.upstream.observe(up);
-            s.apisix.observe(request.saturating_sub(up));
-        } else {
-            s.apisix.observe(request);
+        // NB: the thread's own series, from its cache: no lock, no `Arc` clone, and plain
+        // stores into counters only this thread writes.
+        let key = (
+            self.id,
+            ctx.status.as_u16(),
+            addr(&ctx.consumer),
+            addr(&ctx.upstream),
+        );
+        let cached = CACHE.with(|c| {
+            let Ok(c) = c.try_borrow() else {
+                return false;
+            };
+            match c.get(&key) {
+                Some(s) => {
+                    record(s, ctx);
+                    true
+                }
+                None => false,
+            }
+        });
+        if cached {
+            return;
         }
-        s.ingress.fetch_add(ctx.request_bytes, Relaxed);
-        s.egress
-            .fetch_add(ctx.response_head_bytes + ctx.response_body_bytes, Relaxed);
+        let s = self.new_series(ctx);
+        record(&s, ctx);
+        CACHE.with(|c| {
+            if let Ok(mut c) = c.try_borrow_mut() {
+                if c.len() >= CACHE_LIMIT {
+                    c.clear();
+                }
+                c.insert(key, s);
+            }
+        });
     }
 }
 
@@ -462,11 +520,60 @@ mod tests {
     }
 
     #[test]
+    fn threads_count_in_their_own_series_and_a_scrape_sums_them() {
+        let metrics = Arc::new(ApisixMetrics::default());
+        let labels = Labels {
+            route: Arc::from("r1"),
+            matched_uri: Arc::from("/hello"),
+            matched_host: Arc::from(""),
+            consumer: Arc::from(""),
+            node: Arc::from("10.0.0.1"),
+            code: 200,
+        };
+        let per_thread: Vec<Arc<Series>> = (0..3)
+            .map(|n| {
+                let (metrics, labels) = (Arc::clone(&metrics), labels.clone());
+                std::thread::spawn(move || {
+                    let s = metrics.series(labels.clone());
+                    // The same thread gets the same series again.
+                    assert!(Arc::ptr_eq(&s, &metrics.series(labels)));
+                    for _ in 0..=n {
+                        s.request.observe(Duration::from_micros(300));
+                        bump(&s.egress, 100);
+                    }
+                    s
+                })
+                .join()
+                .unwrap()
+            })
+            .collect();
+        assert!(!Arc::ptr_eq(&per_thread[0], &per_thread[1]));
+        let mut out = String::new();
+        metrics.render(&mut out);
+        // 1 + 2 + 3 requests, one status line for the combination.
+        let status: Vec<&str> = out
+            .lines()
+            .filter(|l| l.starts_with("apisix_http_status{"))
+            .collect();
+        assert_eq!(status.len(), 1, "{out}");
+        assert!(status[0].ends_with("} 6"), "{out}");
+        assert!(
+            out.contains("apisix_bandwidth{type=\"egress\",route=\"r1\",service=\"\",consumer=\"\",node=\"10.0.0.1\"} 600"),
+            "{out}"
+        );
+        assert!(
+            out.contains("apisix_http_latency_count{type=\"request\",route=\"r1\",service=\"\",consumer=\"\",node=\"10.0.0.1\"} 6"),
+            "{out}"
+        );
+    }
+
+    #[test]
     fn buckets() {
         let h = Histogram::default();
         h.observe(Duration::from_micros(1500));
         h.observe(Duration::from_millis(70_000));
         assert_eq!(h.buckets[1].load(Relaxed), 1);
-        assert_eq!(h.count.load(Relaxed), 2);
+        assert_eq!(h.buckets[15].load(Relaxed), 1);
+        assert_eq!(h.count(), 2);
     }
 }
