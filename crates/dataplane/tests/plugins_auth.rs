@@ -428,3 +428,40 @@ async fn chash_on_consumer_keeps_each_consumer_on_one_endpoint() {
         "eight consumers spread over both endpoints"
     );
 }
+
+/// The route's plugins (key-auth) have no response phases, so the chain skips them; a
+/// consumer's merged plugin that has them (response-rewrite) must still run.
+#[tokio::test]
+async fn a_consumer_plugin_with_response_phases_runs_on_a_route_without_any() {
+    let (dp, _echo) = serve(
+        vec![route_with(
+            "default/r/k",
+            &["/k*"],
+            "u",
+            vec![plugin("key-auth", json!({}))],
+        )],
+        vec![
+            consumer(
+                "default_jack",
+                vec![
+                    plugin("key-auth", json!({"key": "jack"})),
+                    plugin(
+                        "response-rewrite",
+                        json!({"headers": {"set": {"X-Consumer-Plugin": "ran"}}}),
+                    ),
+                ],
+            ),
+            consumer(
+                "default_rose",
+                vec![plugin("key-auth", json!({"key": "rose"}))],
+            ),
+        ],
+    )
+    .await;
+    let r = get_with(dp.addr, "/k", &[("apikey", "jack")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.headers["x-consumer-plugin"], "ran");
+    let r = get_with(dp.addr, "/k", &[("apikey", "rose")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert!(r.headers.get("x-consumer-plugin").is_none());
+}
