@@ -48,6 +48,9 @@ pub struct UpstreamBody {
     state: BodyState,
     length: Option<u64>,
     keep_alive: bool,
+    /// When the body ended, if the clock was read for it (the connection went back to its
+    /// pool at that time).
+    ended: Option<std::time::Instant>,
 }
 
 impl UpstreamBody {
@@ -63,6 +66,7 @@ impl UpstreamBody {
             state: BodyState::new(framing),
             length,
             keep_alive,
+            ended: None,
         };
         if body.state == BodyState::Done {
             body.finish();
@@ -74,7 +78,18 @@ impl UpstreamBody {
         if let Some(conn) = self.conn.take()
             && self.keep_alive
         {
-            conn.release();
+            self.ended = conn.release();
+        }
+    }
+}
+
+impl ProxyBody {
+    /// When an upstream body ended, if the clock was read for it already (saves the log
+    /// phase reading it again, ~30 ns).
+    pub fn ended(&self) -> Option<std::time::Instant> {
+        match self {
+            ProxyBody::Upstream(up) => up.ended,
+            _ => None,
         }
     }
 }

@@ -239,10 +239,16 @@ async fn proxy<'t>(
         let Some(endpoint) = upstream.endpoints.get(idx) else {
             return Err(ProxyError::NoEndpoint(upstream.id.clone()));
         };
-        if let Some((run, _)) = plugin_run.as_mut() {
-            run.ctx.upstream = Some(Arc::clone(&endpoint.pool));
-            run.ctx.upstream_started = Some(std::time::Instant::now());
-        }
+        // NB: the attempt's start serves the pool's idle timeout check too.
+        let attempt_started = match plugin_run.as_mut() {
+            Some((run, _)) => {
+                run.ctx.upstream = Some(Arc::clone(&endpoint.pool));
+                let now = std::time::Instant::now();
+                run.ctx.upstream_started = Some(now);
+                Some(now)
+            }
+            None => None,
+        };
         if let Some(h) = upstream.host_header(endpoint) {
             parts.headers.insert(header::HOST, h.clone());
         }
@@ -267,6 +273,7 @@ async fn proxy<'t>(
             timeouts,
             replayable,
             &conn.timer,
+            attempt_started,
         )
         .await;
         match sent {
@@ -343,10 +350,11 @@ async fn attempt(
     timeouts: Timeouts,
     replayable: bool,
     timer: &CoarseTimer,
+    now: Option<std::time::Instant>,
 ) -> Result<(PooledConn, ResponseHead), ProxyError> {
     let mut pooled = endpoint
         .pool
-        .checkout(timeouts.connect, !replayable)
+        .checkout(timeouts.connect, !replayable, now)
         .await?;
     loop {
         let sent = exchange(

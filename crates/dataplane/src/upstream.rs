@@ -531,25 +531,32 @@ impl Pool {
         }
     }
 
-    fn take_idle(&self) -> Option<(Conn, u32)> {
+    /// The most recently used idle connection of this worker, if it has not been idle for
+    /// too long at `now` (read here when `None`).
+    fn take_idle(&self, now: Option<Instant>) -> Option<(Conn, u32)> {
         let me = std::thread::current().id();
         let mut idle = self.idle.lock().ok()?;
         let (_, idle) = idle.iter_mut().find(|(t, _)| *t == me)?;
+        if idle.is_empty() {
+            return None;
+        }
+        let now = now.unwrap_or_else(Instant::now);
         while let Some((conn, since, uses)) = idle.pop() {
-            if since.elapsed() < self.config.idle_timeout {
+            if now.saturating_duration_since(since) < self.config.idle_timeout {
                 return Some((conn, uses));
             }
         }
         None
     }
 
-    fn put_idle(&self, conn: Conn, uses: u32) {
+    /// Keeps `conn` for reuse; returns when it went idle (`None`: it was closed instead).
+    fn put_idle(&self, conn: Conn, uses: u32) -> Option<Instant> {
         if self.config.max_requests > 0 && uses >= self.config.max_requests {
-            return;
+            return None;
         }
         let me = std::thread::current().id();
         let Ok(mut idle) = self.idle.lock() else {
-            return;
+            return None;
         };
         let at = match idle.iter().position(|(t, _)| *t == me) {
             Some(i) => i,
@@ -559,22 +566,27 @@ impl Pool {
             }
         };
         let (_, mine) = &mut idle[at];
-        if mine.len() < self.config.max_idle {
-            mine.push((conn, Instant::now(), uses));
+        if mine.len() >= self.config.max_idle {
+            return None;
         }
+        let now = Instant::now();
+        mine.push((conn, now, uses));
+        Some(now)
     }
 
     /// A connection for one request: the most recently used idle one, or a new one.
     ///
     /// With `check_idle`, an idle connection the upstream has closed is skipped; without it
     /// the caller must be ready to retry on a fresh connection (see
-    /// [`crate::h1::H1Error::is_stale_connection`]).
+    /// [`crate::h1::H1Error::is_stale_connection`]). `now`, when the caller has read the
+    /// clock already, saves reading it again for the idle timeout.
     pub async fn checkout(
         self: &Arc<Self>,
         connect_timeout: Duration,
         check_idle: bool,
+        now: Option<Instant>,
     ) -> Result<PooledConn, ProxyError> {
-        while let Some((mut conn, uses)) = self.take_idle() {
+        while let Some((mut conn, uses)) = self.take_idle(now) {
             if !check_idle || conn.idle_is_usable() {
                 self.reused_total.inc();
                 return Ok(PooledConn {
@@ -639,8 +651,10 @@ pub struct PooledConn {
 
 impl PooledConn {
     /// Hands the connection back for reuse (after its response was read to the end).
-    pub fn release(self) {
-        self.pool.put_idle(self.conn, self.uses);
+    /// Returns the time it did (`None`: the connection was closed instead, the clock not
+    /// read), which serves the caller as the time the response ended.
+    pub fn release(self) -> Option<Instant> {
+        self.pool.put_idle(self.conn, self.uses)
     }
 
     /// The endpoint address.
@@ -716,10 +730,16 @@ mod tests {
                     .build()
                     .unwrap();
                 rt.block_on(async {
-                    let first = pool.checkout(Duration::from_secs(5), true).await.unwrap();
+                    let first = pool
+                        .checkout(Duration::from_secs(5), true, None)
+                        .await
+                        .unwrap();
                     let reused_first = first.reused;
                     first.release();
-                    let second = pool.checkout(Duration::from_secs(5), true).await.unwrap();
+                    let second = pool
+                        .checkout(Duration::from_secs(5), true, None)
+                        .await
+                        .unwrap();
                     let reused_second = second.reused;
                     second.release();
                     (reused_first, reused_second)
@@ -733,6 +753,38 @@ mod tests {
         // Another worker does not get the first one's connection (its runtime is gone).
         assert_eq!(worker(Arc::clone(&pool)), (false, true));
         assert_eq!(pool.idle_count(), 2);
+    }
+
+    #[test]
+    fn the_callers_clock_reading_decides_the_idle_timeout() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let mut open = Vec::new();
+            for s in listener.incoming() {
+                open.push(s);
+            }
+        });
+        let reg = PoolRegistry::default();
+        let pool = reg.get(&addr);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let connect = Duration::from_secs(5);
+            let first = pool.checkout(connect, true, None).await.unwrap();
+            // The time it went idle comes back (the response's end for the log phase).
+            let idle_at = first.release().expect("kept for reuse");
+            // A reading past the idle timeout finds it expired: a new connection.
+            let late = idle_at + pool.config.idle_timeout + Duration::from_millis(1);
+            let second = pool.checkout(connect, true, Some(late)).await.unwrap();
+            assert!(!second.reused);
+            let idle_at = second.release().expect("kept for reuse");
+            // One within the timeout reuses it.
+            let third = pool.checkout(connect, true, Some(idle_at)).await.unwrap();
+            assert!(third.reused);
+        });
     }
 
     #[test]

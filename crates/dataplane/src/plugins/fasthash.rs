@@ -4,7 +4,7 @@
 //! Use it only where the client does not choose the keys, or does not choose what they hash
 //! to:
 //! - pointers and status codes (the Prometheus series cache);
-//! - a value that is already a SipHash of the client's input under a random key (the
+//! - a value that is already a keyed hash of the client's input under a random key (the
 //!   rate-limit windows, see [`Prehashed`]).
 //!
 //! Never use it for raw request data, which would open the map to HashDoS.
@@ -69,8 +69,9 @@ impl Hasher for MixHasher {
 /// Builds [`MixHasher`]s.
 pub type MixBuildHasher = BuildHasherDefault<MixHasher>;
 
-/// A key with its hash computed once, by a keyed hasher (SipHash with a random key), so a
-/// map with [`MixBuildHasher`] does not hash it again. Equality compares the keys.
+/// A key with its hash computed once, by a keyed hasher (aHash or SipHash with a random
+/// key), so a map with [`MixBuildHasher`] does not hash it again. Equality compares the
+/// keys.
 #[derive(Debug, Clone)]
 pub struct Prehashed<K> {
     /// The key's hash.

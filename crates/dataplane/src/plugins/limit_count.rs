@@ -11,7 +11,6 @@
 //! snapshot reloads while the route's config stays the same (or by `group`).
 
 use std::collections::HashMap;
-use std::hash::BuildHasher;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -56,12 +55,14 @@ struct Window {
 #[derive(Debug)]
 pub struct LocalWindows {
     shards: [Mutex<Shard>; SHARDS],
-    hasher: std::collections::hash_map::RandomState,
+    /// NB: aHash with a random key, as DoS-resistant as std's SipHash for keys clients
+    /// choose (their addresses) and ~100 instructions cheaper per request (issue 4).
+    hasher: ahash::RandomState,
 }
 
 #[derive(Debug, Default)]
 struct Shard {
-    /// NB: keyed by the SipHash computed once for the shard (see [`Prehashed`]).
+    /// NB: keyed by the keyed hash computed once for the shard (see [`Prehashed`]).
     map: HashMap<Prehashed<KeyValue>, Window, MixBuildHasher>,
     sweep_at: usize,
 }
@@ -187,7 +188,7 @@ impl LimitCount {
     fn apply(&self, v: Verdict, ctx: &mut PluginCtx) -> Flow<'static> {
         if self.conf.show_limit_quota_header {
             ctx.add_response_header(LIMIT.clone(), self.limit_value.clone());
-            ctx.add_response_header(REMAINING.clone(), HeaderValue::from(v.remaining));
+            ctx.add_response_header(REMAINING.clone(), number_value(v.remaining));
             ctx.add_response_header(RESET.clone(), number_value(v.reset));
         }
         if v.allowed {
@@ -203,6 +204,13 @@ impl LimitCount {
 
 /// `0000` to `9999`, four digits each, for [`number_value`].
 static DIGITS4: [u8; 40_000] = digits4();
+
+/// [`DIGITS4`] as text. NB: checked once, at compile time, so that a slice of it makes a
+/// header value without checking its bytes again.
+static DIGITS4_STR: &str = match std::str::from_utf8(&DIGITS4) {
+    Ok(s) => s,
+    Err(_) => "",
+};
 
 const fn digits4() -> [u8; 40_000] {
     let mut t = [0u8; 40_000];
@@ -220,7 +228,8 @@ const fn digits4() -> [u8; 40_000] {
 /// `n` as a header value. NB: below 10,000 (the seconds to a window's reset, most limits)
 /// it is a static slice: no allocation, and cloning or dropping it counts no references
 /// (each an atomic operation); formatting and allocating per request cost ~150
-/// instructions (issue 4).
+/// instructions (issue 4). Above, one allocation (`HeaderValue::from(u64)` makes two, and
+/// a reference count).
 pub fn number_value(n: u64) -> HeaderValue {
     if let Ok(i) = usize::try_from(n)
         && i < 10_000
@@ -231,13 +240,29 @@ pub fn number_value(n: u64) -> HeaderValue {
             100..=999 => 3,
             _ => 4,
         };
-        if let Some(digits) = DIGITS4.get(4 * i + 4 - width..4 * i + 4)
-            && let Ok(s) = std::str::from_utf8(digits)
-        {
-            return HeaderValue::from_static(s);
+        if let Some(digits) = DIGITS4_STR.get(4 * i + 4 - width..4 * i + 4) {
+            return HeaderValue::from_static(digits);
         }
     }
-    HeaderValue::from(n)
+    // Four digits at a time from the table, from the right.
+    let mut buf = [b'0'; 20];
+    let mut at = buf.len();
+    let mut rest = n;
+    while rest > 0 && at >= 4 {
+        let i = (rest % 10_000) as usize;
+        rest /= 10_000;
+        if let Some(four) = DIGITS4.get(4 * i..4 * i + 4)
+            && let Ok(four) = <[u8; 4]>::try_from(four)
+            && let Some(to) = buf.get_mut(at - 4..at)
+        {
+            to.copy_from_slice(&four);
+        }
+        at -= 4;
+    }
+    let width = n.checked_ilog10().unwrap_or(0) as usize + 1;
+    buf.get(buf.len().saturating_sub(width)..)
+        .and_then(|d| HeaderValue::from_bytes(d).ok())
+        .unwrap_or_else(|| HeaderValue::from(n))
 }
 
 impl Plugin for LimitCount {

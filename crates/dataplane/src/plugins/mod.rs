@@ -320,6 +320,9 @@ pub struct PluginCtx {
     /// end of the response (the log phase), as nginx's `$upstream_response_time` runs to
     /// the end of the upstream's body.
     pub upstream_started: Option<Instant>,
+    /// When the response ended, set before the log phase when the proxy read the clock for
+    /// it already (see [`PluginCtx::end_time`]).
+    pub ended: Option<Instant>,
     /// The upstream traffic-split chose for this request instead of the route's backends.
     pub split_upstream: Option<Arc<crate::upstream::Upstream>>,
     /// Response status (set before the response phases).
@@ -370,6 +373,7 @@ impl PluginCtx {
             consumer: None,
             upstream: None,
             upstream_started: None,
+            ended: None,
             split_upstream: None,
             status: StatusCode::OK,
             request_bytes: 0,
@@ -390,6 +394,11 @@ impl PluginCtx {
     /// Adds a header to the response (from a request phase).
     pub fn add_response_header(&mut self, name: HeaderName, value: HeaderValue) {
         self.response_headers.push((name, value));
+    }
+
+    /// When the response ended: [`PluginCtx::ended`], else now (for the log phase).
+    pub fn end_time(&self) -> Instant {
+        self.ended.unwrap_or_else(Instant::now)
     }
 
     /// The consumer's name, if authenticated.
@@ -581,6 +590,9 @@ impl PluginBody {
         }
         self.done = true;
         if self.wrapped {
+            // NB: the upstream body's end was timed when its connection went back to the
+            // pool; the log phase reuses that reading.
+            self.ctx.ended = self.inner.ended();
             let ctx = &self.ctx;
             let plugins = ctx.merged.as_deref().unwrap_or(&ctx.chain.route);
             for p in plugins.iter().chain(ctx.chain.global.iter()) {

@@ -28,7 +28,7 @@ use std::fmt::Write as _;
 use super::fasthash::MixBuildHasher;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_plugin_config::prometheus::Prometheus as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
@@ -371,10 +371,17 @@ fn addr<T>(a: &Option<Arc<T>>) -> usize {
 /// old snapshots are dead; emptying only costs fresh lookups).
 const CACHE_LIMIT: usize = 4096;
 
+/// A thread's series by [`CacheKey`], with the last one used in front (a route's requests
+/// mostly log the same combination; comparing is cheaper than hashing).
+#[derive(Default)]
+struct ThreadSeries {
+    last: Option<(CacheKey, Arc<Series>)>,
+    all: HashMap<CacheKey, Arc<Series>, MixBuildHasher>,
+}
+
 thread_local! {
-    /// This thread's series by [`CacheKey`]. NB: found without locks or atomic operations.
-    static CACHE: RefCell<HashMap<CacheKey, Arc<Series>, MixBuildHasher>> =
-        RefCell::new(HashMap::default());
+    /// This thread's series. NB: found without locks or atomic operations.
+    static CACHE: RefCell<ThreadSeries> = RefCell::new(ThreadSeries::default());
 }
 
 /// A small number naming the calling thread (its series are its own).
@@ -427,7 +434,7 @@ impl Prometheus {
 }
 
 fn record(s: &Series, ctx: &PluginCtx) {
-    let now = Instant::now();
+    let now = ctx.end_time();
     let request = now.saturating_duration_since(ctx.started);
     s.request.observe(request);
     // NB: as APISIX: upstream = `$upstream_response_time` (to the end of the upstream's
@@ -478,16 +485,21 @@ impl Plugin for Prometheus {
             addr(&ctx.upstream),
         );
         let cached = CACHE.with(|c| {
-            let Ok(c) = c.try_borrow() else {
+            let Ok(mut c) = c.try_borrow_mut() else {
                 return false;
             };
-            match c.get(&key) {
-                Some(s) => {
-                    record(s, ctx);
-                    true
-                }
-                None => false,
+            if let Some((k, s)) = &c.last
+                && *k == key
+            {
+                record(s, ctx);
+                return true;
             }
+            let Some(s) = c.all.get(&key).cloned() else {
+                return false;
+            };
+            record(&s, ctx);
+            c.last = Some((key, s));
+            true
         });
         if cached {
             return;
@@ -496,10 +508,11 @@ impl Plugin for Prometheus {
         record(&s, ctx);
         CACHE.with(|c| {
             if let Ok(mut c) = c.try_borrow_mut() {
-                if c.len() >= CACHE_LIMIT {
-                    c.clear();
+                if c.all.len() >= CACHE_LIMIT {
+                    c.all.clear();
                 }
-                c.insert(key, s);
+                c.all.insert(key, Arc::clone(&s));
+                c.last = Some((key, s));
             }
         });
     }
