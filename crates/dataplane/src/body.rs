@@ -74,6 +74,23 @@ impl UpstreamBody {
         body
     }
 
+    /// The rest of the body, when all of it has arrived already (it came with the head, or
+    /// there is none); the connection then goes back to its pool. `None` leaves the body
+    /// as it was, to be streamed.
+    fn take_complete(&mut self) -> Option<Bytes> {
+        match self.state {
+            BodyState::Done => Some(Bytes::new()),
+            BodyState::Length(n) => {
+                let n = usize::try_from(n).ok()?;
+                let data = self.conn.as_mut()?.conn.take_buffered(n)?;
+                self.state = BodyState::Done;
+                self.finish();
+                Some(data)
+            }
+            _ => None,
+        }
+    }
+
     fn finish(&mut self) {
         if let Some(conn) = self.conn.take()
             && self.keep_alive
@@ -84,6 +101,17 @@ impl UpstreamBody {
 }
 
 impl ProxyBody {
+    /// The whole body, if it is complete already: a body made by Sluice, or an upstream's
+    /// whose bytes all arrived with its head (its connection then goes back to the pool).
+    /// `None` when it must be streamed.
+    pub fn take_complete(&mut self) -> Option<Bytes> {
+        match self {
+            ProxyBody::Full(data) => Some(data.take().unwrap_or_default()),
+            ProxyBody::Upstream(up) => up.take_complete(),
+            ProxyBody::Plugin(_) | ProxyBody::Stream(_) => None,
+        }
+    }
+
     /// When an upstream body ended, if the clock was read for it already (saves the log
     /// phase reading it again, ~30 ns).
     pub fn ended(&self) -> Option<std::time::Instant> {

@@ -450,6 +450,11 @@ pub enum BodyPoll {
 }
 
 impl Conn {
+    /// The next `n` body bytes, if they have all arrived already (with the head).
+    pub fn take_buffered(&mut self, n: usize) -> Option<Bytes> {
+        (self.buf.len() >= n).then(|| self.buf.split_to(n).freeze())
+    }
+
     /// Decodes the next piece of a response body, reading from the socket as needed.
     pub fn poll_body(
         &mut self,

@@ -51,7 +51,11 @@ struct Histogram {
 
 impl Histogram {
     fn observe(&self, d: Duration) {
-        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        // NB: in u64 (`as_micros` is u128 arithmetic).
+        let us = d
+            .as_secs()
+            .saturating_mul(1_000_000)
+            .saturating_add(u64::from(d.subsec_micros()));
         let ms = us.div_ceil(1000);
         let i = BUCKETS_MS
             .iter()
