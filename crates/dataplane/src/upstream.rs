@@ -709,19 +709,23 @@ mod tests {
         assert!(up.pick().is_none());
     }
 
-    #[test]
-    fn idle_connections_are_reused_only_by_the_worker_that_opened_them() {
+    /// The address of a server that accepts and keeps every connection open.
+    fn holding_server() -> String {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        // Accepts and keeps every connection open.
         std::thread::spawn(move || {
             let mut open = Vec::new();
             for s in listener.incoming() {
                 open.push(s);
             }
         });
+        addr
+    }
+
+    #[test]
+    fn idle_connections_are_reused_only_by_the_worker_that_opened_them() {
         let reg = PoolRegistry::default();
-        let pool = reg.get(&addr);
+        let pool = reg.get(&holding_server());
         // One current-thread runtime per worker, as `sluice-dataplane --workers 2` runs.
         let worker = |pool: Arc<Pool>| {
             std::thread::spawn(move || {
@@ -757,16 +761,8 @@ mod tests {
 
     #[test]
     fn the_callers_clock_reading_decides_the_idle_timeout() {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap().to_string();
-        std::thread::spawn(move || {
-            let mut open = Vec::new();
-            for s in listener.incoming() {
-                open.push(s);
-            }
-        });
         let reg = PoolRegistry::default();
-        let pool = reg.get(&addr);
+        let pool = reg.get(&holding_server());
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
