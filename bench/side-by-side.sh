@@ -10,8 +10,9 @@
 # Both dataplanes (one worker each) and the origin (nginx, `200 hello world`, on
 # 127.0.0.1:1980 as in sluice-bench) run on CPU 0; two wrk processes (-c32 each) on CPU 1
 # load A and B during the same seconds. Per round it prints each dataplane's requests per
-# CPU-second (utime + stime from /proc) and B ÷ A. The machine's speed drifts act on both
-# alike, which sequential runs cannot offer on a shared VM.
+# CPU-second (its threads' CPU time in ns, from /proc/PID/task/*/schedstat) and B ÷ A.
+# The machine's speed drifts act on both alike, which sequential runs cannot offer on a
+# shared VM.
 #
 # Needs nginx, wrk, taskset; runs under `flock /tmp/sluice-bench.lock`.
 set -euo pipefail
@@ -95,7 +96,9 @@ port_b=$(free_port)
 start "$b" "$port_b"
 pid_b=${pids[-1]}
 
-ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# CPU time of a process's threads in ns, from the scheduler (finer than /proc/PID/stat's
+# 10 ms ticks, which are 0.3% of a round's share).
+cpu_ns() { cat /proc/"$1"/task/*/schedstat | awk '{s += $1} END {printf "%.0f\n", s}'; }
 both() { # seconds -> writes $work/wa $work/wb
     taskset -c 1 wrk -t1 -c32 -d"$1"s "http://127.0.0.1:$port_a/hello" >"$work/wa" &
     local wa=$!
@@ -103,17 +106,16 @@ both() { # seconds -> writes $work/wa $work/wb
     wait "$wa" $!
 }
 both 2 # warm-up: upstream connections are open and pooled
-clk=$(getconf CLK_TCK)
 echo "A = $a"
 echo "B = $b"
 for r in $(seq 1 "$rounds"); do
-    a0=$(ticks "$pid_a"); b0=$(ticks "$pid_b")
+    a0=$(cpu_ns "$pid_a"); b0=$(cpu_ns "$pid_b")
     both "$duration"
-    a1=$(ticks "$pid_a"); b1=$(ticks "$pid_b")
+    a1=$(cpu_ns "$pid_a"); b1=$(cpu_ns "$pid_b")
     na=$(awk '/requests in/ {print $1}' "$work/wa")
     nb=$(awk '/requests in/ {print $1}' "$work/wb")
     python3 -c "
-ca, cb = ($a1 - $a0) / $clk, ($b1 - $b0) / $clk
+ca, cb = ($a1 - $a0) / 1e9, ($b1 - $b0) / 1e9
 ra, rb = $na / ca, $nb / cb
 print(f'round $r: A {ra:.0f} req/CPU-s ({$na} requests, {ca:.2f} CPU-s), B {rb:.0f} req/CPU-s ({$nb} requests, {cb:.2f} CPU-s), B/A = {rb / ra:.3f}')"
 done

@@ -225,6 +225,26 @@ pub fn reaped_children_ticks(stat: &Path) -> Option<u64> {
         .map(|s| s.cutime + s.cstime)
 }
 
+/// The time a `/proc/<pid>/task/<tid>/schedstat` line says the thread ran, in ns (its
+/// first field).
+pub fn parse_schedstat_ns(line: &str) -> Option<u64> {
+    line.split_whitespace().next()?.parse().ok()
+}
+
+/// CPU time of `pid`'s live threads in nanoseconds (user + system, from the scheduler's
+/// own accounting), or `None` if it cannot be read. NB: finer than the 10 ms ticks of
+/// `/proc/<pid>/stat` (0.3% of a 3 CPU-second share); threads that exit are not counted,
+/// so use it for long-lived processes without children (a dataplane under load).
+pub fn process_cpu_ns(pid: u32) -> Option<u64> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    let mut total = 0u64;
+    for task in tasks {
+        let path = task.ok()?.path().join("schedstat");
+        total += parse_schedstat_ns(&std::fs::read_to_string(path).ok()?)?;
+    }
+    Some(total)
+}
+
 /// Clock ticks per second (`getconf CLK_TCK`); 100 — the Linux value on every
 /// common architecture — if getconf is unavailable.
 pub fn clock_ticks_per_sec() -> u64 {
@@ -242,6 +262,21 @@ pub fn clock_ticks_per_sec() -> u64 {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn schedstat_gives_nanoseconds_on_cpu() {
+        assert_eq!(parse_schedstat_ns("341555 146747 2\n"), Some(341_555));
+        assert_eq!(parse_schedstat_ns(""), None);
+        // This process has run, and its count only grows.
+        let me = std::process::id();
+        let before = process_cpu_ns(me).unwrap();
+        let mut x = 0u64;
+        for i in 0..2_000_000u64 {
+            x = x.wrapping_mul(31).wrapping_add(i);
+        }
+        std::hint::black_box(x);
+        assert!(process_cpu_ns(me).unwrap() > before);
+    }
 
     // A real nginx worker line (fields 1..=52).
     const NGINX_WORKER: &str = "4242 (nginx) S 4241 4241 4241 0 -1 4194624 300 0 0 0 \
