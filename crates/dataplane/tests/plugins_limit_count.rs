@@ -181,3 +181,52 @@ async fn bad_plugin_config_is_rejected_and_the_last_good_snapshot_serves() {
         assert!(r.headers.get("x-ratelimit-limit").is_none());
     }
 }
+
+#[tokio::test]
+async fn the_route_limit_sets_the_headers_after_a_global_one() {
+    // Both limits count the request; as in APISIX (`core.response.set_header`), the
+    // route's limit-count, which runs last, sets the headers: one of each, not two.
+    let echo = EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane().await;
+    let mut snap = snapshot(
+        1,
+        vec![
+            route_with(
+                "default/r/limited",
+                &["/limited"],
+                "u",
+                vec![plugin(
+                    "limit-count",
+                    json!({"count": 2, "time_window": 60}),
+                )],
+            ),
+            route("default/r/plain", &["/plain"], "u"),
+        ],
+        vec![upstream("u", &[(echo.addr, 1)])],
+    );
+    snap.global_rules = vec![sluice_proto::v1::GlobalRule {
+        id: "default/g".into(),
+        plugins: vec![plugin(
+            "limit-count",
+            json!({"count": 10, "time_window": 60, "key_type": "constant", "key": "all"}),
+        )],
+    }];
+    dp.store.apply(snap, vec![]).unwrap();
+
+    let r = get(dp.addr, "example.com", "/limited").await;
+    assert_eq!(r.status, StatusCode::OK);
+    for name in [
+        "x-ratelimit-limit",
+        "x-ratelimit-remaining",
+        "x-ratelimit-reset",
+    ] {
+        assert_eq!(r.headers.get_all(name).iter().count(), 1, "{name}");
+    }
+    assert_eq!(hdr(&r, "x-ratelimit-limit"), "2");
+    assert_eq!(hdr(&r, "x-ratelimit-remaining"), "1");
+
+    // The global budget counted that request too.
+    let r = get(dp.addr, "example.com", "/plain").await;
+    assert_eq!(hdr(&r, "x-ratelimit-limit"), "10");
+    assert_eq!(hdr(&r, "x-ratelimit-remaining"), "8");
+}

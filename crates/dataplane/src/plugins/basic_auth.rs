@@ -79,6 +79,10 @@ impl Plugin for BasicAuth {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn has_response_phases(&self) -> bool {
         false
     }

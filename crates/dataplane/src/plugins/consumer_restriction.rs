@@ -55,6 +55,10 @@ impl Plugin for ConsumerRestriction {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::ACCESS
+    }
+
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let value: &str = match self.conf.type_ {
             RestrictionType::RouteId => &ctx.chain.route_id,

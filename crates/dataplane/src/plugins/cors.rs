@@ -167,6 +167,10 @@ impl Plugin for Cors {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         // NB: kept before other plugins may change the request, as APISIX does.
         ctx.extensions.insert(CorsRequest {

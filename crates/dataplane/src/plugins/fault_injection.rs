@@ -128,6 +128,10 @@ impl Plugin for FaultInjection {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let delay = self.delay.as_ref().filter(|d| {
             d.vars

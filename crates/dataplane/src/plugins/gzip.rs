@@ -90,6 +90,10 @@ impl Plugin for Gzip {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if req.method != Method::HEAD
             && req.version >= self.min_version

@@ -47,6 +47,10 @@ impl Plugin for IpRestriction {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::ACCESS
+    }
+
     fn access<'a>(&'a self, _req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let ip = ctx.remote_addr.ip().to_canonical();
         let listed = self.nets.iter().any(|n| n.contains(&ip));

@@ -184,6 +184,10 @@ impl Plugin for JwtAuth {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn has_response_phases(&self) -> bool {
         false
     }

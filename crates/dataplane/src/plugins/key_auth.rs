@@ -72,6 +72,10 @@ impl Plugin for KeyAuth {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn has_response_phases(&self) -> bool {
         false
     }

@@ -182,6 +182,10 @@ impl Plugin for LimitConn {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::ACCESS
+    }
+
     fn has_response_phases(&self) -> bool {
         false
     }

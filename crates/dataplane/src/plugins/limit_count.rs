@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use http::header::{HeaderName, HeaderValue};
+use http::header::{HeaderMap, HeaderName, HeaderValue};
 use http::request;
 use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::limit_count::LimitCount as Config;
@@ -23,7 +23,7 @@ use sluice_plugin_config::{ConfigError, PluginSchema};
 use super::fasthash::{MixBuildHasher, Prehashed};
 use super::redis::{LimitStore, compiled_key, limit_store};
 use super::vars::{self, KeyValue};
-use super::{BuildCtx, Flow, Plugin, PluginCtx};
+use super::{BuildCtx, Flow, Phases, Plugin, PluginCtx};
 
 const SHARDS: usize = 16;
 
@@ -33,6 +33,40 @@ pub static LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 pub static REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 /// `X-RateLimit-Reset`.
 pub static RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The `X-RateLimit-*` headers of one response: set by limit-count in the access phase,
+/// written into the response head by the response phases.
+///
+/// NB: one slot, so the last limit-count plugin of a request sets them (a route's after a
+/// global rule's), as APISIX's `core.response.set_header` replaces. Numbers stay numbers
+/// until the head is written: staging three header pairs per request cost ~150
+/// instructions more (issue 4).
+#[derive(Debug, Clone)]
+pub struct Quota {
+    limit: HeaderValue,
+    remaining: u64,
+    reset: u64,
+}
+
+impl Quota {
+    /// Appends the three headers to `headers`; returns their size in the head.
+    pub fn append_to(self, headers: &mut HeaderMap) -> u64 {
+        let remaining = number_value(self.remaining);
+        let reset = number_value(self.reset);
+        let size = LIMIT.as_str().len()
+            + self.limit.len()
+            + REMAINING.as_str().len()
+            + remaining.len()
+            + RESET.as_str().len()
+            + reset.len()
+            + 3 * 4;
+        headers.reserve(3);
+        headers.append(LIMIT.clone(), self.limit);
+        headers.append(REMAINING.clone(), remaining);
+        headers.append(RESET.clone(), reset);
+        size as u64
+    }
+}
 
 /// The verdict for one request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +81,9 @@ pub struct Verdict {
 
 #[derive(Debug, Clone, Copy)]
 struct Window {
-    start: Instant,
+    /// When the window ends (its first request + `time_window`). NB: the end, not the
+    /// start, so that a request compares instants and subtracts once (issue 4).
+    end: Instant,
     used: u64,
 }
 
@@ -93,27 +129,25 @@ impl LocalWindows {
             Err(p) => p.into_inner(),
         };
         if shard.map.len() >= shard.sweep_at.max(1024) {
-            shard
-                .map
-                .retain(|_, w| now.saturating_duration_since(w.start) < window);
+            shard.map.retain(|_, w| now < w.end);
             shard.sweep_at = shard.map.len() * 2;
         }
         let w = shard
             .map
             .entry(Prehashed { hash: h, key })
             .or_insert(Window {
-                start: now,
+                end: window_end(now, window),
                 used: 0,
             });
-        let mut elapsed = now.saturating_duration_since(w.start);
-        if elapsed >= window {
+        let left = if now < w.end {
+            w.end.saturating_duration_since(now)
+        } else {
             *w = Window {
-                start: now,
+                end: window_end(now, window),
                 used: 0,
             };
-            elapsed = Duration::ZERO;
-        }
-        let left = window.saturating_sub(elapsed);
+            window
+        };
         let reset = left.as_secs() + u64::from(left.subsec_nanos() > 0);
         if w.used >= limit {
             return Verdict {
@@ -129,6 +163,14 @@ impl LocalWindows {
             reset,
         }
     }
+}
+
+/// When a window that starts `now` ends. NB: a `time_window` too long for the clock (any
+/// u64 is a valid config) ends ~136 years on, never panics.
+fn window_end(now: Instant, window: Duration) -> Instant {
+    now.checked_add(window)
+        .or_else(|| now.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+        .unwrap_or(now)
 }
 
 /// Decrements the window's budget; creates it (with the window as TTL) on first use.
@@ -176,7 +218,7 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
     )?;
     Ok(Arc::new(LimitCount {
         window: Duration::from_secs(conf.time_window),
-        limit_value: number_value(conf.count),
+        limit_value: lasting_number_value(conf.count),
         key,
         conf,
         backend,
@@ -187,9 +229,11 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
 impl LimitCount {
     fn apply(&self, v: Verdict, ctx: &mut PluginCtx) -> Flow<'static> {
         if self.conf.show_limit_quota_header {
-            ctx.add_response_header(LIMIT.clone(), self.limit_value.clone());
-            ctx.add_response_header(REMAINING.clone(), number_value(v.remaining));
-            ctx.add_response_header(RESET.clone(), number_value(v.reset));
+            ctx.quota = Some(Quota {
+                limit: self.limit_value.clone(),
+                remaining: v.remaining,
+                reset: v.reset,
+            });
         }
         if v.allowed {
             Flow::Continue
@@ -265,6 +309,34 @@ pub fn number_value(n: u64) -> HeaderValue {
         .unwrap_or_else(|| HeaderValue::from(n))
 }
 
+/// [`number_value`] for a value that lasts as long as the process: a configured `count`.
+///
+/// NB: a count of 10,000 or more is kept as static text (each distinct value once, at most
+/// [`LASTING_MAX`] of them), so that the header each request copies is cloned and dropped
+/// without a reference count (two atomic operations per request, issue 4).
+fn lasting_number_value(n: u64) -> HeaderValue {
+    static LASTING: Mutex<Vec<(u64, &'static str)>> = Mutex::new(Vec::new());
+    if n < 10_000 {
+        return number_value(n);
+    }
+    let mut all = match LASTING.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    if let Some((_, text)) = all.iter().find(|(m, _)| *m == n) {
+        return HeaderValue::from_static(text);
+    }
+    if all.len() >= LASTING_MAX {
+        return number_value(n);
+    }
+    let text: &'static str = Box::leak(n.to_string().into_boxed_str());
+    all.push((n, text));
+    HeaderValue::from_static(text)
+}
+
+/// Distinct counts [`lasting_number_value`] keeps (20 bytes each at most).
+const LASTING_MAX: usize = 1024;
+
 impl Plugin for LimitCount {
     fn name(&self) -> &'static str {
         Config::NAME
@@ -276,6 +348,10 @@ impl Plugin for LimitCount {
 
     fn has_response_phases(&self) -> bool {
         false
+    }
+
+    fn phases(&self) -> Phases {
+        Phases::ACCESS
     }
 
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
@@ -372,6 +448,17 @@ mod tests {
             w.incoming(KeyValue::Text("other".into()), 2, win, t0)
                 .allowed
         );
+    }
+
+    #[test]
+    fn a_window_too_long_for_the_clock_counts_without_panicking() {
+        let w = LocalWindows::default();
+        let k = || KeyValue::Text("k".into());
+        let forever = Duration::from_secs(u64::MAX);
+        let t0 = Instant::now();
+        assert_eq!(w.incoming(k(), 2, forever, t0).remaining, 1);
+        assert_eq!(w.incoming(k(), 2, forever, t0).remaining, 0);
+        assert!(!w.incoming(k(), 2, forever, t0).allowed);
     }
 
     #[test]

@@ -175,6 +175,10 @@ impl Plugin for LimitReq {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::ACCESS
+    }
+
     fn has_response_phases(&self) -> bool {
         false
     }

@@ -76,7 +76,6 @@ use http::{Response, StatusCode, request, response};
 use http_body::{Body, Frame};
 use sluice_plugin_config::ConfigError;
 use sluice_proto::v1;
-use smallvec::SmallVec;
 
 use crate::body::ProxyBody;
 use crate::h1::H1Error;
@@ -115,6 +114,33 @@ impl std::fmt::Debug for Flow<'_> {
     }
 }
 
+/// The request phases a plugin implements (see [`Plugin::phases`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Phases(u8);
+
+impl Phases {
+    /// No request phase (e.g. a plugin that only logs).
+    pub const NONE: Phases = Phases(0);
+    /// [`Plugin::rewrite`].
+    pub const REWRITE: Phases = Phases(1);
+    /// [`Plugin::access`].
+    pub const ACCESS: Phases = Phases(2);
+    /// [`Plugin::before_proxy`].
+    pub const BEFORE_PROXY: Phases = Phases(4);
+    /// Every request phase.
+    pub const ALL: Phases = Phases(7);
+
+    /// Both sets.
+    pub const fn with(self, other: Phases) -> Phases {
+        Phases(self.0 | other.0)
+    }
+
+    /// Whether every phase of `other` is in `self`.
+    pub const fn has(self, other: Phases) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
 /// A streaming transformation of the response body, made per request by
 /// [`Plugin::body_filter`].
 pub trait BodyFilter: Send {
@@ -143,6 +169,13 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
     /// Access phase: allow, deny or delay (limits, restrictions).
     fn access<'a>(&'a self, _req: &'a mut request::Parts, _ctx: &'a mut PluginCtx) -> Flow<'a> {
         Flow::Continue
+    }
+
+    /// The request phases this plugin implements; a chain calls only these. Default: all.
+    /// NB: each call through `dyn Plugin` is an indirect branch and ~12 instructions; a
+    /// route with limit-count and prometheus made five calls that did nothing (issue 4).
+    fn phases(&self) -> Phases {
+        Phases::ALL
     }
 
     /// Before proxy: last changes to the request head that goes upstream.
@@ -247,6 +280,34 @@ pub fn build_sorted(
     Ok(out)
 }
 
+/// A priority-sorted list of plugins split by phase: each phase's list holds the plugins
+/// that implement it ([`Plugin::phases`], [`Plugin::wants_log`]), in order.
+#[derive(Debug, Default)]
+struct ByPhase {
+    rewrite: Box<[Arc<dyn Plugin>]>,
+    access: Box<[Arc<dyn Plugin>]>,
+    before_proxy: Box<[Arc<dyn Plugin>]>,
+    log: Box<[Arc<dyn Plugin>]>,
+}
+
+impl ByPhase {
+    fn new(plugins: &[Arc<dyn Plugin>]) -> Self {
+        let with = |phase: Phases| -> Box<[Arc<dyn Plugin>]> {
+            plugins
+                .iter()
+                .filter(|p| p.phases().has(phase))
+                .cloned()
+                .collect()
+        };
+        ByPhase {
+            rewrite: with(Phases::REWRITE),
+            access: with(Phases::ACCESS),
+            before_proxy: with(Phases::BEFORE_PROXY),
+            log: plugins.iter().filter(|p| p.wants_log()).cloned().collect(),
+        }
+    }
+}
+
 /// The plugins of one route: global rules' and the route's own, each sorted by priority.
 #[derive(Debug)]
 pub struct PluginChain {
@@ -265,6 +326,10 @@ pub struct PluginChain {
     wrap_body: bool,
     /// Whether a plugin of `global` or `route` has response phases.
     response_phases: bool,
+    /// `global` by phase.
+    global_by: ByPhase,
+    /// `route` by phase.
+    route_by: ByPhase,
 }
 
 impl PluginChain {
@@ -284,6 +349,8 @@ impl PluginChain {
             .iter()
             .chain(plugins.iter())
             .any(|p| p.has_response_phases());
+        let global_by = ByPhase::new(&global);
+        let route_by = ByPhase::new(&plugins);
         Some(Arc::new(PluginChain {
             route_id: Arc::from(route.id.as_str()),
             matched_uri: Arc::from(route.paths.first().map(String::as_str).unwrap_or("")),
@@ -293,6 +360,8 @@ impl PluginChain {
             consumers,
             wrap_body,
             response_phases,
+            global_by,
+            route_by,
         }))
     }
 }
@@ -333,9 +402,10 @@ pub struct PluginCtx {
     pub response_body_bytes: u64,
     /// Response head bytes (approximate).
     pub response_head_bytes: u64,
-    /// Headers request phases want on the response (e.g. `X-RateLimit-*`). NB: inline
-    /// room for limit-count's three, so that they cost no allocation.
-    pub response_headers: SmallVec<[(HeaderName, HeaderValue); 3]>,
+    /// Headers request phases want on the response.
+    pub response_headers: Vec<(HeaderName, HeaderValue)>,
+    /// The `X-RateLimit-*` headers limit-count wants on the response.
+    pub quota: Option<limit_count::Quota>,
     /// The route's plugins merged with the consumer's, when the consumer has plugins.
     merged: Option<Arc<[Arc<dyn Plugin>]>>,
     /// Values kept until the request ends (e.g. a limit-conn slot released on drop).
@@ -357,6 +427,7 @@ impl std::fmt::Debug for PluginCtx {
 
 impl PluginCtx {
     /// A context for one request on `chain`.
+    #[inline(always)]
     pub fn new(
         chain: Arc<PluginChain>,
         remote_addr: SocketAddr,
@@ -379,7 +450,8 @@ impl PluginCtx {
             request_bytes: 0,
             response_body_bytes: 0,
             response_head_bytes: 0,
-            response_headers: SmallVec::new(),
+            response_headers: Vec::new(),
+            quota: None,
             merged: None,
             keep: Vec::new(),
             extensions: http::Extensions::new(),
@@ -432,13 +504,13 @@ pub async fn request_phases(
 ) -> PhaseResult {
     debug_assert!(std::ptr::eq(chain, &*ctx.chain));
     ctx.request_bytes = approx_request_head(req);
-    for p in &chain.global {
+    for p in &chain.global_by.rewrite {
         phase!(p.rewrite(req, ctx));
     }
-    for p in &chain.global {
+    for p in &chain.global_by.access {
         phase!(p.access(req, ctx));
     }
-    for p in chain.route.iter() {
+    for p in &chain.route_by.rewrite {
         phase!(p.rewrite(req, ctx));
     }
     // The consumer's plugins override the route's of the same name (APISIX merge).
@@ -453,14 +525,25 @@ pub async fn request_phases(
         merged.sort_by_key(|p| std::cmp::Reverse(p.priority()));
         ctx.merged = Some(Arc::from(merged));
     }
-    // NB: cloned only when a consumer's plugins were merged in.
-    let merged = ctx.merged.clone();
-    let plugins: &[Arc<dyn Plugin>] = merged.as_deref().unwrap_or(&chain.route);
-    for p in plugins {
-        phase!(p.access(req, ctx));
-    }
-    for p in chain.global.iter().chain(plugins.iter()) {
-        p.before_proxy(req, ctx);
+    match ctx.merged.clone() {
+        // NB: cloned only when a consumer's plugins were merged in.
+        Some(merged) => {
+            for p in merged.iter() {
+                phase!(p.access(req, ctx));
+            }
+            for p in chain.global_by.before_proxy.iter().chain(merged.iter()) {
+                p.before_proxy(req, ctx);
+            }
+        }
+        None => {
+            for p in &chain.route_by.access {
+                phase!(p.access(req, ctx));
+            }
+            let before = &chain.route_by.before_proxy;
+            for p in chain.global_by.before_proxy.iter().chain(before.iter()) {
+                p.before_proxy(req, ctx);
+            }
+        }
     }
     Ok(())
 }
@@ -481,6 +564,9 @@ pub fn response_phases(
     ctx.status = parts.status;
     // The head size: the upstream's when known (set by the proxy), else measured below.
     let mut head_bytes = ctx.response_head_bytes;
+    if let Some(quota) = ctx.quota.take() {
+        head_bytes += quota.append_to(&mut parts.headers);
+    }
     if !ctx.response_headers.is_empty() {
         // NB: one reservation instead of a rehash while appending (limit-count adds three).
         parts.headers.reserve(ctx.response_headers.len());
@@ -594,14 +680,23 @@ impl std::fmt::Debug for PluginBody {
 
 impl PluginBody {
     /// The state of a request on `ctx.chain`, before its request phases.
+    ///
+    /// NB: inlined with [`PluginCtx::new`], so that the context is written once, into the
+    /// allocation; built apart and moved in, it was copied twice (~140 instructions per
+    /// request, issue 4).
+    #[inline(always)]
     pub fn start(ctx: PluginCtx) -> Box<Self> {
-        Box::new(PluginBody {
-            ctx,
-            inner: ProxyBody::empty(),
-            filters: Vec::new(),
-            wrapped: false,
-            done: false,
-        })
+        // NB: allocated first, so that the fields can be written straight into it.
+        Box::write(
+            Box::new_uninit(),
+            PluginBody {
+                ctx,
+                inner: ProxyBody::empty(),
+                filters: Vec::new(),
+                wrapped: false,
+                done: false,
+            },
+        )
     }
 
     fn finish(&mut self) {
@@ -616,9 +711,18 @@ impl PluginBody {
                 self.ctx.ended = self.inner.ended();
             }
             let ctx = &self.ctx;
-            let plugins = ctx.merged.as_deref().unwrap_or(&ctx.chain.route);
-            for p in plugins.iter().chain(ctx.chain.global.iter()) {
-                p.log(ctx);
+            let chain = &*ctx.chain;
+            match ctx.merged.as_deref() {
+                Some(merged) => {
+                    for p in merged.iter().chain(chain.global.iter()) {
+                        p.log(ctx);
+                    }
+                }
+                None => {
+                    for p in chain.route_by.log.iter().chain(chain.global_by.log.iter()) {
+                        p.log(ctx);
+                    }
+                }
             }
         }
     }

@@ -50,12 +50,8 @@ struct Histogram {
 }
 
 impl Histogram {
-    fn observe(&self, d: Duration) {
-        // NB: in u64 (`as_micros` is u128 arithmetic).
-        let us = d
-            .as_secs()
-            .saturating_mul(1_000_000)
-            .saturating_add(u64::from(d.subsec_micros()));
+    /// Observes `us` microseconds.
+    fn observe(&self, us: u64) {
         let ms = us.div_ceil(1000);
         let i = BUCKETS_MS
             .iter()
@@ -437,14 +433,21 @@ impl Prometheus {
     }
 }
 
+/// `d` in whole microseconds. NB: in u64 (`as_micros` is u128 arithmetic).
+fn micros(d: Duration) -> u64 {
+    d.as_secs()
+        .saturating_mul(1_000_000)
+        .saturating_add(u64::from(d.subsec_micros()))
+}
+
 fn record(s: &Series, ctx: &PluginCtx) {
     let now = ctx.end_time();
-    let request = now.saturating_duration_since(ctx.started);
+    let request = micros(now.saturating_duration_since(ctx.started));
     s.request.observe(request);
     // NB: as APISIX: upstream = `$upstream_response_time` (to the end of the upstream's
     // response, which streams to the client as it arrives), apisix = request - upstream.
     if let Some(start) = ctx.upstream_started {
-        let up = now.saturating_duration_since(start);
+        let up = micros(now.saturating_duration_since(start));
         s.upstream.observe(up);
         s.apisix.observe(request.saturating_sub(up));
     } else {
@@ -469,6 +472,10 @@ impl Plugin for Prometheus {
 
     fn priority(&self) -> i32 {
         Config::PRIORITY
+    }
+
+    fn phases(&self) -> super::Phases {
+        super::Phases::NONE
     }
 
     fn has_response_phases(&self) -> bool {
@@ -555,7 +562,7 @@ mod tests {
                     // The same thread gets the same series again.
                     assert!(Arc::ptr_eq(&s, &metrics.series(labels)));
                     for _ in 0..=n {
-                        s.request.observe(Duration::from_micros(300));
+                        s.request.observe(300);
                         bump(&s.egress, 100);
                     }
                     s
@@ -587,8 +594,8 @@ mod tests {
     #[test]
     fn buckets() {
         let h = Histogram::default();
-        h.observe(Duration::from_micros(1500));
-        h.observe(Duration::from_millis(70_000));
+        h.observe(1500);
+        h.observe(70_000_000);
         assert_eq!(h.buckets[1].load(Relaxed), 1);
         assert_eq!(h.buckets[15].load(Relaxed), 1);
         assert_eq!(h.count(), 2);

@@ -138,6 +138,10 @@ impl Plugin for ProxyRewrite {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if self.raw_uri {
             return self.rewrite_raw(req, ctx);

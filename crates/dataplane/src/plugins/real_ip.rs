@@ -83,6 +83,10 @@ impl Plugin for RealIp {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if !self.trusted.is_empty() && !self.trusted(ctx.remote_addr.ip()) {
             return Flow::Continue;

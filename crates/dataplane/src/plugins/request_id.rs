@@ -136,6 +136,10 @@ impl Plugin for RequestId {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let id = match req.headers.get(&self.header).filter(|v| !v.is_empty()) {
             Some(v) => v.clone(),

@@ -64,6 +64,10 @@ impl Plugin for ResponseRewrite {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if self.needs_request {
             stash_request(req, ctx);

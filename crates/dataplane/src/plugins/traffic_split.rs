@@ -104,6 +104,10 @@ impl Plugin for TrafficSplit {
         Config::PRIORITY
     }
 
+    fn phases(&self) -> super::Phases {
+        super::Phases::ACCESS
+    }
+
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         for rule in &self.rules {
             let applies = match &rule.matches {
