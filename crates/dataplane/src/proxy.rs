@@ -79,10 +79,7 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
     store.metrics().observe_status(resp.status());
     apisix.request_finished();
     // Plugins: response phases (headers, body filters, log) of routes with plugins.
-    match plugin_run {
-        Some((run, chain)) => plugins::response_phases(resp, run, chain),
-        None => resp,
-    }
+    plugins::response_phases(resp, &mut plugin_run)
 }
 
 /// `plugin_run` receives the plugin state of a route with plugins, and its chain (which
@@ -91,7 +88,7 @@ async fn proxy<'t>(
     req: Request<Incoming>,
     conn: &ConnInfo,
     table: &'t Arc<RouteTable>,
-    plugin_run: &mut Option<(Box<PluginBody>, &'t plugins::PluginChain)>,
+    plugin_run: &mut Option<(PluginBody, &'t plugins::PluginChain)>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
     let uri = req.uri();

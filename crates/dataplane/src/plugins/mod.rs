@@ -548,16 +548,20 @@ pub async fn request_phases(
     Ok(())
 }
 
-/// Runs the response phases of `chain` on `resp` with the request's plugin state `run`
-/// (made by [`PluginBody::start`] before the request phases) and, when a plugin logs or
-/// filters bodies, makes `run` the response body, so that body filters and the log phase
-/// run as it streams. `chain` is `run.ctx.chain`, passed on its own so that walking it
-/// needs no `Arc` clone.
+/// Runs the response phases on `resp` with the request's plugin state `run` and its chain
+/// in `slot` (`None` for a route without plugins: `resp` is returned as it is). `run` was
+/// made by [`PluginBody::start`] before the request phases; when a plugin logs or filters
+/// a body that is still streaming, `run` leaves `slot` and becomes the response body, so
+/// that body filters and the log phase run as it streams. The chain is `run.ctx.chain`,
+/// kept apart so that walking it needs no `Arc` clone.
 pub fn response_phases(
     resp: Response<ProxyBody>,
-    mut run: Box<PluginBody>,
-    chain: &PluginChain,
+    slot: &mut Option<(PluginBody, &PluginChain)>,
 ) -> Response<ProxyBody> {
+    let Some((run, chain)) = slot.as_mut() else {
+        return resp;
+    };
+    let chain: &PluginChain = chain;
     debug_assert!(std::ptr::eq(chain, &*run.ctx.chain));
     let (mut parts, body) = resp.into_parts();
     let ctx = &mut run.ctx;
@@ -630,10 +634,15 @@ pub fn response_phases(
         };
         return Response::from_parts(parts, body);
     }
+    // The plugin state becomes the body: it moves to the heap (only here: a complete body,
+    // most small responses, costs no allocation).
+    let Some((mut run, _)) = slot.take() else {
+        return Response::from_parts(parts, body);
+    };
     run.inner = body;
     run.filters = filters;
     run.wrapped = true;
-    Response::from_parts(parts, ProxyBody::Plugin(run))
+    Response::from_parts(parts, ProxyBody::Plugin(Box::new(run)))
 }
 
 fn approx_request_head(req: &request::Parts) -> u64 {
@@ -656,8 +665,8 @@ fn approx_response_head(resp: &response::Parts) -> u64 {
 /// The plugin state of one request: its [`PluginCtx`] through the request phases, then
 /// the response body that runs body filters per chunk and the log phase at its end.
 ///
-/// NB: one allocation per request holds both (the context is never moved once the request
-/// phases start).
+/// NB: it lives in the request's future through the request phases (no allocation), and
+/// moves to the heap only when it becomes a streaming response body.
 pub struct PluginBody {
     /// The request's context.
     pub ctx: PluginCtx,
@@ -681,22 +690,18 @@ impl std::fmt::Debug for PluginBody {
 impl PluginBody {
     /// The state of a request on `ctx.chain`, before its request phases.
     ///
-    /// NB: inlined with [`PluginCtx::new`], so that the context is written once, into the
-    /// allocation; built apart and moved in, it was copied twice (~140 instructions per
-    /// request, issue 4).
+    /// NB: inlined with [`PluginCtx::new`], so that the context is written once, in place;
+    /// built apart and moved in, it was copied twice (~140 instructions per request,
+    /// issue 4).
     #[inline(always)]
-    pub fn start(ctx: PluginCtx) -> Box<Self> {
-        // NB: allocated first, so that the fields can be written straight into it.
-        Box::write(
-            Box::new_uninit(),
-            PluginBody {
-                ctx,
-                inner: ProxyBody::empty(),
-                filters: Vec::new(),
-                wrapped: false,
-                done: false,
-            },
-        )
+    pub fn start(ctx: PluginCtx) -> Self {
+        PluginBody {
+            ctx,
+            inner: ProxyBody::empty(),
+            filters: Vec::new(),
+            wrapped: false,
+            done: false,
+        }
     }
 
     fn finish(&mut self) {
@@ -933,7 +938,8 @@ mod tests {
             "http",
             Instant::now(),
         ));
-        let resp = response_phases(Response::new(ProxyBody::full("hello")), run, &chain);
+        let mut slot = Some((run, &*chain));
+        let resp = response_phases(Response::new(ProxyBody::full("hello")), &mut slot);
         // Logged before the response is written, with the body's size; the body is the
         // plain one, not a plugin layer.
         assert_eq!(*logs.0.lock().unwrap(), vec![5]);
