@@ -135,3 +135,84 @@ async fn global_rule_applies_to_every_route() {
     let b = "apisix_http_status{code=\"503\",route=\"default/b/r1\",matched_uri=\"/b\",matched_host=\"\",service=\"\",consumer=\"\",node=\"\"}";
     assert_eq!(sample(&text, b), Some(1.0), "{text}");
 }
+
+/// An origin that answers every request with a chunked body in two parts, 100 ms apart,
+/// so that the body is still arriving when the response head goes to the client.
+async fn slow_chunked_origin() -> SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind(any()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut sock, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut head = Vec::new();
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let Ok(n) = sock.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&buf[..n]);
+                }
+                let first = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
+                if sock.write_all(first).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                let _ = sock.write_all(b"6\r\n world\r\n0\r\n\r\n").await;
+                let _ = sock.read(&mut buf).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_streamed_body_is_logged_once_when_it_ends() {
+    // The body is not complete when the response phases run: the plugin state becomes
+    // the response body and the log phase runs at its end, with the whole body counted.
+    let origin = slow_chunked_origin().await;
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route_with(
+                    "default/slow/r1",
+                    &["/slow"],
+                    "u",
+                    vec![plugin("prometheus", json!({}))],
+                )],
+                vec![upstream("u", &[(origin, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let admin = admin(&dp.store).await;
+
+    let r = get(dp.addr, "h", "/slow").await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.text(), "hello world");
+
+    let text = get(admin, "localhost", "/metrics").await.text();
+    let node = origin.ip().to_string();
+    let status = format!(
+        "apisix_http_status{{code=\"200\",route=\"default/slow/r1\",matched_uri=\"/slow\",matched_host=\"\",service=\"\",consumer=\"\",node=\"{node}\"}}"
+    );
+    assert_eq!(sample(&text, &status), Some(1.0), "logged once: {text}");
+    // The upstream's time runs to the end of its body, 100 ms after the head.
+    let upstream_sum = format!(
+        "apisix_http_latency_sum{{type=\"upstream\",route=\"default/slow/r1\",service=\"\",consumer=\"\",node=\"{node}\"}}"
+    );
+    let ms = sample(&text, &upstream_sum).unwrap();
+    assert!(ms >= 100.0, "upstream latency {ms} ms: {text}");
+    let egress = format!(
+        "apisix_bandwidth{{type=\"egress\",route=\"default/slow/r1\",service=\"\",consumer=\"\",node=\"{node}\"}}"
+    );
+    assert!(
+        sample(&text, &egress).unwrap() >= 11.0,
+        "the whole body: {text}"
+    );
+}
