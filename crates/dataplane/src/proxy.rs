@@ -91,11 +91,14 @@ async fn proxy<'t>(
     plugin_run: &mut Option<(PluginBody, &'t plugins::PluginChain)>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let host = request_host(&req);
+    // NB: checked once; a route with plugins needs it again for its balancer hash
+    // (`to_str` checks every byte).
+    let host_str = host.as_ref().and_then(|h| h.to_str().ok());
     let uri = req.uri();
     let (route, picked) = {
         let info = RequestInfo {
             method: req.method(),
-            host: host.as_ref().and_then(|h| h.to_str().ok()),
+            host: host_str,
             path: uri.path(),
             query: uri.query(),
             headers: req.headers(),
@@ -153,7 +156,7 @@ async fn proxy<'t>(
         };
         let info = RequestInfo {
             method: &parts.method,
-            host: host.as_ref().and_then(|h| h.to_str().ok()),
+            host: host_str,
             path: parts.uri.path(),
             query: parts.uri.query(),
             headers: &parts.headers,
