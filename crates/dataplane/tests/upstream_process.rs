@@ -59,6 +59,47 @@ fn spawn_standalone(
         .unwrap()
 }
 
+/// [`spawn_standalone`] on free ports (`https` too when `extra` names `--listen-https`,
+/// as the placeholder `HTTPS`), once both its HTTP and admin ports accept connections.
+///
+/// NB: a port found free may be taken by a test running in parallel before the dataplane
+/// binds it; the dataplane then exits, and this starts it again on other ports (at most
+/// five times) instead of failing the test on a collision.
+async fn start_standalone(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, SocketAddr, SocketAddr) {
+    for _ in 0..5 {
+        let (http, admin) = (free_port(), free_port());
+        let https = free_port().to_string();
+        let args: Vec<&str> = extra
+            .iter()
+            .map(|a| if *a == "HTTPS" { https.as_str() } else { *a })
+            .collect();
+        let mut child = spawn_standalone(dir, http, admin, &args);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                eprintln!("dataplane exited at start ({status}), again on other ports");
+                eprintln!("{}", log_tail(dir));
+                break;
+            }
+            if tokio::net::TcpStream::connect(http).await.is_ok()
+                && tokio::net::TcpStream::connect(admin).await.is_ok()
+            {
+                return (child, http, admin);
+            }
+            assert!(
+                Instant::now() < deadline,
+                "dataplane did not start\n{}",
+                log_tail(dir)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    panic!("dataplane did not start in five attempts");
+}
+
 fn config(port: u16) -> String {
     format!(
         r#"apiVersion: apisix.apache.org/v2
@@ -86,13 +127,8 @@ async fn sigterm_under_load_finishes_every_in_flight_request_and_refuses_new_one
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, config(origin.addr.port())).unwrap();
-    let (http, admin) = (free_port(), free_port());
-    let mut child = spawn_standalone(
-        dir.path(),
-        http,
-        admin,
-        &["--workers", "2", "--drain-timeout", "10s"],
-    );
+    let (mut child, http, admin) =
+        start_standalone(dir.path(), &["--workers", "2", "--drain-timeout", "10s"]).await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if tokio::net::TcpStream::connect(http).await.is_ok()
@@ -318,13 +354,7 @@ async fn apisix_upstream_fields_take_effect_through_the_real_process() {
         two_port_config(a.addr.port(), b.addr.port(), "500ms"),
     )
     .unwrap();
-    let (http, admin) = (free_port(), free_port());
-    let mut child = spawn_standalone(dir.path(), http, admin, &["--workers", "1"]);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(http).await.is_err() {
-        assert!(Instant::now() < deadline, "dataplane did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let (mut child, http, admin) = start_standalone(dir.path(), &["--workers", "1"]).await;
 
     // passHost rewrite on port 80, node on port 81 (portLevelSettings).
     let r = get(http, "client.example.com", "/main").await;
@@ -448,21 +478,18 @@ async fn ws_dataplane(
 ) -> (std::process::Child, SocketAddr) {
     let file = dir.path().join("config.yaml");
     std::fs::write(&file, ws_config(backend.port())).unwrap();
-    let (http, admin) = (free_port(), free_port());
-    let https = free_port().to_string();
-    let child = spawn_standalone(
+    let (child, http, _admin) = start_standalone(
         dir.path(),
-        http,
-        admin,
         &[
             "--listen-https",
-            &https,
+            "HTTPS",
             "--workers",
             "2",
             "--drain-timeout",
             drain,
         ],
-    );
+    )
+    .await;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok((mut ws, _)) =
