@@ -246,7 +246,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
             let workspace = workspace.unwrap_or_else(workspace_root);
-            let opts = ProxyOptions {
+            let mut opts = ProxyOptions {
+                without_first: false,
                 emulator,
                 sluice_args,
                 scenario,
@@ -271,6 +272,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 if repeat > 1 {
                     eprintln!("sluice-bench: round {round} of {repeat}");
                 }
+                // Scenario 2's side-by-side order alternates between rounds.
+                opts.without_first = round % 2 == 0;
                 let (result, written) = runner::run_proxy_bench(&opts)?;
                 println!("{}", report::render_markdown(&result));
                 eprintln!(

@@ -71,6 +71,11 @@ pub struct ProxyOptions {
     pub emulator: Option<PathBuf>,
     /// Extra flags for sluice-dataplane, after the benchmark's own.
     pub sluice_args: Vec<String>,
+    /// Scenario 2's side-by-side figure: start the dataplane without the plugins, and its
+    /// wrk, first. NB: which of the two goes first can favour it by about a point on this
+    /// VM, in either direction and varying over time (scenario 1 against itself: 0.977–
+    /// 1.010×); `--repeat` alternates, so that the median sees both orders.
+    pub without_first: bool,
 }
 
 /// Paths of the files a run wrote.
@@ -256,10 +261,18 @@ impl Bench<'_> {
         let both = |duration: Duration,
                     label: &str|
          -> Result<(WrkReport, WrkReport), BenchError> {
-            let a = self.spawn_wrk(dir, with.1, half, duration, &format!("{label}-with"))?;
-            let b = self.spawn_wrk(dir, without.1, half, duration, &format!("{label}-without"))?;
-            let a = self.finish_wrk(a, duration, &format!("{label}-with"))?;
-            let b = self.finish_wrk(b, duration, &format!("{label}-without"))?;
+            let (with_label, without_label) = (format!("{label}-with"), format!("{label}-without"));
+            let (a, b) = if opts.without_first {
+                let b = self.spawn_wrk(dir, without.1, half, duration, &without_label)?;
+                let a = self.spawn_wrk(dir, with.1, half, duration, &with_label)?;
+                (a, b)
+            } else {
+                let a = self.spawn_wrk(dir, with.1, half, duration, &with_label)?;
+                let b = self.spawn_wrk(dir, without.1, half, duration, &without_label)?;
+                (a, b)
+            };
+            let a = self.finish_wrk(a, duration, &with_label)?;
+            let b = self.finish_wrk(b, duration, &without_label)?;
             Ok((a, b))
         };
         if !opts.warmup.is_zero() {
@@ -638,11 +651,18 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             let side = (|| {
                 // NB: a directory each, for their logs.
                 let dir2 = TempDir::new("sluice-side-2").map_err(|e| e.to_string())?;
-                let p2 = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
-                let (with, _) = start_sluice(opts, 2, bin, proxy_cpu, &dir2, p2)?;
                 let dir1 = TempDir::new("sluice-side-1").map_err(|e| e.to_string())?;
+                let p2 = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
                 let p1 = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
-                let (without, _) = start_sluice(opts, 1, bin, proxy_cpu, &dir1, p1)?;
+                let start_with = || start_sluice(opts, 2, bin, proxy_cpu, &dir2, p2);
+                let start_without = || start_sluice(opts, 1, bin, proxy_cpu, &dir1, p1);
+                let ((with, _), (without, _)) = if opts.without_first {
+                    let without = start_without()?;
+                    (start_with()?, without)
+                } else {
+                    let with = start_with()?;
+                    (with, start_without()?)
+                };
                 bench
                     .measure_side_by_side(dir2.path(), (&with, p2), (&without, p1))
                     .map_err(|e| e.to_string())
