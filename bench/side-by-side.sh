@@ -14,7 +14,8 @@
 # one point lower (0.941× against 0.952×, issue 4). Per round it prints each dataplane's requests per
 # CPU-second (its threads' CPU time in ns, from /proc/PID/task/*/schedstat) and B ÷ A.
 # The machine's speed drifts act on both alike, which sequential runs cannot offer on a
-# shared VM.
+# shared VM. NB: A starts first (dataplane and wrk) and can gain about a point over B
+# (scenario 1 against itself: 0.977-1.010x); for a small difference, run both orders.
 #
 # Needs nginx, wrk, taskset; runs under `flock /tmp/sluice-bench.lock`.
 set -euo pipefail
