@@ -572,7 +572,7 @@ pub fn response_phases(
         head_bytes += quota.append_to(&mut parts.headers);
     }
     if !ctx.response_headers.is_empty() {
-        // NB: one reservation instead of a rehash while appending (limit-count adds three).
+        // NB: one reservation instead of a rehash while appending several.
         parts.headers.reserve(ctx.response_headers.len());
         for (name, value) in ctx.response_headers.drain(..) {
             head_bytes += (name.as_str().len() + value.len() + 4) as u64;
