@@ -162,11 +162,17 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
     for (i, r) in rounds.iter().enumerate() {
         if let Some(x) = &r.ratios {
             let c = cell(same_run, r.plugin_cost_same_run, &mut cost);
-            let d = cell(
+            let mut d = cell(
                 side,
                 r.plugin_cost_side_by_side.as_ref().map(|s| s.ratio),
                 &mut cost_side,
             );
+            if r.plugin_cost_side_by_side
+                .as_ref()
+                .is_some_and(|s| s.without_first)
+            {
+                d = d.replace("× |", "× (plain first) |");
+            }
             out.push_str(&format!(
                 "| {} | {:.2}× | {:.2}× | {:.2}× |{c}{d} {} |\n",
                 i + 1,

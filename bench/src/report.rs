@@ -65,6 +65,10 @@ pub struct SideBySide {
     /// `with_plugins.requests_per_cpu_second ÷ without_plugins.requests_per_cpu_second`
     /// (budget ≥ [`BUDGET_PLUGIN_RATE`]).
     pub ratio: f64,
+    /// Whether the dataplane without the plugins, and its wrk, started first (the order
+    /// alternates between rounds; the one started first can gain about a point).
+    #[serde(default)]
+    pub without_first: bool,
 }
 
 /// One dataplane's part of a [`SideBySide`] measurement.
@@ -94,6 +98,7 @@ impl SideBySide {
             with_plugins,
             without_plugins,
             ratio,
+            without_first: false,
         })
     }
 }
@@ -600,9 +605,10 @@ pub fn render_markdown(r: &BenchResult) -> String {
     if let Some(x) = &r.plugin_cost_side_by_side {
         let _ = writeln!(
             s,
-            "\nPlugin cost, side by side (both dataplanes loaded during the same {:.0} s, {} connections each): with the plugins {} requests in {:.2} CPU-s = {:.0} req/CPU-s ÷ without them {} requests in {:.2} CPU-s = {:.0} req/CPU-s = **{:.3}×** (budget ≥ {BUDGET_PLUGIN_RATE:.2}×: {})",
+            "\nPlugin cost, side by side (both dataplanes loaded during the same {:.0} s, {} connections each, the one {} the plugins started first): with the plugins {} requests in {:.2} CPU-s = {:.0} req/CPU-s ÷ without them {} requests in {:.2} CPU-s = {:.0} req/CPU-s = **{:.3}×** (budget ≥ {BUDGET_PLUGIN_RATE:.2}×: {})",
             r.params.duration_s,
             r.params.connections / 2,
+            if x.without_first { "without" } else { "with" },
             x.with_plugins.requests,
             x.with_plugins.cpu_seconds,
             x.with_plugins.requests_per_cpu_second,
@@ -913,6 +919,25 @@ mod tests {
             md.contains("= 40000 req/CPU-s ÷ without them 64000 requests in 1.50 CPU-s = 42667 req/CPU-s = **0.938×** (budget ≥ 0.95×: MISSES)"),
             "{md}"
         );
+        assert!(
+            md.contains("the one with the plugins started first"),
+            "{md}"
+        );
+        // Rounds alternate the start order; the report says which went first, and older
+        // result files (without the field) read as "with the plugins first".
+        let mut swapped = r.clone();
+        if let Some(x) = swapped.plugin_cost_side_by_side.as_mut() {
+            x.without_first = true;
+        }
+        let md = render_markdown(&swapped);
+        assert!(
+            md.contains("the one without the plugins started first"),
+            "{md}"
+        );
+        let mut json = serde_json::to_value(x).unwrap();
+        json.as_object_mut().unwrap().remove("without_first");
+        let old: SideBySide = serde_json::from_value(json).unwrap();
+        assert!(!old.without_first);
         // Errors on either side void the comparison.
         assert!(SideBySide::new(Share::new(&wrk(6_000.0, 2.0, 3), 1.5), without).is_none());
         // Scenario 1 has no such figure.

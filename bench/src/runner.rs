@@ -303,7 +303,11 @@ impl Bench<'_> {
         let x = report::SideBySide::new(
             report::Share::new(&a, secs(with_before, with_after)),
             report::Share::new(&b, secs(without_before, without_after)),
-        );
+        )
+        .map(|x| report::SideBySide {
+            without_first: opts.without_first,
+            ..x
+        });
         if x.is_none() {
             eprintln!(
                 "sluice-bench: side by side: errors ({} and {}) or no CPU time: no figure",
