@@ -225,17 +225,23 @@ fn two_replicas_elect_one_status_writer_and_every_dataplane_converges() {
     let leader_a = metric(p.metrics, "sluice_controller_leader");
     let leader_b = metric(metrics_b, "sluice_controller_leader");
     assert_eq!(leader_a + leader_b, 1.0, "a={leader_a} b={leader_b}");
-    let programmed = eventually(Duration::from_secs(30), || {
-        condition(&p, "demo", "Programmed").filter(|c| c["status"] == "True")
+    // Both dataplanes serve /hello, so both ACKed the leader; its status write may still
+    // show the first ACK alone ("1/1"), written before the second dataplane connected.
+    let two_of_two = |c: &Value| {
+        c["status"] == "True"
+            && c["message"]
+                .as_str()
+                .is_some_and(|m| m.starts_with("2/2 dataplanes"))
+    };
+    eventually(Duration::from_secs(30), || {
+        condition(&p, "demo", "Programmed").filter(two_of_two)
     })
-    .expect("Programmed=True");
-    assert!(
-        programmed["message"]
-            .as_str()
-            .unwrap()
-            .starts_with("2/2 dataplanes"),
-        "{programmed}"
-    );
+    .unwrap_or_else(|| {
+        panic!(
+            "Programmed never said 2/2: {:?}",
+            condition(&p, "demo", "Programmed")
+        )
+    });
     let (leader_metrics, follower_metrics) = if leader_a == 1.0 {
         (p.metrics, metrics_b)
     } else {
@@ -309,7 +315,14 @@ fn a_snapshot_a_dataplane_cannot_compile_is_nacked_and_shown_in_programmed() {
     p.cluster.apply(&limited).unwrap();
     wait_served_by(&p, "/limited", "e2e-echo");
     let programmed = eventually(Duration::from_secs(30), || {
-        condition(&p, "limited", "Programmed").filter(|c| c["reason"] == "Rejected")
+        // Waits for both verdicts: a write made between the NACK and the other dataplane's
+        // ACK says 0/2.
+        condition(&p, "limited", "Programmed").filter(|c| {
+            c["reason"] == "Rejected"
+                && c["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("1/2 dataplanes"))
+        })
     })
     .expect("limited: Programmed=False Rejected");
     assert_eq!(programmed["status"], "False");
