@@ -9,6 +9,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
 use crate::h1::{BodyPoll, BodyState, Framing, H1Error};
+use crate::health::InFlight;
 use crate::upstream::PooledConn;
 
 /// Response body sent downstream.
@@ -22,7 +23,25 @@ pub enum ProxyBody {
     Plugin(Box<crate::plugins::PluginBody>),
     /// An upstream response body from a hyper client connection (HTTP/2, TLS; see
     /// [`crate::h2up`]), streamed frame by frame with its trailers.
-    Stream(hyper::body::Incoming),
+    Stream(StreamBody),
+}
+
+/// A body from a hyper client connection, with its endpoint counted in flight (for
+/// `least_conn` and `ewma`) until the body ends or is dropped.
+#[derive(Debug)]
+pub struct StreamBody {
+    body: hyper::body::Incoming,
+    in_flight: Option<InFlight>,
+}
+
+impl StreamBody {
+    /// `body`, keeping `in_flight` until it ends.
+    pub fn new(body: hyper::body::Incoming, in_flight: InFlight) -> Self {
+        StreamBody {
+            body,
+            in_flight: Some(in_flight),
+        }
+    }
 }
 
 impl ProxyBody {
@@ -133,9 +152,13 @@ impl Body for ProxyBody {
         match self.get_mut() {
             ProxyBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             ProxyBody::Plugin(p) => p.poll_frame(cx),
-            ProxyBody::Stream(body) => Pin::new(body)
-                .poll_frame(cx)
-                .map_err(|e| H1Error::Io(std::io::Error::other(e))),
+            ProxyBody::Stream(s) => {
+                let polled = Pin::new(&mut s.body).poll_frame(cx);
+                if matches!(polled, Poll::Ready(None | Some(Err(_)))) || s.body.is_end_stream() {
+                    s.in_flight = None;
+                }
+                polled.map_err(|e| H1Error::Io(std::io::Error::other(e)))
+            }
             ProxyBody::Upstream(up) => {
                 let Some(conn) = up.conn.as_mut() else {
                     return Poll::Ready(None);
@@ -164,7 +187,7 @@ impl Body for ProxyBody {
     fn is_end_stream(&self) -> bool {
         match self {
             ProxyBody::Full(data) => data.is_none(),
-            ProxyBody::Stream(body) => body.is_end_stream(),
+            ProxyBody::Stream(s) => s.body.is_end_stream(),
             ProxyBody::Upstream(up) => up.conn.is_none() || up.state == BodyState::Done,
             ProxyBody::Plugin(p) => p.is_end_stream(),
         }
@@ -174,7 +197,7 @@ impl Body for ProxyBody {
         match self {
             ProxyBody::Full(Some(d)) => SizeHint::with_exact(d.len() as u64),
             ProxyBody::Full(None) => SizeHint::with_exact(0),
-            ProxyBody::Stream(body) => body.size_hint(),
+            ProxyBody::Stream(s) => s.body.size_hint(),
             ProxyBody::Upstream(up) => match up.length {
                 Some(n) => SizeHint::with_exact(n),
                 None => SizeHint::default(),

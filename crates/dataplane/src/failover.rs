@@ -111,7 +111,10 @@ pub async fn proxy(
         let in_flight = endpoint.state.begin();
         let address = endpoint.address.as_str();
         let error = match crate::h2up::connect(conn, protocol, address, timeouts).await {
-            Err(e) => e,
+            Err(e) => {
+                drop(in_flight);
+                e
+            }
             Ok(connected) => {
                 let endpoint_host = upstream.host_header(endpoint).cloned().or(host.clone());
                 let sent = crate::h2up::send(
@@ -122,9 +125,9 @@ pub async fn proxy(
                     address,
                     connected,
                     timeouts,
+                    in_flight,
                 )
                 .await;
-                drop(in_flight);
                 match sent {
                     Ok(resp) => {
                         succeeded(upstream, endpoint, &resp, started);
@@ -176,9 +179,16 @@ async fn upgrade_to(
         match crate::websocket::connect(conn, tls, address, timeouts).await {
             Ok(io) => {
                 let endpoint_host = upstream.host_header(endpoint).cloned().or(host);
-                let result =
-                    crate::websocket::proxy(req, endpoint_host, conn, io, address, timeouts).await;
-                drop(in_flight);
+                let result = crate::websocket::proxy(
+                    req,
+                    endpoint_host,
+                    conn,
+                    io,
+                    address,
+                    timeouts,
+                    in_flight,
+                )
+                .await;
                 match &result {
                     Ok(resp) => succeeded(upstream, endpoint, resp, started),
                     Err(e) => failed(upstream, endpoint, e, started, timeouts),

@@ -27,9 +27,10 @@ use prost::Message as _;
 use sluice_proto::v1;
 use tokio::net::TcpStream;
 
-use crate::body::ProxyBody;
+use crate::body::{ProxyBody, StreamBody};
 use crate::error::ProxyError;
 use crate::h1::H1Error;
+use crate::health::InFlight;
 use crate::proxy::{ConnInfo, strip_hop_by_hop};
 use crate::upstream::Timeouts;
 use crate::upstream_tls::{Alpn, InvalidUpstreamTls, UpstreamTlsClient, negotiated_h2};
@@ -446,7 +447,9 @@ impl From<ProxyError> for SendError {
 }
 
 /// Sends `prepared` on `connected`, a connection to the endpoint `address` of an upstream
-/// with `protocol`; `host` is the Host (HTTP/2 `:authority`) this endpoint receives.
+/// with `protocol`; `host` is the Host (HTTP/2 `:authority`) this endpoint receives. The
+/// response's body keeps `in_flight` until it ends; an error drops it.
+#[allow(clippy::too_many_arguments)]
 pub async fn send(
     prepared: Prepared,
     host: Option<HeaderValue>,
@@ -455,6 +458,7 @@ pub async fn send(
     address: &str,
     connected: Connected,
     timeouts: Timeouts,
+    in_flight: InFlight,
 ) -> Result<Response<ProxyBody>, SendError> {
     let Connected { pool, mut sender } = connected;
     let Prepared { mut req, path } = prepared;
@@ -530,5 +534,8 @@ pub async fn send(
     let (mut parts, body) = response.into_parts();
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
-    Ok(Response::from_parts(parts, ProxyBody::Stream(body)))
+    Ok(Response::from_parts(
+        parts,
+        ProxyBody::Stream(StreamBody::new(body, in_flight)),
+    ))
 }

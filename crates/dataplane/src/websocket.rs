@@ -30,6 +30,7 @@ use tokio::sync::Notify;
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::h1::{Framing, H1Error, MAX_HEAD_BYTES, MAX_HEADERS, ProxyHeaders, encode_request_head};
+use crate::health::InFlight;
 use crate::proxy::{ConnInfo, strip_hop_by_hop};
 use crate::upstream::Timeouts;
 use crate::upstream_tls::{Alpn, UpstreamTlsClient};
@@ -150,7 +151,8 @@ pub async fn connect(
 }
 
 /// Proxies the upgrade request `req` on `upstream`, a connection to the endpoint `address`
-/// made by [`connect`].
+/// made by [`connect`]. A session keeps `in_flight` until it ends (nginx counts a WebSocket
+/// as one request for its whole life, and so does `least_conn`); a refusal drops it.
 pub async fn proxy(
     mut req: Request<Incoming>,
     host: Option<HeaderValue>,
@@ -158,6 +160,7 @@ pub async fn proxy(
     mut upstream: UpstreamIo,
     address: &str,
     timeouts: Timeouts,
+    in_flight: InFlight,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let on_upgrade = hyper::upgrade::on(&mut req);
     let (mut parts, _body) = req.into_parts();
@@ -238,6 +241,7 @@ pub async fn proxy(
     let session = SessionGuard::open();
     tokio::spawn(async move {
         let _session = session;
+        let _in_flight = in_flight;
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
             Err(e) => {

@@ -13,17 +13,20 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use common::*;
-use http_body_util::{BodyExt, Full};
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use sluice_proto::v1;
 use tokio::net::TcpListener;
 
-/// A hyper h2c origin answering `h2 <path>` (after `/slow` paths wait 200 ms); counts
-/// accepted connections and can drop them all.
+/// A hyper h2c origin answering `h2 <path>` (after `/slow` paths wait 200 ms; `/stream`
+/// answers `start` at once and `end` a second later); counts accepted connections and
+/// requests, and can drop every connection.
 struct Origin {
     addr: SocketAddr,
     accepted: Arc<AtomicUsize>,
+    requests: Arc<AtomicUsize>,
     conns: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
     listener: tokio::task::JoinHandle<()>,
 }
@@ -33,21 +36,48 @@ impl Origin {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let accepted = Arc::new(AtomicUsize::new(0));
+        let requests = Arc::new(AtomicUsize::new(0));
         let conns = Arc::new(Mutex::new(Vec::new()));
-        let (a, c) = (Arc::clone(&accepted), Arc::clone(&conns));
+        let (a, r, c) = (
+            Arc::clone(&accepted),
+            Arc::clone(&requests),
+            Arc::clone(&conns),
+        );
         let listener = tokio::spawn(async move {
             loop {
                 let (tcp, _) = listener.accept().await.unwrap();
                 a.fetch_add(1, Ordering::SeqCst);
+                let r = Arc::clone(&r);
                 let task = tokio::spawn(async move {
-                    let service =
-                        service_fn(|req: http::Request<hyper::body::Incoming>| async move {
+                    let service = service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        r.fetch_add(1, Ordering::SeqCst);
+                        async move {
                             if req.uri().path().starts_with("/slow") {
                                 tokio::time::sleep(Duration::from_millis(200)).await;
                             }
+                            if req.uri().path() == "/stream" {
+                                let frames = futures::stream::unfold(0, |i| async move {
+                                    let data = match i {
+                                        0 => "start",
+                                        1 => {
+                                            tokio::time::sleep(Duration::from_secs(1)).await;
+                                            "end"
+                                        }
+                                        _ => return None,
+                                    };
+                                    Some((
+                                        Ok::<_, Infallible>(Frame::data(Bytes::from(data))),
+                                        i + 1,
+                                    ))
+                                });
+                                return Ok::<_, Infallible>(http::Response::new(
+                                    StreamBody::new(frames).boxed(),
+                                ));
+                            }
                             let body = format!("{:?} {}", req.version(), req.uri().path());
-                            Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from(body))))
-                        });
+                            Ok(http::Response::new(Full::new(Bytes::from(body)).boxed()))
+                        }
+                    });
                     let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
                         .serve_connection(TokioIo::new(tcp), service)
                         .await;
@@ -58,6 +88,7 @@ impl Origin {
         Origin {
             addr,
             accepted,
+            requests,
             conns,
             listener,
         }
@@ -65,6 +96,10 @@ impl Origin {
 
     fn accepted(&self) -> usize {
         self.accepted.load(Ordering::SeqCst)
+    }
+
+    fn requests(&self) -> usize {
+        self.requests.load(Ordering::SeqCst)
     }
 
     /// Closes the listener and every connection, as a dying pod does.
@@ -226,4 +261,61 @@ async fn an_endpoint_killed_under_traffic_costs_no_request() {
         Some(0.0),
         "killed endpoint ejected"
     );
+}
+
+#[tokio::test]
+async fn least_conn_counts_a_streamed_response_until_its_end() {
+    // An HTTP/2 response is in flight until its body ends, not when its head arrives (APISIX
+    // counts a request until nginx has sent the whole response).
+    let (a, b) = (Origin::start().await, Origin::start().await);
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(a.addr, 1), (b.addr, 1)]);
+    up.scheme = v1::Scheme::Grpc as i32;
+    up.load_balancer = v1::LoadBalancer::LeastConn as i32;
+    dp.store
+        .apply(
+            snapshot(1, vec![route("default/r/r1", &["/*"], "u")], vec![up]),
+            vec![],
+        )
+        .unwrap();
+    let addr = dp.addr;
+    let long = tokio::spawn(async move { get(addr, "h2.test", "/stream").await });
+    let mut started = false;
+    for _ in 0..100 {
+        if a.requests() + b.requests() == 1 {
+            started = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(started, "the streamed request reached an origin");
+    // Its head (and first frame) arrived long ago; its body is still streaming.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (busy, idle) = if a.requests() == 1 {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    let in_flight = |o: &Origin| {
+        metric_of(
+            &dp,
+            "sluice_upstream_requests_in_flight",
+            &["upstream=\"u\"", &format!("endpoint=\"{}\"", o.addr)],
+        )
+    };
+    assert_eq!(in_flight(busy), Some(1.0));
+    for i in 0..6 {
+        let r = get(dp.addr, "h2.test", &format!("/x/{i}")).await;
+        assert_eq!(r.text(), format!("HTTP/2.0 /x/{i}"));
+    }
+    assert_eq!(
+        busy.requests(),
+        1,
+        "least_conn sent a request to the busy endpoint"
+    );
+    assert_eq!(idle.requests(), 6);
+    let long = long.await.unwrap();
+    assert_eq!(long.text(), "startend");
+    assert_eq!(in_flight(busy), Some(0.0));
+    assert_eq!(in_flight(idle), Some(0.0));
 }

@@ -212,3 +212,79 @@ async fn an_upgrade_to_a_dead_endpoint_is_retried_on_another_and_ejects_it() {
     );
     assert_eq!(health_of(&dp, "u", backend), Some(1.0));
 }
+
+/// `sluice_upstream_requests_in_flight` of `endpoint` in upstream `u`.
+fn in_flight_of(dp: &Dataplane, endpoint: SocketAddr) -> Option<f64> {
+    metric_of(
+        dp,
+        "sluice_upstream_requests_in_flight",
+        &["upstream=\"u\"", &format!("endpoint=\"{endpoint}\"")],
+    )
+}
+
+#[tokio::test]
+async fn least_conn_counts_an_open_session_until_it_ends() {
+    // APISIX (nginx) counts a WebSocket session as one connection for its whole life, so
+    // least_conn spreads long-lived sessions; a count that ended at the 101 would not.
+    let (a, b) = (ws_server("a").await, ws_server("b").await);
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(a, 1), (b, 1)]);
+    up.load_balancer = v1::LoadBalancer::LeastConn as i32;
+    dp.store
+        .apply(snapshot(1, vec![ws_route(true, "u")], vec![up]), vec![])
+        .unwrap();
+    let url = format!("ws://{}/ws/long", dp.addr);
+    let (mut long, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    let greeting = next_text(&mut long).await;
+    let (busy, idle, other) = if greeting.starts_with("hello from a ") {
+        (a, b, "b")
+    } else {
+        (b, a, "a")
+    };
+    assert_eq!(in_flight_of(&dp, busy), Some(1.0));
+    assert_eq!(in_flight_of(&dp, idle), Some(0.0));
+
+    // While it lasts, every short session goes to the other endpoint.
+    for i in 0..4 {
+        let (mut short, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws/{i}", dp.addr))
+            .await
+            .unwrap();
+        assert_eq!(
+            next_text(&mut short).await,
+            format!("hello from {other} /ws/{i}")
+        );
+        short.close(None).await.unwrap();
+        while short.next().await.is_some() {}
+        drop(short);
+        assert!(
+            counts_settle(&dp, idle, 0.0).await,
+            "{:?}",
+            in_flight_of(&dp, idle)
+        );
+    }
+
+    // The long session still works, and its end is counted.
+    long.send(Message::text("still here")).await.unwrap();
+    assert!(next_text(&mut long).await.ends_with(": still here"));
+    long.close(None).await.unwrap();
+    while long.next().await.is_some() {}
+    drop(long);
+    assert!(
+        counts_settle(&dp, busy, 0.0).await,
+        "{:?}",
+        in_flight_of(&dp, busy)
+    );
+    assert_eq!(in_flight_of(&dp, idle), Some(0.0));
+}
+
+/// Whether `endpoint`'s in-flight count reaches `want` within two seconds (a session is
+/// counted until the dataplane sees both of its ends close).
+async fn counts_settle(dp: &Dataplane, endpoint: SocketAddr, want: f64) -> bool {
+    for _ in 0..100 {
+        if in_flight_of(dp, endpoint) == Some(want) {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
