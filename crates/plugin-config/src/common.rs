@@ -106,12 +106,13 @@ impl RedisConf {
                 "redis-cluster is not supported yet (use redis or local)",
             )),
             Policy::Redis => {
-                if self.redis_host.as_deref().is_none_or(str::is_empty) {
+                let Some(host) = self.redis_host.as_deref().filter(|h| !h.is_empty()) else {
                     return Err(FieldError::new(
                         "redis_host",
                         "required when policy is redis",
                     ));
-                }
+                };
+                check_host(host).map_err(|why| FieldError::new("redis_host", why))?;
                 if self.redis_port == 0 {
                     return Err(FieldError::new("redis_port", "must be at least 1"));
                 }
@@ -128,6 +129,44 @@ impl RedisConf {
             }
         }
     }
+}
+
+/// Checks `host` is an IP address (IPv6 optionally in brackets) or a DNS name: what a
+/// client can connect to, so that a value the dataplane's client would refuse is rejected
+/// here, with the field named, instead of failing the whole snapshot on the dataplane.
+pub fn check_host(host: &str) -> Result<(), String> {
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if bare.parse::<std::net::IpAddr>().is_ok() {
+        return Ok(());
+    }
+    let name = host.strip_suffix('.').unwrap_or(host);
+    if name.len() > 253 {
+        return Err(format!("{host:?} is longer than 253 characters"));
+    }
+    let labels: Vec<&str> = name.split('.').collect();
+    let bad_label = |l: &&str| {
+        l.is_empty()
+            || l.len() > 63
+            || l.starts_with('-')
+            || l.ends_with('-')
+            || !l
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    };
+    if labels.iter().any(bad_label) {
+        return Err(format!("{host:?} is neither an IP address nor a host name"));
+    }
+    // NB: URL parsing reads a name whose last label is a number as an IPv4 address.
+    if labels
+        .last()
+        .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
+    {
+        return Err(format!("{host:?} is not a valid IPv4 address"));
+    }
+    Ok(())
 }
 
 /// Checks an HTTP status code for a rejection (`rejected_code`): 200–599 as APISIX.

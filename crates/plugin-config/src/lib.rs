@@ -429,6 +429,37 @@ mod tests {
     }
 
     #[test]
+    fn a_redis_host_must_be_an_address_or_a_host_name() {
+        for host in [
+            "redis.default",
+            "redis-master.cache.svc.cluster.local.",
+            "localhost",
+            "10.0.0.1",
+            "::1",
+            "[fd00::1]",
+        ] {
+            let conf =
+                json!({"count": 1, "time_window": 60, "policy": "redis", "redis_host": host});
+            assert!(validate("limit-count", &conf).is_ok(), "{host}");
+        }
+        for (host, why) in [
+            ("a b\r\n", "is neither an IP address nor a host name"),
+            ("999.0.0.1/33", "is neither an IP address nor a host name"),
+            ("redis..default", "is neither an IP address nor a host name"),
+            ("-redis", "is neither an IP address nor a host name"),
+            ("999.0.0.1", "is not a valid IPv4 address"),
+        ] {
+            let conf =
+                json!({"count": 1, "time_window": 60, "policy": "redis", "redis_host": host});
+            let e = validate("limit-count", &conf).unwrap_err().to_string();
+            assert!(
+                e.starts_with("plugin \"limit-count\": redis_host: ") && e.ends_with(why),
+                "{host}: {e}"
+            );
+        }
+    }
+
+    #[test]
     fn out_of_range_is_rejected() {
         let e = validate("limit-count", &json!({"count": 0, "time_window": 60})).unwrap_err();
         assert_eq!(

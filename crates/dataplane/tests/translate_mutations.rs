@@ -1,0 +1,240 @@
+//! Whatever a user writes, translation hands the dataplane a snapshot it compiles.
+//!
+//! Every node a user writes (`spec`, Secret `data`, annotations) of every golden input in
+//! `crates/translate/testdata` is replaced in turn by values of the wrong type, empty or out
+//! of range. Each result is translated and compiled as the dataplane compiles a pushed
+//! snapshot. Neither may panic, and the dataplane must accept the snapshot. A snapshot the
+//! dataplane rejected would hold back every later change, so one bad object would disrupt
+//! the others; translation must turn it away with a status naming the field instead.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::path::{Path, PathBuf};
+
+use serde_yaml::Value;
+use sluice_dataplane::store::Store;
+use sluice_translate::{ClusterState, Options, translate};
+
+/// One step from a node to a child.
+#[derive(Debug, Clone)]
+enum Step {
+    Key(Value),
+    Index(usize),
+}
+
+fn bad_values() -> Vec<Value> {
+    vec![
+        Value::Null,
+        Value::Bool(true),
+        Value::from(-1),
+        Value::from(0),
+        Value::from(10_000_000_000_000_000_000u64),
+        Value::from("x"),
+        Value::from(""),
+        // A regex that does not compile, text no header may carry, an address out of range.
+        Value::from("(*"),
+        Value::from("a b\r\n"),
+        Value::from("999.0.0.1/33"),
+        Value::Sequence(Vec::new()),
+        Value::Mapping(Default::default()),
+    ]
+}
+
+fn testdata() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_owned())
+        .join("../translate/testdata")
+}
+
+fn child<'a>(v: &'a mut Value, step: &Step) -> Option<&'a mut Value> {
+    match (v, step) {
+        (Value::Mapping(m), Step::Key(k)) => m.get_mut(k),
+        (Value::Sequence(s), Step::Index(i)) => s.get_mut(*i),
+        _ => None,
+    }
+}
+
+/// Every node below `v` (itself included), as paths from `v`.
+fn walk(v: &Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
+    out.push(at.clone());
+    match v {
+        Value::Mapping(m) => {
+            for (k, x) in m {
+                at.push(Step::Key(k.clone()));
+                walk(x, at, out);
+                at.pop();
+            }
+        }
+        Value::Sequence(s) => {
+            for (i, x) in s.iter().enumerate() {
+                at.push(Step::Index(i));
+                walk(x, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The paths of the parts of `doc` a user writes.
+fn user_paths(doc: &Value) -> Vec<Vec<Step>> {
+    let mut out = Vec::new();
+    let roots: [&[&str]; 4] = [
+        &["spec"],
+        &["data"],
+        &["stringData"],
+        &["metadata", "annotations"],
+    ];
+    for root in roots {
+        let mut at: Vec<Step> = root.iter().map(|k| Step::Key(Value::from(*k))).collect();
+        let mut node = Some(doc);
+        for k in root.iter() {
+            node = node.and_then(|n| n.get(*k));
+        }
+        if let Some(n) = node {
+            walk(n, &mut at, &mut out);
+        }
+    }
+    out
+}
+
+fn render(docs: &[Value]) -> String {
+    docs.iter()
+        .map(|d| serde_yaml::to_string(d).unwrap())
+        .collect::<Vec<_>>()
+        .join("---\n")
+}
+
+fn show(path: &[Step]) -> String {
+    path.iter()
+        .map(|s| match s {
+            Step::Key(Value::String(k)) => format!(".{k}"),
+            Step::Key(k) => format!(".{k:?}"),
+            Step::Index(i) => format!("[{i}]"),
+        })
+        .collect()
+}
+
+/// Translates `text` and compiles the snapshot in `store`; an error or panic is described.
+fn check(store: &Store, version: u64, text: &str, closed_port: u16) -> Result<(), String> {
+    let run = catch_unwind(AssertUnwindSafe(|| {
+        let mut state = ClusterState::new();
+        if state.load_yaml("mutated.yaml", text).is_err() {
+            // A YAML syntax error: the file is refused as a whole, nothing to compile.
+            return Ok(());
+        }
+        let mut snapshot = translate(&state, &Options::default()).snapshot;
+        snapshot.version = version;
+        // NB: the probes of active health checks and DNS go to loopback only (the test
+        // machine allows no other traffic); the addresses play no part in compiling.
+        for up in &mut snapshot.upstreams {
+            for e in &mut up.endpoints {
+                e.host = "127.0.0.1".to_owned();
+                e.port = u32::from(closed_port);
+            }
+        }
+        store.apply(snapshot, Vec::new()).map_err(|e| e.to_string())
+    }));
+    match run {
+        Ok(r) => r,
+        Err(panic) => Err(format!(
+            "panicked: {}",
+            panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_default()
+        )),
+    }
+}
+
+/// Runs every mutation of one golden input; returns how many ran and what failed.
+fn mutate_case(path: &Path, closed_port: u16) -> (usize, Vec<String>) {
+    let case = path.file_name().unwrap().to_string_lossy().into_owned();
+    let input = std::fs::read_to_string(path).unwrap();
+    let docs: Vec<Value> = serde_yaml::Deserializer::from_str(&input)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .filter(|v: &Value| !v.is_null())
+        .collect();
+    let store = Store::new().unwrap();
+    let mut version = 1;
+    let mut failures = Vec::new();
+    if let Err(e) = check(&store, version, &render(&docs), closed_port) {
+        failures.push(format!("{case} as written: {e}"));
+    }
+    let mut runs = 0;
+    for (i, doc) in docs.iter().enumerate() {
+        for p in user_paths(doc) {
+            for bad in bad_values() {
+                let mut mutated = docs.clone();
+                let mut node = mutated.get_mut(i);
+                for step in &p {
+                    node = node.and_then(|n| child(n, step));
+                }
+                let Some(node) = node else { continue };
+                *node = bad.clone();
+                version += 1;
+                runs += 1;
+                if let Err(e) = check(&store, version, &render(&mutated), closed_port) {
+                    failures.push(format!(
+                        "{case} document {i}{} = {}: {e}",
+                        show(&p),
+                        serde_yaml::to_string(&bad).unwrap().trim()
+                    ));
+                }
+            }
+        }
+    }
+    (runs, failures)
+}
+
+#[test]
+fn every_golden_input_mutated_translates_to_a_snapshot_the_dataplane_compiles() {
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(testdata())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".in.yaml"))
+        .collect();
+    cases.sort();
+    assert!(cases.len() >= 30, "the golden inputs in {:?}", testdata());
+    // Quiet the default hook: a panic is reported with the mutation that caused it.
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let (halves, rest) = cases.split_at(cases.len() / 2);
+    let (a, b) = std::thread::scope(|s| {
+        let a = s.spawn(|| {
+            halves
+                .iter()
+                .map(|c| mutate_case(c, closed_port))
+                .collect::<Vec<_>>()
+        });
+        let b = s.spawn(|| {
+            rest.iter()
+                .map(|c| mutate_case(c, closed_port))
+                .collect::<Vec<_>>()
+        });
+        (a.join().unwrap(), b.join().unwrap())
+    });
+    std::panic::set_hook(hook);
+    let results: Vec<_> = a.into_iter().chain(b).collect();
+    let runs: usize = results.iter().map(|r| r.0).sum();
+    let failures: Vec<&String> = results.iter().flat_map(|r| &r.1).collect();
+    println!("{runs} mutations of {} inputs", cases.len());
+    assert!(runs > 10_000, "only {runs} mutations");
+    assert!(
+        failures.is_empty(),
+        "{} of {runs} mutations failed; the first 40:\n{}",
+        failures.len(),
+        failures
+            .iter()
+            .take(40)
+            .map(|f| f.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
