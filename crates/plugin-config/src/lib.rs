@@ -86,6 +86,12 @@ impl FieldError {
     }
 }
 
+impl std::fmt::Display for FieldError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
 /// The typed configuration of one plugin.
 pub trait PluginSchema: DeserializeOwned {
     /// The plugin's name, as in APISIX (`limit-count`).

@@ -61,27 +61,6 @@ fn algorithm(a: JwtAlgorithm) -> Algorithm {
     }
 }
 
-fn decoding_key(c: &JwtAuthConsumer) -> Result<DecodingKey, String> {
-    let pem = || c.public_key.as_deref().unwrap_or_default().as_bytes();
-    let secret = c.secret.as_deref().unwrap_or_default();
-    let key = match c.algorithm {
-        a if a.is_hmac() => {
-            if c.base64_secret {
-                let raw = base64::engine::general_purpose::STANDARD
-                    .decode(secret.trim())
-                    .map_err(|e| format!("secret: not base64: {e}"))?;
-                Ok(DecodingKey::from_secret(&raw))
-            } else {
-                Ok(DecodingKey::from_secret(secret.as_bytes()))
-            }
-        }
-        JwtAlgorithm::ES256 | JwtAlgorithm::ES384 => DecodingKey::from_ec_pem(pem()),
-        JwtAlgorithm::EdDSA => DecodingKey::from_ed_pem(pem()),
-        _ => DecodingKey::from_rsa_pem(pem()),
-    };
-    key.map_err(|e| format!("public_key: {e}"))
-}
-
 /// Builds `jwt-auth`.
 pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
     let conf: Config = sluice_plugin_config::parse_json(json)?;
@@ -102,7 +81,7 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
             let j: JwtAuthConsumer = sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
             // NB: a key that does not parse disables that consumer only (its requests get
             // 401), rather than rejecting every route of the snapshot.
-            let key = match decoding_key(&j) {
+            let key = match j.decoding_key() {
                 Ok(k) => k,
                 Err(e) => {
                     tracing::warn!(consumer = %c.name, error = %e, "jwt-auth credential unusable");
