@@ -6,6 +6,10 @@
 //! snapshot. Neither may panic, and the dataplane must accept the snapshot. A snapshot the
 //! dataplane rejected would hold back every later change, so one bad object would disrupt
 //! the others; translation must turn it away with a status naming the field instead.
+//!
+//! The second test mutates the translated snapshots themselves (and the plugin configs
+//! inside them), as a faulty controller could push them: the dataplane compiles each or
+//! refuses it with an error, never panics.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
@@ -234,6 +238,203 @@ fn every_golden_input_mutated_translates_to_a_snapshot_the_dataplane_compiles() 
             .iter()
             .take(40)
             .map(|f| f.as_str())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Every node of `v` (JSON), as paths.
+fn json_paths(v: &serde_json::Value, at: &mut Vec<Step>, out: &mut Vec<Vec<Step>>) {
+    out.push(at.clone());
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                at.push(Step::Key(Value::from(k.as_str())));
+                json_paths(x, at, out);
+                at.pop();
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                at.push(Step::Index(i));
+                json_paths(x, at, out);
+                at.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+fn json_child<'a>(v: &'a mut serde_json::Value, step: &Step) -> Option<&'a mut serde_json::Value> {
+    match (v, step) {
+        (serde_json::Value::Object(m), Step::Key(Value::String(k))) => m.get_mut(k),
+        (serde_json::Value::Array(a), Step::Index(i)) => a.get_mut(*i),
+        _ => None,
+    }
+}
+
+/// A snapshot is the controller's word, but a dataplane must survive a wrong one: every
+/// node of the snapshot of each golden input, replaced in turn by an empty, zero, negative,
+/// huge or meaningless value, either compiles or is rejected with an error (a NACK, the last
+/// good snapshot keeps serving). Never a panic.
+#[test]
+fn every_golden_snapshot_mutated_compiles_or_is_refused_without_a_panic() {
+    let closed_port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    // NB: the canonical JSON mapping writes 64-bit numbers as strings; both forms parse.
+    let bad: Vec<serde_json::Value> = vec![
+        serde_json::json!(null),
+        serde_json::json!(""),
+        serde_json::json!("x"),
+        serde_json::json!("(*"),
+        serde_json::json!(0),
+        serde_json::json!(-1),
+        serde_json::json!(true),
+        serde_json::json!(u32::MAX),
+        serde_json::json!(i32::MIN),
+        serde_json::json!(u64::MAX.to_string()),
+        serde_json::json!([]),
+        serde_json::json!({}),
+    ];
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(testdata())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".in.yaml"))
+        .collect();
+    cases.sort();
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let store = Store::new().unwrap();
+    let (mut runs, mut compiled, mut version, mut in_configs) = (0usize, 0usize, 0u64, 0usize);
+    let mut panics = Vec::new();
+    for case in &cases {
+        let mut state = ClusterState::new();
+        state
+            .load_yaml("golden.yaml", &std::fs::read_to_string(case).unwrap())
+            .unwrap();
+        let mut snapshot = translate(&state, &Options::default()).snapshot;
+        for up in &mut snapshot.upstreams {
+            for e in &mut up.endpoints {
+                e.host = "127.0.0.1".to_owned();
+                e.port = u32::from(closed_port);
+            }
+        }
+        let json = serde_json::to_value(&snapshot).unwrap();
+        let mut paths = Vec::new();
+        json_paths(&json, &mut Vec::new(), &mut paths);
+        // Each variant: where, and the whole mutated snapshot.
+        let mut variants: Vec<(String, serde_json::Value)> = Vec::new();
+        for p in paths.iter().skip(1) {
+            let at = |json: &serde_json::Value| {
+                let mut mutated = json.clone();
+                let mut node = Some(&mut mutated);
+                for step in p {
+                    node = node.and_then(|n| json_child(n, step));
+                }
+                node.is_some().then_some(mutated)
+            };
+            for b in &bad {
+                let Some(mut mutated) = at(&json) else {
+                    continue;
+                };
+                let mut node = Some(&mut mutated);
+                for step in p {
+                    node = node.and_then(|n| json_child(n, step));
+                }
+                if let Some(node) = node {
+                    *node = b.clone();
+                    variants.push((format!("{} = {b}", show(p)), mutated));
+                }
+            }
+            // A plugin's config is JSON in a string: mutate inside it too.
+            let mut node = Some(&json);
+            for step in p {
+                node = node.and_then(|n| match (n, step) {
+                    (serde_json::Value::Object(m), Step::Key(Value::String(k))) => m.get(k),
+                    (serde_json::Value::Array(a), Step::Index(i)) => a.get(*i),
+                    _ => None,
+                });
+            }
+            let Some(inner) = node
+                .and_then(|n| n.as_str())
+                .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
+                .filter(|v| v.is_object())
+            else {
+                continue;
+            };
+            let mut inner_paths = Vec::new();
+            json_paths(&inner, &mut Vec::new(), &mut inner_paths);
+            for ip in inner_paths.iter().skip(1) {
+                for b in &bad {
+                    let mut changed = inner.clone();
+                    let mut n = Some(&mut changed);
+                    for step in ip {
+                        n = n.and_then(|x| json_child(x, step));
+                    }
+                    let Some(n) = n else { continue };
+                    *n = b.clone();
+                    let Some(mut mutated) = at(&json) else {
+                        continue;
+                    };
+                    let mut node = Some(&mut mutated);
+                    for step in p {
+                        node = node.and_then(|n| json_child(n, step));
+                    }
+                    if let Some(node) = node {
+                        *node = serde_json::Value::String(changed.to_string());
+                        variants.push((format!("{} (config){} = {b}", show(p), show(ip)), mutated));
+                    }
+                }
+            }
+        }
+        for (what, mutated) in variants {
+            {
+                let Ok(mut snap) = serde_json::from_value::<sluice_proto::v1::Snapshot>(mutated)
+                else {
+                    continue;
+                };
+                // Mutated endpoints stay on loopback too (no probe or DNS leaves the host).
+                for up in &mut snap.upstreams {
+                    for e in &mut up.endpoints {
+                        e.host = "127.0.0.1".to_owned();
+                    }
+                }
+                version += 1;
+                snap.version = version;
+                runs += 1;
+                if what.contains("(config)") {
+                    in_configs += 1;
+                }
+                match catch_unwind(AssertUnwindSafe(|| store.apply(snap, Vec::new()))) {
+                    Ok(Ok(())) => compiled += 1,
+                    Ok(Err(_)) => {}
+                    Err(_) => panics.push(format!(
+                        "{} snapshot{what}",
+                        case.file_name().unwrap().to_string_lossy(),
+                    )),
+                }
+            }
+        }
+    }
+    std::panic::set_hook(hook);
+    println!(
+        "{runs} mutated snapshots ({in_configs} inside a plugin config), {compiled} compiled, the rest refused"
+    );
+    assert!(runs > 5_000, "only {runs} mutated snapshots");
+    assert!(
+        in_configs > 1_000,
+        "only {in_configs} mutated plugin configs"
+    );
+    assert!(
+        panics.is_empty(),
+        "{} of {runs} mutated snapshots panicked; the first 40:\n{}",
+        panics.len(),
+        panics
+            .iter()
+            .take(40)
+            .map(String::as_str)
             .collect::<Vec<_>>()
             .join("\n")
     );
