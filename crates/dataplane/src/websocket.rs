@@ -26,6 +26,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use crate::body::ProxyBody;
 use crate::error::ProxyError;
@@ -150,6 +151,12 @@ pub async fn connect(
     })
 }
 
+/// Carried by a `101 Switching Protocols` response: cancelled when the session it opened
+/// ends (both sides closed, or the drain cut it), so that what a request holds until its end
+/// (the log phase, limit-conn's slot) lasts as long as the session, as in nginx.
+#[derive(Debug, Clone)]
+pub struct SessionEnd(pub CancellationToken);
+
 /// Proxies the upgrade request `req` on `upstream`, a connection to the endpoint `address`
 /// made by [`connect`]. A session keeps `in_flight` until it ends (nginx counts a WebSocket
 /// as one request for its whole life, and so does `least_conn`); a refusal drops it.
@@ -237,11 +244,14 @@ pub async fn proxy(
     let mut resp = Response::new(ProxyBody::empty());
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
+    let ended = CancellationToken::new();
+    resp.extensions_mut().insert(SessionEnd(ended.clone()));
     let leftover = buf.freeze();
     let session = SessionGuard::open();
     tokio::spawn(async move {
         let _session = session;
         let _in_flight = in_flight;
+        let _ended = ended.drop_guard();
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
             Err(e) => {

@@ -288,3 +288,55 @@ async fn counts_settle(dp: &Dataplane, endpoint: SocketAddr, want: f64) -> bool 
     }
     false
 }
+
+#[tokio::test]
+async fn limit_conn_counts_an_open_session_until_it_ends() {
+    // APISIX releases limit-conn in the log phase, which for a WebSocket runs when the
+    // session closes: `conn: 1` allows one open session per client, not one handshake.
+    let backend = ws_server("ws1").await;
+    let dp = dataplane().await;
+    let route = v1::Route {
+        plugins: vec![plugin(
+            "limit-conn",
+            serde_json::json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1,
+                               "key": "remote_addr", "rejected_msg": "one session at a time"}),
+        )],
+        ..ws_route(true, "u")
+    };
+    dp.store
+        .apply(
+            snapshot(1, vec![route], vec![upstream("u", &[(backend, 1)])]),
+            vec![],
+        )
+        .unwrap();
+    let url = format!("ws://{}/ws/one", dp.addr);
+    let (mut first, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
+    assert_eq!(next_text(&mut first).await, "hello from ws1 /ws/one");
+
+    // While it is open, a second session is refused with limit-conn's answer.
+    match tokio_tungstenite::connect_async(&url).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => {
+            assert_eq!(resp.status(), 503);
+            let body = String::from_utf8(resp.body().clone().unwrap_or_default()).unwrap();
+            assert!(body.contains("one session at a time"), "{body}");
+        }
+        other => panic!("expected 503, got {other:?}"),
+    }
+    first.send(Message::text("still here")).await.unwrap();
+    assert_eq!(next_text(&mut first).await, "ws1: still here");
+
+    // Once it ends, the slot is free again.
+    first.close(None).await.unwrap();
+    while first.next().await.is_some() {}
+    drop(first);
+    let mut second = None;
+    for _ in 0..100 {
+        if let Ok((ws, _)) = tokio_tungstenite::connect_async(&url).await {
+            second = Some(ws);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut second = second.expect("a session once the first one closed");
+    assert_eq!(next_text(&mut second).await, "hello from ws1 /ws/one");
+}

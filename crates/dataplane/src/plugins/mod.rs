@@ -601,6 +601,22 @@ pub fn response_phases(
             }
         }
     }
+    // An upgraded session: its log phase and what the request phases kept (limit-conn's
+    // slot) wait for the session's end, as nginx logs a WebSocket when it closes.
+    if let Some(crate::websocket::SessionEnd(ended)) =
+        parts.extensions.remove::<crate::websocket::SessionEnd>()
+    {
+        let head_bytes = approx_response_head(&parts);
+        if let Some((mut run, _)) = slot.take() {
+            run.ctx.response_head_bytes = head_bytes;
+            run.wrapped = true;
+            tokio::spawn(async move {
+                ended.cancelled().await;
+                run.finish();
+            });
+        }
+        return Response::from_parts(parts, body);
+    }
     // NB: values kept by request phases (limit-conn slots) live until the body is sent.
     if filters.is_empty() && !chain.wrap_body && ctx.keep.is_empty() {
         return Response::from_parts(parts, body);
