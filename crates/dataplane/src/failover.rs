@@ -13,6 +13,7 @@
 //! upstream's passive health check: the response status (for an upgrade, the upstream's
 //! answer to it), connect failures as TCP failures, timeouts as timeouts.
 
+use std::sync::Arc;
 use std::time::Instant;
 
 use http::HeaderValue;
@@ -24,7 +25,7 @@ use crate::body::ProxyBody;
 use crate::error::ProxyError;
 use crate::health::Outcome;
 use crate::proxy::ConnInfo;
-use crate::upstream::{Endpoint, Timeouts, Upstream};
+use crate::upstream::{Endpoint, Pool, Timeouts, Upstream};
 
 /// What a failed exchange says about the endpoint's health (`None`: not its fault).
 fn failure_outcome(e: &ProxyError) -> Option<Outcome> {
@@ -107,7 +108,8 @@ pub async fn proxy(
         let Some(endpoint) = upstream.endpoints.get(idx) else {
             return Err(ProxyError::NoEndpoint(upstream.id.clone()));
         };
-        let started = upstream.measures_latency().then(Instant::now);
+        let attempt_started = Instant::now();
+        let started = upstream.measures_latency().then_some(attempt_started);
         let in_flight = endpoint.state.begin();
         let address = endpoint.address.as_str();
         let error = match crate::h2up::connect(conn, protocol, address, timeouts).await {
@@ -129,8 +131,12 @@ pub async fn proxy(
                 )
                 .await;
                 match sent {
-                    Ok(resp) => {
+                    Ok(mut resp) => {
                         succeeded(upstream, endpoint, &resp, started);
+                        resp.extensions_mut().insert(Picked {
+                            pool: Arc::clone(&endpoint.pool),
+                            started: attempt_started,
+                        });
                         return Ok(resp);
                     }
                     Err(crate::h2up::SendError::Failed(e)) => {
@@ -149,6 +155,16 @@ pub async fn proxy(
             return Err(e);
         }
     }
+}
+
+/// Carried by a response from [`proxy`]: the endpoint that answered (the `node` of the log
+/// phase) and when the attempt that reached it started (the upstream's time).
+#[derive(Debug, Clone)]
+pub struct Picked {
+    /// The endpoint's pool; its address names the node.
+    pub pool: Arc<Pool>,
+    /// When the successful attempt started.
+    pub started: Instant,
 }
 
 /// Proxies the upgrade request `req` to an endpoint of `upstream`.
@@ -173,7 +189,8 @@ async fn upgrade_to(
         let Some(endpoint) = upstream.endpoints.get(idx) else {
             return Err(ProxyError::NoEndpoint(upstream.id.clone()));
         };
-        let started = upstream.measures_latency().then(Instant::now);
+        let attempt_started = Instant::now();
+        let started = upstream.measures_latency().then_some(attempt_started);
         let in_flight = endpoint.state.begin();
         let address = endpoint.address.as_str();
         match crate::websocket::connect(conn, tls, address, timeouts).await {
@@ -189,8 +206,15 @@ async fn upgrade_to(
                     in_flight,
                 )
                 .await;
-                match &result {
-                    Ok(resp) => succeeded(upstream, endpoint, resp, started),
+                let mut result = result;
+                match &mut result {
+                    Ok(resp) => {
+                        succeeded(upstream, endpoint, resp, started);
+                        resp.extensions_mut().insert(Picked {
+                            pool: Arc::clone(&endpoint.pool),
+                            started: attempt_started,
+                        });
+                    }
                     Err(e) => failed(upstream, endpoint, e, started, timeouts),
                 }
                 return result;

@@ -176,7 +176,7 @@ async fn proxy<'t>(
     let upgrade = route.websocket && crate::websocket::is_upgrade(&parts);
     if upgrade || upstream.protocol.is_some() {
         // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.
-        return Box::pin(crate::failover::proxy(
+        let mut resp = Box::pin(crate::failover::proxy(
             Request::from_parts(parts, body),
             host,
             conn,
@@ -186,6 +186,13 @@ async fn proxy<'t>(
             upgrade,
         ))
         .await;
+        if let (Ok(r), Some((run, _))) = (&mut resp, plugin_run.as_mut())
+            && let Some(picked) = r.extensions_mut().remove::<crate::failover::Picked>()
+        {
+            run.ctx.upstream = Some(picked.pool);
+            run.ctx.upstream_started = Some(picked.started);
+        }
+        return resp;
     }
 
     strip_hop_by_hop(&mut parts.headers);

@@ -16,7 +16,7 @@
 //! they end or the process's `--drain-timeout` passes.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -155,7 +155,21 @@ pub async fn connect(
 /// ends (both sides closed, or the drain cut it), so that what a request holds until its end
 /// (the log phase, limit-conn's slot) lasts as long as the session, as in nginx.
 #[derive(Debug, Clone)]
-pub struct SessionEnd(pub CancellationToken);
+pub struct SessionEnd {
+    /// Cancelled when the session ends.
+    pub ended: CancellationToken,
+    /// What the session carried, set before `ended` is cancelled.
+    pub bytes: Arc<SessionBytes>,
+}
+
+/// Bytes of a session (0 when it ended on an error).
+#[derive(Debug, Default)]
+pub struct SessionBytes {
+    /// From the client to the upstream.
+    pub up: AtomicU64,
+    /// From the upstream to the client.
+    pub down: AtomicU64,
+}
 
 /// Proxies the upgrade request `req` on `upstream`, a connection to the endpoint `address`
 /// made by [`connect`]. A session keeps `in_flight` until it ends (nginx counts a WebSocket
@@ -244,14 +258,18 @@ pub async fn proxy(
     let mut resp = Response::new(ProxyBody::empty());
     *resp.status_mut() = status;
     *resp.headers_mut() = headers;
-    let ended = CancellationToken::new();
-    resp.extensions_mut().insert(SessionEnd(ended.clone()));
+    let end = SessionEnd {
+        ended: CancellationToken::new(),
+        bytes: Arc::default(),
+    };
+    resp.extensions_mut().insert(end.clone());
     let leftover = buf.freeze();
     let session = SessionGuard::open();
     tokio::spawn(async move {
         let _session = session;
         let _in_flight = in_flight;
-        let _ended = ended.drop_guard();
+        let _ended = end.ended.drop_guard();
+        let bytes = end.bytes;
         let upgraded = match on_upgrade.await {
             Ok(u) => u,
             Err(e) => {
@@ -264,7 +282,13 @@ pub async fn proxy(
             return;
         }
         match tokio::io::copy_bidirectional(&mut downstream, &mut upstream).await {
-            Ok((up, down)) => tracing::debug!(up, down, "websocket session ended"),
+            Ok((up, down)) => {
+                tracing::debug!(up, down, "websocket session ended");
+                bytes.up.store(up, Ordering::Relaxed);
+                bytes
+                    .down
+                    .store(down + leftover.len() as u64, Ordering::Relaxed);
+            }
             Err(e) => tracing::debug!(error = %e, "websocket session ended"),
         }
     });

@@ -319,3 +319,41 @@ async fn least_conn_counts_a_streamed_response_until_its_end() {
     assert_eq!(in_flight(busy), Some(0.0));
     assert_eq!(in_flight(idle), Some(0.0));
 }
+
+#[tokio::test]
+async fn prometheus_names_the_h2_node_and_times_the_upstream() {
+    // The `node` label and the upstream latency come from the endpoint that answered, on
+    // the HTTP/2 path as on HTTP/1.1 (APISIX dashboards group by node).
+    let origin = Origin::start().await;
+    let dp = dataplane().await;
+    let mut up = upstream("u", &[(origin.addr, 1)]);
+    up.scheme = v1::Scheme::Grpc as i32;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route_with(
+                    "default/r/r1",
+                    &["/*"],
+                    "u",
+                    vec![plugin("prometheus", serde_json::json!({}))],
+                )],
+                vec![up],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let r = get(dp.addr, "h2.test", "/slow/1").await;
+    assert_eq!(r.text(), "HTTP/2.0 /slow/1");
+    let text = dp.store.render_metrics();
+    let node = origin.addr.ip().to_string();
+    let status = format!(
+        "apisix_http_status{{code=\"200\",route=\"default/r/r1\",matched_uri=\"/*\",matched_host=\"\",service=\"\",consumer=\"\",node=\"{node}\"}}"
+    );
+    assert_eq!(sample(&text, &status), Some(1.0), "{text}");
+    let upstream_ms = format!(
+        "apisix_http_latency_sum{{type=\"upstream\",route=\"default/r/r1\",service=\"\",consumer=\"\",node=\"{node}\"}}"
+    );
+    let ms = sample(&text, &upstream_ms).unwrap_or(0.0);
+    assert!(ms >= 200.0, "the origin waited 200 ms, logged {ms}: {text}");
+}

@@ -340,3 +340,64 @@ async fn limit_conn_counts_an_open_session_until_it_ends() {
     let mut second = second.expect("a session once the first one closed");
     assert_eq!(next_text(&mut second).await, "hello from ws1 /ws/one");
 }
+
+/// The value of the sample `name{labels}` in `text`.
+fn sample_of(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn prometheus_logs_a_session_once_when_it_ends_with_its_bytes_and_duration() {
+    let backend = ws_server("ws1").await;
+    let dp = dataplane().await;
+    let route = v1::Route {
+        plugins: vec![plugin("prometheus", serde_json::json!({}))],
+        ..ws_route(true, "u")
+    };
+    dp.store
+        .apply(
+            snapshot(1, vec![route], vec![upstream("u", &[(backend, 1)])]),
+            vec![],
+        )
+        .unwrap();
+    let node = backend.ip().to_string();
+    let labels = format!("route=\"default/ws/r1\",service=\"\",consumer=\"\",node=\"{node}\"");
+    let status = format!(
+        "apisix_http_status{{code=\"101\",route=\"default/ws/r1\",matched_uri=\"/ws*\",matched_host=\"\",service=\"\",consumer=\"\",node=\"{node}\"}}"
+    );
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws/m", dp.addr))
+        .await
+        .unwrap();
+    assert_eq!(next_text(&mut ws).await, "hello from ws1 /ws/m");
+    let big = "x".repeat(10_000);
+    ws.send(Message::text(big.clone())).await.unwrap();
+    assert_eq!(next_text(&mut ws).await, format!("ws1: {big}"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Still open: not logged yet.
+    assert_eq!(sample_of(&dp.store.render_metrics(), &status), None);
+
+    ws.close(None).await.unwrap();
+    while ws.next().await.is_some() {}
+    drop(ws);
+    let mut text = String::new();
+    for _ in 0..100 {
+        text = dp.store.render_metrics();
+        if sample_of(&text, &status).is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sample_of(&text, &status), Some(1.0), "logged once: {text}");
+    let latency = format!("apisix_http_latency_sum{{type=\"request\",{labels}}}");
+    let ms = sample_of(&text, &latency).unwrap();
+    assert!(
+        ms >= 200.0,
+        "the session lasted over 200 ms, logged {ms} ms"
+    );
+    for (kind, at_least) in [("ingress", 10_000.0), ("egress", 10_005.0)] {
+        let series = format!("apisix_bandwidth{{type=\"{kind}\",{labels}}}");
+        let bytes = sample_of(&text, &series).unwrap();
+        assert!(bytes >= at_least, "{kind}: {bytes} bytes: {text}");
+    }
+}

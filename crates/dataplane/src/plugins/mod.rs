@@ -603,15 +603,17 @@ pub fn response_phases(
     }
     // An upgraded session: its log phase and what the request phases kept (limit-conn's
     // slot) wait for the session's end, as nginx logs a WebSocket when it closes.
-    if let Some(crate::websocket::SessionEnd(ended)) =
-        parts.extensions.remove::<crate::websocket::SessionEnd>()
-    {
+    if let Some(session) = parts.extensions.remove::<crate::websocket::SessionEnd>() {
         let head_bytes = approx_response_head(&parts);
         if let Some((mut run, _)) = slot.take() {
             run.ctx.response_head_bytes = head_bytes;
             run.wrapped = true;
             tokio::spawn(async move {
-                ended.cancelled().await;
+                session.ended.cancelled().await;
+                let bytes = &session.bytes;
+                run.ctx.request_bytes += bytes.up.load(std::sync::atomic::Ordering::Relaxed);
+                run.ctx.response_body_bytes +=
+                    bytes.down.load(std::sync::atomic::Ordering::Relaxed);
                 run.finish();
             });
         }
