@@ -3,7 +3,8 @@
 //! Every node a user writes (`spec`, Secret `data`, annotations) of every golden input in
 //! `crates/translate/testdata` is replaced in turn by values of the wrong type, empty or out
 //! of range. Each result is translated and compiled as the dataplane compiles a pushed
-//! snapshot. Neither may panic, and the dataplane must accept the snapshot. A snapshot the
+//! snapshot. Neither may panic, every condition that turns an object away must name a
+//! field, and the dataplane must accept the snapshot. A snapshot the
 //! dataplane rejected would hold back every later change, so one bad object would disrupt
 //! the others; translation must turn it away with a status naming the field instead.
 //!
@@ -120,6 +121,17 @@ fn show(path: &[Step]) -> String {
         .collect()
 }
 
+/// How a condition message names a field of the object.
+const FIELD_MARKS: [&str; 7] = [
+    "spec.",
+    "spec:",
+    "spec[",
+    "data.",
+    "data:",
+    "data[",
+    "metadata.",
+];
+
 /// Translates `text` and compiles the snapshot in `store`; an error or panic is described.
 fn check(store: &Store, version: u64, text: &str, closed_port: u16) -> Result<(), String> {
     let run = catch_unwind(AssertUnwindSafe(|| {
@@ -128,7 +140,25 @@ fn check(store: &Store, version: u64, text: &str, closed_port: u16) -> Result<()
             // A YAML syntax error: the file is refused as a whole, nothing to compile.
             return Ok(());
         }
-        let mut snapshot = translate(&state, &Options::default()).snapshot;
+        let t = translate(&state, &Options::default());
+        // An object turned away says which field and why (e.g. `spec.http[0].match.paths`).
+        for o in &t.status.objects {
+            for c in &o.conditions {
+                if c.status == sluice_translate::ConditionStatus::False
+                    && !FIELD_MARKS.iter().any(|f| c.message.contains(f))
+                {
+                    return Err(format!(
+                        "{} {}/{}: {} names no field: {}",
+                        o.kind.as_str(),
+                        o.namespace,
+                        o.name,
+                        c.type_,
+                        c.message
+                    ));
+                }
+            }
+        }
+        let mut snapshot = t.snapshot;
         snapshot.version = version;
         // NB: the probes of active health checks and DNS go to loopback only (the test
         // machine allows no other traffic); the addresses play no part in compiling.
