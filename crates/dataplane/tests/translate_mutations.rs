@@ -52,6 +52,23 @@ fn testdata() -> PathBuf {
         .join("../translate/testdata")
 }
 
+/// The golden inputs, sorted.
+fn golden_inputs() -> Vec<PathBuf> {
+    let mut cases: Vec<PathBuf> = std::fs::read_dir(testdata())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.to_string_lossy().ends_with(".in.yaml"))
+        .collect();
+    cases.sort();
+    cases
+}
+
+/// A loopback port nothing listens on (endpoints are moved there before compiling).
+fn closed_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
 fn child<'a>(v: &'a mut Value, step: &Step) -> Option<&'a mut Value> {
     match (v, step) {
         (Value::Mapping(m), Step::Key(k)) => m.get_mut(k),
@@ -225,16 +242,8 @@ fn mutate_case(path: &Path, closed_port: u16) -> (usize, Vec<String>) {
 
 #[test]
 fn every_golden_input_mutated_translates_to_a_snapshot_the_dataplane_compiles() {
-    let closed_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(testdata())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".in.yaml"))
-        .collect();
-    cases.sort();
+    let closed_port = closed_port();
+    let cases = golden_inputs();
     assert!(cases.len() >= 30, "the golden inputs in {:?}", testdata());
     // Quiet the default hook: a panic is reported with the mutation that caused it.
     let hook = std::panic::take_hook();
@@ -303,16 +312,36 @@ fn json_child<'a>(v: &'a mut serde_json::Value, step: &Step) -> Option<&'a mut s
     }
 }
 
+/// The node of `v` at `path`.
+fn json_at<'a>(v: &'a serde_json::Value, path: &[Step]) -> Option<&'a serde_json::Value> {
+    path.iter().try_fold(v, |n, step| match (n, step) {
+        (serde_json::Value::Object(m), Step::Key(Value::String(k))) => m.get(k),
+        (serde_json::Value::Array(a), Step::Index(i)) => a.get(*i),
+        _ => None,
+    })
+}
+
+/// A copy of `v` with the node at `path` replaced by `with`.
+fn replaced(
+    v: &serde_json::Value,
+    path: &[Step],
+    with: serde_json::Value,
+) -> Option<serde_json::Value> {
+    let mut copy = v.clone();
+    let node = path
+        .iter()
+        .try_fold(&mut copy, |n, step| json_child(n, step))?;
+    *node = with;
+    Some(copy)
+}
+
 /// A snapshot is the controller's word, but a dataplane must survive a wrong one: every
 /// node of the snapshot of each golden input, replaced in turn by an empty, zero, negative,
 /// huge or meaningless value, either compiles or is rejected with an error (a NACK, the last
 /// good snapshot keeps serving). Never a panic.
 #[test]
 fn every_golden_snapshot_mutated_compiles_or_is_refused_without_a_panic() {
-    let closed_port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
+    let closed_port = closed_port();
     // NB: the canonical JSON mapping writes 64-bit numbers as strings; both forms parse.
     let bad: Vec<serde_json::Value> = vec![
         serde_json::json!(null),
@@ -328,12 +357,7 @@ fn every_golden_snapshot_mutated_compiles_or_is_refused_without_a_panic() {
         serde_json::json!([]),
         serde_json::json!({}),
     ];
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(testdata())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".in.yaml"))
-        .collect();
-    cases.sort();
+    let cases = golden_inputs();
     let hook = std::panic::take_hook();
     std::panic::set_hook(Box::new(|_| {}));
     let store = Store::new().unwrap();
@@ -357,37 +381,13 @@ fn every_golden_snapshot_mutated_compiles_or_is_refused_without_a_panic() {
         // Each variant: where, and the whole mutated snapshot.
         let mut variants: Vec<(String, serde_json::Value)> = Vec::new();
         for p in paths.iter().skip(1) {
-            let at = |json: &serde_json::Value| {
-                let mut mutated = json.clone();
-                let mut node = Some(&mut mutated);
-                for step in p {
-                    node = node.and_then(|n| json_child(n, step));
-                }
-                node.is_some().then_some(mutated)
-            };
             for b in &bad {
-                let Some(mut mutated) = at(&json) else {
-                    continue;
-                };
-                let mut node = Some(&mut mutated);
-                for step in p {
-                    node = node.and_then(|n| json_child(n, step));
-                }
-                if let Some(node) = node {
-                    *node = b.clone();
+                if let Some(mutated) = replaced(&json, p, b.clone()) {
                     variants.push((format!("{} = {b}", show(p)), mutated));
                 }
             }
             // A plugin's config is JSON in a string: mutate inside it too.
-            let mut node = Some(&json);
-            for step in p {
-                node = node.and_then(|n| match (n, step) {
-                    (serde_json::Value::Object(m), Step::Key(Value::String(k))) => m.get(k),
-                    (serde_json::Value::Array(a), Step::Index(i)) => a.get(*i),
-                    _ => None,
-                });
-            }
-            let Some(inner) = node
+            let Some(inner) = json_at(&json, p)
                 .and_then(|n| n.as_str())
                 .and_then(|t| serde_json::from_str::<serde_json::Value>(t).ok())
                 .filter(|v| v.is_object())
@@ -398,53 +398,39 @@ fn every_golden_snapshot_mutated_compiles_or_is_refused_without_a_panic() {
             json_paths(&inner, &mut Vec::new(), &mut inner_paths);
             for ip in inner_paths.iter().skip(1) {
                 for b in &bad {
-                    let mut changed = inner.clone();
-                    let mut n = Some(&mut changed);
-                    for step in ip {
-                        n = n.and_then(|x| json_child(x, step));
-                    }
-                    let Some(n) = n else { continue };
-                    *n = b.clone();
-                    let Some(mut mutated) = at(&json) else {
+                    let Some(changed) = replaced(&inner, ip, b.clone()) else {
                         continue;
                     };
-                    let mut node = Some(&mut mutated);
-                    for step in p {
-                        node = node.and_then(|n| json_child(n, step));
-                    }
-                    if let Some(node) = node {
-                        *node = serde_json::Value::String(changed.to_string());
+                    let text = serde_json::Value::String(changed.to_string());
+                    if let Some(mutated) = replaced(&json, p, text) {
                         variants.push((format!("{} (config){} = {b}", show(p), show(ip)), mutated));
                     }
                 }
             }
         }
         for (what, mutated) in variants {
-            {
-                let Ok(mut snap) = serde_json::from_value::<sluice_proto::v1::Snapshot>(mutated)
-                else {
-                    continue;
-                };
-                // Mutated endpoints stay on loopback too (no probe or DNS leaves the host).
-                for up in &mut snap.upstreams {
-                    for e in &mut up.endpoints {
-                        e.host = "127.0.0.1".to_owned();
-                    }
+            let Ok(mut snap) = serde_json::from_value::<sluice_proto::v1::Snapshot>(mutated) else {
+                continue;
+            };
+            // Mutated endpoints stay on loopback too (no probe or DNS leaves the host).
+            for up in &mut snap.upstreams {
+                for e in &mut up.endpoints {
+                    e.host = "127.0.0.1".to_owned();
                 }
-                version += 1;
-                snap.version = version;
-                runs += 1;
-                if what.contains("(config)") {
-                    in_configs += 1;
-                }
-                match catch_unwind(AssertUnwindSafe(|| store.apply(snap, Vec::new()))) {
-                    Ok(Ok(())) => compiled += 1,
-                    Ok(Err(_)) => {}
-                    Err(_) => panics.push(format!(
-                        "{} snapshot{what}",
-                        case.file_name().unwrap().to_string_lossy(),
-                    )),
-                }
+            }
+            version += 1;
+            snap.version = version;
+            runs += 1;
+            if what.contains("(config)") {
+                in_configs += 1;
+            }
+            match catch_unwind(AssertUnwindSafe(|| store.apply(snap, Vec::new()))) {
+                Ok(Ok(())) => compiled += 1,
+                Ok(Err(_)) => {}
+                Err(_) => panics.push(format!(
+                    "{} snapshot{what}",
+                    case.file_name().unwrap().to_string_lossy(),
+                )),
             }
         }
     }

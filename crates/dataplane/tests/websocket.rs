@@ -289,18 +289,11 @@ async fn counts_settle(dp: &Dataplane, endpoint: SocketAddr, want: f64) -> bool 
     false
 }
 
-#[tokio::test]
-async fn limit_conn_counts_an_open_session_until_it_ends() {
-    // APISIX releases limit-conn in the log phase, which for a WebSocket runs when the
-    // session closes: `conn: 1` allows one open session per client, not one handshake.
-    let backend = ws_server("ws1").await;
+/// A dataplane serving `/ws*` from `backend` with `plugin` on the route.
+async fn ws_dataplane_with(backend: SocketAddr, plugin: v1::Plugin) -> Dataplane {
     let dp = dataplane().await;
     let route = v1::Route {
-        plugins: vec![plugin(
-            "limit-conn",
-            serde_json::json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1,
-                               "key": "remote_addr", "rejected_msg": "one session at a time"}),
-        )],
+        plugins: vec![plugin],
         ..ws_route(true, "u")
     };
     dp.store
@@ -309,6 +302,23 @@ async fn limit_conn_counts_an_open_session_until_it_ends() {
             vec![],
         )
         .unwrap();
+    dp
+}
+
+#[tokio::test]
+async fn limit_conn_counts_an_open_session_until_it_ends() {
+    // APISIX releases limit-conn in the log phase, which for a WebSocket runs when the
+    // session closes: `conn: 1` allows one open session per client, not one handshake.
+    let backend = ws_server("ws1").await;
+    let dp = ws_dataplane_with(
+        backend,
+        plugin(
+            "limit-conn",
+            serde_json::json!({"conn": 1, "burst": 0, "default_conn_delay": 0.1,
+                               "key": "remote_addr", "rejected_msg": "one session at a time"}),
+        ),
+    )
+    .await;
     let url = format!("ws://{}/ws/one", dp.addr);
     let (mut first, _) = tokio_tungstenite::connect_async(&url).await.unwrap();
     assert_eq!(next_text(&mut first).await, "hello from ws1 /ws/one");
@@ -350,17 +360,7 @@ fn sample_of(text: &str, series: &str) -> Option<f64> {
 #[tokio::test]
 async fn prometheus_logs_a_session_once_when_it_ends_with_its_bytes_and_duration() {
     let backend = ws_server("ws1").await;
-    let dp = dataplane().await;
-    let route = v1::Route {
-        plugins: vec![plugin("prometheus", serde_json::json!({}))],
-        ..ws_route(true, "u")
-    };
-    dp.store
-        .apply(
-            snapshot(1, vec![route], vec![upstream("u", &[(backend, 1)])]),
-            vec![],
-        )
-        .unwrap();
+    let dp = ws_dataplane_with(backend, plugin("prometheus", serde_json::json!({}))).await;
     let node = backend.ip().to_string();
     let labels = format!("route=\"default/ws/r1\",service=\"\",consumer=\"\",node=\"{node}\"");
     let status = format!(
