@@ -196,7 +196,7 @@ async fn upgrade_to(
         match crate::websocket::connect(conn, tls, address, timeouts).await {
             Ok(io) => {
                 let endpoint_host = upstream.host_header(endpoint).cloned().or(host);
-                let result = crate::websocket::proxy(
+                let mut result = crate::websocket::proxy(
                     req,
                     endpoint_host,
                     conn,
@@ -206,7 +206,6 @@ async fn upgrade_to(
                     in_flight,
                 )
                 .await;
-                let mut result = result;
                 match &mut result {
                     Ok(resp) => {
                         succeeded(upstream, endpoint, resp, started);

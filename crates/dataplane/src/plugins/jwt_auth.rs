@@ -79,8 +79,9 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
                 continue;
             };
             let j: JwtAuthConsumer = sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
-            // NB: a key that does not parse disables that consumer only (its requests get
-            // 401), rather than rejecting every route of the snapshot.
+            // NB: translation rejects a consumer whose key does not parse (same code); should
+            // a snapshot carry one anyway, only that consumer is disabled (its requests get
+            // 401), rather than every route of the snapshot rejected.
             let key = match j.decoding_key() {
                 Ok(k) => k,
                 Err(e) => {
