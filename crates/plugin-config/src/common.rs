@@ -143,25 +143,12 @@ pub fn check_host(host: &str) -> Result<(), String> {
         return Ok(());
     }
     let name = host.strip_suffix('.').unwrap_or(host);
-    if name.len() > 253 {
-        return Err(format!("{host:?} is longer than 253 characters"));
-    }
-    let labels: Vec<&str> = name.split('.').collect();
-    let bad_label = |l: &&str| {
-        l.is_empty()
-            || l.len() > 63
-            || l.starts_with('-')
-            || l.ends_with('-')
-            || !l
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
-    };
-    if labels.iter().any(bad_label) {
-        return Err(format!("{host:?} is neither an IP address nor a host name"));
-    }
+    sluice_proto::validate::dns_name(name)
+        .map_err(|e| format!("{host:?} is neither an IP address nor a host name: {e}"))?;
     // NB: URL parsing reads a name whose last label is a number as an IPv4 address.
-    if labels
-        .last()
+    if name
+        .rsplit('.')
+        .next()
         .is_some_and(|l| l.bytes().all(|b| b.is_ascii_digit()))
     {
         return Err(format!("{host:?} is not a valid IPv4 address"));

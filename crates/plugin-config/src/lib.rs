@@ -449,10 +449,18 @@ mod tests {
             assert!(validate("limit-count", &conf).is_ok(), "{host}");
         }
         for (host, why) in [
-            ("a b\r\n", "is neither an IP address nor a host name"),
-            ("999.0.0.1/33", "is neither an IP address nor a host name"),
-            ("redis..default", "is neither an IP address nor a host name"),
-            ("-redis", "is neither an IP address nor a host name"),
+            (
+                "a b\r\n",
+                "is neither an IP address nor a host name: invalid character ' ' in host name",
+            ),
+            (
+                "999.0.0.1/33",
+                "is neither an IP address nor a host name: invalid character '/' in host name",
+            ),
+            (
+                "redis..default",
+                "is neither an IP address nor a host name: empty label (leading, trailing or double dot)",
+            ),
             ("999.0.0.1", "is not a valid IPv4 address"),
         ] {
             let conf =
