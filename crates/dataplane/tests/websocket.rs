@@ -253,28 +253,32 @@ async fn least_conn_counts_an_open_session_until_it_ends() {
             next_text(&mut short).await,
             format!("hello from {other} /ws/{i}")
         );
-        short.close(None).await.unwrap();
-        while short.next().await.is_some() {}
-        drop(short);
-        assert!(
-            counts_settle(&dp, idle, 0.0).await,
-            "{:?}",
-            in_flight_of(&dp, idle)
-        );
+        close_and_settle(short, &dp, idle).await;
     }
 
     // The long session still works, and its end is counted.
     long.send(Message::text("still here")).await.unwrap();
     assert!(next_text(&mut long).await.ends_with(": still here"));
-    long.close(None).await.unwrap();
-    while long.next().await.is_some() {}
-    drop(long);
-    assert!(
-        counts_settle(&dp, busy, 0.0).await,
-        "{:?}",
-        in_flight_of(&dp, busy)
-    );
+    close_and_settle(long, &dp, busy).await;
     assert_eq!(in_flight_of(&dp, idle), Some(0.0));
+}
+
+/// Closes `ws` from the client side and asserts that `endpoint`'s in-flight count
+/// returns to 0 (the dataplane sees both sides of the session close).
+async fn close_and_settle<S>(mut ws: S, dp: &Dataplane, endpoint: SocketAddr)
+where
+    S: futures::Sink<Message, Error = tokio_tungstenite::tungstenite::Error>
+        + futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>>
+        + Unpin,
+{
+    ws.send(Message::Close(None)).await.unwrap();
+    while ws.next().await.is_some() {}
+    drop(ws);
+    assert!(
+        counts_settle(dp, endpoint, 0.0).await,
+        "{:?}",
+        in_flight_of(dp, endpoint)
+    );
 }
 
 /// Whether `endpoint`'s in-flight count reaches `want` within two seconds (a session is
