@@ -2,7 +2,7 @@
 # Builds helm from the Go module proxy (pinned in scripts/helm/go.mod and go.sum) into
 # ${SLUICE_CACHE:-$HOME/.cache/sluice}/bin/helm-VERSION with a `helm` symlink, and prints its
 # path. Idempotent and cached: the Go module and build caches live under the same directory,
-# so a second run takes a moment. The e2e chart tests (crates/e2e/tests/chart.rs) run this
+# so a second run takes a moment. The e2e chart tests (e2e/tests/chart.rs) run this
 # helm; scripts/test.sh calls this script once before the tests.
 #
 #   scripts/install-helm.sh          build if missing, print the binary's path

@@ -6,7 +6,7 @@
 #
 #   scripts/render-manifests.sh            rewrite manifests/sluice.yaml
 #   scripts/render-manifests.sh --stdout   print what it would write (the drift test
-#                                          in crates/e2e/tests/chart.rs compares this)
+#                                          in e2e/tests/chart.rs compares this)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

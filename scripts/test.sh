@@ -12,7 +12,7 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SLUICE_CACHE/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 scripts/install-test-deps.sh
-scripts/testcluster.sh install  # kube-apiserver + etcd for crates/e2e (built once, cached)
+scripts/testcluster.sh install  # kube-apiserver + etcd for e2e (built once, cached)
 scripts/install-helm.sh >/dev/null  # helm for the chart tests (built once from the Go module proxy, cached)
 
 echo "==> cargo fmt --check"

@@ -162,7 +162,7 @@ port_in_use() { [ -n "$(ss -Htln "sport = :$1" 2>/dev/null)" ]; }
 # NB: ports come from 10000-20999, below the kernel's ephemeral range (32768-60999 here),
 # so no outgoing connection (curl, the API server's etcd clients, other tests) can be
 # holding the port when etcd or the API server binds it; `ss -l` only sees listeners.
-# crates/e2e's free_port() takes 21000-32767 for the processes the tests start.
+# e2e's free_port() takes 21000-32767 for the processes the tests start.
 free_port() {
     local p lo=10000 hi=21000
     for _ in $(seq 1 200); do

@@ -59,5 +59,5 @@ pub fn repo_root() -> std::path::PathBuf {
             return root.to_path_buf();
         }
     }
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

@@ -20,7 +20,7 @@ fn cluster() -> &'static Cluster {
     static READY: OnceLock<()> = OnceLock::new();
     let cluster = Cluster::shared();
     READY.get_or_init(|| {
-        let crds = repo_root().join("charts/sluice/crds/apisix-crds.yaml");
+        let crds = repo_root().join("crds/apisix-crds.yaml");
         cluster
             .kubectl_ok(&["apply", "--server-side", "-f", crds.to_str().unwrap()])
             .unwrap();
@@ -112,7 +112,7 @@ fn generated_crds_install_and_become_established() {
 #[test]
 fn doc_shaped_fixtures_pass_server_side_dry_run_unchanged() {
     let cluster = cluster();
-    let dir = repo_root().join("crates/crds/tests/fixtures");
+    let dir = repo_root().join("crds/tests/fixtures");
     let mut files: Vec<_> = std::fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())

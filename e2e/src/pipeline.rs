@@ -97,7 +97,7 @@ impl Pipeline {
     /// `sluice-controller` in the pipeline's namespace, as the chart runs it.
     pub fn start_with(controller_args: &[&str]) -> Result<Pipeline, Error> {
         let cluster = Cluster::try_start()?;
-        let crds = repo_root().join("charts/sluice/crds/apisix-crds.yaml");
+        let crds = repo_root().join("crds/apisix-crds.yaml");
         cluster.kubectl_ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
         cluster.kubectl_ok(&[
             "wait",

@@ -1,6 +1,6 @@
 //! Prints the CRDs of all `apisix.apache.org/v2` kinds as one multi-document YAML.
 //!
-//! Usage: `cargo run -p sluice-crds --bin crdgen > charts/sluice/crds/apisix-crds.yaml`
+//! Usage: `cargo run -p sluice-crds --bin crdgen > crds/apisix-crds.yaml`
 #![forbid(unsafe_code)]
 
 use std::io::Write;

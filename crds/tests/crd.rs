@@ -17,7 +17,7 @@ fn manifest_dir() -> std::path::PathBuf {
 }
 
 fn committed() -> std::path::PathBuf {
-    manifest_dir().join("../../charts/sluice/crds/apisix-crds.yaml")
+    manifest_dir().join("apisix-crds.yaml")
 }
 
 #[test]
@@ -38,7 +38,7 @@ fn committed_crd_yaml_is_up_to_date() {
             .find(|(_, (a, b))| a != b)
             .unwrap_or((0, ("", "")));
         panic!(
-            "charts/sluice/crds/apisix-crds.yaml is out of date with the Rust types \
+            "crds/apisix-crds.yaml is out of date with the Rust types \
              (first difference at line {}: expected {want:?}, found {got:?}).\n\
              run `{CRDGEN_COMMAND}` from the repository root and commit the result",
             line + 1

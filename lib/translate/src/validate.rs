@@ -1,4 +1,4 @@
-//! Field checks that mirror what the dataplane router accepts (crates/dataplane/src/router),
+//! Field checks that mirror what the dataplane router accepts (dataplane/src/router),
 //! so that a snapshot produced here is never NACKed for a match rule. Keep the two in step.
 //!
 //! Every function returns the reason as text; the caller prefixes the field path.

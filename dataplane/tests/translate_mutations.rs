@@ -1,7 +1,7 @@
 //! Whatever a user writes, translation hands the dataplane a snapshot it compiles.
 //!
 //! Every node a user writes (`spec`, Secret `data`, annotations) of every golden input in
-//! `crates/translate/testdata` is replaced in turn by values of the wrong type, empty or out
+//! `lib/translate/testdata` is replaced in turn by values of the wrong type, empty or out
 //! of range. Each result is translated and compiled as the dataplane compiles a pushed
 //! snapshot. Neither may panic, every condition that turns an object away must name a
 //! field, and the dataplane must accept the snapshot. A snapshot the
@@ -49,7 +49,7 @@ fn testdata() -> PathBuf {
     std::env::var_os("CARGO_MANIFEST_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).to_owned())
-        .join("../translate/testdata")
+        .join("../lib/translate/testdata")
 }
 
 /// The golden inputs, sorted.

@@ -24,7 +24,7 @@ fn cluster() -> &'static Cluster {
     static CRDS: OnceLock<()> = OnceLock::new();
     let cluster = Cluster::shared();
     CRDS.get_or_init(|| {
-        let crds = sluice_e2e::repo_root().join("charts/sluice/crds/apisix-crds.yaml");
+        let crds = sluice_e2e::repo_root().join("crds/apisix-crds.yaml");
         cluster
             .apply(&std::fs::read_to_string(crds).unwrap())
             .unwrap();

@@ -26,7 +26,7 @@
 //!
 //! # Adding a plugin
 //!
-//! 1. Its typed config: `crates/plugin-config/src/<plugin>.rs` + one line in
+//! 1. Its typed config: `lib/plugin-config/src/<plugin>.rs` + one line in
 //!    `sluice_plugin_config::REGISTRY` (translate then validates it too).
 //! 2. Its behaviour: one file `src/plugins/<plugin>.rs` with a type implementing
 //!    [`Plugin`] (override only the phases it needs) and
