@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use common::*;
 use sluice_controller::tls::{self, TlsFiles};
-use sluice_dataplane::controller_client::{self, ClientTls};
-use sluice_dataplane::store::Store;
+use sluice_dataplane::config::controller_client::{self, ClientTls};
+use sluice_dataplane::config::store::Store;
 
 #[tokio::test]
 async fn dataplane_gets_current_snapshot_on_connect_and_every_change() {

@@ -39,8 +39,7 @@ use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomRe
 use kube::CustomResourceExt;
 
 /// Command that regenerates the committed CRD file.
-pub const CRDGEN_COMMAND: &str =
-    "cargo run -p sluice-crds --bin crdgen > crds/apisix-crds.yaml";
+pub const CRDGEN_COMMAND: &str = "cargo run -p sluice-crds --bin crdgen > crds/apisix-crds.yaml";
 
 /// Errors of this crate outside of parsing individual fields.
 #[derive(Debug, thiserror::Error)]

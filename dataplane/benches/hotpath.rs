@@ -12,8 +12,9 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Method};
-use sluice_dataplane::h1::{Framing, ProxyHeaders, encode_request_head};
-use sluice_dataplane::proxy::strip_hop_by_hop;
+use sluice_dataplane::http::headers::ProxyHeaders;
+use sluice_dataplane::http::headers::strip_hop_by_hop;
+use sluice_dataplane::upstream::h1::{Framing, encode_request_head};
 
 fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
     let mut h = HeaderMap::new();

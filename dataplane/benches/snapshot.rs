@@ -9,7 +9,7 @@ use std::hint::black_box;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use sluice_dataplane::store::Store;
+use sluice_dataplane::config::store::Store;
 use sluice_proto::v1;
 
 fn snapshot(routes: usize, version: u64) -> v1::Snapshot {

@@ -1,43 +1,35 @@
-//! The Sluice dataplane: listeners, router, upstream pools, snapshot store, admin endpoint
-//! and the standalone (YAML file) configuration source.
+//! The Sluice dataplane: listeners, request path, router, plugins, upstream pools, and the
+//! configuration that flows in from the controller or from YAML files.
 //!
-//! Request flow: [`server`] accepts → [`proxy::handle`] reads the current
-//! [`table::RouteTable`] once → [`router`] picks a route → [`upstream`] picks an endpoint and a
-//! pooled connection → the response streams back through [`body::ProxyBody`]. Errors become
-//! responses in [`error::ProxyError::into_response`] only (or
-//! [`error::ProxyError::into_grpc_response`] for gRPC clients).
+//! Folders by stage of a request, dependencies pointing down only (a test,
+//! `tests/layering.rs`, fails on an import that points up):
 //!
-//! Upstream protocols: plain `http` upstreams use the in-task HTTP/1.1 client of [`h1`];
-//! schemes `grpc`, `grpcs` and `https` go through [`h2up`] (HTTP/2 multiplexed per worker
-//! and endpoint, TLS via [`upstream_tls`]); WebSocket upgrades on routes with
-//! `websocket: true` are spliced by [`websocket`]. Both pick endpoints, retry and feed the
-//! passive health checks in [`failover`].
+//! ```text
+//! listener   accept, TLS termination, admin              ─┐
+//! request    the phases of one request, errors → responses │  each imports only
+//! config     snapshot store, compiled table, sources       │  the folders below it
+//! router     host index, path trie, exprs                  │
+//! plugins    the APISIX-compatible plugin chain            │
+//! upstream   pools, balancers, health, h1/h2/WebSocket/TLS │
+//! http       shared HTTP facts and header rules            │
+//! net        write batching, coarse timer                 ─┘
+//! ```
+//!
+//! Request flow: [`listener::server`] accepts → [`request::handle`] reads the current
+//! [`config::table::RouteTable`] once → [`router`] picks a route → [`plugins`] run their
+//! request phases → [`upstream`] picks an endpoint and a pooled connection → the response
+//! streams back through [`upstream::body::ProxyBody`]. Errors become responses in
+//! [`request::error`] only. `docs/architecture.md` has the whole picture.
 
-// NB: `deny`, not `forbid`: the one exception is [`wbatch`], whose system calls (send(2),
+// NB: `deny`, not `forbid`: the one exception is [`net::wbatch`], whose system calls (send(2),
 // io_uring submissions) are `unsafe` FFI, each with its safety argument.
 #![deny(unsafe_code)]
 
-pub mod admin;
-pub mod balancer;
-pub mod body;
-pub mod controller_client;
-pub mod dns;
-pub mod error;
-pub mod failover;
-pub mod h1;
-pub mod h2up;
-pub mod health;
-pub mod metrics;
+pub mod config;
+pub mod http;
+pub mod listener;
+pub mod net;
 pub mod plugins;
-pub mod proxy;
+pub mod request;
 pub mod router;
-pub mod server;
-pub mod standalone;
-pub mod store;
-pub mod table;
-pub mod timer;
-pub mod tls;
 pub mod upstream;
-pub mod upstream_tls;
-pub mod wbatch;
-pub mod websocket;

@@ -8,9 +8,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Parser;
 use sluice_cli::{LogFormat, init_logs, shutdown_signal};
-use sluice_dataplane::controller_client::{self, Backoff, ClientConfig, ClientTls};
+use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
+use sluice_dataplane::config::{standalone, store::Store};
+use sluice_dataplane::listener::{admin, server};
+use sluice_dataplane::net::wbatch;
 use sluice_dataplane::upstream::PoolConfig;
-use sluice_dataplane::{admin, server, standalone, store::Store, wbatch};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -252,7 +254,7 @@ fn main() -> anyhow::Result<()> {
         max_connections: args.max_connections,
         ..Default::default()
     };
-    sluice_dataplane::wbatch::set_policy(match args.write_batching {
+    sluice_dataplane::net::wbatch::set_policy(match args.write_batching {
         WriteBatching::Auto => wbatch::Policy::Auto,
         WriteBatching::Send => wbatch::Policy::Send,
         WriteBatching::Off => wbatch::Policy::Off,

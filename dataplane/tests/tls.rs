@@ -17,9 +17,9 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
-use sluice_dataplane::server::{self, Limits};
-use sluice_dataplane::store::Store;
-use sluice_dataplane::upstream_tls::NoVerification;
+use sluice_dataplane::config::store::Store;
+use sluice_dataplane::listener::server::{self, Limits};
+use sluice_dataplane::upstream::tls::NoVerification;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
 use tokio::net::TcpStream;
@@ -121,7 +121,7 @@ impl Https {
         let listener =
             tokio::net::TcpListener::from_std(server::bind_reuseport(any()).unwrap()).unwrap();
         let addr = listener.local_addr().unwrap();
-        let task = tokio::spawn(sluice_dataplane::tls::serve_https(
+        let task = tokio::spawn(sluice_dataplane::listener::tls::serve_https(
             listener,
             Arc::clone(&store),
             Limits::default(),
@@ -934,7 +934,8 @@ async fn standalone_default_certificate_from_the_files() {
         default_certificate: Some(("ingress".into(), "fallback-cert".into())),
         ..Default::default()
     };
-    let r = sluice_dataplane::standalone::reload_with(&file, &dp.store, &mut version, &opts);
+    let r =
+        sluice_dataplane::config::standalone::reload_with(&file, &dp.store, &mut version, &opts);
     assert!(r.live);
     assert!(r.certificates_change_at.is_some());
     assert_eq!(
@@ -953,7 +954,10 @@ async fn standalone_default_certificate_from_the_files() {
         default_certificate: Some(("ingress".into(), "no-such".into())),
         ..Default::default()
     };
-    assert!(sluice_dataplane::standalone::reload_with(&file, &dp.store, &mut version, &opts).live);
+    assert!(
+        sluice_dataplane::config::standalone::reload_with(&file, &dp.store, &mut version, &opts)
+            .live
+    );
     let rejected = dp.store.state().rejected_objects.clone();
     assert!(
         rejected

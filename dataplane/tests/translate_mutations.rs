@@ -17,7 +17,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
 
 use serde_yaml::Value;
-use sluice_dataplane::store::Store;
+use sluice_dataplane::config::store::Store;
 use sluice_translate::{ClusterState, Options, translate};
 
 /// One step from a node to a child.

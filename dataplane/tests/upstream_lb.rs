@@ -15,7 +15,7 @@ use bytes::Bytes;
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use sluice_dataplane::store::Store;
+use sluice_dataplane::config::store::Store;
 use sluice_dataplane::upstream::PoolConfig;
 use sluice_proto::v1;
 use upstream_support::*;

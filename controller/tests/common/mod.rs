@@ -1,5 +1,5 @@
 //! In-process harness: a controller gRPC server on a loopback port and real dataplane
-//! clients (`sluice_dataplane::controller_client`) talking to it.
+//! clients (`sluice_dataplane::config::controller_client`) talking to it.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use sluice_controller::grpc::{self, Hub, Published};
 use sluice_controller::metrics::Metrics;
-use sluice_dataplane::controller_client::{self, Backoff, ClientConfig, ClientTls};
-use sluice_dataplane::store::Store;
+use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
+use sluice_dataplane::config::store::Store;
 use sluice_proto::v1;
 use tokio::sync::oneshot;
 use tonic::transport::ServerTlsConfig;

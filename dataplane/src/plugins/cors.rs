@@ -21,7 +21,7 @@ use sluice_plugin_config::cors::Cors as Config;
 use sluice_plugin_config::{ConfigError, FieldError, PluginSchema};
 
 use super::{BuildCtx, Flow, Plugin, PluginCtx};
-use crate::body::ProxyBody;
+use crate::upstream::body::ProxyBody;
 
 const ALL_METHODS: &str = "GET,POST,PUT,DELETE,PATCH,HEAD,OPTIONS,CONNECT,TRACE";
 

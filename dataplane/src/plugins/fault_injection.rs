@@ -14,7 +14,7 @@ use sluice_plugin_config::{ConfigError, FieldError, PluginSchema};
 
 use super::rewrite::{self, render};
 use super::{BuildCtx, Flow, Plugin, PluginCtx};
-use crate::body::ProxyBody;
+use crate::upstream::body::ProxyBody;
 
 #[derive(Debug)]
 struct Abort {

@@ -151,7 +151,7 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
 }
 
 impl LimitConn {
-    fn reject(&self) -> http::Response<crate::body::ProxyBody> {
+    fn reject(&self) -> http::Response<crate::upstream::body::ProxyBody> {
         super::rejection(
             super::status(self.conf.rejected_code),
             self.conf.rejected_msg.as_deref(),

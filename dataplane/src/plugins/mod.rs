@@ -35,7 +35,7 @@
 //! 3. One line in [`BUILDERS`] below (and `mod <plugin>;`).
 //!
 //! State that must survive snapshot reloads (rate-limit counters, metrics, Redis clients)
-//! lives in [`PluginState`], which the [`crate::store::Store`] keeps for the process.
+//! lives in [`PluginState`], which the [`crate::config::store::Store`] keeps for the process.
 
 pub mod basic_auth;
 pub mod consumer;
@@ -77,8 +77,8 @@ use http_body::{Body, Frame};
 use sluice_plugin_config::ConfigError;
 use sluice_proto::v1;
 
-use crate::body::ProxyBody;
-use crate::h1::H1Error;
+use crate::upstream::body::ProxyBody;
+use crate::upstream::h1::H1Error;
 
 pub use consumer::{Consumer, ConsumerTable};
 pub use state::PluginState;
@@ -603,7 +603,10 @@ pub fn response_phases(
     }
     // An upgraded session: its log phase and what the request phases kept (limit-conn's
     // slot) wait for the session's end, as nginx logs a WebSocket when it closes.
-    if let Some(session) = parts.extensions.remove::<crate::websocket::SessionEnd>() {
+    if let Some(session) = parts
+        .extensions
+        .remove::<crate::upstream::websocket::SessionEnd>()
+    {
         let head_bytes = approx_response_head(&parts);
         if let Some((mut run, _)) = slot.take() {
             run.ctx.response_head_bytes = head_bytes;
@@ -826,6 +829,31 @@ impl PluginBody {
                 Poll::Ready(Some(Err(e)))
             }
         }
+    }
+}
+
+// NB: the response body type ([`ProxyBody::Plugin`]) holds this behind `dyn FilteredBody`,
+// so that the upstream layer, which defines it, does not import the plugins.
+impl http_body::Body for PluginBody {
+    type Data = Bytes;
+    type Error = H1Error;
+
+    #[inline]
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, H1Error>>> {
+        PluginBody::poll_frame(self.get_mut(), cx)
+    }
+
+    #[inline]
+    fn is_end_stream(&self) -> bool {
+        PluginBody::is_end_stream(self)
+    }
+
+    #[inline]
+    fn size_hint(&self) -> http_body::SizeHint {
+        PluginBody::size_hint(self)
     }
 }
 

@@ -20,7 +20,7 @@ use sluice_plugin_config::{ConfigError, PluginSchema};
 use super::proxy_rewrite::encode_path;
 use super::rewrite::{self, render};
 use super::{BuildCtx, Flow, Plugin, PluginCtx, vars};
-use crate::body::ProxyBody;
+use crate::upstream::body::ProxyBody;
 
 /// The plugin.
 #[derive(Debug)]

@@ -31,7 +31,7 @@ mod radix;
 mod tests;
 
 use std::collections::HashMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 use sluice_proto::v1::Route;
@@ -40,27 +40,7 @@ use self::expr::{CompiledExpr, EvalCtx};
 use self::host::{HostBuf, RouteHost};
 use self::radix::RadixTree;
 
-/// What the router needs to know about a request.
-#[derive(Debug, Clone, Copy)]
-pub struct RequestInfo<'a> {
-    /// Request method.
-    pub method: &'a http::Method,
-    /// Raw Host header or HTTP/2 `:authority`; may include a port (`a.com:8080`,
-    /// `[::1]:8080`). `None` matches only host-less routes.
-    pub host: Option<&'a str>,
-    /// Request path without the query string.
-    pub path: &'a str,
-    /// Query string without the `?`; `None` when the URI has no `?`.
-    pub query: Option<&'a str>,
-    /// Request headers.
-    pub headers: &'a http::HeaderMap,
-    /// Client (peer) address.
-    pub remote_addr: SocketAddr,
-    /// Local address the connection was accepted on.
-    pub local_addr: SocketAddr,
-    /// `"http"` or `"https"`.
-    pub scheme: &'a str,
-}
+pub use crate::http::RequestInfo;
 
 /// A route of a snapshot that cannot be compiled. Displays as
 /// `route <id>: <field>: <reason>`, e.g.

@@ -8,8 +8,8 @@ use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use sluice_dataplane::server::{self, Limits};
-use sluice_dataplane::store::Store;
+use sluice_dataplane::config::store::Store;
+use sluice_dataplane::listener::server::{self, Limits};
 use sluice_proto::v1;
 
 /// A dataplane serving on a loopback port.
@@ -173,7 +173,10 @@ pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) ->
 pub async fn admin(store: &Arc<Store>) -> SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(sluice_dataplane::admin::serve(listener, Arc::clone(store)));
+    tokio::spawn(sluice_dataplane::listener::admin::serve(
+        listener,
+        Arc::clone(store),
+    ));
     addr
 }
 

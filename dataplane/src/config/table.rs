@@ -30,7 +30,7 @@ pub enum InvalidSnapshot {
     },
     /// A server certificate is invalid.
     #[error(transparent)]
-    Tls(#[from] crate::tls::InvalidTlsCertificate),
+    Tls(#[from] crate::config::certs::InvalidTlsCertificate),
     /// A route has no backend with a non-zero weight.
     #[error("route {0}: backends: no backend with a non-zero weight")]
     NoBackend(String),
@@ -48,7 +48,7 @@ pub enum InvalidSnapshot {
         /// Upstream id.
         upstream: String,
         /// What is wrong.
-        source: crate::upstream_tls::InvalidUpstreamTls,
+        source: crate::upstream::tls::InvalidUpstreamTls,
     },
     /// An upstream's settings are invalid.
     #[error(transparent)]
@@ -108,7 +108,7 @@ pub struct RouteTable {
     /// The snapshot's upstreams in snapshot order (by id), for `apisix_upstream_status`.
     pub upstreams: Vec<Arc<Upstream>>,
     /// Server certificates by SNI, for the HTTPS listener.
-    pub tls: crate::tls::TlsTable,
+    pub tls: crate::config::certs::TlsTable,
 }
 
 fn duration_or(ms: u64, default: Duration) -> Duration {
@@ -174,7 +174,7 @@ impl RouteTable {
         }
         global.sort_by_key(|p| std::cmp::Reverse(p.priority()));
         let router = Router::new(&snapshot.routes)?;
-        let tls = crate::tls::TlsTable::compile_with_defaults(
+        let tls = crate::config::certs::TlsTable::compile_with_defaults(
             &snapshot.tls_certificates,
             snapshot.default_certificate.as_ref(),
             &snapshot.fallback_sni,
@@ -203,11 +203,12 @@ impl RouteTable {
                 .as_ref()
                 .map(|t| timeouts(Some(t), Timeouts::default()));
             let addresses: Vec<String> = endpoints.iter().map(|(a, _)| a.clone()).collect();
-            let protocol = crate::h2up::UpstreamProtocol::compile(up, &addresses, &pools.hyper)
-                .map_err(|source| InvalidSnapshot::UpstreamTls {
-                    upstream: up.id.clone(),
-                    source,
-                })?;
+            let protocol =
+                crate::upstream::h2::UpstreamProtocol::compile(up, &addresses, &pools.hyper)
+                    .map_err(|source| InvalidSnapshot::UpstreamTls {
+                        upstream: up.id.clone(),
+                        source,
+                    })?;
             upstreams.insert(
                 &up.id,
                 Arc::new(Upstream::compile(up, endpoints, t, pools)?.with_protocol(protocol)),

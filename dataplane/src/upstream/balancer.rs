@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use http::HeaderMap;
 use sluice_proto::v1;
 
-use crate::health::EndpointState;
 use crate::upstream::WeightedSequence;
+use crate::upstream::health::EndpointState;
 
 /// Virtual nodes on the ring for an endpoint with the largest weight of its upstream.
 const RING_POINTS: u64 = 160;
@@ -597,7 +597,7 @@ mod tests {
 
     #[test]
     fn ewma_does_not_pile_requests_onto_an_unmeasured_endpoint() {
-        let reg = crate::health::HealthRegistry::default();
+        let reg = crate::upstream::health::HealthRegistry::default();
         let measured = reg.state("u", "a:1");
         measured.observe_latency(std::time::Duration::from_millis(10));
         let fresh = reg.state("u", "b:1");

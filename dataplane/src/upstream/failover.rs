@@ -1,6 +1,6 @@
 //! Endpoint choice, retries and passive health for the requests that do not take the plain
-//! HTTP/1.1 path of [`crate::proxy`]: HTTP/2, gRPC and TLS upstreams ([`crate::h2up`]) and
-//! WebSocket upgrades ([`crate::websocket`]).
+//! HTTP/1.1 path of [`crate::request`]: HTTP/2, gRPC and TLS upstreams ([`crate::upstream::h2`]) and
+//! WebSocket upgrades ([`crate::upstream::websocket`]).
 //!
 //! The rules are those of the HTTP/1.1 path. The upstream's balancer picks an endpoint
 //! (healthy and untried first). A failure of the connect phase (TCP connect, connect
@@ -20,25 +20,12 @@ use http::HeaderValue;
 use http::{Request, Response};
 use hyper::body::Incoming;
 
-use crate::balancer::Tried;
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::health::Outcome;
-use crate::proxy::ConnInfo;
+use crate::http::ConnInfo;
+use crate::upstream::balancer::Tried;
+use crate::upstream::body::ProxyBody;
+use crate::upstream::error::ProxyError;
+use crate::upstream::health::Outcome;
 use crate::upstream::{Endpoint, Pool, Timeouts, Upstream};
-
-/// What a failed exchange says about the endpoint's health (`None`: not its fault).
-fn failure_outcome(e: &ProxyError) -> Option<Outcome> {
-    match e {
-        ProxyError::Connect { .. } | ProxyError::Upstream { .. } => Some(Outcome::TcpFailure),
-        // NB: a failed handshake counts as a TCP failure, as in lua-resty-healthcheck.
-        ProxyError::UpstreamTls { .. } => Some(Outcome::TcpFailure),
-        ProxyError::ConnectTimeout(_) | ProxyError::ReadTimeout(_) | ProxyError::SendTimeout(_) => {
-            Some(Outcome::Timeout)
-        }
-        _ => None,
-    }
-}
 
 /// Whether a failure of the connect phase may be retried on another endpoint.
 fn connect_retryable(e: &ProxyError) -> bool {
@@ -100,7 +87,7 @@ pub async fn proxy(
         budget: upstream.retry_budget(),
         deadline: None,
     };
-    let mut prepared = crate::h2up::prepare(req, conn, host.as_ref());
+    let mut prepared = crate::upstream::h2::prepare(req, conn, host.as_ref());
     loop {
         let idx = upstream
             .pick_index(hash, &attempts.tried)
@@ -112,14 +99,14 @@ pub async fn proxy(
         let started = upstream.measures_latency().then_some(attempt_started);
         let in_flight = endpoint.state.begin();
         let address = endpoint.address.as_str();
-        let error = match crate::h2up::connect(conn, protocol, address, timeouts).await {
+        let error = match crate::upstream::h2::connect(conn, protocol, address, timeouts).await {
             Err(e) => {
                 drop(in_flight);
                 e
             }
             Ok(connected) => {
                 let endpoint_host = upstream.host_header(endpoint).cloned().or(host.clone());
-                let sent = crate::h2up::send(
+                let sent = crate::upstream::h2::send(
                     prepared,
                     endpoint_host,
                     conn,
@@ -139,11 +126,11 @@ pub async fn proxy(
                         });
                         return Ok(resp);
                     }
-                    Err(crate::h2up::SendError::Failed(e)) => {
+                    Err(crate::upstream::h2::SendError::Failed(e)) => {
                         failed(upstream, endpoint, &e, started, timeouts);
                         return Err(e);
                     }
-                    Err(crate::h2up::SendError::Unsent(p, e)) => {
+                    Err(crate::upstream::h2::SendError::Unsent(p, e)) => {
                         prepared = *p;
                         e
                     }
@@ -193,10 +180,10 @@ async fn upgrade_to(
         let started = upstream.measures_latency().then_some(attempt_started);
         let in_flight = endpoint.state.begin();
         let address = endpoint.address.as_str();
-        match crate::websocket::connect(conn, tls, address, timeouts).await {
+        match crate::upstream::websocket::connect(conn, tls, address, timeouts).await {
             Ok(io) => {
                 let endpoint_host = upstream.host_header(endpoint).cloned().or(host);
-                let mut result = crate::websocket::proxy(
+                let mut result = crate::upstream::websocket::proxy(
                     req,
                     endpoint_host,
                     conn,
@@ -250,7 +237,7 @@ fn failed(
     started: Option<Instant>,
     timeouts: Timeouts,
 ) {
-    if let Some(outcome) = failure_outcome(e) {
+    if let Some(outcome) = e.health_outcome() {
         upstream.report(endpoint, outcome);
         // A failed endpoint looks slow to `ewma`.
         if let Some(t) = started {
@@ -273,10 +260,10 @@ mod tests {
             source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
         };
         assert!(connect_retryable(&refused));
-        assert_eq!(failure_outcome(&refused), Some(Outcome::TcpFailure));
+        assert_eq!(refused.health_outcome(), Some(Outcome::TcpFailure));
         let timeout = ProxyError::ConnectTimeout("a:1".into());
         assert!(connect_retryable(&timeout));
-        assert_eq!(failure_outcome(&timeout), Some(Outcome::Timeout));
+        assert_eq!(timeout.health_outcome(), Some(Outcome::Timeout));
         let read = ProxyError::ReadTimeout("a:1".into());
         assert!(!connect_retryable(&read));
     }

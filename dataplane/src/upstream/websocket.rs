@@ -28,13 +28,15 @@ use tokio::net::TcpStream;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use crate::body::ProxyBody;
-use crate::error::ProxyError;
-use crate::h1::{Framing, H1Error, MAX_HEAD_BYTES, MAX_HEADERS, ProxyHeaders, encode_request_head};
-use crate::health::InFlight;
-use crate::proxy::{ConnInfo, strip_hop_by_hop};
+use crate::http::ConnInfo;
+use crate::http::headers::ProxyHeaders;
+use crate::http::headers::strip_hop_by_hop;
 use crate::upstream::Timeouts;
-use crate::upstream_tls::{Alpn, UpstreamTlsClient};
+use crate::upstream::body::ProxyBody;
+use crate::upstream::error::ProxyError;
+use crate::upstream::h1::{Framing, H1Error, MAX_HEAD_BYTES, MAX_HEADERS, encode_request_head};
+use crate::upstream::health::InFlight;
+use crate::upstream::tls::{Alpn, UpstreamTlsClient};
 
 /// Upgraded sessions running on one worker thread.
 #[derive(Debug, Default)]
@@ -119,7 +121,7 @@ fn upstream_err(addr: &str, e: H1Error) -> ProxyError {
 
 /// Connects to the endpoint `address` for an upgrade (over TLS with `tls`, ALPN
 /// `http/1.1`). Nothing of the request has been sent when this fails, so the caller may try
-/// another endpoint (see [`crate::failover`]).
+/// another endpoint (see [`crate::upstream::failover`]).
 pub async fn connect(
     conn: &ConnInfo,
     tls: Option<&UpstreamTlsClient>,

@@ -1,5 +1,29 @@
-//! Compiled upstreams: endpoints, smooth weighted round robin, and per-endpoint keep-alive
-//! connection pools that survive snapshot swaps.
+//! Upstreams: what a request is sent to once its route is known, and how.
+//!
+//! - This file: compiled upstreams (endpoints, smooth weighted round robin) and the
+//!   per-endpoint keep-alive connection pools that survive snapshot swaps.
+//! - [`balancer`]: load-balancing policies (round robin, consistent hash, least_conn, ewma).
+//! - [`health`]: active and passive health checks.
+//! - [`forward`]: the plain HTTP/1.1 path (endpoint choice, retries, passive health) over
+//!   the in-task client of [`h1`]; [`failover`]: the same rules for [`h2`] (HTTP/2, gRPC,
+//!   TLS upstreams) and [`websocket`] upgrades.
+//! - [`tls`]: TLS and mTLS to upstreams; [`dns`]: endpoints named by host name.
+//! - [`body`]: the response body type that streams downstream; [`error`]: what can stop a
+//!   request from being proxied.
+//!
+//! Nothing here imports the router, the plugins, the configuration or the request path.
+
+pub mod balancer;
+pub mod body;
+pub mod dns;
+pub mod error;
+pub mod failover;
+pub mod forward;
+pub mod h1;
+pub mod h2;
+pub mod health;
+pub mod tls;
+pub mod websocket;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -13,11 +37,10 @@ use prometheus::IntCounter;
 use sluice_proto::v1;
 use tokio::net::TcpStream;
 
-use crate::balancer::{HashSource, Policy, Tried};
-use crate::dns;
-use crate::error::ProxyError;
-use crate::h1::Conn;
-use crate::health::{
+use crate::upstream::balancer::{HashSource, Policy, Tried};
+use crate::upstream::error::ProxyError;
+use crate::upstream::h1::Conn;
+use crate::upstream::health::{
     Checker, EndpointState, HealthConfig, HealthRegistry, InFlight, Outcome, Rules,
 };
 
@@ -164,8 +187,8 @@ pub struct Upstream {
     _checker: Option<Arc<Checker>>,
     retries_total: IntCounter,
     /// How to speak to the endpoints when the scheme is not plain `http` (see
-    /// [`crate::h2up`]); `None` = HTTP/1.1 over TCP.
-    pub protocol: Option<Arc<crate::h2up::UpstreamProtocol>>,
+    /// [`crate::upstream::h2`]); `None` = HTTP/1.1 over TCP.
+    pub protocol: Option<Arc<crate::upstream::h2::UpstreamProtocol>>,
 }
 
 impl Upstream {
@@ -247,7 +270,10 @@ impl Upstream {
     }
 
     /// The upstream with its non-HTTP/1.1 protocol settings.
-    pub fn with_protocol(mut self, protocol: Option<crate::h2up::UpstreamProtocol>) -> Self {
+    pub fn with_protocol(
+        mut self,
+        protocol: Option<crate::upstream::h2::UpstreamProtocol>,
+    ) -> Self {
         self.protocol = protocol.map(Arc::new);
         self
     }
@@ -420,8 +446,8 @@ pub struct PoolRegistry {
     config: PoolConfig,
     /// Health state, active checkers and the upstream metric families.
     pub health: HealthRegistry,
-    /// Pools of HTTP/2 and TLS upstream connections ([`crate::h2up`]).
-    pub hyper: crate::h2up::HyperRegistry,
+    /// Pools of HTTP/2 and TLS upstream connections ([`crate::upstream::h2`]).
+    pub hyper: crate::upstream::h2::HyperRegistry,
 }
 
 impl PoolRegistry {
@@ -578,7 +604,7 @@ impl Pool {
     ///
     /// With `check_idle`, an idle connection the upstream has closed is skipped; without it
     /// the caller must be ready to retry on a fresh connection (see
-    /// [`crate::h1::H1Error::is_stale_connection`]). `now`, when the caller has read the
+    /// [`crate::upstream::h1::H1Error::is_stale_connection`]). `now`, when the caller has read the
     /// clock already, saves reading it again for the idle timeout.
     pub async fn checkout(
         self: &Arc<Self>,

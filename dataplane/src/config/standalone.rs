@@ -23,7 +23,7 @@ use std::time::{Duration, SystemTime};
 use sluice_translate::status::ConditionStatus;
 use sluice_translate::{ClusterState, Options, translate};
 
-use crate::store::Store;
+use crate::config::store::Store;
 
 /// How often the source is checked for changes.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);

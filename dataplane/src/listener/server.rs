@@ -14,9 +14,10 @@ use socket2::{Domain, Protocol, Socket, Type};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::proxy::{ConnInfo, handle};
-use crate::store::Store;
-use crate::timer::CoarseTimer;
+use crate::config::store::Store;
+use crate::http::ConnInfo;
+use crate::net::timer::CoarseTimer;
+use crate::request::handle;
 
 /// Limits on the downstream side.
 #[derive(Debug, Clone, Copy)]
@@ -196,7 +197,7 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
 /// request, closes idle keep-alive connections, and returns when none is left.
 pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limits, drain: Drain) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
-    crate::wbatch::enable_on_this_thread();
+    crate::net::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
@@ -245,7 +246,7 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
                 let conn = Arc::clone(&conn);
                 async move { Ok::<_, std::convert::Infallible>(handle(req, &conn, &store).await) }
             });
-            let io = TokioIo::new(crate::wbatch::BatchedStream::new(stream));
+            let io = TokioIo::new(crate::net::wbatch::BatchedStream::new(stream));
             // NB: on drain, hyper closes an idle connection at once and a busy one after its
             // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
             let result = if is_h2 {
@@ -269,7 +270,7 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
     let _ = permits.acquire_many(all).await;
     // Upgraded (WebSocket) sessions outlive their connection: serve them until they close
     // (the process's --drain-timeout bounds the wait).
-    crate::websocket::sessions_closed().await;
+    crate::upstream::websocket::sessions_closed().await;
 }
 
 /// Counts a downstream connection as closed when dropped (`apisix_nginx_http_current_connections`).
@@ -306,7 +307,7 @@ pub fn spawn_workers_until(
     })
 }
 
-/// Like [`spawn_workers_until`], for the HTTPS listener ([`crate::tls::serve_https_until`]).
+/// Like [`spawn_workers_until`], for the HTTPS listener ([`crate::listener::tls::serve_https_until`]).
 pub fn spawn_https_workers(
     addr: SocketAddr,
     workers: usize,
@@ -315,7 +316,7 @@ pub fn spawn_https_workers(
     drain: Drain,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
     spawn_listener_workers(addr, workers, "sluice-tls-worker", move |listener| {
-        crate::tls::serve_https_until(listener, Arc::clone(&store), limits, drain.clone())
+        crate::listener::tls::serve_https_until(listener, Arc::clone(&store), limits, drain.clone())
     })
 }
 

@@ -17,7 +17,8 @@ use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::wbatch::BatchedStream;
+use crate::http::headers::ProxyHeaders;
+use crate::net::wbatch::BatchedStream;
 
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -217,7 +218,7 @@ impl Conn {
         // all are kept for `strip_hop_by_hop`, which removes the named ones too.
         let skip_hop_by_hop = !facts_nominates;
         for (name, start, end) in spans {
-            if skip_hop_by_hop && crate::proxy::hop_by_hop_bit(name.as_str()) != 0 {
+            if skip_hop_by_hop && crate::http::headers::hop_by_hop_bit(name.as_str()) != 0 {
                 continue;
             }
             let value = HeaderValue::from_maybe_shared(head.slice(start..end))
@@ -296,7 +297,7 @@ impl<'a> FramingFacts<'a> {
             for token in s.split(',').map(str::trim) {
                 if token.eq_ignore_ascii_case("close") {
                     self.close = true;
-                } else if !token.is_empty() && !crate::proxy::is_hop_by_hop_token(token) {
+                } else if !token.is_empty() && !crate::http::headers::is_hop_by_hop_token(token) {
                     self.nominates = true;
                 }
             }
@@ -330,18 +331,6 @@ fn response_framing(
         Ok(Some(n)) => Framing::Length(n),
         Ok(None) => Framing::UntilClose,
     })
-}
-
-/// Headers a proxy adds to every upstream request, written while the head is serialized
-/// instead of being inserted into the header map first.
-#[derive(Debug, Clone, Copy)]
-pub struct ProxyHeaders<'a> {
-    /// Client IP: appended to `X-Forwarded-For`, and the value of `X-Real-IP`.
-    pub client_ip: &'a [u8],
-    /// `X-Forwarded-Proto`.
-    pub proto: &'a str,
-    /// The request's host: `X-Forwarded-Host`, and `Host` when the request has none (HTTP/2).
-    pub host: Option<&'a [u8]>,
 }
 
 /// Serializes a request head. `framing` says how the body that follows is delimited; any
@@ -722,7 +711,7 @@ mod tests {
         let h = head(b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive, X-Secret\r\nX-Secret: 1\r\nContent-Length: 0\r\n\r\n").await.unwrap();
         assert!(h.parts.headers.contains_key("connection"));
         let mut stripped = h.parts.headers.clone();
-        crate::proxy::strip_hop_by_hop(&mut stripped);
+        crate::http::headers::strip_hop_by_hop(&mut stripped);
         assert_eq!(stripped.len(), 1, "{stripped:?}");
         // No length, no transfer-encoding: until close, never kept alive.
         let h = head(b"HTTP/1.1 200 OK\r\nServer: x\r\n\r\n").await.unwrap();

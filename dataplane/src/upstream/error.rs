@@ -1,9 +1,10 @@
-//! Request-path errors and the one place where they become HTTP responses.
+//! Everything that can stop a request from being proxied, with who is at fault, the status a
+//! client sees and whether a retry is allowed. The one place where these errors become
+//! HTTP responses is [`crate::request::error`].
 
-use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::StatusCode;
 
-use crate::body::ProxyBody;
+use crate::upstream::health::Outcome;
 
 /// Where a request-path error came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +60,7 @@ pub enum ProxyError {
         /// Endpoint address.
         addr: String,
         /// What went wrong.
-        source: crate::h1::H1Error,
+        source: crate::upstream::h1::H1Error,
     },
     /// The downstream request body failed while it was being sent upstream.
     #[error("reading the request body failed: {0}")]
@@ -108,26 +109,17 @@ impl ProxyError {
         }
     }
 
-    /// The short JSON body a client sees. It never carries internal addresses.
-    fn body(&self) -> &'static str {
+    /// What the error says about the endpoint's health, for the passive health check
+    /// (`None`: not the endpoint's fault).
+    pub fn health_outcome(&self) -> Option<Outcome> {
         match self {
-            ProxyError::NoRoute => "{\"error_msg\":\"404 Route Not Found\"}\n",
-            ProxyError::NoEndpoint(_) => "{\"error_msg\":\"503 No Available Upstream Endpoint\"}\n",
-            ProxyError::AllEndpointsDown(_) => {
-                "{\"error_msg\":\"503 Service Unavailable: every upstream endpoint is down\"}\n"
-            }
-            ProxyError::Connect { .. } | ProxyError::Upstream { .. } => {
-                "{\"error_msg\":\"502 Bad Gateway\"}\n"
-            }
-            ProxyError::UpstreamTls { .. } => {
-                "{\"error_msg\":\"502 Bad Gateway: TLS handshake with the upstream failed\"}\n"
-            }
+            ProxyError::Connect { .. } | ProxyError::Upstream { .. } => Some(Outcome::TcpFailure),
+            // NB: a failed handshake counts as a TCP failure, as in lua-resty-healthcheck.
+            ProxyError::UpstreamTls { .. } => Some(Outcome::TcpFailure),
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)
-            | ProxyError::SendTimeout(_) => "{\"error_msg\":\"504 Gateway Timeout\"}\n",
-            ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => {
-                "{\"error_msg\":\"400 Bad Request\"}\n"
-            }
+            | ProxyError::SendTimeout(_) => Some(Outcome::Timeout),
+            _ => None,
         }
     }
 
@@ -139,42 +131,6 @@ impl ProxyError {
             StatusCode::BAD_REQUEST => 13,
             _ => 14,
         }
-    }
-
-    /// Maps the error to the response sent to a gRPC client (`content-type:
-    /// application/grpc...`): a trailers-only response, HTTP 200 with `grpc-status` and
-    /// `grpc-message`, as gRPC clients cannot read the JSON body of other errors.
-    pub fn into_grpc_response(self) -> Response<ProxyBody> {
-        let mut resp = Response::new(ProxyBody::empty());
-        let h = resp.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/grpc"),
-        );
-        h.insert(
-            "grpc-status",
-            HeaderValue::from(u16::from(self.grpc_status())),
-        );
-        let message = self.body();
-        let message = message
-            .trim_end()
-            .trim_start_matches("{\"error_msg\":\"")
-            .trim_end_matches("\"}");
-        if let Ok(v) = HeaderValue::from_str(message) {
-            h.insert("grpc-message", v);
-        }
-        resp
-    }
-
-    /// Maps the error to the response sent downstream. This is the only place that does so.
-    pub fn into_response(self) -> Response<ProxyBody> {
-        let mut resp = Response::new(ProxyBody::full(Bytes::from_static(self.body().as_bytes())));
-        *resp.status_mut() = self.status();
-        resp.headers_mut().insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
-        );
-        resp
     }
 }
 

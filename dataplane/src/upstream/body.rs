@@ -8,9 +8,9 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::h1::{BodyPoll, BodyState, Framing, H1Error};
-use crate::health::InFlight;
 use crate::upstream::PooledConn;
+use crate::upstream::h1::{BodyPoll, BodyState, Framing, H1Error};
+use crate::upstream::health::InFlight;
 
 /// Response body sent downstream.
 #[derive(Debug)]
@@ -19,11 +19,25 @@ pub enum ProxyBody {
     Full(Option<Bytes>),
     /// An upstream response body, streamed.
     Upstream(UpstreamBody),
-    /// Any of the above passing through plugin body filters and the log phase.
-    Plugin(Box<crate::plugins::PluginBody>),
+    /// Any of the above passing through plugin body filters and the log phase
+    /// (`crate::plugins::PluginBody`; boxed behind [`FilteredBody`] so that this layer does
+    /// not depend on the plugins above it).
+    Plugin(Box<dyn FilteredBody>),
     /// An upstream response body from a hyper client connection (HTTP/2, TLS; see
-    /// [`crate::h2up`]), streamed frame by frame with its trailers.
+    /// [`crate::upstream::h2`]), streamed frame by frame with its trailers.
     Stream(StreamBody),
+}
+
+/// A response body that wraps another one on its way downstream: the plugins' body filters
+/// and log phase.
+pub trait FilteredBody:
+    Body<Data = Bytes, Error = H1Error> + Send + Unpin + std::fmt::Debug + 'static
+{
+}
+
+impl<T> FilteredBody for T where
+    T: Body<Data = Bytes, Error = H1Error> + Send + Unpin + std::fmt::Debug + 'static
+{
 }
 
 /// A body from a hyper client connection, with its endpoint counted in flight (for
@@ -151,7 +165,7 @@ impl Body for ProxyBody {
     ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.get_mut() {
             ProxyBody::Full(data) => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
-            ProxyBody::Plugin(p) => p.poll_frame(cx),
+            ProxyBody::Plugin(p) => Pin::new(&mut **p).poll_frame(cx),
             ProxyBody::Stream(s) => {
                 let polled = Pin::new(&mut s.body).poll_frame(cx);
                 if matches!(polled, Poll::Ready(None | Some(Err(_)))) || s.body.is_end_stream() {

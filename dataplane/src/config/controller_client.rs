@@ -21,7 +21,7 @@ use sluice_proto::v1::{self, dataplane_message};
 use tokio::sync::mpsc;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
 
-use crate::store::Store;
+use crate::config::store::Store;
 
 /// File name of the persisted snapshot inside the state directory.
 pub const SNAPSHOT_FILE: &str = "snapshot.pb";

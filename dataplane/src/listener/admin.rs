@@ -10,7 +10,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 
-use crate::store::Store;
+use crate::config::store::Store;
 
 fn text(
     status: StatusCode,

@@ -1,7 +1,7 @@
 //! Upstreams that are not plain HTTP/1.1: schemes `grpc` (HTTP/2 with prior knowledge, h2c),
 //! `grpcs` (HTTP/2 over TLS, ALPN `h2`) and `https` (TLS, HTTP/2 when the upstream
 //! negotiates `h2` by ALPN, else HTTP/1.1). Plain `http` keeps the in-task client of
-//! [`crate::h1`].
+//! [`crate::upstream::h1`].
 //!
 //! Requests go through hyper's client connections. An HTTP/2 connection is multiplexed: each
 //! worker thread keeps one per endpoint and all its requests share it; a dead one is
@@ -27,13 +27,14 @@ use prost::Message as _;
 use sluice_proto::v1;
 use tokio::net::TcpStream;
 
-use crate::body::{ProxyBody, StreamBody};
-use crate::error::ProxyError;
-use crate::h1::H1Error;
-use crate::health::InFlight;
-use crate::proxy::{ConnInfo, strip_hop_by_hop};
+use crate::http::ConnInfo;
+use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
 use crate::upstream::Timeouts;
-use crate::upstream_tls::{Alpn, InvalidUpstreamTls, UpstreamTlsClient, negotiated_h2};
+use crate::upstream::body::{ProxyBody, StreamBody};
+use crate::upstream::error::ProxyError;
+use crate::upstream::h1::H1Error;
+use crate::upstream::health::InFlight;
+use crate::upstream::tls::{Alpn, InvalidUpstreamTls, UpstreamTlsClient, negotiated_h2};
 
 /// Most HTTP/1.1-over-TLS connections kept per endpoint.
 const MAX_H1_CONNS: usize = 256;
@@ -41,7 +42,7 @@ const MAX_H1_CONNS: usize = 256;
 /// How an upstream is spoken to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum UpstreamScheme {
-    /// HTTP/1.1 over TCP (handled by [`crate::h1`]).
+    /// HTTP/1.1 over TCP (handled by [`crate::upstream::h1`]).
     Http,
     /// TLS; HTTP/2 if the upstream negotiates it, else HTTP/1.1.
     Https,
@@ -316,32 +317,6 @@ where
     })
 }
 
-/// Adds the forwarding headers Sluice sets on every upstream request (as
-/// [`crate::h1::encode_request_head`] does for plain HTTP).
-fn add_forwarding_headers(headers: &mut HeaderMap, conn: &ConnInfo, host: Option<&HeaderValue>) {
-    let mut xff = Vec::new();
-    for prev in headers.get_all("x-forwarded-for") {
-        xff.extend_from_slice(prev.as_bytes());
-        xff.extend_from_slice(b", ");
-    }
-    xff.extend_from_slice(conn.remote_ip.as_bytes());
-    if let Ok(v) = HeaderValue::from_bytes(&xff) {
-        headers.insert("x-forwarded-for", v);
-    }
-    headers.insert("x-real-ip", conn.remote_ip.clone());
-    headers.insert(
-        "x-forwarded-proto",
-        HeaderValue::from_static(if conn.scheme == "https" {
-            "https"
-        } else {
-            "http"
-        }),
-    );
-    if let Some(h) = host {
-        headers.insert("x-forwarded-host", h.clone());
-    }
-}
-
 /// Whether `req` is a gRPC call (`content-type: application/grpc` or `application/grpc+...`),
 /// whose errors must be answered in gRPC's own terms.
 pub fn is_grpc<B>(req: &Request<B>) -> bool {
@@ -369,7 +344,7 @@ fn upstream_failed(addr: &str, e: hyper::Error) -> ProxyError {
 
 /// A connection to one endpoint, ready to take a request: the connect phase of
 /// [`send`], split off so that a connect failure can be retried on another endpoint
-/// (see [`crate::failover`]).
+/// (see [`crate::upstream::failover`]).
 #[derive(Debug)]
 pub struct Connected {
     pool: Arc<HyperPool>,
@@ -417,7 +392,12 @@ pub fn prepare(
             .headers
             .insert(header::TE, HeaderValue::from_static("trailers"));
     }
-    add_forwarding_headers(&mut parts.headers, conn, client_host);
+    ProxyHeaders {
+        client_ip: conn.remote_ip.as_bytes(),
+        proto: conn.scheme,
+        host: client_host.map(HeaderValue::as_bytes),
+    }
+    .insert_into(&mut parts.headers);
     let path = parts
         .uri
         .path_and_query()

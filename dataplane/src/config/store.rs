@@ -6,9 +6,9 @@ use arc_swap::ArcSwap;
 use serde::Serialize;
 use sluice_proto::v1;
 
-use crate::metrics::Metrics;
+use crate::config::metrics::Metrics;
+use crate::config::table::{InvalidSnapshot, RouteTable};
 use crate::plugins::PluginState;
-use crate::table::{InvalidSnapshot, RouteTable};
 use crate::upstream::{PoolConfig, PoolRegistry};
 
 /// What `/snapshot` reports.

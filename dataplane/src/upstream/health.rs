@@ -26,7 +26,7 @@ use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use sluice_proto::v1;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::upstream_tls::{Alpn, UpstreamTlsClient};
+use crate::upstream::tls::{Alpn, UpstreamTlsClient};
 
 /// What one request (or probe) to an endpoint came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

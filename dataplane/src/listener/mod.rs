@@ -1,0 +1,7 @@
+//! Listeners: where connections come in. Accept loops and workers ([`server`]), HTTPS
+//! termination ([`tls`]), and the admin listener ([`admin`]: probes, metrics, snapshot).
+//! Each accepted request is handed to [`crate::request::handle`].
+
+pub mod admin;
+pub mod server;
+pub mod tls;

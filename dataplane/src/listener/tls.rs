@@ -1,0 +1,272 @@
+//! The `--listen-https` accept loop: TLS termination with the certificates of the current
+//! snapshot ([`crate::config::certs::TlsTable`]).
+//!
+//! ```text
+//! TCP accept ─▶ read ClientHello (LazyConfigAcceptor) ─▶ SNI ─▶ current TlsTable ─▶ ServerConfig
+//!   ─▶ handshake (ALPN h2 | http/1.1, client certificate when the host asks for one)
+//!   ─▶ hyper HTTP/2 or HTTP/1.1 ─▶ per request: mTLS path check ─▶ request::handle (scheme https)
+//! ```
+//!
+//! - A handshake takes the table current at its ClientHello and keeps that configuration for
+//!   its whole life, so a rotation (the next snapshot) serves new handshakes with the new
+//!   certificate while open connections carry on.
+//! - With `skip_mtls_uri_regex`, a request without a client certificate whose path matches
+//!   none of the regexes gets 400 `client certificate verification is not passed`.
+//! - A request on a TLS connection whose Host header names a host served by a different
+//!   certificate that requires client certificates gets 421 Misdirected Request, so a
+//!   handshake for a public host cannot be used to reach an mTLS-protected one.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use rustls::ServerConfig;
+use rustls::server::Acceptor;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::LazyConfigAcceptor;
+
+use crate::config::certs::{ClientAuth, SniEntry, refusing_config};
+use crate::config::store::Store;
+use crate::http::ConnInfo;
+use crate::listener::server::{Drain, Limits, connection_builders};
+use crate::net::timer::CoarseTimer;
+use crate::request::handle;
+use crate::upstream::body::ProxyBody;
+
+/// Body of the 400 for a request without a client certificate on a path that needs one.
+const NO_CLIENT_CERT_BODY: &str =
+    "{\"error_msg\":\"client certificate verification is not passed\"}\n";
+/// Body of the 421 for a request whose host needs a different handshake.
+const MISDIRECTED_BODY: &str = "{\"error_msg\":\"421 Misdirected Request: this host needs its own TLS connection (SNI must match Host)\"}\n";
+
+/// What a TLS connection brings to each of its requests.
+#[derive(Debug)]
+struct TlsConn {
+    entry: Arc<SniEntry>,
+    has_client_cert: bool,
+}
+
+impl TlsConn {
+    /// A response refusing the request, if the connection may not serve it.
+    fn refuse(&self, req: &Request<Incoming>, store: &Store) -> Option<Response<ProxyBody>> {
+        if let ClientAuth::Optional(skip) = &self.entry.client_auth
+            && !self.has_client_cert
+            && !skip.is_match(req.uri().path())
+        {
+            return Some(small_response(StatusCode::BAD_REQUEST, NO_CLIENT_CERT_BODY));
+        }
+        let table = store.table();
+        if !table.tls.any_client_auth {
+            return None;
+        }
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().host())?;
+        let host = strip_port(host);
+        let other = table.tls.lookup(host)?;
+        if other.id != self.entry.id && !matches!(other.client_auth, ClientAuth::None) {
+            return Some(small_response(
+                StatusCode::MISDIRECTED_REQUEST,
+                MISDIRECTED_BODY,
+            ));
+        }
+        None
+    }
+}
+
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host;
+    }
+    host.rsplit_once(':').map_or(host, |(h, _)| h)
+}
+
+fn small_response(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
+    let mut resp = Response::new(ProxyBody::full(Bytes::from_static(body.as_bytes())));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// Accepts TLS connections on `listener` and serves them until the runtime stops.
+pub async fn serve_https(listener: TcpListener, store: Arc<Store>, limits: Limits) {
+    serve_https_until(listener, store, limits, Drain::never()).await;
+}
+
+/// Like [`serve_https`] until `drain` fires; then, as the HTTP listener does, stops
+/// accepting, lets open connections finish their in-flight requests and returns when none
+/// is left.
+pub async fn serve_https_until(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+) {
+    let Some(refuse) = refusing_config() else {
+        tracing::error!("cannot build the TLS configuration; HTTPS listener not serving");
+        return;
+    };
+    let permits = Arc::new(Semaphore::new(limits.max_connections));
+    crate::net::wbatch::enable_on_this_thread();
+    let timer = CoarseTimer::new();
+    tokio::spawn(timer.clone().run());
+    let (h1, h2) = connection_builders(&limits, &timer);
+    let mut stop = drain.clone();
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = stop.wait() => break,
+            a = async {
+                let permit = Arc::clone(&permits).acquire_owned().await.ok()?;
+                Some((permit, listener.accept().await))
+            } => a,
+        };
+        let Some((permit, accepted)) = accepted else {
+            return;
+        };
+        let (stream, remote) = match accepted {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let local = stream.local_addr().unwrap_or(remote);
+        let store = Arc::clone(&store);
+        let (h1, h2) = (Arc::clone(&h1), Arc::clone(&h2));
+        let timer = timer.clone();
+        let refuse = Arc::clone(&refuse);
+        let mut drain = drain.clone();
+        tokio::spawn(async move {
+            let deadline = limits.header_read_timeout;
+            let handshaken = tokio::select! {
+                h = tokio::time::timeout(
+                    deadline,
+                    handshake(crate::net::wbatch::BatchedStream::new(stream), remote, &store, refuse),
+                ) => h,
+                _ = drain.wait() => return,
+            };
+            let Ok(Some((tls, conn))) = handshaken else {
+                return;
+            };
+            let is_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+            let info = Arc::new(ConnInfo::new(remote, local, "https", timer));
+            let conn = Arc::new(conn);
+            let service = service_fn(move |req: Request<Incoming>| {
+                let store = Arc::clone(&store);
+                let info = Arc::clone(&info);
+                let conn = Arc::clone(&conn);
+                async move {
+                    if let Some(resp) = conn.refuse(&req, &store) {
+                        store.metrics().observe_status(resp.status());
+                        return Ok::<_, std::convert::Infallible>(resp);
+                    }
+                    Ok(handle(req, &info, &store).await)
+                }
+            });
+            let io = TokioIo::new(tls);
+            let result = if is_h2 {
+                let conn = h2.serve_connection(io, service);
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = drain.wait() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
+            } else {
+                let conn = h1.serve_connection(io, service).with_upgrades();
+                tokio::pin!(conn);
+                tokio::select! {
+                    r = conn.as_mut() => r,
+                    _ = drain.wait() => {
+                        conn.as_mut().graceful_shutdown();
+                        conn.await
+                    }
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(error = %e, "downstream TLS connection ended");
+            }
+            drop(permit);
+        });
+    }
+    drop(listener);
+    // Every connection holds a permit: having them all back means none is left.
+    let all = u32::try_from(limits.max_connections).unwrap_or(u32::MAX);
+    let _ = permits.acquire_many(all).await;
+    // Upgraded (WebSocket) sessions outlive their connection: serve them until they close
+    // (the process's --drain-timeout bounds the wait).
+    crate::upstream::websocket::sessions_closed().await;
+}
+
+/// Reads the ClientHello, picks the configuration for its SNI from the current table and
+/// completes the handshake. `None` when the handshake failed (logged at debug level).
+async fn handshake(
+    stream: crate::net::wbatch::BatchedStream,
+    remote: SocketAddr,
+    store: &Store,
+    refuse: Arc<ServerConfig>,
+) -> Option<(
+    tokio_rustls::server::TlsStream<crate::net::wbatch::BatchedStream>,
+    TlsConn,
+)> {
+    let start = match LazyConfigAcceptor::new(Acceptor::default(), stream).await {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::debug!(%remote, error = %e, "not a TLS ClientHello");
+            return None;
+        }
+    };
+    let sni = start.client_hello().server_name().map(str::to_owned);
+    let entry = store.table().tls.select(sni.as_deref()).cloned();
+    let Some(entry) = entry else {
+        tracing::debug!(%remote, sni = ?sni, "TLS handshake refused: no certificate for this server name");
+        // NB: finishing the handshake with a resolver that has no certificate sends the
+        // client an `access_denied` alert rather than just closing the socket.
+        let _ = start.into_stream(refuse).await;
+        return None;
+    };
+    match start.into_stream(Arc::clone(&entry.config)).await {
+        Ok(tls) => {
+            let has_client_cert = tls.get_ref().1.peer_certificates().is_some();
+            Some((
+                tls,
+                TlsConn {
+                    entry,
+                    has_client_cert,
+                },
+            ))
+        }
+        Err(e) => {
+            tracing::debug!(%remote, sni = ?sni, error = %e, "TLS handshake failed");
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ports_are_stripped() {
+        assert_eq!(strip_port("a.com:8443"), "a.com");
+        assert_eq!(strip_port("a.com"), "a.com");
+    }
+}

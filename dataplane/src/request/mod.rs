@@ -1,0 +1,257 @@
+//! The request path: the phases one request goes through, from the listener's hand-off to
+//! the response that streams back.
+//!
+//! ```text
+//! handle ─▶ route ─▶ request_plugins ─▶ forward ─┬─▶ upstream::forward (HTTP/1.1)
+//!   │        (router)  (rewrite, access,           └─▶ upstream::failover (HTTP/2, gRPC,
+//!   │                   before_proxy; may answer)        TLS, WebSocket)
+//!   └─ errors ─▶ error (the one place they become responses) ─▶ response_plugins
+//!                                                     (headers, body filters, log)
+//! ```
+//!
+//! Each phase is a function of its own below. The current [`RouteTable`] is read once per
+//! request, in [`handle`].
+
+pub mod error;
+
+use std::sync::Arc;
+
+use http::header::HeaderValue;
+use http::{Request, Response, request};
+use hyper::body::Incoming;
+
+use crate::config::store::Store;
+use crate::config::table::{CompiledRoute, RouteTable};
+use crate::http::{ConnInfo, RequestInfo, request_host};
+use crate::plugins::{self, PluginBody, PluginChain, PluginCtx};
+use crate::upstream::Upstream;
+use crate::upstream::balancer::request_hash;
+use crate::upstream::body::ProxyBody;
+use crate::upstream::error::ProxyError;
+use crate::upstream::failover::Picked;
+
+/// The plugin state of a request on a route with plugins, and its chain (which lives as
+/// long as the route table).
+type PluginRun<'t> = Option<(PluginBody, &'t PluginChain)>;
+
+/// Serves one request against the current snapshot. Never fails: errors become responses.
+pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
+    let table = store.table();
+    let apisix = &store.plugin_state().apisix;
+    apisix.request_started();
+    let mut plugin_run = None;
+    let grpc = crate::upstream::h2::is_grpc(&req);
+    let resp = match proxy(req, conn, &table, &mut plugin_run).await {
+        Ok(resp) => resp,
+        Err(err) => {
+            if !matches!(err, ProxyError::NoRoute) {
+                tracing::warn!(error = %err, "request failed");
+            }
+            if grpc {
+                err.into_grpc_response()
+            } else {
+                err.into_response()
+            }
+        }
+    };
+    store.metrics().observe_status(resp.status());
+    apisix.request_finished();
+    // Plugins: response phases (headers, body filters, log) of routes with plugins.
+    response_plugins(resp, &mut plugin_run)
+}
+
+/// The phases up to the upstream's response head. `plugin_run` receives the plugin state of
+/// a route with plugins.
+async fn proxy<'t>(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    table: &'t Arc<RouteTable>,
+    plugin_run: &mut PluginRun<'t>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let host = request_host(&req);
+    // NB: checked once; a route with plugins needs it again for its balancer hash
+    // (`to_str` checks every byte).
+    let host_str = host.as_ref().and_then(|h| h.to_str().ok());
+    let (route, picked) = route(&req, host_str, conn, table)?;
+    // Holds the upstream traffic-split chose, which `upstream` then borrows.
+    let mut split = None;
+    // NB: the head and body stay apart from here on (each join and split moves the head).
+    let (mut parts, body) = req.into_parts();
+    let (upstream, hash) = match picked {
+        Some(picked) => picked,
+        None => {
+            let phases = request_plugins(route, &mut parts, host_str, conn, plugin_run, &mut split);
+            match phases.await? {
+                Ok(picked) => picked,
+                Err(answer) => return Ok(answer),
+            }
+        }
+    };
+    forward(parts, body, host, conn, route, upstream, hash, plugin_run).await
+}
+
+/// Phase 1, route: the route the request matches and, for a route without plugins, its
+/// upstream and balancer hash. A route with plugins picks its upstream after the request
+/// plugins: traffic-split may choose another one, and `hashOn: consumer` needs the consumer.
+#[inline]
+fn route<'t>(
+    req: &Request<Incoming>,
+    host: Option<&str>,
+    conn: &ConnInfo,
+    table: &'t RouteTable,
+) -> Result<(&'t CompiledRoute, Option<(&'t Upstream, u64)>), ProxyError> {
+    let uri = req.uri();
+    let info = RequestInfo {
+        method: req.method(),
+        host,
+        path: uri.path(),
+        query: uri.query(),
+        headers: req.headers(),
+        remote_addr: conn.remote_addr,
+        local_addr: conn.local_addr,
+        scheme: conn.scheme,
+    };
+    let idx = table.router.lookup(&info).ok_or(ProxyError::NoRoute)?;
+    let route = table.routes.get(idx).ok_or(ProxyError::NoRoute)?;
+    if route.plugins.is_some() {
+        return Ok((route, None));
+    }
+    let upstream = route
+        .pick_backend()
+        .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
+    Ok((route, Some((upstream, request_hash(upstream, &info, None)))))
+}
+
+/// Phase 2, request plugins (rewrite, access, before_proxy) of a route with plugins, then
+/// its upstream and balancer hash. They run before every protocol (WebSocket, h2/gRPC
+/// upstreams too), so auth is never bypassed. `Ok(Err(answer))`: a plugin answered the
+/// request itself (a rejection, a redirect, a preflight).
+async fn request_plugins<'a, 't: 'a>(
+    route: &'t CompiledRoute,
+    parts: &mut request::Parts,
+    host: Option<&str>,
+    conn: &ConnInfo,
+    plugin_run: &mut PluginRun<'t>,
+    split: &'a mut Option<Arc<Upstream>>,
+) -> Result<Result<(&'a Upstream, u64), Response<ProxyBody>>, ProxyError> {
+    let Some(chain) = &route.plugins else {
+        // NB: not reached: only a route with plugins gets here.
+        return Err(ProxyError::NoRoute);
+    };
+    let (run, _) = plugin_run.insert((
+        PluginBody::start(PluginCtx::new(
+            Arc::clone(chain),
+            conn.remote_addr,
+            conn.local_addr,
+            conn.scheme,
+            std::time::Instant::now(),
+        )),
+        chain,
+    ));
+    let ctx = &mut run.ctx;
+    if let Err(answer) = plugins::request_phases(chain, parts, ctx).await {
+        return Ok(Err(*answer));
+    }
+    *split = ctx.split_upstream.take();
+    let upstream = match split {
+        Some(up) => up,
+        None => route
+            .pick_backend()
+            .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?,
+    };
+    let info = RequestInfo {
+        method: &parts.method,
+        host,
+        path: parts.uri.path(),
+        query: parts.uri.query(),
+        headers: &parts.headers,
+        remote_addr: conn.remote_addr,
+        local_addr: conn.local_addr,
+        scheme: conn.scheme,
+    };
+    let hash = request_hash(upstream, &info, ctx.consumer_name());
+    Ok(Ok((upstream, hash)))
+}
+
+/// Phase 3, forward: the request to an endpoint of `upstream`, by the protocol it needs,
+/// up to the response head. The plugin state learns which endpoint answered.
+#[allow(clippy::too_many_arguments)]
+async fn forward(
+    parts: request::Parts,
+    body: Incoming,
+    host: Option<HeaderValue>,
+    conn: &ConnInfo,
+    route: &CompiledRoute,
+    upstream: &Upstream,
+    hash: u64,
+    plugin_run: &mut PluginRun<'_>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
+    let upgrade = route.websocket && crate::upstream::websocket::is_upgrade(&parts);
+    if upgrade || upstream.protocol.is_some() {
+        // Protocols other than plain HTTP/1.1 (WebSocket upgrades, HTTP/2 and TLS upstreams).
+        // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.
+        let req = Request::from_parts(parts, body);
+        let mut resp = Box::pin(crate::upstream::failover::proxy(
+            req, host, conn, upstream, hash, timeouts, upgrade,
+        ))
+        .await;
+        if let (Ok(r), Some((run, _))) = (&mut resp, plugin_run.as_mut())
+            && let Some(picked) = r.extensions_mut().remove::<Picked>()
+        {
+            run.ctx.upstream = Some(picked.pool);
+            run.ctx.upstream_started = Some(picked.started);
+        }
+        return resp;
+    }
+    let Some((run, _)) = plugin_run.as_mut() else {
+        let sent = crate::upstream::forward::proxy(
+            parts,
+            body,
+            conn,
+            upstream,
+            hash,
+            timeouts,
+            host.as_ref(),
+            None,
+            None,
+        );
+        return Ok(sent.await?.0);
+    };
+    // Plugins (real-ip) may have replaced the client address.
+    let real_ip = (run.ctx.remote_addr.ip() != conn.remote_addr.ip())
+        .then(|| HeaderValue::from_str(&run.ctx.remote_addr.ip().to_string()).ok())
+        .flatten();
+    let mut picked = None;
+    let sent = crate::upstream::forward::proxy(
+        parts,
+        body,
+        conn,
+        upstream,
+        hash,
+        timeouts,
+        host.as_ref(),
+        real_ip.as_ref(),
+        Some(&mut picked),
+    )
+    .await;
+    if let Some(p) = picked {
+        run.ctx.upstream = Some(p.pool);
+        run.ctx.upstream_started = Some(p.started);
+    }
+    let (resp, head_len) = sent?;
+    // NB: the upstream's head size stands for the one sent on (its hop-by-hop headers out,
+    // the plugins' in): cheaper than measuring the head again.
+    run.ctx.response_head_bytes = head_len as u64;
+    Ok(resp)
+}
+
+/// Phase 4, response plugins (headers, body filters, log) of a route with plugins; the
+/// response of any other route passes unchanged.
+#[inline]
+fn response_plugins(
+    resp: Response<ProxyBody>,
+    plugin_run: &mut PluginRun<'_>,
+) -> Response<ProxyBody> {
+    plugins::response_phases(resp, plugin_run)
+}

@@ -1,0 +1,271 @@
+//! The plain HTTP/1.1 path to an upstream: endpoint choice, retries to other endpoints and
+//! passive health, over the in-task client of [`crate::upstream::h1`] and the pools of
+//! [`crate::upstream::Pool`]. The other protocols (HTTP/2, gRPC, TLS, WebSocket) take
+//! [`crate::upstream::failover`], with the same rules.
+//!
+//! - A request without a body can be sent again if a reused connection turns out to have
+//!   been closed by the upstream, or to another endpoint after a reset before any response
+//!   byte; others check the idle connection before using it.
+//! - A connect failure or timeout is retried on another endpoint whatever the request, as
+//!   nothing of it was sent: at most `retries` times, and not after connect + read timeout
+//!   counted from the first failure.
+//! - Every outcome feeds the upstream's passive health check.
+
+use std::sync::Arc;
+
+use http::header::{self, HeaderValue};
+use http::{Response, request};
+use http_body::Body as _;
+use http_body_util::BodyExt as _;
+use hyper::body::Incoming;
+
+use crate::http::ConnInfo;
+use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
+use crate::net::timer::CoarseTimer;
+use crate::upstream::balancer::Tried;
+use crate::upstream::body::{ProxyBody, UpstreamBody};
+use crate::upstream::error::ProxyError;
+use crate::upstream::failover::Picked;
+use crate::upstream::h1::{Framing, H1Error, ResponseHead, encode_request_head};
+use crate::upstream::health::Outcome;
+use crate::upstream::{Endpoint, PooledConn, Timeouts, Upstream};
+
+/// Proxies a request to an endpoint of `upstream` over HTTP/1.1 and returns the response,
+/// whose body streams from the upstream connection, with the size of the upstream's
+/// response head.
+///
+/// - `host`: the request's host (`Host` when the request has none, `X-Forwarded-Host`).
+/// - `real_ip`: the client address the plugins (real-ip) put in place of the peer's.
+/// - `picked`: when given, receives the endpoint of each attempt and when it started (the
+///   log phase's `node` and upstream time); when `None` the clock is not read for it.
+#[allow(clippy::too_many_arguments)]
+pub async fn proxy(
+    mut parts: request::Parts,
+    mut body: Incoming,
+    conn: &ConnInfo,
+    upstream: &Upstream,
+    hash: u64,
+    timeouts: Timeouts,
+    host: Option<&HeaderValue>,
+    real_ip: Option<&HeaderValue>,
+    mut picked: Option<&mut Option<Picked>>,
+) -> Result<(Response<ProxyBody>, usize), ProxyError> {
+    strip_hop_by_hop(&mut parts.headers);
+
+    let has_body = !body.is_end_stream();
+    let framing = if has_body {
+        match body.size_hint().exact() {
+            Some(n) => Framing::Length(n),
+            None => Framing::Chunked,
+        }
+    } else if parts.headers.contains_key(header::CONTENT_LENGTH) {
+        Framing::Length(0)
+    } else {
+        Framing::Empty
+    };
+    let target = parts
+        .uri
+        .path_and_query()
+        .map(|pq| pq.as_str())
+        .unwrap_or("/");
+    let mut head = Vec::with_capacity(512);
+    let client_ip = real_ip.unwrap_or(&conn.remote_ip);
+    let proxy_headers = ProxyHeaders {
+        client_ip: client_ip.as_bytes(),
+        proto: conn.scheme,
+        host: host.map(HeaderValue::as_bytes),
+    };
+
+    // --- upstream-LB: endpoint choice, retries to other endpoints, passive health ---
+    // A request without a body can be sent again if a reused connection turns out to have
+    // been closed by the upstream, or to another endpoint after a reset before any response
+    // byte; others check the idle connection before using it. A connect failure or timeout
+    // is retried on another endpoint whatever the request, as nothing of it was sent.
+    let replayable = !has_body && parts.method.is_idempotent();
+    let mut tried = Tried::default();
+    let budget = upstream.retry_budget();
+    // Retries stop after connect + read timeout, counted from the first failure (so the
+    // clock is never read on the fast path).
+    let mut deadline: Option<std::time::Instant> = None;
+    let (pooled, response) = loop {
+        let idx = upstream
+            .pick_index(hash, &tried)
+            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+        let Some(endpoint) = upstream.endpoints.get(idx) else {
+            return Err(ProxyError::NoEndpoint(upstream.id.clone()));
+        };
+        // NB: the attempt's start serves the pool's idle timeout check too.
+        let attempt_started = match picked.as_deref_mut() {
+            Some(slot) => {
+                let now = std::time::Instant::now();
+                *slot = Some(Picked {
+                    pool: Arc::clone(&endpoint.pool),
+                    started: now,
+                });
+                Some(now)
+            }
+            None => None,
+        };
+        if let Some(h) = upstream.host_header(endpoint) {
+            parts.headers.insert(header::HOST, h.clone());
+        }
+        head.clear();
+        encode_request_head(
+            &mut head,
+            &parts.method,
+            target,
+            &parts.headers,
+            framing,
+            Some(proxy_headers),
+        );
+        // NB: only `ewma` needs the latency; the clock is not read otherwise.
+        let started = upstream.measures_latency().then(std::time::Instant::now);
+        let in_flight = endpoint.state.begin();
+        let sent = attempt(
+            endpoint,
+            &head,
+            has_body.then_some(&mut body),
+            framing == Framing::Chunked,
+            &parts.method,
+            timeouts,
+            replayable,
+            &conn.timer,
+            attempt_started,
+        )
+        .await;
+        match sent {
+            Ok((mut pooled, resp)) => {
+                upstream.report(endpoint, Outcome::Status(resp.parts.status.as_u16()));
+                if let Some(t) = started {
+                    endpoint.state.observe_latency(t.elapsed());
+                }
+                pooled.hold(in_flight);
+                break (pooled, resp);
+            }
+            Err(e) => {
+                drop(in_flight);
+                if let Some(outcome) = e.health_outcome() {
+                    upstream.report(endpoint, outcome);
+                    // A failed endpoint looks slow to `ewma`.
+                    if let Some(t) = started {
+                        endpoint
+                            .state
+                            .observe_latency(t.elapsed().max(timeouts.connect));
+                    }
+                }
+                let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
+                let may_retry = e.retryable() || (replayable && reset);
+                let now = std::time::Instant::now();
+                let until = *deadline.get_or_insert(now + timeouts.connect + timeouts.read);
+                if !may_retry || tried.len() >= budget || now >= until {
+                    // Known down by the health checks, every one: 503 rather than the
+                    // 502 of a single failed connection (as nginx/APISIX answer).
+                    if e.retryable() && upstream.all_unhealthy() {
+                        return Err(ProxyError::AllEndpointsDown(upstream.id.clone()));
+                    }
+                    return Err(e);
+                }
+                tracing::debug!(upstream = %upstream.id, error = %e, "retrying on another endpoint");
+                tried.push(idx);
+                upstream.count_retry();
+            }
+        }
+    };
+    // --- end upstream-LB ---
+    let head_len = response.head_len;
+    let mut parts = response.parts;
+    parts.version = http::Version::HTTP_11;
+    strip_hop_by_hop(&mut parts.headers);
+    let body = UpstreamBody::new(pooled, response.framing, response.keep_alive);
+    Ok((
+        Response::from_parts(parts, ProxyBody::Upstream(body)),
+        head_len,
+    ))
+}
+
+/// One attempt on `endpoint`: a pooled connection (a fresh one if a reused connection of a
+/// replayable request turns out stale), the request, and the response head.
+#[allow(clippy::too_many_arguments)]
+async fn attempt(
+    endpoint: &Endpoint,
+    head: &[u8],
+    mut body: Option<&mut Incoming>,
+    chunked: bool,
+    method: &http::Method,
+    timeouts: Timeouts,
+    replayable: bool,
+    timer: &CoarseTimer,
+    now: Option<std::time::Instant>,
+) -> Result<(PooledConn, ResponseHead), ProxyError> {
+    let mut pooled = endpoint
+        .pool
+        .checkout(timeouts.connect, !replayable, now)
+        .await?;
+    loop {
+        let sent = exchange(
+            &mut pooled,
+            head,
+            body.as_deref_mut(),
+            chunked,
+            method,
+            timeouts,
+            timer,
+        )
+        .await;
+        match sent {
+            Ok(resp) => return Ok((pooled, resp)),
+            Err(ProxyError::Upstream { source, .. })
+                if replayable && pooled.reused && source.is_stale_connection() =>
+            {
+                pooled = endpoint.pool.connect(timeouts.connect).await?;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Sends one request on `pooled` and reads the response head.
+async fn exchange(
+    pooled: &mut PooledConn,
+    head: &[u8],
+    body: Option<&mut Incoming>,
+    chunked: bool,
+    method: &http::Method,
+    timeouts: Timeouts,
+    timer: &CoarseTimer,
+) -> Result<ResponseHead, ProxyError> {
+    let upstream_err = |source: H1Error, pooled: &PooledConn| ProxyError::Upstream {
+        addr: pooled.address().to_owned(),
+        source,
+    };
+    if let Err(e) = pooled.conn.write_all(head).await {
+        return Err(upstream_err(H1Error::Io(e), pooled));
+    }
+    if let Some(body) = body {
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(ProxyError::RequestBody)?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            match timer
+                .timeout(timeouts.send, pooled.conn.write_body_chunk(&data, chunked))
+                .await
+            {
+                Err(_) => return Err(ProxyError::SendTimeout(pooled.address().to_owned())),
+                Ok(Err(e)) => return Err(upstream_err(H1Error::Io(e), pooled)),
+                Ok(Ok(())) => {}
+            }
+        }
+        if chunked && let Err(e) = pooled.conn.write_all(b"0\r\n\r\n").await {
+            return Err(upstream_err(H1Error::Io(e), pooled));
+        }
+    }
+    match timer
+        .timeout(timeouts.read, pooled.conn.read_head(method))
+        .await
+    {
+        Err(_) => Err(ProxyError::ReadTimeout(pooled.address().to_owned())),
+        Ok(Err(source)) => Err(upstream_err(source, pooled)),
+        Ok(Ok(resp)) => Ok(resp),
+    }
+}
