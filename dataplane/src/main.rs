@@ -10,7 +10,7 @@ use clap::Parser;
 use sluice_cli::{LogFormat, init_logs, shutdown_signal};
 use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::config::{standalone, store::Store};
-use sluice_dataplane::listener::{admin, server};
+use sluice_dataplane::listener::{admin, server, tls};
 use sluice_dataplane::net::wbatch;
 use sluice_dataplane::upstream::PoolConfig;
 
@@ -269,7 +269,7 @@ fn main() -> anyhow::Result<()> {
     )
     .with_context(|| format!("binding {}", args.listen_http))?;
     handles.extend(
-        server::spawn_https_workers(
+        tls::spawn_https_workers(
             args.listen_https,
             workers,
             Arc::clone(&store),

@@ -307,23 +307,10 @@ pub fn spawn_workers_until(
     })
 }
 
-/// Like [`spawn_workers_until`], for the HTTPS listener ([`crate::listener::tls::serve_https_until`]).
-pub fn spawn_https_workers(
-    addr: SocketAddr,
-    workers: usize,
-    store: Arc<Store>,
-    limits: Limits,
-    drain: Drain,
-) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
-    spawn_listener_workers(addr, workers, "sluice-tls-worker", move |listener| {
-        crate::listener::tls::serve_https_until(listener, Arc::clone(&store), limits, drain.clone())
-    })
-}
-
 /// Starts `workers` threads named `name-<i>`, each with its own `SO_REUSEPORT` listener on
 /// `addr` and a current-thread runtime running `serve(listener)`. Returns once every
 /// listener is bound.
-fn spawn_listener_workers<F, Fut>(
+pub(crate) fn spawn_listener_workers<F, Fut>(
     addr: SocketAddr,
     workers: usize,
     name: &str,

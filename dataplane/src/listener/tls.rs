@@ -34,7 +34,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use crate::config::certs::{ClientAuth, SniEntry, refusing_config};
 use crate::config::store::Store;
 use crate::http::ConnInfo;
-use crate::listener::server::{Drain, Limits, connection_builders};
+use crate::listener::server::{Drain, Limits, connection_builders, spawn_listener_workers};
 use crate::net::timer::CoarseTimer;
 use crate::request::handle;
 use crate::upstream::body::ProxyBody;
@@ -97,6 +97,20 @@ fn small_response(status: StatusCode, body: &'static str) -> Response<ProxyBody>
         HeaderValue::from_static("application/json"),
     );
     resp
+}
+
+/// Like [`crate::listener::server::spawn_workers_until`], for the HTTPS listener
+/// ([`serve_https_until`]).
+pub fn spawn_https_workers(
+    addr: SocketAddr,
+    workers: usize,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    spawn_listener_workers(addr, workers, "sluice-tls-worker", move |listener| {
+        serve_https_until(listener, Arc::clone(&store), limits, drain.clone())
+    })
 }
 
 /// Accepts TLS connections on `listener` and serves them until the runtime stops.

@@ -34,6 +34,9 @@ use crate::upstream::failover::Picked;
 /// long as the route table).
 type PluginRun<'t> = Option<(PluginBody, &'t PluginChain)>;
 
+/// Where a request goes: its upstream and its balancer hash.
+type Target<'t> = (&'t Upstream, u64);
+
 /// Serves one request against the current snapshot. Never fails: errors become responses.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
     let table = store.table();
@@ -99,7 +102,7 @@ fn route<'t>(
     host: Option<&str>,
     conn: &ConnInfo,
     table: &'t RouteTable,
-) -> Result<(&'t CompiledRoute, Option<(&'t Upstream, u64)>), ProxyError> {
+) -> Result<(&'t CompiledRoute, Option<Target<'t>>), ProxyError> {
     let uri = req.uri();
     let info = RequestInfo {
         method: req.method(),
@@ -133,7 +136,7 @@ async fn request_plugins<'a, 't: 'a>(
     conn: &ConnInfo,
     plugin_run: &mut PluginRun<'t>,
     split: &'a mut Option<Arc<Upstream>>,
-) -> Result<Result<(&'a Upstream, u64), Response<ProxyBody>>, ProxyError> {
+) -> Result<Result<Target<'a>, Response<ProxyBody>>, ProxyError> {
     let Some(chain) = &route.plugins else {
         // NB: not reached: only a route with plugins gets here.
         return Err(ProxyError::NoRoute);

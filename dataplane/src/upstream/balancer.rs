@@ -506,7 +506,7 @@ impl Policy {
 #[inline]
 pub fn request_hash(
     upstream: &crate::upstream::Upstream,
-    info: &crate::router::RequestInfo<'_>,
+    info: &crate::http::RequestInfo<'_>,
     consumer: Option<&str>,
 ) -> u64 {
     match upstream.hash_source() {

@@ -21,52 +21,10 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::http::ConnInfo;
-use crate::upstream::balancer::Tried;
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
-use crate::upstream::health::Outcome;
-use crate::upstream::{Endpoint, Pool, Timeouts, Upstream};
-
-/// Whether a failure of the connect phase may be retried on another endpoint.
-fn connect_retryable(e: &ProxyError) -> bool {
-    e.retryable() || matches!(e, ProxyError::UpstreamTls { .. })
-}
-
-/// Retry bookkeeping of one request.
-struct Attempts {
-    tried: Tried,
-    budget: usize,
-    deadline: Option<Instant>,
-}
-
-impl Attempts {
-    /// After endpoint `idx` failed with `e` before taking the request: `None` to try
-    /// another endpoint, or the error to answer with.
-    fn give_up(
-        &mut self,
-        upstream: &Upstream,
-        idx: usize,
-        e: ProxyError,
-        timeouts: Timeouts,
-    ) -> Option<ProxyError> {
-        let now = Instant::now();
-        let until = *self
-            .deadline
-            .get_or_insert(now + timeouts.connect + timeouts.read);
-        let retryable = connect_retryable(&e);
-        if !retryable || self.tried.len() >= self.budget || now >= until {
-            // Known down by the health checks, every one: 503, as on the HTTP/1.1 path.
-            if retryable && upstream.all_unhealthy() {
-                return Some(ProxyError::AllEndpointsDown(upstream.id.clone()));
-            }
-            return Some(e);
-        }
-        tracing::debug!(upstream = %upstream.id, error = %e, "retrying on another endpoint");
-        self.tried.push(idx);
-        upstream.count_retry();
-        None
-    }
-}
+use crate::upstream::retry::{Attempts, failed, succeeded};
+use crate::upstream::{Pool, Timeouts, Upstream};
 
 /// Proxies `req` to `upstream` (an upgrade when `upgrade`, else over its non-HTTP/1.1
 /// protocol); `host` is the client's Host, `hash` the request's balancer hash.
@@ -82,15 +40,11 @@ pub async fn proxy(
     let Some(protocol) = upstream.protocol.as_deref().filter(|_| !upgrade) else {
         return upgrade_to(req, host, conn, upstream, hash, timeouts).await;
     };
-    let mut attempts = Attempts {
-        tried: Tried::default(),
-        budget: upstream.retry_budget(),
-        deadline: None,
-    };
+    let mut attempts = Attempts::new(upstream);
     let mut prepared = crate::upstream::h2::prepare(req, conn, host.as_ref());
     loop {
         let idx = upstream
-            .pick_index(hash, &attempts.tried)
+            .pick_index(hash, attempts.tried())
             .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
         let Some(endpoint) = upstream.endpoints.get(idx) else {
             return Err(ProxyError::NoEndpoint(upstream.id.clone()));
@@ -119,7 +73,7 @@ pub async fn proxy(
                 .await;
                 match sent {
                     Ok(mut resp) => {
-                        succeeded(upstream, endpoint, &resp, started);
+                        succeeded(upstream, endpoint, resp.status(), started);
                         resp.extensions_mut().insert(Picked {
                             pool: Arc::clone(&endpoint.pool),
                             started: attempt_started,
@@ -138,7 +92,7 @@ pub async fn proxy(
             }
         };
         failed(upstream, endpoint, &error, started, timeouts);
-        if let Some(e) = attempts.give_up(upstream, idx, error, timeouts) {
+        if let Some(e) = attempts.give_up(upstream, idx, error, timeouts, None) {
             return Err(e);
         }
     }
@@ -164,14 +118,10 @@ async fn upgrade_to(
     timeouts: Timeouts,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let tls = upstream.protocol.as_deref().and_then(|p| p.tls.as_deref());
-    let mut attempts = Attempts {
-        tried: Tried::default(),
-        budget: upstream.retry_budget(),
-        deadline: None,
-    };
+    let mut attempts = Attempts::new(upstream);
     loop {
         let idx = upstream
-            .pick_index(hash, &attempts.tried)
+            .pick_index(hash, attempts.tried())
             .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
         let Some(endpoint) = upstream.endpoints.get(idx) else {
             return Err(ProxyError::NoEndpoint(upstream.id.clone()));
@@ -195,7 +145,7 @@ async fn upgrade_to(
                 .await;
                 match &mut result {
                     Ok(resp) => {
-                        succeeded(upstream, endpoint, resp, started);
+                        succeeded(upstream, endpoint, resp.status(), started);
                         resp.extensions_mut().insert(Picked {
                             pool: Arc::clone(&endpoint.pool),
                             started: attempt_started,
@@ -208,63 +158,10 @@ async fn upgrade_to(
             Err(e) => {
                 drop(in_flight);
                 failed(upstream, endpoint, &e, started, timeouts);
-                if let Some(e) = attempts.give_up(upstream, idx, e, timeouts) {
+                if let Some(e) = attempts.give_up(upstream, idx, e, timeouts, None) {
                     return Err(e);
                 }
             }
         }
-    }
-}
-
-/// Reports a response from `endpoint` to the passive check (and to `ewma`).
-fn succeeded(
-    upstream: &Upstream,
-    endpoint: &Endpoint,
-    resp: &Response<ProxyBody>,
-    started: Option<Instant>,
-) {
-    upstream.report(endpoint, Outcome::Status(resp.status().as_u16()));
-    if let Some(t) = started {
-        endpoint.state.observe_latency(t.elapsed());
-    }
-}
-
-/// Reports a failed exchange with `endpoint` to the passive check (and to `ewma`).
-fn failed(
-    upstream: &Upstream,
-    endpoint: &Endpoint,
-    e: &ProxyError,
-    started: Option<Instant>,
-    timeouts: Timeouts,
-) {
-    if let Some(outcome) = e.health_outcome() {
-        upstream.report(endpoint, outcome);
-        // A failed endpoint looks slow to `ewma`.
-        if let Some(t) = started {
-            endpoint
-                .state
-                .observe_latency(t.elapsed().max(timeouts.connect));
-        }
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn connect_phase_failures_are_retryable_and_count_against_health() {
-        let refused = ProxyError::Connect {
-            addr: "a:1".into(),
-            source: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
-        };
-        assert!(connect_retryable(&refused));
-        assert_eq!(refused.health_outcome(), Some(Outcome::TcpFailure));
-        let timeout = ProxyError::ConnectTimeout("a:1".into());
-        assert!(connect_retryable(&timeout));
-        assert_eq!(timeout.health_outcome(), Some(Outcome::Timeout));
-        let read = ProxyError::ReadTimeout("a:1".into());
-        assert!(!connect_retryable(&read));
     }
 }

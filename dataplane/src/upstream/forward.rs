@@ -8,7 +8,7 @@
 //!   byte; others check the idle connection before using it.
 //! - A connect failure or timeout is retried on another endpoint whatever the request, as
 //!   nothing of it was sent: at most `retries` times, and not after connect + read timeout
-//!   counted from the first failure.
+//!   counted from the first failure ([`crate::upstream::retry`], shared with failover).
 //! - Every outcome feeds the upstream's passive health check.
 
 use std::sync::Arc;
@@ -22,12 +22,11 @@ use hyper::body::Incoming;
 use crate::http::ConnInfo;
 use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
 use crate::net::timer::CoarseTimer;
-use crate::upstream::balancer::Tried;
 use crate::upstream::body::{ProxyBody, UpstreamBody};
 use crate::upstream::error::ProxyError;
 use crate::upstream::failover::Picked;
 use crate::upstream::h1::{Framing, H1Error, ResponseHead, encode_request_head};
-use crate::upstream::health::Outcome;
+use crate::upstream::retry::{Attempts, failed, succeeded};
 use crate::upstream::{Endpoint, PooledConn, Timeouts, Upstream};
 
 /// Proxies a request to an endpoint of `upstream` over HTTP/1.1 and returns the response,
@@ -51,70 +50,50 @@ pub async fn proxy(
     mut picked: Option<&mut Option<Picked>>,
 ) -> Result<(Response<ProxyBody>, usize), ProxyError> {
     strip_hop_by_hop(&mut parts.headers);
-
     let has_body = !body.is_end_stream();
-    let framing = if has_body {
-        match body.size_hint().exact() {
-            Some(n) => Framing::Length(n),
-            None => Framing::Chunked,
-        }
-    } else if parts.headers.contains_key(header::CONTENT_LENGTH) {
-        Framing::Length(0)
-    } else {
-        Framing::Empty
-    };
+    let framing = framing(&parts, &body, has_body);
     let target = parts
         .uri
         .path_and_query()
         .map(|pq| pq.as_str())
         .unwrap_or("/");
     let mut head = Vec::with_capacity(512);
-    let client_ip = real_ip.unwrap_or(&conn.remote_ip);
     let proxy_headers = ProxyHeaders {
-        client_ip: client_ip.as_bytes(),
+        client_ip: real_ip.unwrap_or(&conn.remote_ip).as_bytes(),
         proto: conn.scheme,
         host: host.map(HeaderValue::as_bytes),
     };
-
-    // --- upstream-LB: endpoint choice, retries to other endpoints, passive health ---
     // A request without a body can be sent again if a reused connection turns out to have
     // been closed by the upstream, or to another endpoint after a reset before any response
-    // byte; others check the idle connection before using it. A connect failure or timeout
-    // is retried on another endpoint whatever the request, as nothing of it was sent.
+    // byte; others check the idle connection before using it.
     let replayable = !has_body && parts.method.is_idempotent();
-    let mut tried = Tried::default();
-    let budget = upstream.retry_budget();
-    // Retries stop after connect + read timeout, counted from the first failure (so the
-    // clock is never read on the fast path).
-    let mut deadline: Option<std::time::Instant> = None;
+    let mut attempts = Attempts::new(upstream);
     let (pooled, response) = loop {
         let idx = upstream
-            .pick_index(hash, &tried)
+            .pick_index(hash, attempts.tried())
             .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
         let Some(endpoint) = upstream.endpoints.get(idx) else {
             return Err(ProxyError::NoEndpoint(upstream.id.clone()));
         };
         // NB: the attempt's start serves the pool's idle timeout check too.
-        let attempt_started = match picked.as_deref_mut() {
-            Some(slot) => {
-                let now = std::time::Instant::now();
-                *slot = Some(Picked {
-                    pool: Arc::clone(&endpoint.pool),
-                    started: now,
-                });
-                Some(now)
-            }
-            None => None,
-        };
+        let attempt_started = picked.as_deref_mut().map(|slot| {
+            let now = std::time::Instant::now();
+            *slot = Some(Picked {
+                pool: Arc::clone(&endpoint.pool),
+                started: now,
+            });
+            now
+        });
         if let Some(h) = upstream.host_header(endpoint) {
             parts.headers.insert(header::HOST, h.clone());
         }
         head.clear();
+        let (method, headers) = (&parts.method, &parts.headers);
         encode_request_head(
             &mut head,
-            &parts.method,
+            method,
             target,
-            &parts.headers,
+            headers,
             framing,
             Some(proxy_headers),
         );
@@ -135,52 +114,44 @@ pub async fn proxy(
         .await;
         match sent {
             Ok((mut pooled, resp)) => {
-                upstream.report(endpoint, Outcome::Status(resp.parts.status.as_u16()));
-                if let Some(t) = started {
-                    endpoint.state.observe_latency(t.elapsed());
-                }
+                succeeded(upstream, endpoint, resp.parts.status, started);
                 pooled.hold(in_flight);
                 break (pooled, resp);
             }
             Err(e) => {
                 drop(in_flight);
-                if let Some(outcome) = e.health_outcome() {
-                    upstream.report(endpoint, outcome);
-                    // A failed endpoint looks slow to `ewma`.
-                    if let Some(t) = started {
-                        endpoint
-                            .state
-                            .observe_latency(t.elapsed().max(timeouts.connect));
-                    }
-                }
+                failed(upstream, endpoint, &e, started, timeouts);
                 let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
                 let may_retry = e.retryable() || (replayable && reset);
-                let now = std::time::Instant::now();
-                let until = *deadline.get_or_insert(now + timeouts.connect + timeouts.read);
-                if !may_retry || tried.len() >= budget || now >= until {
-                    // Known down by the health checks, every one: 503 rather than the
-                    // 502 of a single failed connection (as nginx/APISIX answer).
-                    if e.retryable() && upstream.all_unhealthy() {
-                        return Err(ProxyError::AllEndpointsDown(upstream.id.clone()));
-                    }
+                if let Some(e) = attempts.give_up(upstream, idx, e, timeouts, Some(may_retry)) {
                     return Err(e);
                 }
-                tracing::debug!(upstream = %upstream.id, error = %e, "retrying on another endpoint");
-                tried.push(idx);
-                upstream.count_retry();
             }
         }
     };
-    // --- end upstream-LB ---
     let head_len = response.head_len;
     let mut parts = response.parts;
     parts.version = http::Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     let body = UpstreamBody::new(pooled, response.framing, response.keep_alive);
-    Ok((
-        Response::from_parts(parts, ProxyBody::Upstream(body)),
-        head_len,
-    ))
+    let resp = Response::from_parts(parts, ProxyBody::Upstream(body));
+    Ok((resp, head_len))
+}
+
+/// How the request body is delimited upstream: its exact length when known, else chunked;
+/// an explicit `Content-Length: 0` is kept.
+#[inline]
+fn framing(parts: &request::Parts, body: &Incoming, has_body: bool) -> Framing {
+    if has_body {
+        match body.size_hint().exact() {
+            Some(n) => Framing::Length(n),
+            None => Framing::Chunked,
+        }
+    } else if parts.headers.contains_key(header::CONTENT_LENGTH) {
+        Framing::Length(0)
+    } else {
+        Framing::Empty
+    }
 }
 
 /// One attempt on `endpoint`: a pooled connection (a fresh one if a reused connection of a
