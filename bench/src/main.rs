@@ -69,6 +69,12 @@ enum Cmd {
         /// `--sluice-arg=--write-batching=off`; recorded in the results.
         #[arg(long = "sluice-arg", value_name = "ARG", allow_hyphen_values = true)]
         sluice_args: Vec<String>,
+        /// Also load this sluice-dataplane binary (e.g. the main branch's build) side by side
+        /// with the one under test, on the same scenario during the same seconds, and report
+        /// this build ÷ baseline in requests per CPU-second (the start order alternates
+        /// between rounds).
+        #[arg(long, value_name = "PATH")]
+        baseline_bin: Option<PathBuf>,
     },
     /// HTTPS side by side with nginx (same certificate): keep-alive requests and new TLS
     /// connections (ECDSA P-256, RSA-2048) per proxy CPU-second. Writes tls-<arch>.md.
@@ -136,6 +142,7 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
     // side by side.
     let same_run = rounds.iter().any(|r| r.plugin_cost_same_run.is_some());
     let side = rounds.iter().any(|r| r.plugin_cost_side_by_side.is_some());
+    let base = rounds.iter().any(|r| r.baseline_side_by_side.is_some());
     let mut out = String::from("| round | req/s ratio | req/CPU-s ratio | p99 ratio |");
     let mut rule = String::from("|---:|---:|---:|---:|");
     if same_run {
@@ -146,11 +153,15 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
         out.push_str(" plugin cost (side by side) |");
         rule.push_str("---:|");
     }
+    if base {
+        out.push_str(" build ÷ baseline (side by side) |");
+        rule.push_str("---:|");
+    }
     out.push_str(" noisy |\n");
     out.push_str(&rule);
     out.push_str("---|\n");
     let (mut rps, mut cpu, mut p99) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut cost, mut cost_side) = (Vec::new(), Vec::new());
+    let (mut cost, mut cost_side, mut vs_base) = (Vec::new(), Vec::new(), Vec::new());
     let cell = |shown: bool, x: Option<f64>, all: &mut Vec<f64>| match (shown, x) {
         (false, _) => String::new(),
         (true, Some(c)) => {
@@ -173,8 +184,19 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
             {
                 d = d.replace("× |", "× (plain first) |");
             }
+            let mut e = cell(
+                base,
+                r.baseline_side_by_side.as_ref().map(|s| s.ratio),
+                &mut vs_base,
+            );
+            if r.baseline_side_by_side
+                .as_ref()
+                .is_some_and(|s| s.baseline_first)
+            {
+                e = e.replace("× |", "× (baseline first) |");
+            }
             out.push_str(&format!(
-                "| {} | {:.2}× | {:.2}× | {:.2}× |{c}{d} {} |\n",
+                "| {} | {:.2}× | {:.2}× | {:.2}× |{c}{d}{e} {} |\n",
                 i + 1,
                 x.requests_per_sec,
                 x.requests_per_cpu_second,
@@ -188,7 +210,7 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
     }
     let m = |v: &[f64]| median(v).map_or_else(|| "-".to_owned(), |x| format!("{x:.2}×"));
     out.push_str(&format!(
-        "| **median** | **{}** | **{}** | **{}** |{}{} |\n",
+        "| **median** | **{}** | **{}** | **{}** |{}{}{} |\n",
         m(&rps),
         m(&cpu),
         m(&p99),
@@ -199,6 +221,11 @@ fn render_rounds(rounds: &[BenchResult]) -> String {
         },
         if side {
             format!(" **{}** |", m(&cost_side))
+        } else {
+            String::new()
+        },
+        if base {
+            format!(" **{}** |", m(&vs_base))
         } else {
             String::new()
         }
@@ -249,11 +276,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             repeat,
             emulator,
             sluice_args,
+            baseline_bin,
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
             let workspace = workspace.unwrap_or_else(workspace_root);
             let mut opts = ProxyOptions {
                 without_first: false,
+                baseline_bin,
                 emulator,
                 sluice_args,
                 scenario,

@@ -49,6 +49,29 @@ pub struct BenchResult {
     /// (see [`SideBySide`]); the figure of record for the budget.
     #[serde(default)]
     pub plugin_cost_side_by_side: Option<SideBySide>,
+    /// With `--baseline-bin`: this build beside the baseline build, same scenario, loaded
+    /// during the same seconds.
+    #[serde(default)]
+    pub baseline_side_by_side: Option<BaselineSideBySide>,
+}
+
+/// The dataplane under test and a baseline dataplane (`--baseline-bin`, e.g. the main
+/// branch's build) on the same scenario, loaded at the same time on the proxy's core by two
+/// wrk processes with half the connections each, as [`SideBySide`] does for the plugins.
+/// The figure that shows whether a change moved the proxy's cost.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BaselineSideBySide {
+    /// The baseline binary's path.
+    pub baseline: String,
+    /// The build under test.
+    pub build: Share,
+    /// The baseline build.
+    pub baseline_share: Share,
+    /// `build ÷ baseline` in requests per CPU-second (1.0: no change).
+    pub ratio: f64,
+    /// Whether the baseline, and its wrk, started first (the order alternates between
+    /// rounds).
+    pub baseline_first: bool,
 }
 
 /// Scenario 2's plugin cost measured side by side: the dataplane with the plugins and the
@@ -619,6 +642,27 @@ pub fn render_markdown(r: &BenchResult) -> String {
             verdict(x.ratio >= BUDGET_PLUGIN_RATE)
         );
     }
+    if let Some(x) = &r.baseline_side_by_side {
+        let _ = writeln!(
+            s,
+            "\nThis build beside the baseline `{}` (both loaded during the same {:.0} s, {} connections each, the {} started first): this build {} requests in {:.2} CPU-s = {:.0} req/CPU-s ÷ baseline {} requests in {:.2} CPU-s = {:.0} req/CPU-s = **{:.3}×**",
+            x.baseline,
+            r.params.duration_s,
+            r.params.connections / 2,
+            if x.baseline_first {
+                "baseline"
+            } else {
+                "build"
+            },
+            x.build.requests,
+            x.build.cpu_seconds,
+            x.build.requests_per_cpu_second,
+            x.baseline_share.requests,
+            x.baseline_share.cpu_seconds,
+            x.baseline_share.requests_per_cpu_second,
+            x.ratio
+        );
+    }
     if let Some(c) = &r.plugin_cost {
         let _ = writeln!(
             s,
@@ -863,6 +907,7 @@ mod tests {
             plugin_cost: None,
             plugin_cost_same_run: None,
             plugin_cost_side_by_side: None,
+            baseline_side_by_side: None,
         };
         r.ratios = r.compute_ratios();
         r
@@ -946,6 +991,42 @@ mod tests {
             vec![run("sluice", metrics(wrk(1.0, 1.0, 0), 1.0, 1, 1.0))],
         );
         assert_eq!(s1.compute_plugin_cost_same_run(), None);
+    }
+
+    #[test]
+    fn a_baseline_side_by_side_is_reported_as_build_over_baseline() {
+        let mut r = result(
+            1,
+            vec![run("sluice", metrics(wrk(50_000.0, 2.0, 0), 10.0, 1, 1.0))],
+        );
+        assert!(!render_markdown(&r).contains("beside the baseline"));
+        let build = Share::new(&wrk(6_300.0, 2.0, 0), 1.5);
+        let base = Share::new(&wrk(6_000.0, 2.0, 0), 1.5);
+        let x = SideBySide::new(build, base).unwrap();
+        r.baseline_side_by_side = Some(BaselineSideBySide {
+            baseline: "/tmp/main/sluice-dataplane".into(),
+            build: x.with_plugins,
+            baseline_share: x.without_plugins,
+            ratio: x.ratio,
+            baseline_first: true,
+        });
+        let md = render_markdown(&r);
+        assert!(
+            md.contains("beside the baseline `/tmp/main/sluice-dataplane`"),
+            "{md}"
+        );
+        assert!(md.contains("the baseline started first"), "{md}");
+        assert!(
+            md.contains("= 42000 req/CPU-s ÷ baseline 60000 requests in 1.50 CPU-s = 40000 req/CPU-s = **1.050×**"),
+            "{md}"
+        );
+        // Result files written before the field existed still load.
+        let mut json = serde_json::to_value(&r).unwrap();
+        json.as_object_mut()
+            .unwrap()
+            .remove("baseline_side_by_side");
+        let old: BenchResult = serde_json::from_value(json).unwrap();
+        assert!(old.baseline_side_by_side.is_none());
     }
 
     #[test]

@@ -76,6 +76,10 @@ pub struct ProxyOptions {
     /// VM, in either direction and varying over time (scenario 1 against itself: 0.977–
     /// 1.010×); `--repeat` alternates, so that the median sees both orders.
     pub without_first: bool,
+    /// Another sluice-dataplane binary (e.g. the main branch's) to load side by side with
+    /// the one under test, on the same scenario during the same seconds
+    /// ([`report::BaselineSideBySide`]); with `without_first`, the baseline starts first.
+    pub baseline_bin: Option<PathBuf>,
 }
 
 /// Paths of the files a run wrote.
@@ -255,6 +259,7 @@ impl Bench<'_> {
         dir: &Path,
         with: (&ProcessGuard, u16),
         without: (&ProcessGuard, u16),
+        what: &str,
     ) -> Result<Option<report::SideBySide>, BenchError> {
         let opts = self.opts;
         let half = WRK_CONNECTIONS / 2;
@@ -279,7 +284,7 @@ impl Bench<'_> {
             both(opts.warmup, "side-by-side-warmup")?;
         }
         eprintln!(
-            "sluice-bench: side by side, with and without the plugins: measuring {:?}",
+            "sluice-bench: side by side, {what}: measuring {:?}",
             opts.duration
         );
         // NB: CPU time in nanoseconds from the scheduler (schedstat) where readable, else
@@ -619,6 +624,9 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
     }
     let mut plain_run = None;
     let mut side_by_side = None;
+    let sluice_bin_for_baseline = sluice_bin
+        .clone()
+        .unwrap_or_else(|| Err("sluice was not measured".into()));
     if let Some(bin) = sluice_bin {
         let bin_for_plain = bin.clone();
         let outcome = bin.and_then(|bin| {
@@ -668,7 +676,12 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
                     (with, start_without()?)
                 };
                 bench
-                    .measure_side_by_side(dir2.path(), (&with, p2), (&without, p1))
+                    .measure_side_by_side(
+                        dir2.path(),
+                        (&with, p2),
+                        (&without, p1),
+                        "with and without the plugins",
+                    )
                     .map_err(|e| e.to_string())
             })();
             match side {
@@ -710,6 +723,45 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         }
     }
     runs.extend(plain_run);
+    // This build beside a baseline build, same scenario, during the same seconds.
+    let mut baseline_side_by_side = None;
+    if let (Some(baseline), Ok(bin)) = (&opts.baseline_bin, &sluice_bin_for_baseline) {
+        let side = (|| {
+            let dir_b = TempDir::new("sluice-build").map_err(|e| e.to_string())?;
+            let dir_a = TempDir::new("sluice-baseline").map_err(|e| e.to_string())?;
+            let pb = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
+            let pa = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
+            let start_build = || start_sluice(opts, opts.scenario, bin, proxy_cpu, &dir_b, pb);
+            let start_base = || start_sluice(opts, opts.scenario, baseline, proxy_cpu, &dir_a, pa);
+            let ((build, _), (base, _)) = if opts.without_first {
+                let base = start_base()?;
+                (start_build()?, base)
+            } else {
+                let build = start_build()?;
+                (build, start_base()?)
+            };
+            bench
+                .measure_side_by_side(
+                    dir_b.path(),
+                    (&build, pb),
+                    (&base, pa),
+                    "this build and the baseline",
+                )
+                .map_err(|e| e.to_string())
+        })();
+        match side {
+            Ok(x) => {
+                baseline_side_by_side = x.map(|x| report::BaselineSideBySide {
+                    baseline: baseline.display().to_string(),
+                    build: x.with_plugins,
+                    baseline_share: x.without_plugins,
+                    ratio: x.ratio,
+                    baseline_first: x.without_first,
+                })
+            }
+            Err(reason) => eprintln!("sluice-bench: no side-by-side baseline figure: {reason}"),
+        }
+    }
     drop(upstream);
     drop(upstream_dir);
 
@@ -749,6 +801,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         plugin_cost: None,
         plugin_cost_same_run: None,
         plugin_cost_side_by_side: side_by_side,
+        baseline_side_by_side,
     };
     result.ratios = result.compute_ratios();
     result.plugin_cost_same_run = result.compute_plugin_cost_same_run();
