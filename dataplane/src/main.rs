@@ -74,9 +74,14 @@ struct Args {
     /// (APISIX `apisix.ssl.fallback_sni`), before the default certificate.
     #[arg(long, value_name = "HOST", value_parser = fallback_sni)]
     fallback_sni: Option<String>,
-    /// Admin listener: /healthz, /readyz, /snapshot, /metrics.
+    /// Admin listener: /healthz, /readyz, /metrics and the debug endpoint /snapshot (keys and
+    /// credentials redacted). Keep it on loopback unless you mean to expose it.
     #[arg(long, default_value = "127.0.0.1:9091")]
     admin: SocketAddr,
+    /// Status listener: /healthz, /readyz and /metrics only, for kubelet probes and
+    /// Prometheus on the pod's address (e.g. 0.0.0.0:9090). Default: none.
+    #[arg(long, value_name = "ADDR")]
+    status: Option<SocketAddr>,
     /// Worker threads; each has its own runtime and listener. Default: number of CPUs.
     #[arg(long)]
     workers: Option<usize>,
@@ -225,6 +230,14 @@ fn main() -> anyhow::Result<()> {
     let admin_listener = control
         .block_on(tokio::net::TcpListener::bind(args.admin))
         .with_context(|| format!("binding admin listener {}", args.admin))?;
+    let status_listener = match args.status {
+        Some(addr) => Some(
+            control
+                .block_on(tokio::net::TcpListener::bind(addr))
+                .with_context(|| format!("binding status listener {addr}"))?,
+        ),
+        None => None,
+    };
 
     // Serve the first configuration before opening the traffic port: the files, or the
     // snapshot persisted by the last run in controller mode.
@@ -282,10 +295,21 @@ fn main() -> anyhow::Result<()> {
         Source::Standalone(path) => path.display().to_string(),
         Source::Controller(config) => config.url.clone(),
     };
-    tracing::info!(http = %args.listen_http, https = %args.listen_https, admin = %args.admin, workers, source = %source_name, "sluice-dataplane serving");
+    tracing::info!(http = %args.listen_http, https = %args.listen_https, admin = %args.admin, status = ?args.status, workers, source = %source_name, "sluice-dataplane serving");
 
     control.block_on(async move {
-        tokio::spawn(admin::serve(admin_listener, Arc::clone(&store)));
+        tokio::spawn(admin::serve(
+            admin_listener,
+            Arc::clone(&store),
+            admin::Endpoints::All,
+        ));
+        if let Some(listener) = status_listener {
+            tokio::spawn(admin::serve(
+                listener,
+                Arc::clone(&store),
+                admin::Endpoints::Status,
+            ));
+        }
         match source {
             Source::Standalone(path) => {
                 tokio::spawn(standalone::watch_with(

@@ -276,6 +276,11 @@ fn helm_install_creates_every_object_with_default_and_graviton_values() {
     assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
     assert_eq!(c["securityContext"]["capabilities"]["drop"][0], "ALL");
     assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/readyz");
+    // Probes and metrics on the pod address; the debug endpoints on loopback only.
+    assert_eq!(c["readinessProbe"]["httpGet"]["port"], "status");
+    let dargs = c["args"].to_string();
+    assert!(dargs.contains("--status=0.0.0.0:9090"), "{dargs}");
+    assert!(dargs.contains("--admin=127.0.0.1:9091"), "{dargs}");
     let sa = get_json(cluster, &["get", "sa", "sluice-dataplane", "-n", &ns]);
     assert_eq!(sa["automountServiceAccountToken"], false);
     let ctrl = get_json(cluster, &["get", "deploy", "sluice-controller", "-n", &ns]);
@@ -534,6 +539,44 @@ fn cert_manager_mode_issues_both_certificates_and_needs_cert_manager() {
 }
 
 #[test]
+fn a_network_policy_admits_traffic_and_metrics_only_when_asked_for() {
+    let chart = chart_dir();
+    let base = [
+        "template",
+        "s",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "ns",
+    ];
+    let out = helm(&base).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    assert!(!out.stdout.contains("kind: NetworkPolicy"));
+    let mut args = base.to_vec();
+    args.extend([
+        "--set",
+        "dataplane.networkPolicy.enabled=true",
+        "--set-json",
+        r#"dataplane.networkPolicy.metricsFrom=[{"namespaceSelector":{"matchLabels":{"kubernetes.io/metadata.name":"monitoring"}}}]"#,
+    ]);
+    let out = helm(&args).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    let y = &out.stdout;
+    let policy = &y[y.find("kind: NetworkPolicy").expect("no NetworkPolicy")..];
+    let policy = &policy[..policy.find("\n---").unwrap_or(policy.len())];
+    for want in [
+        "policyTypes: [Ingress]",
+        "- {port: 9080, protocol: TCP}",
+        "- {port: 9443, protocol: TCP}",
+        "- {port: 9090, protocol: TCP}",
+        "kubernetes.io/metadata.name: monitoring",
+    ] {
+        assert!(policy.contains(want), "{want} missing:\n{policy}");
+    }
+    // The debug port is never admitted: it listens on loopback.
+    assert!(!policy.contains("9091"), "{policy}");
+}
+
+#[test]
 fn service_monitors_scrape_both_components_and_need_the_prometheus_operator() {
     let chart = chart_dir();
     let args = [
@@ -560,9 +603,12 @@ fn service_monitors_scrape_both_components_and_need_the_prometheus_operator() {
     assert_eq!(y.matches("\nkind: ServiceMonitor\n").count(), 2, "{y}");
     // Each selects a Service that exists in the release, on a port that Service has.
     assert!(
-        y.contains("app.kubernetes.io/component: dataplane-admin\n"),
+        y.contains("app.kubernetes.io/component: dataplane-metrics\n"),
         "{y}"
     );
-    assert!(y.contains("- port: admin\n"), "{y}");
-    assert!(y.contains("- port: metrics\n"), "{y}");
+    assert_eq!(y.matches("- port: metrics\n").count(), 2, "{y}");
+    assert!(
+        y.contains("- {name: metrics, port: 9090, targetPort: status, protocol: TCP}"),
+        "{y}"
+    );
 }

@@ -8,6 +8,7 @@
 //! - [`table`]: a snapshot compiled for serving (router, upstreams, plugin chains,
 //!   [`certs`]).
 //! - [`store`]: the live table, the last good snapshot on disk, and [`metrics`].
+//! - [`redact`]: the copy of a snapshot that may be shown (no keys, no credentials).
 //!
 //! This layer imports the router, the plugins and the upstreams (to compile them); none of
 //! those imports it.
@@ -15,6 +16,7 @@
 pub mod certs;
 pub mod controller_client;
 pub mod metrics;
+pub mod redact;
 pub mod standalone;
 pub mod store;
 pub mod table;

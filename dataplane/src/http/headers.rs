@@ -95,28 +95,86 @@ pub fn is_hop_by_hop_token(token: &str) -> bool {
     HOP_BY_HOP.iter().any(|h| h.eq_ignore_ascii_case(token))
 }
 
-/// Removes hop-by-hop headers, including those named in `Connection`.
-pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the names, without hashing, finds which are present; typically only
-    // `connection`, or none.
+/// Removes hop-by-hop headers, including those named in `Connection`, from a client's
+/// request before any plugin runs. Two survive, for the protocols that need them: for a
+/// WebSocket upgrade (`upgrade`), `Upgrade`, with `Connection: upgrade`; and `TE: trailers`
+/// when the client sent it (HTTP/2 and gRPC upstreams need it; the HTTP/1.1 client does not
+/// send it on).
+///
+/// NB: before the plugins, so that a client cannot name in `Connection` a header a plugin
+/// adds (an auth header, proxy-rewrite's host) and have it removed on the way upstream.
+pub fn strip_request_hop_by_hop(headers: &mut HeaderMap, upgrade: bool) {
+    let present = present_bits(headers);
+    if present == 0 {
+        return;
+    }
+    let kept = if upgrade {
+        headers.get(header::UPGRADE).cloned()
+    } else {
+        None
+    };
+    // Bit 1: `te` (see `HOP_BY_HOP`).
+    let trailers = present & 2 != 0 && wants_trailers(headers);
+    strip_present(headers, present);
+    if let Some(u) = kept {
+        headers.insert(header::UPGRADE, u);
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    }
+    if trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Whether any `te` value lists `trailers` (gRPC requires it to reach the upstream).
+pub fn wants_trailers(headers: &HeaderMap) -> bool {
+    headers.get_all(header::TE).iter().any(|v| {
+        v.to_str().is_ok_and(|s| {
+            s.split(',')
+                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+    })
+}
+
+/// The bits ([`hop_by_hop_bit`]) of the hop-by-hop headers present in `headers`.
+///
+/// NB: one pass over the names, without hashing; typically only `connection`, or none.
+#[inline]
+fn present_bits(headers: &HeaderMap) -> u8 {
     let mut present = 0u8;
     for name in headers.keys() {
         present |= hop_by_hop_bit(name.as_str());
     }
+    present
+}
+
+/// Removes hop-by-hop headers, including those named in `Connection`.
+pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    strip_present(headers, present_bits(headers));
+}
+
+/// Removes the hop-by-hop headers whose bits are in `present`, and those `Connection` names.
+fn strip_present(headers: &mut HeaderMap, present: u8) {
     if present == 0 {
         return;
     }
-    if present & 1 != 0
-        && let Some(conn) = headers.remove(header::CONNECTION)
-        && let Ok(list) = conn.to_str()
-    {
-        for token in list.split(',').map(str::trim) {
-            let known = token.is_empty()
-                || token.eq_ignore_ascii_case("close")
-                || is_hop_by_hop_token(token);
-            if !known {
-                headers.remove(token);
+    if present & 1 != 0 {
+        // NB: every `Connection` header counts, not only the first (a client may split its
+        // list over several). No allocation unless one names another header.
+        let mut named: Vec<String> = Vec::new();
+        for value in headers.get_all(header::CONNECTION) {
+            let Ok(list) = value.to_str() else { continue };
+            for token in list.split(',').map(str::trim) {
+                let known = token.is_empty()
+                    || token.eq_ignore_ascii_case("close")
+                    || is_hop_by_hop_token(token);
+                if !known {
+                    named.push(token.to_owned());
+                }
             }
+        }
+        headers.remove(header::CONNECTION);
+        for token in &named {
+            headers.remove(token.as_str());
         }
     }
     for (i, name) in HOP_BY_HOP.iter().enumerate().skip(1) {
@@ -144,6 +202,44 @@ mod tests {
         strip_hop_by_hop(&mut h);
         assert_eq!(h.len(), 1);
         assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn every_connection_header_names_headers_to_remove() {
+        let mut h = HeaderMap::new();
+        h.append(header::CONNECTION, HeaderValue::from_static("keep-alive"));
+        h.append(
+            header::CONNECTION,
+            HeaderValue::from_static("x-second, X-Third"),
+        );
+        h.insert("x-second", HeaderValue::from_static("1"));
+        h.insert("x-third", HeaderValue::from_static("1"));
+        h.insert("x-kept", HeaderValue::from_static("1"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert!(h.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn a_request_keeps_upgrade_and_te_trailers_only() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("Upgrade, te, x-a"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert(header::TE, HeaderValue::from_static("trailers, deflate"));
+        h.insert("keep-alive", HeaderValue::from_static("1"));
+        h.insert("x-a", HeaderValue::from_static("1"));
+        let mut upgrade = h.clone();
+        strip_request_hop_by_hop(&mut upgrade, true);
+        assert_eq!(upgrade.len(), 3, "{upgrade:?}");
+        assert_eq!(upgrade["connection"], "upgrade");
+        assert_eq!(upgrade["upgrade"], "websocket");
+        assert_eq!(upgrade["te"], "trailers");
+        strip_request_hop_by_hop(&mut h, false);
+        assert_eq!(h.len(), 1, "{h:?}");
+        assert_eq!(h["te"], "trailers");
     }
 
     #[test]

@@ -6,8 +6,11 @@
 //! - [`RequestInfo`]: what the router and the balancer read of a request.
 //! - [`headers`]: hop-by-hop headers (RFC 9110 §7.6.1) and the forwarding headers a proxy
 //!   adds (`X-Forwarded-*`, `X-Real-IP`).
+//! - [`path`]: request path normalisation (what routes match, what is forwarded).
+//! - [`request_host`]: the request's host, checked (one `Host`, `:authority` agreeing).
 
 pub mod headers;
+pub mod path;
 
 use std::net::SocketAddr;
 
@@ -73,12 +76,37 @@ pub struct RequestInfo<'a> {
     pub scheme: &'a str,
 }
 
-/// The request's host: the Host header, or the HTTP/2 `:authority`.
-pub fn request_host<B>(req: &Request<B>) -> Option<HeaderValue> {
-    if let Some(h) = req.headers().get(header::HOST) {
-        return Some(h.clone());
+/// The request's host, checked as RFC 9112 §3.2 and RFC 9113 §8.3.1 ask; `Err` names why
+/// the request must be refused with 400.
+///
+/// - More than one `Host` header: refused (nginx answers 400 too), as a proxy and its
+///   upstream could each pick a different one.
+/// - HTTP/1.1 without `Host` (and not in absolute form): refused. HTTP/1.0 may omit it.
+/// - HTTP/1.x absolute form (`GET http://a.example/x`): the target's authority wins over
+///   any `Host` header (RFC 9112 §3.2.2).
+/// - HTTP/2: `:authority`, else `Host`; both present and different: refused.
+pub fn request_host<B>(req: &Request<B>) -> Result<Option<HeaderValue>, &'static str> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let first = hosts.next();
+    if hosts.next().is_some() {
+        return Err("more than one Host header");
     }
-    req.uri()
-        .authority()
-        .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+    let authority = req.uri().authority();
+    if req.version() >= http::Version::HTTP_2 {
+        return match (authority, first) {
+            (Some(a), Some(h)) if !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
+                Err("Host header differs from :authority")
+            }
+            (Some(a), _) => Ok(HeaderValue::from_str(a.as_str()).ok()),
+            (None, h) => Ok(h.cloned()),
+        };
+    }
+    if let Some(a) = authority {
+        return Ok(HeaderValue::from_str(a.as_str()).ok());
+    }
+    match first {
+        Some(h) => Ok(Some(h.clone())),
+        None if req.version() == http::Version::HTTP_11 => Err("missing Host header"),
+        None => Ok(None),
+    }
 }

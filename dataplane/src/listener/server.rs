@@ -30,18 +30,123 @@ pub struct Limits {
     pub max_header_bytes: usize,
     /// Most request headers.
     pub max_headers: usize,
+    /// How long an HTTP/2 connection may stay without a request in flight before it is
+    /// closed (nginx `keepalive_timeout`; an HTTP/1.1 connection waiting for its next
+    /// request is bounded by `header_read_timeout`). Its first request must come within
+    /// `header_read_timeout`, preface included.
+    pub idle_timeout: Duration,
 }
 
 impl Default for Limits {
-    /// 10,000 connections per worker, 30 s to send a head, 64 KiB and 100 headers.
+    /// 10,000 connections per worker, 30 s to send a head, 64 KiB and 100 headers, 60 s
+    /// idle (APISIX's `keepalive_timeout`).
     fn default() -> Self {
         Limits {
             max_connections: 10_000,
             header_read_timeout: Duration::from_secs(30),
             max_header_bytes: 64 * 1024,
             max_headers: 100,
+            idle_timeout: Duration::from_secs(60),
         }
     }
+}
+
+/// The requests in flight on one HTTP/2 connection, and when the last one ended: hyper's
+/// HTTP/2 server has no timeout of its own for a client that sends a preface and nothing
+/// more, or opens a connection and never uses it.
+#[derive(Debug, Clone)]
+pub(crate) struct Activity(Arc<ActivityState>);
+
+#[derive(Debug)]
+struct ActivityState {
+    started: std::time::Instant,
+    in_flight: std::sync::atomic::AtomicUsize,
+    /// Milliseconds from `started` to the end of the last request; `u64::MAX` before any.
+    last_ms: std::sync::atomic::AtomicU64,
+}
+
+/// Counts one request in flight until dropped (see [`Activity::begin`]).
+pub(crate) struct InFlightRequest(Activity);
+
+impl Drop for InFlightRequest {
+    fn drop(&mut self) {
+        let s = &self.0.0;
+        let ms = u64::try_from(s.started.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+        s.last_ms.store(ms, std::sync::atomic::Ordering::Relaxed);
+        s.in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl Activity {
+    pub(crate) fn new() -> Self {
+        Activity(Arc::new(ActivityState {
+            started: std::time::Instant::now(),
+            in_flight: std::sync::atomic::AtomicUsize::new(0),
+            last_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+        }))
+    }
+
+    /// A request started; it counts until the returned guard is dropped.
+    pub(crate) fn begin(&self) -> InFlightRequest {
+        self.0
+            .in_flight
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        InFlightRequest(self.clone())
+    }
+
+    /// Resolves once the connection has had no request in flight for `idle` (for
+    /// `first` from its start, before any request).
+    pub(crate) async fn idle(&self, first: Duration, idle: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let s = &self.0;
+        loop {
+            let last = s.last_ms.load(Relaxed);
+            let (since, limit) = match last {
+                u64::MAX => (Duration::ZERO, first),
+                ms => (Duration::from_millis(ms), idle),
+            };
+            let due = s.started + since + limit;
+            if s.in_flight.load(Relaxed) == 0 && std::time::Instant::now() >= due {
+                return;
+            }
+            let wake = due.max(std::time::Instant::now() + Duration::from_millis(100));
+            tokio::time::sleep_until(wake.into()).await;
+        }
+    }
+}
+
+/// Serves an HTTP/2 connection until it ends, `drain` fires, or it has had no request in
+/// flight past the limits (`activity` is what its requests report to); the last two shut
+/// it down gracefully: GOAWAY, and the streams already open finish (a connection that never
+/// carried a request is closed at once).
+///
+/// NB: a request counts until its response head is sent; a long response body on an
+/// otherwise idle connection gets a GOAWAY after `idle_timeout`, and finishes.
+pub(crate) async fn serve_h2<F, E>(
+    conn: F,
+    activity: Activity,
+    limits: Limits,
+    mut drain: Drain,
+    shutdown: impl FnOnce(Pin<&mut F>),
+) -> Result<(), E>
+where
+    F: Future<Output = Result<(), E>>,
+{
+    tokio::pin!(conn);
+    tokio::select! {
+        r = conn.as_mut() => return r,
+        _ = drain.wait() => {}
+        _ = activity.idle(limits.header_read_timeout, limits.idle_timeout) => {
+            // Never a request (a preface that never completed, or silence): nothing to
+            // finish, and no GOAWAY owed to a peer that has not spoken HTTP/2.
+            if activity.0.last_ms.load(std::sync::atomic::Ordering::Relaxed) == u64::MAX {
+                return Ok(());
+            }
+        }
+    }
+    shutdown(conn.as_mut());
+    conn.await
 }
 
 /// Binds `addr` with `SO_REUSEPORT`, so every worker gets a listener of its own.
@@ -59,14 +164,20 @@ pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// Whether the client speaks HTTP/2 with prior knowledge (h2c), judged from the first bytes
-/// without consuming them. `None` when the client sent nothing in time or closed.
+/// without consuming them. `None` when the client sent nothing conclusive within `timeout`
+/// (the header read timeout) or closed: the connection is then closed.
 ///
 /// NB: deciding this ourselves, once per connection, lets each connection be served by
 /// hyper's HTTP/1 or HTTP/2 server directly, without the auto-detecting wrapper that costs
 /// about 2% of the CPU per request.
+///
+/// NB: `peek` cannot see a close behind bytes that are still unread, so a client that sent
+/// `P` (or `PR`) and closed looks the same as a slow one: both are given until `timeout`,
+/// polled with a growing pause, and never longer.
 async fn sniff_h2(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<bool> {
     let mut buf = [0u8; 3];
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut pause = Duration::from_millis(1);
     loop {
         let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf))
             .await
@@ -82,8 +193,12 @@ async fn sniff_h2(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<b
             // No HTTP/1 request starts with `PRI`.
             return Some(true);
         }
-        // A partial `P` or `PR`: wait a moment for the rest instead of spinning on peek.
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        // A partial `P` or `PR`: wait for the rest instead of spinning on peek.
+        if tokio::time::Instant::now() + pause >= deadline {
+            return None;
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
 
@@ -241,19 +356,30 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
                 return;
             };
             let conn = Arc::new(ConnInfo::new(remote, local, "http", timer));
-            let service = service_fn(move |req| {
-                let store = Arc::clone(&store);
-                let conn = Arc::clone(&conn);
-                async move { Ok::<_, std::convert::Infallible>(handle(req, &conn, &store).await) }
-            });
             let io = TokioIo::new(crate::net::wbatch::BatchedStream::new(stream));
             // NB: on drain, hyper closes an idle connection at once and a busy one after its
             // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
             let result = if is_h2 {
+                let activity = Activity::new();
+                let counted = activity.clone();
+                let service = service_fn(move |req| {
+                    let store = Arc::clone(&store);
+                    let conn = Arc::clone(&conn);
+                    let request = counted.begin();
+                    async move {
+                        let resp = handle(req, &conn, &store).await;
+                        drop(request);
+                        Ok::<_, std::convert::Infallible>(resp)
+                    }
+                });
                 let conn = h2.serve_connection(io, service);
-                tokio::pin!(conn);
-                until_drained(conn, drain, |c| c.graceful_shutdown()).await
+                serve_h2(conn, activity, limits, drain, |c| c.graceful_shutdown()).await
             } else {
+                let service = service_fn(move |req| {
+                    let store = Arc::clone(&store);
+                    let conn = Arc::clone(&conn);
+                    async move { Ok::<_, std::convert::Infallible>(handle(req, &conn, &store).await) }
+                });
                 let conn = h1.serve_connection(io, service).with_upgrades();
                 tokio::pin!(conn);
                 until_drained(conn, drain, |c| c.graceful_shutdown()).await

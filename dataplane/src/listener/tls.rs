@@ -34,7 +34,9 @@ use tokio_rustls::LazyConfigAcceptor;
 use crate::config::certs::{ClientAuth, SniEntry, refusing_config};
 use crate::config::store::Store;
 use crate::http::ConnInfo;
-use crate::listener::server::{Drain, Limits, connection_builders, spawn_listener_workers};
+use crate::listener::server::{
+    Activity, Drain, Limits, connection_builders, serve_h2, spawn_listener_workers,
+};
 use crate::net::timer::CoarseTimer;
 use crate::request::handle;
 use crate::upstream::body::ProxyBody;
@@ -179,29 +181,28 @@ pub async fn serve_https_until(
             let is_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let info = Arc::new(ConnInfo::new(remote, local, "https", timer));
             let conn = Arc::new(conn);
+            let activity = Activity::new();
+            // NB: only HTTP/2 needs it (HTTP/1.1 has hyper's header timeout).
+            let counted = is_h2.then(|| activity.clone());
             let service = service_fn(move |req: Request<Incoming>| {
                 let store = Arc::clone(&store);
                 let info = Arc::clone(&info);
                 let conn = Arc::clone(&conn);
+                let request = counted.as_ref().map(Activity::begin);
                 async move {
                     if let Some(resp) = conn.refuse(&req, &store) {
                         store.metrics().observe_status(resp.status());
                         return Ok::<_, std::convert::Infallible>(resp);
                     }
-                    Ok(handle(req, &info, &store).await)
+                    let resp = handle(req, &info, &store).await;
+                    drop(request);
+                    Ok(resp)
                 }
             });
             let io = TokioIo::new(tls);
             let result = if is_h2 {
                 let conn = h2.serve_connection(io, service);
-                tokio::pin!(conn);
-                tokio::select! {
-                    r = conn.as_mut() => r,
-                    _ = drain.wait() => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
-                    }
-                }
+                serve_h2(conn, activity, limits, drain, |c| c.graceful_shutdown()).await
             } else {
                 let conn = h1.serve_connection(io, service).with_upgrades();
                 tokio::pin!(conn);

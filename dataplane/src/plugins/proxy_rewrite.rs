@@ -79,11 +79,15 @@ impl ProxyRewrite {
     /// string appended) or `regex_uri` (matched against path and query) still apply, and
     /// only what a request line cannot hold is encoded.
     fn rewrite_raw(&self, req: &mut request::Parts, ctx: &mut PluginCtx) -> Flow<'static> {
-        let real = req
-            .uri
-            .path_and_query()
-            .map_or("/", |p| p.as_str())
-            .to_owned();
+        // NB: as received, not as normalised for routing (see `crate::http::path`).
+        let real = match req.extensions.get::<crate::http::path::RequestTarget>() {
+            Some(sent) => sent.0.as_str().to_owned(),
+            None => req
+                .uri
+                .path_and_query()
+                .map_or("/", |p| p.as_str())
+                .to_owned(),
+        };
         let mut caps = None;
         let mut new_uri = None;
         if let Some(t) = &self.c.uri {
@@ -104,12 +108,18 @@ impl ProxyRewrite {
         }
         let ops = (!self.c.headers.is_empty())
             .then(|| rewrite::render_ops(&self.c.headers, req, ctx, caps.as_ref()));
-        if let Some(u) = new_uri {
-            let mut pq = encode_query(&u);
-            if !pq.starts_with('/') {
-                pq.insert(0, '/');
+        match new_uri {
+            Some(u) => {
+                let mut pq = encode_query(&u);
+                if !pq.starts_with('/') {
+                    pq.insert(0, '/');
+                }
+                set_path_and_query(req, &pq);
             }
-            set_path_and_query(req, &pq);
+            None if req.uri.path_and_query().map(|p| p.as_str()) != Some(real.as_str()) => {
+                set_path_and_query(req, &real);
+            }
+            None => {}
         }
         self.finish(req, ops);
         Flow::Continue

@@ -2,7 +2,7 @@
 //! the response that streams back.
 //!
 //! ```text
-//! handle ─▶ route ─▶ request_plugins ─▶ forward ─┬─▶ upstream::forward (HTTP/1.1)
+//! handle ─▶ normalize_path ─▶ route ─▶ request_plugins ─▶ forward ─┬─▶ upstream::forward (HTTP/1.1)
 //!   │        (router)  (rewrite, access,           └─▶ upstream::failover (HTTP/2, gRPC,
 //!   │                   before_proxy; may answer)        TLS, WebSocket)
 //!   └─ errors ─▶ error (the one place they become responses) ─▶ response_plugins
@@ -22,6 +22,8 @@ use hyper::body::Incoming;
 
 use crate::config::store::Store;
 use crate::config::table::{CompiledRoute, RouteTable};
+use crate::http::headers::strip_request_hop_by_hop;
+use crate::http::path::{self, Normalized};
 use crate::http::{ConnInfo, RequestInfo, request_host};
 use crate::plugins::{self, PluginBody, PluginChain, PluginCtx};
 use crate::upstream::Upstream;
@@ -35,7 +37,15 @@ use crate::upstream::failover::Picked;
 type PluginRun<'t> = Option<(PluginBody, &'t PluginChain)>;
 
 /// Where a request goes: its upstream and its balancer hash.
-type Target<'t> = (&'t Upstream, u64);
+type Chosen<'t> = (&'t Upstream, u64);
+
+/// Where a request goes and how: its upstream, its balancer hash, and whether it is a
+/// WebSocket upgrade.
+struct Target<'t> {
+    upstream: &'t Upstream,
+    hash: u64,
+    upgrade: bool,
+}
 
 /// Serves one request against the current snapshot. Never fails: errors become responses.
 pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> Response<ProxyBody> {
@@ -66,20 +76,31 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
 /// The phases up to the upstream's response head. `plugin_run` receives the plugin state of
 /// a route with plugins.
 async fn proxy<'t>(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     conn: &ConnInfo,
     table: &'t Arc<RouteTable>,
     plugin_run: &mut PluginRun<'t>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
-    let host = request_host(&req);
+    let host = request_host(&req).map_err(ProxyError::BadRequest)?;
     // NB: checked once; a route with plugins needs it again for its balancer hash
     // (`to_str` checks every byte).
     let host_str = host.as_ref().and_then(|h| h.to_str().ok());
-    let (route, picked) = route(&req, host_str, conn, table)?;
+    let normal = normalize_path(&mut req)?;
+    let path = normal.as_ref().map(|n| n.decoded.as_str());
+    let (route, picked) = route(&req, host_str, path, conn, table)?;
     // Holds the upstream traffic-split chose, which `upstream` then borrows.
     let mut split = None;
     // NB: the head and body stay apart from here on (each join and split moves the head).
     let (mut parts, body) = req.into_parts();
+    let upgrade = route.websocket && crate::upstream::websocket::is_upgrade(&parts);
+    strip_request_hop_by_hop(&mut parts.headers, upgrade);
+    if parts.uri.authority().is_some()
+        && parts.version < http::Version::HTTP_2
+        && let Some(h) = &host
+    {
+        // Absolute form: the target's authority is the host sent on, whatever `Host` said.
+        parts.headers.insert(http::header::HOST, h.clone());
+    }
     let (upstream, hash) = match picked {
         Some(picked) => picked,
         None => {
@@ -90,24 +111,58 @@ async fn proxy<'t>(
             }
         }
     };
-    forward(parts, body, host, conn, route, upstream, hash, plugin_run).await
+    let target = Target {
+        upstream,
+        hash,
+        upgrade,
+    };
+    forward(parts, body, host, conn, route, target, plugin_run).await
 }
 
-/// Phase 1, route: the route the request matches and, for a route without plugins, its
-/// upstream and balancer hash. A route with plugins picks its upstream after the request
-/// plugins: traffic-split may choose another one, and `hashOn: consumer` needs the consumer.
+/// Phase 0, the path: normalised as nginx builds `$uri` ([`crate::http::path`]); the
+/// request's target becomes the normalised path (encoded again where needed) and the query
+/// as sent. Returns the decoded form, for the router, when the path changed.
+#[inline]
+fn normalize_path(req: &mut Request<Incoming>) -> Result<Option<Normalized>, ProxyError> {
+    let Some(normal) =
+        path::normalize(req.uri().path()).map_err(|e| ProxyError::BadRequest(e.reason()))?
+    else {
+        return Ok(None);
+    };
+    let target = match req.uri().query() {
+        Some(q) => format!("{}?{q}", normal.encoded),
+        None => normal.encoded.clone(),
+    };
+    let mut uri = req.uri().clone().into_parts();
+    let sent = uri.path_and_query.replace(
+        http::uri::PathAndQuery::try_from(target)
+            .map_err(|_| ProxyError::BadRequest("invalid request target"))?,
+    );
+    if let Some(sent) = sent {
+        req.extensions_mut().insert(path::RequestTarget(sent));
+    }
+    *req.uri_mut() =
+        http::Uri::from_parts(uri).map_err(|_| ProxyError::BadRequest("invalid request target"))?;
+    Ok(Some(normal))
+}
+
+/// Phase 1, route: the route the request matches (on the normalised, decoded `path` when
+/// it differs from the target's) and, for a route without plugins, its upstream and
+/// balancer hash. A route with plugins picks its upstream after the request plugins:
+/// traffic-split may choose another one, and `hashOn: consumer` needs the consumer.
 #[inline]
 fn route<'t>(
     req: &Request<Incoming>,
     host: Option<&str>,
+    path: Option<&str>,
     conn: &ConnInfo,
     table: &'t RouteTable,
-) -> Result<(&'t CompiledRoute, Option<Target<'t>>), ProxyError> {
+) -> Result<(&'t CompiledRoute, Option<Chosen<'t>>), ProxyError> {
     let uri = req.uri();
     let info = RequestInfo {
         method: req.method(),
         host,
-        path: uri.path(),
+        path: path.unwrap_or(uri.path()),
         query: uri.query(),
         headers: req.headers(),
         remote_addr: conn.remote_addr,
@@ -136,7 +191,7 @@ async fn request_plugins<'a, 't: 'a>(
     conn: &ConnInfo,
     plugin_run: &mut PluginRun<'t>,
     split: &'a mut Option<Arc<Upstream>>,
-) -> Result<Result<Target<'a>, Response<ProxyBody>>, ProxyError> {
+) -> Result<Result<Chosen<'a>, Response<ProxyBody>>, ProxyError> {
     let Some(chain) = &route.plugins else {
         // NB: not reached: only a route with plugins gets here.
         return Err(ProxyError::NoRoute);
@@ -178,19 +233,21 @@ async fn request_plugins<'a, 't: 'a>(
 
 /// Phase 3, forward: the request to an endpoint of `upstream`, by the protocol it needs,
 /// up to the response head. The plugin state learns which endpoint answered.
-#[allow(clippy::too_many_arguments)]
 async fn forward(
     parts: request::Parts,
     body: Incoming,
     host: Option<HeaderValue>,
     conn: &ConnInfo,
     route: &CompiledRoute,
-    upstream: &Upstream,
-    hash: u64,
+    target: Target<'_>,
     plugin_run: &mut PluginRun<'_>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    let Target {
+        upstream,
+        hash,
+        upgrade,
+    } = target;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
-    let upgrade = route.websocket && crate::upstream::websocket::is_upgrade(&parts);
     if upgrade || upstream.protocol.is_some() {
         // Protocols other than plain HTTP/1.1 (WebSocket upgrades, HTTP/2 and TLS upstreams).
         // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.

@@ -49,7 +49,7 @@ pub async fn proxy(
     real_ip: Option<&HeaderValue>,
     mut picked: Option<&mut Option<Picked>>,
 ) -> Result<(Response<ProxyBody>, usize), ProxyError> {
-    strip_hop_by_hop(&mut parts.headers);
+    // NB: the request path removed the client's hop-by-hop headers before the plugins ran.
     let has_body = !body.is_end_stream();
     let framing = framing(&parts, &body, has_body);
     let target = parts
@@ -168,10 +168,7 @@ async fn attempt(
     timer: &CoarseTimer,
     now: Option<std::time::Instant>,
 ) -> Result<(PooledConn, ResponseHead), ProxyError> {
-    let mut pooled = endpoint
-        .pool
-        .checkout(timeouts.connect, !replayable, now)
-        .await?;
+    let mut pooled = endpoint.pool.checkout(timeouts.connect, now).await?;
     loop {
         let sent = exchange(
             &mut pooled,

@@ -125,6 +125,12 @@ impl Conn {
         }
     }
 
+    /// Whether bytes the upstream sent are waiting in the read buffer.
+    #[inline]
+    pub fn has_buffered(&self) -> bool {
+        !self.buf.is_empty()
+    }
+
     /// Writes `bytes` completely.
     pub async fn write_all(&mut self, bytes: &[u8]) -> io::Result<()> {
         self.io.write_all(bytes).await
@@ -177,6 +183,9 @@ impl Conn {
         let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut headers);
         let len = match resp.parse(&self.buf) {
+            Ok(httparse::Status::Complete(len)) if len > MAX_HEAD_BYTES => {
+                return Err(H1Error::Invalid("response head too large"));
+            }
             Ok(httparse::Status::Complete(len)) => len,
             Ok(httparse::Status::Partial) => return Ok(None),
             Err(httparse::Error::TooManyHeaders) => {
@@ -186,6 +195,11 @@ impl Conn {
         };
         let status = StatusCode::from_u16(resp.code.unwrap_or(0))
             .map_err(|_| H1Error::Invalid("bad status code"))?;
+        // NB: this client never asks for an upgrade (WebSocket has its own), so a 101 is
+        // not an interim response to skip: what follows it is not HTTP.
+        if status == StatusCode::SWITCHING_PROTOCOLS {
+            return Err(H1Error::Invalid("unsolicited 101 Switching Protocols"));
+        }
         let version = if resp.version == Some(0) {
             Version::HTTP_10
         } else {
@@ -206,7 +220,9 @@ impl Conn {
         // NB: decided before the buffer is split (the facts borrow it); an invalid header
         // value below still takes precedence over a framing error.
         let framing = response_framing(request_method, status, &facts);
-        let close = facts.close;
+        // Both framings given: the connection carries no other response afterwards.
+        let ambiguous = facts.transfer_encoding.is_some() && facts.content_length != Ok(None);
+        let close = facts.close || ambiguous;
         let facts_nominates = facts.nominates;
         let head = self.buf.split_to(len).freeze();
         // NB: room for the headers response phases add (limit-count's three X-RateLimit-*,
@@ -219,6 +235,9 @@ impl Conn {
         let skip_hop_by_hop = !facts_nominates;
         for (name, start, end) in spans {
             if skip_hop_by_hop && crate::http::headers::hop_by_hop_bit(name.as_str()) != 0 {
+                continue;
+            }
+            if ambiguous && name == header::CONTENT_LENGTH {
                 continue;
             }
             let value = HeaderValue::from_maybe_shared(head.slice(start..end))
@@ -242,9 +261,10 @@ impl Conn {
 
 /// What the framing rules need from a response head, collected while it is parsed.
 #[derive(Debug)]
-struct FramingFacts<'a> {
-    /// The first `transfer-encoding` value (`None` inside: not text).
-    transfer_encoding: Option<Option<&'a str>>,
+struct FramingFacts {
+    /// `transfer-encoding`, every value of every such header: `None` without one,
+    /// `Some(Err)` at the first coding other than one final `chunked`.
+    transfer_encoding: Option<Result<(), &'static str>>,
     /// The `content-length`: `Err` at the first value that is not a number or disagrees.
     content_length: Result<Option<u64>, &'static str>,
     /// Whether a `connection` value lists `close`.
@@ -264,7 +284,17 @@ fn ascii_str(value: &[u8]) -> Option<&str> {
     }
 }
 
-impl Default for FramingFacts<'_> {
+/// A `content-length` value: decimal digits only (no sign, no inner space), without
+/// overflow; the whitespace around a field value is not part of it.
+fn content_length(value: &[u8]) -> Option<u64> {
+    let s = ascii_str(value)?.trim_matches([' ', '\t']);
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    s.parse().ok()
+}
+
+impl Default for FramingFacts {
     fn default() -> Self {
         FramingFacts {
             transfer_encoding: None,
@@ -275,15 +305,40 @@ impl Default for FramingFacts<'_> {
     }
 }
 
-impl<'a> FramingFacts<'a> {
-    fn note(&mut self, name: &HeaderName, value: &'a [u8]) {
+impl FramingFacts {
+    fn note(&mut self, name: &HeaderName, value: &[u8]) {
         if *name == header::TRANSFER_ENCODING {
-            if self.transfer_encoding.is_none() {
-                self.transfer_encoding = Some(ascii_str(value));
-            }
+            // NB: Sluice decodes only `chunked`, and drops the header on the way down: a
+            // body in any other coding would reach the client undeclared, so it is refused.
+            let seen = self.transfer_encoding.take();
+            self.transfer_encoding = Some(match (seen, ascii_str(value)) {
+                (Some(Err(e)), _) => Err(e),
+                (_, None) => Err("transfer-encoding is not text"),
+                (seen, Some(s)) => {
+                    let mut chunked = matches!(seen, Some(Ok(())));
+                    let mut verdict = Ok(());
+                    for coding in s.split(',').map(|c| c.trim_matches([' ', '\t'])) {
+                        if coding.is_empty() {
+                            continue;
+                        }
+                        if !coding.eq_ignore_ascii_case("chunked") {
+                            verdict = Err("unsupported transfer coding");
+                            break;
+                        }
+                        if chunked {
+                            verdict = Err("chunked applied more than once");
+                            break;
+                        }
+                        chunked = true;
+                    }
+                    match verdict {
+                        Ok(()) if !chunked => Err("empty transfer-encoding"),
+                        v => v,
+                    }
+                }
+            });
         } else if *name == header::CONTENT_LENGTH {
-            let n: Option<u64> = ascii_str(value).and_then(|s| s.trim().parse().ok());
-            self.content_length = match (n, self.content_length) {
+            self.content_length = match (content_length(value), self.content_length) {
                 (_, Err(e)) => Err(e),
                 (None, _) => Err("bad content-length"),
                 (Some(n), Ok(Some(l))) if l != n => Err("conflicting content-length"),
@@ -309,7 +364,7 @@ impl<'a> FramingFacts<'a> {
 fn response_framing(
     method: &Method,
     status: StatusCode,
-    facts: &FramingFacts<'_>,
+    facts: &FramingFacts,
 ) -> Result<Framing, H1Error> {
     if method == Method::HEAD
         || status.is_informational()
@@ -318,12 +373,10 @@ fn response_framing(
     {
         return Ok(Framing::Empty);
     }
+    // NB: with both, Transfer-Encoding wins and the Content-Length is dropped (RFC 9112
+    // §6.3); the caller closes the connection after such a response.
     if let Some(te) = facts.transfer_encoding {
-        let last = te.and_then(|s| s.rsplit(',').next()).map(str::trim);
-        return Ok(match last {
-            Some(c) if c.eq_ignore_ascii_case("chunked") => Framing::Chunked,
-            _ => Framing::UntilClose,
-        });
+        return te.map(|()| Framing::Chunked).map_err(H1Error::Invalid);
     }
     Ok(match facts.content_length {
         Err(e) => return Err(H1Error::Invalid(e)),
@@ -359,7 +412,8 @@ pub fn encode_request_head(
     let mut saw_host = false;
     for (name, value) in headers {
         match name.as_str() {
-            "content-length" | "transfer-encoding" => continue,
+            // NB: `te: trailers` is kept for HTTP/2 upstreams; this client reads no trailers.
+            "content-length" | "transfer-encoding" | "te" => continue,
             "x-forwarded-for" | "x-real-ip" | "x-forwarded-proto" | "x-forwarded-host"
                 if proxy.is_some() =>
             {
@@ -538,10 +592,19 @@ impl ContainsCrlf for BytesMut {
     }
 }
 
+/// A chunk-size line (RFC 9112 §7.1): hex digits (at most a u64), then optional whitespace
+/// and, optionally, a `;` chunk extension (ignored). A sign, leading whitespace or anything
+/// else: invalid.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
-    let digits = line.split(|b| *b == b';').next().unwrap_or_default();
-    let digits = std::str::from_utf8(digits).map_err(|_| H1Error::Invalid("bad chunk size"))?;
-    u64::from_str_radix(digits.trim(), 16).map_err(|_| H1Error::Invalid("bad chunk size"))
+    let bad = || H1Error::Invalid("bad chunk size");
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let rest = &line[digits..];
+    let ext = rest.iter().position(|b| !matches!(b, b' ' | b'\t'));
+    if digits == 0 || ext.is_some_and(|i| rest[i] != b';') {
+        return Err(bad());
+    }
+    let digits = std::str::from_utf8(&line[..digits]).map_err(|_| bad())?;
+    u64::from_str_radix(digits, 16).map_err(|_| bad())
 }
 
 #[cfg(test)]
@@ -685,10 +748,18 @@ mod tests {
         let head = |raw: &'static [u8]| async move {
             conn_reading(raw).await.read_head(&Method::GET).await
         };
-        // The first transfer-encoding decides, whatever the content-length says.
-        let h = head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: gzip, chunked\r\nTransfer-Encoding: gzip\r\n\r\n").await.unwrap();
+        // Transfer-Encoding wins over Content-Length (RFC 9112 §6.3): the length is not
+        // sent on, and the connection is not reused after such a response.
+        let h = head(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n")
+            .await
+            .unwrap();
         assert_eq!(h.framing, Framing::Chunked);
-        assert!(h.keep_alive);
+        assert!(!h.keep_alive);
+        assert!(
+            !h.parts.headers.contains_key("content-length"),
+            "{:?}",
+            h.parts.headers
+        );
         // `close` in any connection header, in any case, among other tokens.
         let h = head(b"HTTP/1.1 200 OK\r\nConnection: keep-alive\r\nconnection: Upgrade , CLOSE\r\nContent-Length: 2\r\n\r\nok").await.unwrap();
         assert_eq!(h.framing, Framing::Length(2));
@@ -717,6 +788,88 @@ mod tests {
         let h = head(b"HTTP/1.1 200 OK\r\nServer: x\r\n\r\n").await.unwrap();
         assert_eq!(h.framing, Framing::UntilClose);
         assert!(!h.keep_alive);
+    }
+
+    #[tokio::test]
+    async fn ambiguous_or_lenient_framing_is_an_error() {
+        let head = |raw: &'static [u8]| async move {
+            conn_reading(raw).await.read_head(&Method::GET).await
+        };
+        for (raw, why) in [
+            (&b"HTTP/1.1 200 OK\r\nContent-Length: +5\r\n\r\nhello"[..], "signed length"),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: -5\r\n\r\n", "negative length"),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 5 5\r\n\r\n", "two numbers"),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 0x5\r\n\r\n", "hex length"),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999999999999999\r\n\r\n", "overflow"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", "unknown coding"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "unknown coding alone"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n", "a second header's coding"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", "chunked twice"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n", "chunked twice over two headers"),
+            (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: \r\n\r\n", "empty coding"),
+            (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", "unsolicited 101"),
+        ] {
+            assert!(
+                matches!(head(raw).await, Err(H1Error::Invalid(_))),
+                "{why}: {}",
+                String::from_utf8_lossy(raw)
+            );
+        }
+        // Whitespace around a field value is not part of it.
+        let h = head(b"HTTP/1.1 200 OK\r\nContent-Length: \t2 \r\n\r\nok")
+            .await
+            .unwrap();
+        assert_eq!(h.framing, Framing::Length(2));
+        // A head over the limit is refused even when it arrives whole in one read.
+        let mut big = b"HTTP/1.1 200 OK\r\nX-Big: ".to_vec();
+        big.resize(MAX_HEAD_BYTES + 100, b'a');
+        big.extend_from_slice(b"\r\nContent-Length: 0\r\n\r\n");
+        let big: &'static [u8] = Box::leak(big.into_boxed_slice());
+        assert!(matches!(head(big).await, Err(H1Error::Invalid(_))));
+    }
+
+    #[tokio::test]
+    async fn chunk_sizes_are_hex_digits_only() {
+        let chunked = |size_line: &str| {
+            let raw = format!(
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{size_line}\r\nhello\r\n0\r\n\r\n"
+            );
+            let raw: &'static [u8] = Box::leak(raw.into_bytes().into_boxed_slice());
+            async move {
+                let mut c = conn_reading(raw).await;
+                let head = c.read_head(&Method::GET).await.unwrap();
+                body(&mut c, head.framing).await
+            }
+        };
+        // Leading zeros and whitespace before an extension or the line's end, as hyper's
+        // decoder takes them.
+        for good in [
+            "5",
+            "05",
+            "00000000000000005",
+            "5 ",
+            "5;name=value",
+            "5 ;ext",
+            "5\t;ext",
+        ] {
+            assert_eq!(chunked(good).await.unwrap(), b"hello", "{good:?}");
+        }
+        for bad in [
+            "+5",
+            " 5",
+            "-5",
+            "0x5",
+            "5 5",
+            "",
+            "g",
+            "5\u{b}",
+            "10000000000000005",
+        ] {
+            assert!(
+                matches!(chunked(bad).await, Err(H1Error::Invalid(_))),
+                "{bad:?} was accepted"
+            );
+        }
     }
 
     #[test]

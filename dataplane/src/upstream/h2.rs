@@ -18,7 +18,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::ThreadId;
 
-use http::header::{self, HeaderMap, HeaderValue};
+use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
 use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
@@ -28,7 +28,7 @@ use sluice_proto::v1;
 use tokio::net::TcpStream;
 
 use crate::http::ConnInfo;
-use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
+use crate::http::headers::{ProxyHeaders, strip_hop_by_hop, wants_trailers};
 use crate::upstream::Timeouts;
 use crate::upstream::body::{ProxyBody, StreamBody};
 use crate::upstream::error::ProxyError;
@@ -323,16 +323,6 @@ pub fn is_grpc<B>(req: &Request<B>) -> bool {
     req.headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
-/// Whether any `te` value lists `trailers` (gRPC requires it to reach the upstream).
-fn wants_trailers(headers: &HeaderMap) -> bool {
-    headers.get_all(header::TE).iter().any(|v| {
-        v.to_str().is_ok_and(|s| {
-            s.split(',')
-                .any(|t| t.trim().eq_ignore_ascii_case("trailers"))
-        })
-    })
 }
 
 fn upstream_failed(addr: &str, e: hyper::Error) -> ProxyError {

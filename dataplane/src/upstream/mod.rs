@@ -603,18 +603,22 @@ impl Pool {
 
     /// A connection for one request: the most recently used idle one, or a new one.
     ///
-    /// With `check_idle`, an idle connection the upstream has closed is skipped; without it
-    /// the caller must be ready to retry on a fresh connection (see
-    /// [`crate::upstream::h1::H1Error::is_stale_connection`]). `now`, when the caller has read the
-    /// clock already, saves reading it again for the idle timeout.
+    /// An idle connection is used only when nothing is waiting to be read on it: no byte in
+    /// its buffer and its socket not readable (the upstream closed it, or sent bytes no
+    /// request asked for, which would otherwise be read as the next client's response).
+    /// Such a connection is closed. The check costs no system call unless the reactor saw
+    /// the socket become readable, as nginx's keepalive cache closes a connection on any
+    /// read event while it is idle. A connection the upstream closes between the check and
+    /// the request stays possible: the caller retries a replayable request on a fresh
+    /// connection (see [`crate::upstream::h1::H1Error::is_stale_connection`]). `now`, when
+    /// the caller has read the clock already, saves reading it again for the idle timeout.
     pub async fn checkout(
         self: &Arc<Self>,
         connect_timeout: Duration,
-        check_idle: bool,
         now: Option<Instant>,
     ) -> Result<PooledConn, ProxyError> {
         while let Some((mut conn, uses)) = self.take_idle(now) {
-            if !check_idle || conn.idle_is_usable() {
+            if conn.idle_is_usable() {
                 self.reused_total.inc();
                 return Ok(PooledConn {
                     conn,
@@ -680,7 +684,14 @@ impl PooledConn {
     /// Hands the connection back for reuse (after its response was read to the end).
     /// Returns the time it did (`None`: the connection was closed instead, the clock not
     /// read), which serves the caller as the time the response ended.
+    ///
+    /// NB: a connection with bytes left in its buffer after the response's end (a second
+    /// response, a body after HEAD/204/304, bytes after the last chunk) is closed: those
+    /// bytes answer no request, and reused they would be read as another client's response.
     pub fn release(self) -> Option<Instant> {
+        if self.conn.has_buffered() {
+            return None;
+        }
         self.pool.put_idle(self.conn, self.uses)
     }
 
@@ -761,16 +772,10 @@ mod tests {
                     .build()
                     .unwrap();
                 rt.block_on(async {
-                    let first = pool
-                        .checkout(Duration::from_secs(5), true, None)
-                        .await
-                        .unwrap();
+                    let first = pool.checkout(Duration::from_secs(5), None).await.unwrap();
                     let reused_first = first.reused;
                     first.release();
-                    let second = pool
-                        .checkout(Duration::from_secs(5), true, None)
-                        .await
-                        .unwrap();
+                    let second = pool.checkout(Duration::from_secs(5), None).await.unwrap();
                     let reused_second = second.reused;
                     second.release();
                     (reused_first, reused_second)
@@ -796,16 +801,16 @@ mod tests {
             .unwrap();
         rt.block_on(async {
             let connect = Duration::from_secs(5);
-            let first = pool.checkout(connect, true, None).await.unwrap();
+            let first = pool.checkout(connect, None).await.unwrap();
             // The time it went idle comes back (the response's end for the log phase).
             let idle_at = first.release().expect("kept for reuse");
             // A reading past the idle timeout finds it expired: a new connection.
             let late = idle_at + pool.config.idle_timeout + Duration::from_millis(1);
-            let second = pool.checkout(connect, true, Some(late)).await.unwrap();
+            let second = pool.checkout(connect, Some(late)).await.unwrap();
             assert!(!second.reused);
             let idle_at = second.release().expect("kept for reuse");
             // One within the timeout reuses it.
-            let third = pool.checkout(connect, true, Some(idle_at)).await.unwrap();
+            let third = pool.checkout(connect, Some(idle_at)).await.unwrap();
             assert!(third.reused);
         });
     }

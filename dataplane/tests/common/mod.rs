@@ -31,14 +31,15 @@ pub async fn dataplane() -> Dataplane {
 
 /// A dataplane serving `store` on a loopback port.
 pub async fn dataplane_with(store: Arc<Store>) -> Dataplane {
+    dataplane_limited(store, Limits::default()).await
+}
+
+/// A dataplane serving `store` on a loopback port with the downstream `limits`.
+pub async fn dataplane_limited(store: Arc<Store>, limits: Limits) -> Dataplane {
     let std_listener = server::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
     let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
     let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(server::serve(
-        listener,
-        Arc::clone(&store),
-        Limits::default(),
-    ));
+    let task = tokio::spawn(server::serve(listener, Arc::clone(&store), limits));
     Dataplane { addr, store, task }
 }
 
@@ -176,6 +177,7 @@ pub async fn admin(store: &Arc<Store>) -> SocketAddr {
     tokio::spawn(sluice_dataplane::listener::admin::serve(
         listener,
         Arc::clone(store),
+        sluice_dataplane::listener::admin::Endpoints::All,
     ));
     addr
 }

@@ -1,0 +1,165 @@
+//! Secret material never leaves the process: the copy of a snapshot the admin listener
+//! shows (`/snapshot?full=1`) has every private key and credential replaced by
+//! [`REDACTED`].
+//!
+//! What counts as secret: TLS private keys (server certificates, the default certificate,
+//! upstream client certificates), and in every plugin configuration (routes, global rules,
+//! consumers) the values of fields named as credentials: `password`, `secret`,
+//! `private_key`, `token`, any field ending in `_password`, `_secret` or `_token`, and
+//! key-auth's `key`. Public keys, CA bundles and certificate chains are shown.
+
+use sluice_proto::v1;
+
+/// What a secret value is replaced with.
+pub const REDACTED: &str = "<redacted>";
+
+/// A copy of `snapshot` without secret material.
+pub fn redacted(snapshot: &v1::Snapshot) -> v1::Snapshot {
+    let mut s = snapshot.clone();
+    for cert in s
+        .tls_certificates
+        .iter_mut()
+        .chain(s.default_certificate.as_mut())
+    {
+        hide(&mut cert.private_key_pem);
+    }
+    for up in &mut s.upstreams {
+        if let Some(tls) = up.tls.as_mut() {
+            hide(&mut tls.client_key_pem);
+        }
+    }
+    let plugins = s
+        .routes
+        .iter_mut()
+        .flat_map(|r| r.plugins.iter_mut())
+        .chain(s.global_rules.iter_mut().flat_map(|g| g.plugins.iter_mut()))
+        .chain(s.consumers.iter_mut().flat_map(|c| c.plugins.iter_mut()));
+    for plugin in plugins {
+        plugin.config_json = redacted_config(&plugin.name, &plugin.config_json);
+    }
+    s
+}
+
+fn hide(value: &mut String) {
+    if !value.is_empty() {
+        *value = REDACTED.to_owned();
+    }
+}
+
+/// Whether field `name` of plugin `plugin`'s configuration holds a credential.
+fn is_secret(plugin: &str, name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    matches!(
+        name.as_str(),
+        "password" | "secret" | "private_key" | "token"
+    ) || name.ends_with("_password")
+        || name.ends_with("_secret")
+        || name.ends_with("_token")
+        || (plugin == "key-auth" && name == "key")
+}
+
+/// `config_json` with the values of secret fields, at any depth, replaced; a configuration
+/// that is not JSON is replaced whole (it cannot be shown safely).
+fn redacted_config(plugin: &str, config_json: &str) -> String {
+    fn walk(plugin: &str, v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                for (k, v) in map.iter_mut() {
+                    if is_secret(plugin, k) && !v.is_null() {
+                        *v = serde_json::Value::String(REDACTED.to_owned());
+                    } else {
+                        walk(plugin, v);
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|i| walk(plugin, i)),
+            _ => {}
+        }
+    }
+    match serde_json::from_str::<serde_json::Value>(config_json) {
+        Ok(mut v) => {
+            walk(plugin, &mut v);
+            v.to_string()
+        }
+        Err(_) => format!("\"{REDACTED}\""),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn plugin(name: &str, config: serde_json::Value) -> v1::Plugin {
+        v1::Plugin {
+            name: name.into(),
+            config_json: config.to_string(),
+        }
+    }
+
+    #[test]
+    fn keys_and_credentials_are_hidden_and_the_rest_is_kept() {
+        let snap = v1::Snapshot {
+            tls_certificates: vec![v1::TlsCertificate {
+                id: "c".into(),
+                cert_chain_pem: "CHAIN".into(),
+                private_key_pem: "TOP-SECRET-KEY".into(),
+                ..Default::default()
+            }],
+            default_certificate: Some(v1::TlsCertificate {
+                private_key_pem: "DEFAULT-KEY".into(),
+                ..Default::default()
+            }),
+            upstreams: vec![v1::Upstream {
+                id: "u".into(),
+                tls: Some(v1::UpstreamTls {
+                    ca_pem: "CA".into(),
+                    client_key_pem: "CLIENT-KEY".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
+            consumers: vec![v1::Consumer {
+                name: "ns_alice".into(),
+                plugins: vec![
+                    plugin("key-auth", serde_json::json!({"key": "alice-api-key"})),
+                    plugin(
+                        "basic-auth",
+                        serde_json::json!({"username": "alice", "password": "pw-1"}),
+                    ),
+                    plugin(
+                        "jwt-auth",
+                        serde_json::json!({"key": "alice", "secret": "hs-secret", "private_key": "PEM", "public_key": "PUB"}),
+                    ),
+                ],
+            }],
+            routes: vec![v1::Route {
+                id: "r".into(),
+                plugins: vec![plugin(
+                    "limit-count",
+                    serde_json::json!({"key": "remote_addr", "redis_password": "redis-pw", "nested": [{"auth_token": "t"}]}),
+                )],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let shown = serde_json::to_string(&redacted(&snap)).unwrap();
+        for secret in [
+            "TOP-SECRET-KEY",
+            "DEFAULT-KEY",
+            "CLIENT-KEY",
+            "alice-api-key",
+            "pw-1",
+            "hs-secret",
+            "\"PEM\"",
+            "redis-pw",
+            "\"t\"",
+        ] {
+            assert!(!shown.contains(secret), "{secret} shown: {shown}");
+        }
+        for kept in ["CHAIN", "\"CA\"", "alice", "PUB", "remote_addr", "ns_alice"] {
+            assert!(shown.contains(kept), "{kept} hidden: {shown}");
+        }
+        assert_eq!(redacted_config("x", "not json"), format!("\"{REDACTED}\""));
+    }
+}

@@ -1,0 +1,557 @@
+//! Hostile peers, as an attacker drives them with raw sockets: upstreams that send bytes no
+//! request asked for, clients that send a byte and go silent or close. Each case here was a
+//! finding of an external audit of the traffic path.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use http::StatusCode;
+use sluice_dataplane::config::store::Store;
+use sluice_dataplane::listener::server::Limits;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// What a hostile upstream slips in after a complete response: a response of its own.
+const POISON: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nSTOLEN";
+
+/// An HTTP/1.1 upstream that keeps its connections alive and answers each request by its
+/// path; some answers carry bytes after the response's end ([`POISON`]). Any other path
+/// gets `fresh`.
+async fn poisoning_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match s.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&got[..end]).into_owned();
+                    got.drain(..end + 4);
+                    let target = head.split(' ').nth(1).unwrap_or("/").to_owned();
+                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+                    let answer: Vec<u8> = match target.as_str() {
+                        "/extra" => [&ok[..], POISON].concat(),
+                        "/head" => [&b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n"[..], POISON]
+                            .concat(),
+                        "/204" => [&b"HTTP/1.1 204 No Content\r\n\r\n"[..], POISON].concat(),
+                        "/304" => [&b"HTTP/1.1 304 Not Modified\r\n\r\n"[..], POISON].concat(),
+                        "/chunked" => [
+                            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"[..],
+                            POISON,
+                        ]
+                        .concat(),
+                        "/late" => ok.to_vec(),
+                        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh".to_vec(),
+                    };
+                    if s.write_all(&answer).await.is_err() {
+                        return;
+                    }
+                    if target == "/late" {
+                        // The extra response arrives while the connection sits in the pool.
+                        tokio::time::sleep(Duration::from_millis(30)).await;
+                        if s.write_all(POISON).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// `method path` on a new connection; a POST carries a body.
+async fn call(addr: SocketAddr, method: &str, path: &str) -> Resp {
+    let body = if method == "POST" {
+        &b"payload"[..]
+    } else {
+        b""
+    };
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "h")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(body)))
+        .unwrap();
+    send(addr, req).await
+}
+
+#[tokio::test]
+async fn bytes_after_a_complete_response_never_reach_the_next_client() {
+    for (method, path, status) in [
+        ("GET", "/extra", StatusCode::OK),
+        ("HEAD", "/head", StatusCode::OK),
+        ("GET", "/204", StatusCode::NO_CONTENT),
+        ("GET", "/304", StatusCode::NOT_MODIFIED),
+        ("GET", "/chunked", StatusCode::OK),
+        ("GET", "/late", StatusCode::OK),
+        // A request with a body takes the same pooled connection.
+        ("POST", "/extra", StatusCode::OK),
+    ] {
+        let dp = dataplane_to("/*", poisoning_upstream().await).await;
+        let first = call(dp.addr, method, path).await;
+        assert_eq!(first.status, status, "{method} {path}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        for victim in ["GET", "POST"] {
+            let next = call(dp.addr, victim, "/victim").await;
+            assert_eq!(
+                (next.status, next.text().as_str()),
+                (StatusCode::OK, "fresh"),
+                "{victim} after {method} {path} got another response's bytes"
+            );
+        }
+    }
+}
+
+/// Whether the dataplane closes a connection that sent `bytes` (and, with `close`, shut its
+/// side) within `within`.
+async fn closed_within(addr: SocketAddr, bytes: &[u8], close: bool, within: Duration) -> bool {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(bytes).await.unwrap();
+    if close {
+        s.shutdown().await.unwrap();
+    }
+    let mut buf = [0u8; 1024];
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Err(_) => return false,
+            Ok(Ok(0) | Err(_)) => return true,
+            // An error response (e.g. 408 or 400) before the close is fine.
+            Ok(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_header_timeout_closes_a_connection_whatever_its_first_bytes() {
+    let limits = Limits {
+        header_read_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
+    // Prefixes of the HTTP/2 preface, of an HTTP/1.1 head, and nothing at all; silent or
+    // closed after them.
+    for bytes in [
+        &b"P"[..],
+        b"PR",
+        b"PRI * HT",
+        b"G",
+        b"GET / HTTP/1.1\r\nHost: a",
+        b"",
+    ] {
+        for close in [false, true] {
+            assert!(
+                closed_within(dp.addr, bytes, close, Duration::from_secs(5)).await,
+                "a connection that sent {:?} (then {}) was still open 5 s later",
+                String::from_utf8_lossy(bytes),
+                if close { "closed" } else { "nothing" }
+            );
+        }
+    }
+}
+
+/// Sends `raw` on a new connection and returns the response's status code and everything
+/// that came back (the connection is closed by `Connection: close` or by the dataplane).
+async fn raw(addr: SocketAddr, raw: &[u8]) -> (u16, String) {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(raw).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let code = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (code, text)
+}
+
+/// A dataplane with a route for host `a.example` to echo backend `a` and one for
+/// `b.example` to echo backend `b`, plus a host-less route `/any*` to `a`.
+async fn two_hosts() -> (
+    Dataplane,
+    sluice_testkit::EchoServer,
+    sluice_testkit::EchoServer,
+) {
+    let a = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let b = sluice_testkit::EchoServer::start("b", any()).await.unwrap();
+    let dp = dataplane().await;
+    let mut ra = route("default/a/r", &["/*"], "ua");
+    ra.hosts = vec!["a.example".into()];
+    let mut rb = route("default/b/r", &["/*"], "ub");
+    rb.hosts = vec!["b.example".into()];
+    let any_host = route("default/any/r", &["/any*"], "ua");
+    let snap = snapshot(
+        1,
+        vec![ra, rb, any_host],
+        vec![
+            upstream("ua", &[(a.addr, 1)]),
+            upstream("ub", &[(b.addr, 1)]),
+        ],
+    );
+    dp.store.apply(snap, vec![]).unwrap();
+    (dp, a, b)
+}
+
+#[tokio::test]
+async fn host_headers_are_checked_as_rfc_9112_asks() {
+    let (dp, _a, _b) = two_hosts().await;
+    // Two Host headers: the proxy and the upstream could each route by a different one.
+    let (code, text) = raw(
+        dp.addr,
+        b"GET /x HTTP/1.1\r\nHost: a.example\r\nHost: b.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(code, 400, "{text}");
+    // HTTP/1.1 requires Host; HTTP/1.0 may omit it.
+    let (code, text) = raw(dp.addr, b"GET /any HTTP/1.1\r\nConnection: close\r\n\r\n").await;
+    assert_eq!(code, 400, "{text}");
+    let (code, text) = raw(dp.addr, b"GET /any HTTP/1.0\r\n\r\n").await;
+    assert_eq!(code, 200, "{text}");
+    // The absolute form's authority wins over Host, for routing and upstream.
+    let (code, text) = raw(
+        dp.addr,
+        b"GET http://b.example/x HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("x-echo-server: b"), "routed by Host: {text}");
+    assert!(
+        text.contains("\"host\":\"b.example\""),
+        "Host sent on: {text}"
+    );
+    // One Host: fine.
+    let (code, text) = raw(
+        dp.addr,
+        b"GET /x HTTP/1.1\r\nHost: a.example\r\nConnection: close\r\n\r\n",
+    )
+    .await;
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("x-echo-server: a"), "{text}");
+}
+
+#[tokio::test]
+async fn an_http2_host_header_that_differs_from_authority_is_refused() {
+    let (dp, _a, _b) = two_hosts().await;
+    let stream = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut send = |host: Option<&'static str>| {
+        let mut b = http::Request::get("http://a.example/x");
+        if let Some(h) = host {
+            b = b.header("host", h);
+        }
+        let req = b
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        sender.send_request(req)
+    };
+    assert_eq!(send(Some("b.example")).await.unwrap().status(), 400);
+    assert_eq!(send(Some("A.example")).await.unwrap().status(), 200);
+    assert_eq!(send(None).await.unwrap().status(), 200);
+}
+
+#[tokio::test]
+async fn a_client_cannot_remove_a_header_a_plugin_adds() {
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane().await;
+    let rewrite = plugin(
+        "proxy-rewrite",
+        serde_json::json!({"headers": {"set": {"x-from-plugin": "yes"}}}),
+    );
+    let snap = snapshot(
+        1,
+        vec![route_with("default/r/r1", &["/*"], "u", vec![rewrite])],
+        vec![upstream("u", &[(echo.addr, 1)])],
+    );
+    dp.store.apply(snap, vec![]).unwrap();
+    let resp = request(
+        dp.addr,
+        "GET",
+        "/x",
+        &[
+            ("connection", "keep-alive, x-from-plugin, x-client"),
+            ("x-client", "1"),
+        ],
+    )
+    .await;
+    assert_eq!(resp.status, StatusCode::OK);
+    let j = resp.json();
+    assert_eq!(j["headers"]["x-from-plugin"], "yes", "{j}");
+    // What the client itself named in Connection is still dropped.
+    assert!(j["headers"].get("x-client").is_none(), "{j}");
+}
+
+#[tokio::test]
+async fn no_admin_endpoint_serves_a_private_key_or_a_credential() {
+    use sluice_dataplane::listener::admin::{self, Endpoints};
+    use sluice_proto::v1;
+    let key = rcgen::generate_simple_self_signed(vec!["a.example".into()]).unwrap();
+    let key_pem = key.signing_key.serialize_pem();
+    // The base64 body of the key: any line of it in a response is a leak.
+    let key_line = key_pem.lines().nth(1).unwrap().to_owned();
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let mut snap = snapshot(
+        1,
+        vec![route_with(
+            "default/r/r1",
+            &["/*"],
+            "u",
+            vec![plugin("key-auth", serde_json::json!({}))],
+        )],
+        vec![upstream("u", &[(echo.addr, 1)])],
+    );
+    snap.tls_certificates = vec![v1::TlsCertificate {
+        id: "default/a".into(),
+        source: "test".into(),
+        hosts: vec!["a.example".into()],
+        cert_chain_pem: key.cert.pem(),
+        private_key_pem: key_pem.clone(),
+        client_auth: None,
+    }];
+    snap.consumers = vec![v1::Consumer {
+        name: "default_alice".into(),
+        plugins: vec![plugin(
+            "key-auth",
+            serde_json::json!({"key": "alice-api-key-123"}),
+        )],
+    }];
+    let store = Arc::new(Store::new().unwrap());
+    store.apply(snap, vec![]).unwrap();
+    let debug = common::admin(&store).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let status = listener.local_addr().unwrap();
+    tokio::spawn(admin::serve(
+        listener,
+        Arc::clone(&store),
+        Endpoints::Status,
+    ));
+    for addr in [debug, status] {
+        for path in [
+            "/snapshot",
+            "/snapshot?full=1",
+            "/snapshot?full=true",
+            "/metrics",
+            "/healthz",
+            "/readyz",
+        ] {
+            let text = get(addr, "admin", path).await.text();
+            assert!(!text.contains(&key_line), "{path} shows the private key");
+            assert!(
+                !text.contains("alice-api-key-123"),
+                "{path} shows a credential"
+            );
+        }
+    }
+    // The debug listener still shows what the snapshot holds, with the secrets redacted.
+    let full = get(debug, "admin", "/snapshot?full=1").await.text();
+    assert!(
+        full.contains("<redacted>") && full.contains("default_alice"),
+        "{full}"
+    );
+    assert!(
+        full.contains(key.cert.pem().lines().nth(1).unwrap()),
+        "certificate shown"
+    );
+    // The status listener (the pod's address, for kubelet and Prometheus) has no /snapshot.
+    assert_eq!(
+        get(status, "admin", "/snapshot").await.status,
+        StatusCode::NOT_FOUND
+    );
+    assert_eq!(get(status, "admin", "/readyz").await.status, StatusCode::OK);
+    assert!(
+        get(status, "admin", "/metrics")
+            .await
+            .text()
+            .contains("sluice_snapshot_version")
+    );
+}
+
+#[tokio::test]
+async fn admin_connections_are_bounded_in_time_and_number() {
+    use sluice_dataplane::listener::admin::{Endpoints, serve_limited};
+    let store = Arc::new(Store::new().unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(serve_limited(
+        listener,
+        store,
+        Endpoints::All,
+        Duration::from_millis(500),
+        4,
+    ));
+    // A silent client, a slow head and an idle keep-alive connection are each closed.
+    assert!(closed_within(addr, b"", false, Duration::from_secs(5)).await);
+    assert!(
+        closed_within(
+            addr,
+            b"GET /healthz HTTP/1.1\r\nHo",
+            false,
+            Duration::from_secs(5)
+        )
+        .await
+    );
+    assert!(
+        closed_within(
+            addr,
+            b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n",
+            false,
+            Duration::from_secs(5)
+        )
+        .await
+    );
+    // Past the connection limit a client waits (in the backlog) until one is closed, and is
+    // then served: four silent connections hold every slot for their header timeout.
+    let mut idle = Vec::new();
+    for _ in 0..4 {
+        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let started = std::time::Instant::now();
+    let resp = get(addr, "admin", "/healthz").await;
+    assert_eq!(resp.status, StatusCode::OK);
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "served at once although every slot was taken"
+    );
+}
+
+#[tokio::test]
+async fn paths_are_matched_and_forwarded_normalised() {
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane().await;
+    let admin_route = route_with(
+        "default/admin/r",
+        &["/admin/*"],
+        "u",
+        vec![plugin("key-auth", serde_json::json!({}))],
+    );
+    let public = route("default/public/r", &["/public/*"], "u");
+    let snap = snapshot(
+        1,
+        vec![admin_route, public],
+        vec![upstream("u", &[(echo.addr, 1)])],
+    );
+    dp.store.apply(snap, vec![]).unwrap();
+    let get = |target: &str| {
+        let req = format!("GET {target} HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n");
+        let addr = dp.addr;
+        async move { raw(addr, req.as_bytes()).await }
+    };
+    // Every spelling of /admin/x reaches the admin route, whose key-auth answers 401.
+    for target in [
+        "/admin/x",
+        "/public/../admin/x",
+        "/public/%2e%2e/admin/x",
+        "/public/%2E%2E/admin/x",
+        "/public/..%2fadmin/x",
+        "/public/..%2Fadmin/x",
+        "//admin/x",
+        "/./admin/x",
+        "/%61dmin/x",
+        "/public/./../admin//x",
+    ] {
+        let (code, text) = get(target).await;
+        assert_eq!(
+            code, 401,
+            "{target} bypassed the admin route's key-auth: {text}"
+        );
+    }
+    // Paths that climb above the root or are not valid escapes: 400.
+    for target in [
+        "/../admin/x",
+        "/public/../../admin/x",
+        "/%2e%2e/admin",
+        "/a%zz",
+        "/a%00b",
+    ] {
+        let (code, text) = get(target).await;
+        assert_eq!(code, 400, "{target}: {text}");
+    }
+    // What goes upstream is the normalised path, with the query as the client sent it.
+    let (code, text) = get("/public/./a//b/../c%20d?x=%2e%2e&y=1").await;
+    assert_eq!(code, 200, "{text}");
+    assert!(text.contains("\"path\":\"/public/a/c%20d\""), "{text}");
+    assert!(text.contains("\"query\":\"x=%2e%2e&y=1\""), "{text}");
+}
+
+#[tokio::test]
+async fn silent_http2_connections_cannot_hold_the_connection_limit() {
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let limits = Limits {
+        max_connections: 3,
+        header_read_timeout: Duration::from_millis(500),
+        idle_timeout: Duration::from_millis(800),
+        ..Limits::default()
+    };
+    let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    // Three h2c clients that send the whole preface and then nothing take every slot...
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        let mut s = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
+        s.write_all(preface).await.unwrap();
+        silent.push(s);
+    }
+    // ...until the first-request timeout closes them; then a client is served again.
+    for s in &mut silent {
+        let mut buf = [0u8; 256];
+        let closed = tokio::time::timeout(Duration::from_secs(5), async {
+            loop {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(_) => {}
+                }
+            }
+        })
+        .await;
+        assert!(closed.is_ok(), "a silent HTTP/2 connection was kept open");
+    }
+    let resp = tokio::time::timeout(Duration::from_secs(5), get(dp.addr, "h", "/x")).await;
+    assert_eq!(resp.expect("not served").status, StatusCode::OK);
+    // An HTTP/2 connection that served a request and then idles is closed after the idle
+    // timeout (GOAWAY).
+    let stream = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    let conn = tokio::spawn(conn);
+    let req = http::Request::get("http://h/x")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    assert_eq!(sender.send_request(req).await.unwrap().status(), 200);
+    let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
+    assert!(ended.is_ok(), "an idle HTTP/2 connection was kept open");
+}
