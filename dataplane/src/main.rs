@@ -88,6 +88,14 @@ struct Args {
     /// Most open downstream connections per worker.
     #[arg(long, default_value_t = 10_000)]
     max_connections: usize,
+    /// Time a client may take to send a request head (HTTP/1.1, also while a keep-alive
+    /// connection waits for its next request) or its first HTTP/2 request, preface included.
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    header_timeout: Duration,
+    /// How long an HTTP/2 connection may stay without a request in flight (nginx
+    /// `keepalive_timeout`).
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    idle_timeout: Duration,
     /// Plugins this dataplane runs (comma-separated), like APISIX's `plugins:` list; a
     /// snapshot with a route using any other plugin is rejected and the last good one keeps
     /// serving. Default: every built-in plugin.
@@ -265,6 +273,8 @@ fn main() -> anyhow::Result<()> {
 
     let limits = server::Limits {
         max_connections: args.max_connections,
+        header_read_timeout: args.header_timeout,
+        idle_timeout: args.idle_timeout,
         ..Default::default()
     };
     sluice_dataplane::net::wbatch::set_policy(match args.write_batching {
