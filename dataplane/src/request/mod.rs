@@ -2,9 +2,10 @@
 //! the response that streams back.
 //!
 //! ```text
-//! handle ─▶ normalize_path ─▶ route ─▶ request_plugins ─▶ forward ─┬─▶ upstream::forward (HTTP/1.1)
-//!   │        (router)  (rewrite, access,           └─▶ upstream::failover (HTTP/2, gRPC,
-//!   │                   before_proxy; may answer)        TLS, WebSocket)
+//! handle ─▶ normalize_path ─▶ route ─▶ request_plugins ─┬─▶ forward_h1 ─▶ upstream::forward
+//!   │                          (router)  (rewrite, access, │     (HTTP/1.1)
+//!   │                                     before_proxy;    └─▶ forward_other ─▶ upstream::failover
+//!   │                                     may answer)            (HTTP/2, gRPC, TLS, WebSocket)
 //!   └─ errors ─▶ error (the one place they become responses) ─▶ response_plugins
 //!                                                     (headers, body filters, log)
 //! ```
@@ -116,7 +117,20 @@ async fn proxy<'t>(
         hash,
         upgrade,
     };
-    forward(parts, body, host, conn, route, target, plugin_run).await
+    if upgrade || upstream.protocol.is_some() {
+        return forward_other(parts, body, host, conn, route, target, plugin_run).await;
+    }
+    let mut body = body;
+    forward_h1(
+        &mut parts,
+        &mut body,
+        host.as_ref(),
+        conn,
+        route,
+        target,
+        plugin_run,
+    )
+    .await
 }
 
 /// Phase 0, the path: normalised as nginx builds `$uri` ([`crate::http::path`]); the
@@ -231,9 +245,10 @@ async fn request_plugins<'a, 't: 'a>(
     Ok(Ok((upstream, hash)))
 }
 
-/// Phase 3, forward: the request to an endpoint of `upstream`, by the protocol it needs,
-/// up to the response head. The plugin state learns which endpoint answered.
-async fn forward(
+/// Phase 3, forward, for protocols other than plain HTTP/1.1 (WebSocket upgrades, HTTP/2,
+/// gRPC and TLS upstreams): the request to an endpoint of `upstream`, up to the response
+/// head. The plugin state learns which endpoint answered.
+async fn forward_other(
     parts: request::Parts,
     body: Incoming,
     host: Option<HeaderValue>,
@@ -248,53 +263,56 @@ async fn forward(
         upgrade,
     } = target;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
-    if upgrade || upstream.protocol.is_some() {
-        // Protocols other than plain HTTP/1.1 (WebSocket upgrades, HTTP/2 and TLS upstreams).
-        // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.
-        let req = Request::from_parts(parts, body);
-        let mut resp = Box::pin(crate::upstream::failover::proxy(
-            req, host, conn, upstream, hash, timeouts, upgrade,
-        ))
-        .await;
-        if let (Ok(r), Some((run, _))) = (&mut resp, plugin_run.as_mut())
-            && let Some(picked) = r.extensions_mut().remove::<Picked>()
-        {
-            run.ctx.upstream = Some(picked.pool);
-            run.ctx.upstream_started = Some(picked.started);
-        }
-        return resp;
+    let req = Request::from_parts(parts, body);
+    // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.
+    let mut resp = Box::pin(crate::upstream::failover::proxy(
+        req, host, conn, upstream, hash, timeouts, upgrade,
+    ))
+    .await;
+    if let (Ok(r), Some((run, _))) = (&mut resp, plugin_run.as_mut())
+        && let Some(picked) = r.extensions_mut().remove::<Picked>()
+    {
+        run.ctx.upstream = Some(picked.pool);
+        run.ctx.upstream_started = Some(picked.started);
     }
+    resp
+}
+
+/// Phase 3, forward, over plain HTTP/1.1 ([`crate::upstream::forward`]): the request to an
+/// endpoint of `upstream`, up to the response head. The plugin state learns which endpoint
+/// answered.
+///
+/// NB: the request by reference: an async fn keeps its arguments for the whole life of its
+/// future, so a request head passed by value at each level grows every request's future by
+/// its size (the phase split measured 0.987x side by side before this).
+async fn forward_h1(
+    parts: &mut request::Parts,
+    body: &mut Incoming,
+    host: Option<&HeaderValue>,
+    conn: &ConnInfo,
+    route: &CompiledRoute,
+    target: Target<'_>,
+    plugin_run: &mut PluginRun<'_>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let upstream = target.upstream;
+    let h1 = crate::upstream::forward::H1Forward {
+        conn,
+        upstream,
+        hash: target.hash,
+        timeouts: upstream.timeouts.unwrap_or(route.timeouts),
+        host,
+    };
     let Some((run, _)) = plugin_run.as_mut() else {
-        let sent = crate::upstream::forward::proxy(
-            parts,
-            body,
-            conn,
-            upstream,
-            hash,
-            timeouts,
-            host.as_ref(),
-            None,
-            None,
-        );
-        return Ok(sent.await?.0);
+        return Ok(h1.send(parts, body, None, None).await?.0);
     };
     // Plugins (real-ip) may have replaced the client address.
     let real_ip = (run.ctx.remote_addr.ip() != conn.remote_addr.ip())
         .then(|| HeaderValue::from_str(&run.ctx.remote_addr.ip().to_string()).ok())
         .flatten();
     let mut picked = None;
-    let sent = crate::upstream::forward::proxy(
-        parts,
-        body,
-        conn,
-        upstream,
-        hash,
-        timeouts,
-        host.as_ref(),
-        real_ip.as_ref(),
-        Some(&mut picked),
-    )
-    .await;
+    let sent = h1
+        .send(parts, body, real_ip.as_ref(), Some(&mut picked))
+        .await;
     if let Some(p) = picked {
         run.ctx.upstream = Some(p.pool);
         run.ctx.upstream_started = Some(p.started);

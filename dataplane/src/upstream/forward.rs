@@ -29,113 +29,134 @@ use crate::upstream::h1::{Framing, H1Error, ResponseHead, encode_request_head};
 use crate::upstream::retry::{Attempts, failed, succeeded};
 use crate::upstream::{Endpoint, PooledConn, Timeouts, Upstream};
 
-/// Proxies a request to an endpoint of `upstream` over HTTP/1.1 and returns the response,
-/// whose body streams from the upstream connection, with the size of the upstream's
-/// response head.
-///
-/// - `host`: the request's host (`Host` when the request has none, `X-Forwarded-Host`).
-/// - `real_ip`: the client address the plugins (real-ip) put in place of the peer's.
-/// - `picked`: when given, receives the endpoint of each attempt and when it started (the
-///   log phase's `node` and upstream time); when `None` the clock is not read for it.
-#[allow(clippy::too_many_arguments)]
-pub async fn proxy(
-    mut parts: request::Parts,
-    mut body: Incoming,
-    conn: &ConnInfo,
-    upstream: &Upstream,
-    hash: u64,
-    timeouts: Timeouts,
-    host: Option<&HeaderValue>,
-    real_ip: Option<&HeaderValue>,
-    mut picked: Option<&mut Option<Picked>>,
-) -> Result<(Response<ProxyBody>, usize), ProxyError> {
-    // NB: the request path removed the client's hop-by-hop headers before the plugins ran.
-    let has_body = !body.is_end_stream();
-    let framing = framing(&parts, &body, has_body);
-    let target = parts
-        .uri
-        .path_and_query()
-        .map(|pq| pq.as_str())
-        .unwrap_or("/");
-    let mut head = Vec::with_capacity(512);
-    let proxy_headers = ProxyHeaders {
-        client_ip: real_ip.unwrap_or(&conn.remote_ip).as_bytes(),
-        proto: conn.scheme,
-        host: host.map(HeaderValue::as_bytes),
-    };
-    // A request without a body can be sent again if a reused connection turns out to have
-    // been closed by the upstream, or to another endpoint after a reset before any response
-    // byte; others check the idle connection before using it.
-    let replayable = !has_body && parts.method.is_idempotent();
-    let mut attempts = Attempts::new(upstream);
-    let (pooled, response) = loop {
-        let idx = upstream
-            .pick_index(hash, attempts.tried())
-            .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
-        let Some(endpoint) = upstream.endpoints.get(idx) else {
-            return Err(ProxyError::NoEndpoint(upstream.id.clone()));
-        };
-        // NB: the attempt's start serves the pool's idle timeout check too.
-        let attempt_started = picked.as_deref_mut().map(|slot| {
-            let now = std::time::Instant::now();
-            *slot = Some(Picked {
-                pool: Arc::clone(&endpoint.pool),
-                started: now,
-            });
-            now
-        });
-        if let Some(h) = upstream.host_header(endpoint) {
-            parts.headers.insert(header::HOST, h.clone());
-        }
-        head.clear();
-        let (method, headers) = (&parts.method, &parts.headers);
-        encode_request_head(
-            &mut head,
-            method,
-            target,
-            headers,
-            framing,
-            Some(proxy_headers),
-        );
-        // NB: only `ewma` needs the latency; the clock is not read otherwise.
-        let started = upstream.measures_latency().then(std::time::Instant::now);
-        let in_flight = endpoint.state.begin();
-        let sent = attempt(
-            endpoint,
-            &head,
-            has_body.then_some(&mut body),
-            framing == Framing::Chunked,
-            &parts.method,
+/// Where an HTTP/1.1 request goes, and what is sent with it.
+#[derive(Debug, Clone, Copy)]
+pub struct H1Forward<'a> {
+    /// The downstream connection.
+    pub conn: &'a ConnInfo,
+    /// The upstream.
+    pub upstream: &'a Upstream,
+    /// The request's balancer hash.
+    pub hash: u64,
+    /// Timeouts of the route or upstream.
+    pub timeouts: Timeouts,
+    /// The request's host (`Host` when the request has none, `X-Forwarded-Host`).
+    pub host: Option<&'a HeaderValue>,
+}
+
+impl H1Forward<'_> {
+    /// Proxies the request (`parts`, `body`) to an endpoint over HTTP/1.1 and returns the
+    /// response, whose body streams from the upstream connection, with the size of the
+    /// upstream's response head.
+    ///
+    /// - `real_ip`: the client address the plugins (real-ip) put in place of the peer's.
+    /// - `picked`: when given, receives the endpoint of each attempt and when it started
+    ///   (the log phase's `node` and upstream time); when `None` the clock is not read for it.
+    ///
+    /// NB: the request by reference, so that the request's future does not store the head
+    /// twice (an async fn keeps its arguments for its whole life).
+    pub async fn send(
+        self,
+        parts: &mut request::Parts,
+        body: &mut Incoming,
+        real_ip: Option<&HeaderValue>,
+        mut picked: Option<&mut Option<Picked>>,
+    ) -> Result<(Response<ProxyBody>, usize), ProxyError> {
+        let H1Forward {
+            conn,
+            upstream,
+            hash,
             timeouts,
-            replayable,
-            &conn.timer,
-            attempt_started,
-        )
-        .await;
-        match sent {
-            Ok((mut pooled, resp)) => {
-                succeeded(upstream, endpoint, resp.parts.status, started);
-                pooled.hold(in_flight);
-                break (pooled, resp);
+            host,
+        } = self;
+        // NB: the request path removed the client's hop-by-hop headers before the plugins ran.
+        let has_body = !body.is_end_stream();
+        let framing = framing(parts, body, has_body);
+        let target = parts
+            .uri
+            .path_and_query()
+            .map(|pq| pq.as_str())
+            .unwrap_or("/");
+        let mut head = Vec::with_capacity(512);
+        let proxy_headers = ProxyHeaders {
+            client_ip: real_ip.unwrap_or(&conn.remote_ip).as_bytes(),
+            proto: conn.scheme,
+            host: host.map(HeaderValue::as_bytes),
+        };
+        // A request without a body can be sent again if a reused connection turns out to have
+        // been closed by the upstream, or to another endpoint after a reset before any response
+        // byte; others check the idle connection before using it.
+        let replayable = !has_body && parts.method.is_idempotent();
+        let mut attempts = Attempts::new(upstream);
+        let (pooled, response) = loop {
+            let idx = upstream
+                .pick_index(hash, attempts.tried())
+                .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
+            let Some(endpoint) = upstream.endpoints.get(idx) else {
+                return Err(ProxyError::NoEndpoint(upstream.id.clone()));
+            };
+            // NB: the attempt's start serves the pool's idle timeout check too.
+            let attempt_started = picked.as_deref_mut().map(|slot| {
+                let now = std::time::Instant::now();
+                *slot = Some(Picked {
+                    pool: Arc::clone(&endpoint.pool),
+                    started: now,
+                });
+                now
+            });
+            if let Some(h) = upstream.host_header(endpoint) {
+                parts.headers.insert(header::HOST, h.clone());
             }
-            Err(e) => {
-                drop(in_flight);
-                failed(upstream, endpoint, &e, started, timeouts);
-                let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
-                let may_retry = e.retryable() || (replayable && reset);
-                if let Some(e) = attempts.give_up(upstream, idx, e, timeouts, Some(may_retry)) {
-                    return Err(e);
+            head.clear();
+            let (method, headers) = (&parts.method, &parts.headers);
+            encode_request_head(
+                &mut head,
+                method,
+                target,
+                headers,
+                framing,
+                Some(proxy_headers),
+            );
+            // NB: only `ewma` needs the latency; the clock is not read otherwise.
+            let started = upstream.measures_latency().then(std::time::Instant::now);
+            let in_flight = endpoint.state.begin();
+            let sent = attempt(
+                endpoint,
+                &head,
+                has_body.then_some(&mut *body),
+                framing == Framing::Chunked,
+                &parts.method,
+                timeouts,
+                replayable,
+                &conn.timer,
+                attempt_started,
+            )
+            .await;
+            match sent {
+                Ok((mut pooled, resp)) => {
+                    succeeded(upstream, endpoint, resp.parts.status, started);
+                    pooled.hold(in_flight);
+                    break (pooled, resp);
+                }
+                Err(e) => {
+                    drop(in_flight);
+                    failed(upstream, endpoint, &e, started, timeouts);
+                    let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
+                    let may_retry = e.retryable() || (replayable && reset);
+                    if let Some(e) = attempts.give_up(upstream, idx, e, timeouts, Some(may_retry)) {
+                        return Err(e);
+                    }
                 }
             }
-        }
-    };
-    let head_len = response.head_len;
-    let mut parts = response.parts;
-    parts.version = http::Version::HTTP_11;
-    strip_hop_by_hop(&mut parts.headers);
-    let body = UpstreamBody::new(pooled, response.framing, response.keep_alive);
-    let resp = Response::from_parts(parts, ProxyBody::Upstream(body));
-    Ok((resp, head_len))
+        };
+        let head_len = response.head_len;
+        let mut parts = response.parts;
+        parts.version = http::Version::HTTP_11;
+        strip_hop_by_hop(&mut parts.headers);
+        let body = UpstreamBody::new(pooled, response.framing, response.keep_alive);
+        let resp = Response::from_parts(parts, ProxyBody::Upstream(body));
+        Ok((resp, head_len))
+    }
 }
 
 /// How the request body is delimited upstream: its exact length when known, else chunked;
