@@ -555,3 +555,113 @@ async fn silent_http2_connections_cannot_hold_the_connection_limit() {
     let ended = tokio::time::timeout(Duration::from_secs(5), conn).await;
     assert!(ended.is_ok(), "an idle HTTP/2 connection was kept open");
 }
+
+#[tokio::test]
+async fn real_ip_is_what_goes_upstream_on_every_protocol() {
+    // An h2c (gRPC scheme) upstream and an HTTP/1.1 one, behind real-ip.
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    for scheme in [
+        sluice_proto::v1::Scheme::Http,
+        sluice_proto::v1::Scheme::Grpc,
+    ] {
+        let dp = dataplane().await;
+        let mut up = upstream("u", &[(echo.addr, 1)]);
+        up.scheme = scheme as i32;
+        let real_ip = plugin(
+            "real-ip",
+            serde_json::json!({"source": "http_x_forwarded_for", "trusted_addresses": ["127.0.0.1"]}),
+        );
+        let snap = snapshot(
+            1,
+            vec![route_with("default/r/r1", &["/*"], "u", vec![real_ip])],
+            vec![up],
+        );
+        dp.store.apply(snap, vec![]).unwrap();
+        let r = request(dp.addr, "GET", "/x", &[("x-forwarded-for", "198.51.100.9")]).await;
+        assert_eq!(r.status, StatusCode::OK, "{scheme:?}: {}", r.text());
+        let j = r.json();
+        assert_eq!(j["headers"]["x-real-ip"], "198.51.100.9", "{scheme:?}: {j}");
+        assert_eq!(
+            j["headers"]["x-forwarded-for"], "198.51.100.9, 198.51.100.9",
+            "{scheme:?}: {j}"
+        );
+    }
+}
+
+/// An upstream that refuses every WebSocket upgrade with a 403 whose body names the `Host`
+/// and `X-Forwarded-Host` it received.
+async fn host_reporting_upstream() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).to_lowercase();
+                let field = |name: &str| {
+                    head.lines()
+                        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                        .unwrap_or("-")
+                        .trim()
+                        .to_owned()
+                };
+                let body = format!("host={};xfh={}", field("host"), field("x-forwarded-host"));
+                let resp = format!(
+                    "HTTP/1.1 403 Forbidden\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = s.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn websocket_upgrades_follow_pass_host() {
+    use sluice_proto::v1;
+    let backend = host_reporting_upstream().await;
+    for (pass, rewrite, want) in [
+        (
+            v1::UpstreamPassHost::Pass,
+            "",
+            "host=client.example;xfh=client.example",
+        ),
+        (
+            v1::UpstreamPassHost::Node,
+            "",
+            &*format!("host={backend};xfh=client.example"),
+        ),
+        (
+            v1::UpstreamPassHost::Rewrite,
+            "internal.example",
+            "host=internal.example;xfh=client.example",
+        ),
+    ] {
+        let dp = dataplane().await;
+        let mut up = upstream("u", &[(backend, 1)]);
+        up.pass_host = pass as i32;
+        up.upstream_host = rewrite.into();
+        let mut r = route("default/r/r1", &["/*"], "u");
+        r.websocket = true;
+        dp.store
+            .apply(snapshot(1, vec![r], vec![up]), vec![])
+            .unwrap();
+        let (code, text) = raw(
+            dp.addr,
+            b"GET /ws HTTP/1.1\r\nHost: client.example\r\nUpgrade: websocket\r\nConnection: Upgrade, close\r\n\
+              Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n",
+        )
+        .await;
+        assert_eq!(code, 403, "{pass:?}: {text}");
+        assert!(text.ends_with(want), "{pass:?}: want {want}, got {text}");
+    }
+}

@@ -264,6 +264,20 @@ async fn forward_other(
     } = target;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
     let req = Request::from_parts(parts, body);
+    // Plugins (real-ip) may have replaced the client address: it is the one sent on
+    // (`X-Real-IP`, `X-Forwarded-For`), as on the HTTP/1.1 path.
+    let real;
+    let conn = match plugin_run.as_ref().map(|(run, _)| run.ctx.remote_addr.ip()) {
+        Some(ip) if ip != conn.remote_addr.ip() => {
+            let mut c = conn.clone();
+            if let Ok(v) = HeaderValue::from_str(&ip.to_string()) {
+                c.remote_ip = v;
+            }
+            real = c;
+            &real
+        }
+        _ => conn,
+    };
     // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.
     let mut resp = Box::pin(crate::upstream::failover::proxy(
         req, host, conn, upstream, hash, timeouts, upgrade,

@@ -132,10 +132,10 @@ async fn upgrade_to(
         let address = endpoint.address.as_str();
         match crate::upstream::websocket::connect(conn, tls, address, timeouts).await {
             Ok(io) => {
-                let endpoint_host = upstream.host_header(endpoint).cloned().or(host);
                 let mut result = crate::upstream::websocket::proxy(
                     req,
-                    endpoint_host,
+                    host,
+                    upstream.host_header(endpoint).cloned(),
                     conn,
                     io,
                     address,

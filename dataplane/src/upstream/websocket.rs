@@ -176,9 +176,13 @@ pub struct SessionBytes {
 /// Proxies the upgrade request `req` on `upstream`, a connection to the endpoint `address`
 /// made by [`connect`]. A session keeps `in_flight` until it ends (nginx counts a WebSocket
 /// as one request for its whole life, and so does `least_conn`); a refusal drops it.
+/// `host` is the client's host (X-Forwarded-Host); `upstream_host`, when the upstream's
+/// `passHost` sets one, replaces its `Host`.
+#[allow(clippy::too_many_arguments)]
 pub async fn proxy(
     mut req: Request<Incoming>,
     host: Option<HeaderValue>,
+    upstream_host: Option<HeaderValue>,
     conn: &ConnInfo,
     mut upstream: UpstreamIo,
     address: &str,
@@ -191,6 +195,11 @@ pub async fn proxy(
     strip_hop_by_hop(&mut parts.headers);
     if let Some(u) = upgrade {
         parts.headers.insert(header::UPGRADE, u);
+    }
+    // The upstream's `passHost` (node, rewrite), as on the HTTP/1.1 path; `host` (the
+    // client's) stays the X-Forwarded-Host.
+    if let Some(h) = upstream_host {
+        parts.headers.insert(header::HOST, h);
     }
     parts
         .headers
