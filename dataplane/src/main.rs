@@ -96,6 +96,11 @@ struct Args {
     /// `keepalive_timeout`).
     #[arg(long, default_value = "60s", value_parser = duration)]
     idle_timeout: Duration,
+    /// Longest pause between two pieces of a request body (nginx `client_body_timeout`);
+    /// past it the request is answered 408. The upstream read timeout (the route's
+    /// `timeout.read`) bounds the pause between two pieces of a response body the same way.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    client_body_timeout: Duration,
     /// Plugins this dataplane runs (comma-separated), like APISIX's `plugins:` list; a
     /// snapshot with a route using any other plugin is rejected and the last good one keeps
     /// serving. Default: every built-in plugin.
@@ -275,6 +280,7 @@ fn main() -> anyhow::Result<()> {
         max_connections: args.max_connections,
         header_read_timeout: args.header_timeout,
         idle_timeout: args.idle_timeout,
+        client_body_timeout: args.client_body_timeout,
         ..Default::default()
     };
     sluice_dataplane::net::wbatch::set_policy(match args.write_batching {

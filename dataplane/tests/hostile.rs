@@ -665,3 +665,61 @@ async fn websocket_upgrades_follow_pass_host() {
         assert!(text.ends_with(want), "{pass:?}: want {want}, got {text}");
     }
 }
+
+#[tokio::test]
+async fn a_request_or_response_body_that_stalls_times_out() {
+    // An upstream that sends a head and a piece of its body, then nothing.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let stalling = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+                    .await;
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            });
+        }
+    });
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let limits = Limits {
+        client_body_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
+    let mut stalls = route("default/s/r", &["/stall"], "s");
+    stalls.timeout = Some(sluice_proto::v1::Timeouts {
+        connect_ms: 1000,
+        send_ms: 1000,
+        read_ms: 500,
+    });
+    let snap = snapshot(
+        1,
+        vec![stalls, route("default/e/r", &["/echo"], "e")],
+        vec![
+            upstream("s", &[(stalling, 1)]),
+            upstream("e", &[(echo.addr, 1)]),
+        ],
+    );
+    dp.store.apply(snap, vec![]).unwrap();
+    // The client sends 3 of its 10 bytes and pauses: 408 (nginx client_body_timeout).
+    let (code, text) = raw(
+        dp.addr,
+        b"POST /echo HTTP/1.1\r\nHost: h\r\nContent-Length: 10\r\nConnection: close\r\n\r\nabc",
+    )
+    .await;
+    assert_eq!(code, 408, "{text}");
+    // The upstream's body stalls after a piece: the response ends (the connection to the
+    // client is closed) instead of hanging, well before the upstream's 30 s.
+    let started = std::time::Instant::now();
+    let (code, text) = raw(dp.addr, b"GET /stall HTTP/1.1\r\nHost: h\r\n\r\n").await;
+    assert_eq!(code, 200, "{text}");
+    assert!(text.ends_with("partial"), "{text}");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "the stalled body was not cut"
+    );
+}

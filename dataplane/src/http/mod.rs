@@ -32,6 +32,9 @@ pub struct ConnInfo {
     pub remote_ip: HeaderValue,
     /// The worker's timer for request timeouts.
     pub timer: CoarseTimer,
+    /// Longest pause between two pieces of a request body from the client (nginx
+    /// `client_body_timeout`); past it the request is answered 408.
+    pub client_body_timeout: std::time::Duration,
 }
 
 impl ConnInfo {
@@ -50,9 +53,13 @@ impl ConnInfo {
             scheme,
             remote_ip,
             timer,
+            client_body_timeout: CLIENT_BODY_TIMEOUT,
         }
     }
 }
+
+/// Default of [`ConnInfo::client_body_timeout`]: nginx's and APISIX's 60 s.
+pub const CLIENT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// What the router and the balancer need to know about a request.
 #[derive(Debug, Clone, Copy)]

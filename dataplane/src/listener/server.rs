@@ -35,11 +35,14 @@ pub struct Limits {
     /// request is bounded by `header_read_timeout`). Its first request must come within
     /// `header_read_timeout`, preface included.
     pub idle_timeout: Duration,
+    /// Longest pause between two pieces of a request body (nginx `client_body_timeout`);
+    /// past it the request is answered 408.
+    pub client_body_timeout: Duration,
 }
 
 impl Default for Limits {
     /// 10,000 connections per worker, 30 s to send a head, 64 KiB and 100 headers, 60 s
-    /// idle (APISIX's `keepalive_timeout`).
+    /// idle (APISIX's `keepalive_timeout`), 60 s between pieces of a request body.
     fn default() -> Self {
         Limits {
             max_connections: 10_000,
@@ -47,6 +50,7 @@ impl Default for Limits {
             max_header_bytes: 64 * 1024,
             max_headers: 100,
             idle_timeout: Duration::from_secs(60),
+            client_body_timeout: crate::http::CLIENT_BODY_TIMEOUT,
         }
     }
 }
@@ -355,7 +359,9 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
             let Some(is_h2) = sniffed else {
                 return;
             };
-            let conn = Arc::new(ConnInfo::new(remote, local, "http", timer));
+            let mut conn = ConnInfo::new(remote, local, "http", timer);
+            conn.client_body_timeout = limits.client_body_timeout;
+            let conn = Arc::new(conn);
             let io = TokioIo::new(crate::net::wbatch::BatchedStream::new(stream));
             // NB: on drain, hyper closes an idle connection at once and a busy one after its
             // in-flight response (HTTP/2: GOAWAY, then the open streams finish).

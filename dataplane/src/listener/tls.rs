@@ -179,7 +179,9 @@ pub async fn serve_https_until(
                 return;
             };
             let is_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-            let info = Arc::new(ConnInfo::new(remote, local, "https", timer));
+            let mut info = ConnInfo::new(remote, local, "https", timer);
+            info.client_body_timeout = limits.client_body_timeout;
+            let info = Arc::new(info);
             let conn = Arc::new(conn);
             let activity = Activity::new();
             // NB: only HTTP/2 needs it (HTTP/1.1 has hyper's header timeout).

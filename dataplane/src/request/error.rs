@@ -29,6 +29,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => {
                 "{\"error_msg\":\"400 Bad Request\"}\n"
             }
+            ProxyError::ClientBodyTimeout => "{\"error_msg\":\"408 Request Timeout\"}\n",
         }
     }
 

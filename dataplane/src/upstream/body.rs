@@ -2,12 +2,15 @@
 //! upstream's body decoded straight from its connection, which goes back to the pool when
 //! the body has been read to its end.
 
+use std::future::Future as _;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
+use crate::net::timer::{CoarseSleep, CoarseTimer};
 use crate::upstream::PooledConn;
 use crate::upstream::h1::{BodyPoll, BodyState, Framing, H1Error};
 use crate::upstream::health::InFlight;
@@ -84,11 +87,52 @@ pub struct UpstreamBody {
     /// When the body ended, if the clock was read for it (the connection went back to its
     /// pool at that time).
     ended: Option<std::time::Instant>,
+    /// The read timeout between two pieces of the body.
+    stall: Option<ReadWatch>,
+}
+
+/// The upstream read timeout between two reads of a response body (nginx
+/// `proxy_read_timeout`): a body that stalls longer ends with an error, and its connection
+/// is closed.
+#[derive(Debug)]
+pub struct ReadWatch {
+    timer: CoarseTimer,
+    timeout: Duration,
+    /// Armed while the body waits for bytes; disarmed by each piece that arrives.
+    sleep: Option<CoarseSleep>,
+}
+
+impl ReadWatch {
+    /// A watch of `timeout` on the worker's `timer`.
+    pub fn new(timer: CoarseTimer, timeout: Duration) -> Self {
+        ReadWatch {
+            timer,
+            timeout,
+            sleep: None,
+        }
+    }
+
+    /// The body is waiting: whether it has waited longer than the timeout.
+    fn stalled(&mut self, cx: &mut Context<'_>) -> bool {
+        let (timer, timeout) = (&self.timer, self.timeout);
+        let sleep = self.sleep.get_or_insert_with(|| timer.sleep(timeout));
+        Pin::new(sleep).poll(cx).is_ready()
+    }
+
+    /// A piece of the body arrived.
+    fn progressed(&mut self) {
+        self.sleep = None;
+    }
 }
 
 impl UpstreamBody {
-    /// A body delimited by `framing` on `conn`.
-    pub fn new(conn: PooledConn, framing: Framing, keep_alive: bool) -> Self {
+    /// A body delimited by `framing` on `conn`; `stall` bounds the pause between reads.
+    pub fn new(
+        conn: PooledConn,
+        framing: Framing,
+        keep_alive: bool,
+        stall: Option<ReadWatch>,
+    ) -> Self {
         let length = match framing {
             Framing::Empty => Some(0),
             Framing::Length(n) => Some(n),
@@ -100,6 +144,7 @@ impl UpstreamBody {
             length,
             keep_alive,
             ended: None,
+            stall,
         };
         if body.state == BodyState::Done {
             body.finish();
@@ -178,8 +223,21 @@ impl Body for ProxyBody {
                     return Poll::Ready(None);
                 };
                 match conn.conn.poll_body(&mut up.state, cx) {
-                    Poll::Pending => Poll::Pending,
+                    Poll::Pending => {
+                        if up.stall.as_mut().is_some_and(|w| w.stalled(cx)) {
+                            up.conn = None;
+                            let e = std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "upstream response body stalled past the read timeout",
+                            );
+                            return Poll::Ready(Some(Err(H1Error::Io(e))));
+                        }
+                        Poll::Pending
+                    }
                     Poll::Ready(Ok(BodyPoll::Data(d))) => {
+                        if let Some(w) = up.stall.as_mut() {
+                            w.progressed();
+                        }
                         if up.state == BodyState::Done {
                             up.finish();
                         }

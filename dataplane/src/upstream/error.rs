@@ -62,6 +62,9 @@ pub enum ProxyError {
         /// What went wrong.
         source: crate::upstream::h1::H1Error,
     },
+    /// The client paused its request body longer than the client body timeout.
+    #[error("client request body timed out")]
+    ClientBodyTimeout,
     /// The downstream request body failed while it was being sent upstream.
     #[error("reading the request body failed: {0}")]
     RequestBody(hyper::Error),
@@ -74,9 +77,10 @@ impl ProxyError {
     /// Who is at fault.
     pub fn source_kind(&self) -> ErrorSource {
         match self {
-            ProxyError::NoRoute | ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => {
-                ErrorSource::Downstream
-            }
+            ProxyError::NoRoute
+            | ProxyError::BadRequest(_)
+            | ProxyError::RequestBody(_)
+            | ProxyError::ClientBodyTimeout => ErrorSource::Downstream,
             ProxyError::NoEndpoint(_) => ErrorSource::Internal,
             ProxyError::AllEndpointsDown(_) => ErrorSource::Upstream,
             _ => ErrorSource::Upstream,
@@ -106,6 +110,7 @@ impl ProxyError {
             | ProxyError::ReadTimeout(_)
             | ProxyError::SendTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => StatusCode::BAD_REQUEST,
+            ProxyError::ClientBodyTimeout => StatusCode::REQUEST_TIMEOUT,
         }
     }
 

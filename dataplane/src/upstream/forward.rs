@@ -21,8 +21,7 @@ use hyper::body::Incoming;
 
 use crate::http::ConnInfo;
 use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
-use crate::net::timer::CoarseTimer;
-use crate::upstream::body::{ProxyBody, UpstreamBody};
+use crate::upstream::body::{ProxyBody, ReadWatch, UpstreamBody};
 use crate::upstream::error::ProxyError;
 use crate::upstream::failover::Picked;
 use crate::upstream::h1::{Framing, H1Error, ResponseHead, encode_request_head};
@@ -128,7 +127,7 @@ impl H1Forward<'_> {
                 &parts.method,
                 timeouts,
                 replayable,
-                &conn.timer,
+                conn,
                 attempt_started,
             )
             .await;
@@ -153,7 +152,8 @@ impl H1Forward<'_> {
         let mut parts = response.parts;
         parts.version = http::Version::HTTP_11;
         strip_hop_by_hop(&mut parts.headers);
-        let body = UpstreamBody::new(pooled, response.framing, response.keep_alive);
+        let stall = ReadWatch::new(conn.timer.clone(), timeouts.read);
+        let body = UpstreamBody::new(pooled, response.framing, response.keep_alive, Some(stall));
         let resp = Response::from_parts(parts, ProxyBody::Upstream(body));
         Ok((resp, head_len))
     }
@@ -186,7 +186,7 @@ async fn attempt(
     method: &http::Method,
     timeouts: Timeouts,
     replayable: bool,
-    timer: &CoarseTimer,
+    conn: &ConnInfo,
     now: Option<std::time::Instant>,
 ) -> Result<(PooledConn, ResponseHead), ProxyError> {
     let mut pooled = endpoint.pool.checkout(timeouts.connect, now).await?;
@@ -198,7 +198,7 @@ async fn attempt(
             chunked,
             method,
             timeouts,
-            timer,
+            conn,
         )
         .await;
         match sent {
@@ -221,8 +221,9 @@ async fn exchange(
     chunked: bool,
     method: &http::Method,
     timeouts: Timeouts,
-    timer: &CoarseTimer,
+    conn: &ConnInfo,
 ) -> Result<ResponseHead, ProxyError> {
+    let timer = &conn.timer;
     let upstream_err = |source: H1Error, pooled: &PooledConn| ProxyError::Upstream {
         addr: pooled.address().to_owned(),
         source,
@@ -231,7 +232,12 @@ async fn exchange(
         return Err(upstream_err(H1Error::Io(e), pooled));
     }
     if let Some(body) = body {
-        while let Some(frame) = body.frame().await {
+        loop {
+            // NB: nginx's `client_body_timeout`: between two reads, not for the whole body.
+            let Ok(next) = timer.timeout(conn.client_body_timeout, body.frame()).await else {
+                return Err(ProxyError::ClientBodyTimeout);
+            };
+            let Some(frame) = next else { break };
             let frame = frame.map_err(ProxyError::RequestBody)?;
             let Ok(data) = frame.into_data() else {
                 continue;
