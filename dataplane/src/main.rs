@@ -101,6 +101,10 @@ struct Args {
     /// `timeout.read`) bounds the pause between two pieces of a response body the same way.
     #[arg(long, default_value = "60s", value_parser = duration)]
     client_body_timeout: Duration,
+    /// Longest a write to a client may wait for the client to read (nginx `send_timeout`);
+    /// past it the connection is closed.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    send_timeout: Duration,
     /// Plugins this dataplane runs (comma-separated), like APISIX's `plugins:` list; a
     /// snapshot with a route using any other plugin is rejected and the last good one keeps
     /// serving. Default: every built-in plugin.
@@ -281,6 +285,7 @@ fn main() -> anyhow::Result<()> {
         header_read_timeout: args.header_timeout,
         idle_timeout: args.idle_timeout,
         client_body_timeout: args.client_body_timeout,
+        send_timeout: args.send_timeout,
         ..Default::default()
     };
     sluice_dataplane::net::wbatch::set_policy(match args.write_batching {

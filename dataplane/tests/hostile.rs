@@ -723,3 +723,62 @@ async fn a_request_or_response_body_that_stalls_times_out() {
         "the stalled body was not cut"
     );
 }
+
+#[tokio::test]
+async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
+    const SIZE: usize = 64 << 20;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let big = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\n\r\n");
+                if s.write_all(head.as_bytes()).await.is_err() {
+                    return;
+                }
+                let chunk = vec![b'x'; 64 << 10];
+                for _ in 0..SIZE / chunk.len() {
+                    if s.write_all(&chunk).await.is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let limits = Limits {
+        send_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
+    let snap = snapshot(
+        1,
+        vec![route("default/r/r1", &["/*"], "u")],
+        vec![upstream("u", &[(big, 1)])],
+    );
+    dp.store.apply(snap, vec![]).unwrap();
+    let mut s = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: h\r\n\r\n")
+        .await
+        .unwrap();
+    // Read nothing for a while: the dataplane's writes wait, then time out.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    let ended = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got += n,
+            }
+        }
+    })
+    .await;
+    assert!(ended.is_ok(), "the connection was still open");
+    assert!(
+        got < SIZE,
+        "the whole body arrived ({got} bytes): nothing was cut"
+    );
+}

@@ -16,6 +16,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::store::Store;
 use crate::http::ConnInfo;
+use crate::net::send_timeout::SendTimeout;
 use crate::net::timer::CoarseTimer;
 use crate::request::handle;
 
@@ -38,11 +39,15 @@ pub struct Limits {
     /// Longest pause between two pieces of a request body (nginx `client_body_timeout`);
     /// past it the request is answered 408.
     pub client_body_timeout: Duration,
+    /// Longest a write to a client may wait for it to read (nginx `send_timeout`); past it
+    /// the connection is closed.
+    pub send_timeout: Duration,
 }
 
 impl Default for Limits {
     /// 10,000 connections per worker, 30 s to send a head, 64 KiB and 100 headers, 60 s
-    /// idle (APISIX's `keepalive_timeout`), 60 s between pieces of a request body.
+    /// idle (APISIX's `keepalive_timeout`), 60 s between pieces of a request body, 60 s for a
+    /// client to read what is sent to it.
     fn default() -> Self {
         Limits {
             max_connections: 10_000,
@@ -51,6 +56,7 @@ impl Default for Limits {
             max_headers: 100,
             idle_timeout: Duration::from_secs(60),
             client_body_timeout: crate::http::CLIENT_BODY_TIMEOUT,
+            send_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -362,7 +368,11 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
             let mut conn = ConnInfo::new(remote, local, "http", timer);
             conn.client_body_timeout = limits.client_body_timeout;
             let conn = Arc::new(conn);
-            let io = TokioIo::new(crate::net::wbatch::BatchedStream::new(stream));
+            let io = TokioIo::new(SendTimeout::new(
+                crate::net::wbatch::BatchedStream::new(stream),
+                conn.timer.clone(),
+                limits.send_timeout,
+            ));
             // NB: on drain, hyper closes an idle connection at once and a busy one after its
             // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
             let result = if is_h2 {

@@ -37,6 +37,7 @@ use crate::http::ConnInfo;
 use crate::listener::server::{
     Activity, Drain, Limits, connection_builders, serve_h2, spawn_listener_workers,
 };
+use crate::net::send_timeout::SendTimeout;
 use crate::net::timer::CoarseTimer;
 use crate::request::handle;
 use crate::upstream::body::ProxyBody;
@@ -171,7 +172,16 @@ pub async fn serve_https_until(
             let handshaken = tokio::select! {
                 h = tokio::time::timeout(
                     deadline,
-                    handshake(crate::net::wbatch::BatchedStream::new(stream), remote, &store, refuse),
+                    handshake(
+                        SendTimeout::new(
+                            crate::net::wbatch::BatchedStream::new(stream),
+                            timer.clone(),
+                            limits.send_timeout,
+                        ),
+                        remote,
+                        &store,
+                        refuse,
+                    ),
                 ) => h,
                 _ = drain.wait() => return,
             };
@@ -234,12 +244,12 @@ pub async fn serve_https_until(
 /// Reads the ClientHello, picks the configuration for its SNI from the current table and
 /// completes the handshake. `None` when the handshake failed (logged at debug level).
 async fn handshake(
-    stream: crate::net::wbatch::BatchedStream,
+    stream: SendTimeout<crate::net::wbatch::BatchedStream>,
     remote: SocketAddr,
     store: &Store,
     refuse: Arc<ServerConfig>,
 ) -> Option<(
-    tokio_rustls::server::TlsStream<crate::net::wbatch::BatchedStream>,
+    tokio_rustls::server::TlsStream<SendTimeout<crate::net::wbatch::BatchedStream>>,
     TlsConn,
 )> {
     let start = match LazyConfigAcceptor::new(Acceptor::default(), stream).await {
