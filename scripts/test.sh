@@ -27,5 +27,9 @@ echo "==> cargo build --workspace --bins (the e2e tests run these binaries)"
 cargo build --workspace --bins --locked --quiet
 export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 
+# Coverage-guided fuzzing of the dataplane's parsers (libFuzzer on stable; a fixed seed,
+# 20 s a target; see scripts/fuzz.sh). A crash fails the run.
+scripts/fuzz.sh --ci 20
+
 echo "==> cargo test"
 cargo test --workspace --locked --no-fail-fast

@@ -151,6 +151,10 @@ fn decode(path: &[u8]) -> Result<Vec<u8>, PathError> {
             }
             out.push(b);
             i += 3;
+        } else if path[i] == 0 {
+            // NB: as `%00`, so that normalising the forwarded form gives the same verdict
+            // (the fuzz target `path_normalize` found the difference).
+            return Err(PathError::Nul);
         } else {
             out.push(path[i]);
             i += 1;
@@ -249,6 +253,7 @@ mod tests {
             ("/a%2", PathError::BadEscape),
             ("/a%", PathError::BadEscape),
             ("/a%00b", PathError::Nul),
+            ("/a%41\0", PathError::Nul),
             ("/a%ff", PathError::NotUtf8),
         ] {
             assert_eq!(normalize(raw), Err(e), "{raw}");

@@ -180,83 +180,94 @@ impl Conn {
     }
 
     fn try_parse_head(&mut self, request_method: &Method) -> Result<Option<ResponseHead>, H1Error> {
-        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-        let mut resp = httparse::Response::new(&mut headers);
-        let len = match resp.parse(&self.buf) {
-            Ok(httparse::Status::Complete(len)) if len > MAX_HEAD_BYTES => {
-                return Err(H1Error::Invalid("response head too large"));
-            }
-            Ok(httparse::Status::Complete(len)) => len,
-            Ok(httparse::Status::Partial) => return Ok(None),
-            Err(httparse::Error::TooManyHeaders) => {
-                return Err(H1Error::Invalid("too many headers"));
-            }
-            Err(_) => return Err(H1Error::Invalid("malformed response head")),
-        };
-        let status = StatusCode::from_u16(resp.code.unwrap_or(0))
-            .map_err(|_| H1Error::Invalid("bad status code"))?;
-        // NB: this client never asks for an upgrade (WebSocket has its own), so a 101 is
-        // not an interim response to skip: what follows it is not HTTP.
-        if status == StatusCode::SWITCHING_PROTOCOLS {
-            return Err(H1Error::Invalid("unsolicited 101 Switching Protocols"));
-        }
-        let version = if resp.version == Some(0) {
-            Version::HTTP_10
-        } else {
-            Version::HTTP_11
-        };
-        // Header values point into the buffer: remember offsets, then share the bytes.
-        let base = self.buf.as_ptr() as usize;
-        let mut spans = Vec::with_capacity(resp.headers.len());
-        // The framing headers are noted on the way, so no header map lookup is needed later.
-        let mut facts = FramingFacts::default();
-        for h in resp.headers.iter() {
-            let name = HeaderName::from_bytes(h.name.as_bytes())
-                .map_err(|_| H1Error::Invalid("bad header name"))?;
-            facts.note(&name, h.value);
-            let start = h.value.as_ptr() as usize - base;
-            spans.push((name, start, start + h.value.len()));
-        }
-        // NB: decided before the buffer is split (the facts borrow it); an invalid header
-        // value below still takes precedence over a framing error.
-        let framing = response_framing(request_method, status, &facts);
-        // Both framings given: the connection carries no other response afterwards.
-        let ambiguous = facts.transfer_encoding.is_some() && facts.content_length != Ok(None);
-        let close = facts.close || ambiguous;
-        let facts_nominates = facts.nominates;
-        let head = self.buf.split_to(len).freeze();
-        // NB: room for the headers response phases add (limit-count's three X-RateLimit-*,
-        // cors, request-id): without it, a map sized to the upstream's headers regrows and
-        // rehashes every entry (issue 4: ~400 instructions per request).
-        let mut map = HeaderMap::with_capacity(spans.len() + RESPONSE_HEADER_ROOM);
-        // NB: a proxy drops hop-by-hop headers anyway; leaving them out here saves adding
-        // and then removing them (issue 2). When `Connection` names other headers (rare),
-        // all are kept for `strip_hop_by_hop`, which removes the named ones too.
-        let skip_hop_by_hop = !facts_nominates;
-        for (name, start, end) in spans {
-            if skip_hop_by_hop && crate::http::headers::hop_by_hop_bit(name.as_str()) != 0 {
-                continue;
-            }
-            if ambiguous && name == header::CONTENT_LENGTH {
-                continue;
-            }
-            let value = HeaderValue::from_maybe_shared(head.slice(start..end))
-                .map_err(|_| H1Error::Invalid("bad header value"))?;
-            map.append(name, value);
-        }
-        let framing = framing?;
-        let keep_alive = version == Version::HTTP_11 && framing != Framing::UntilClose && !close;
-        let mut parts = http::Response::new(()).into_parts().0;
-        parts.status = status;
-        parts.version = version;
-        parts.headers = map;
-        Ok(Some(ResponseHead {
-            parts,
-            framing,
-            keep_alive,
-            head_len: len,
-        }))
+        parse_response_head(&mut self.buf, request_method)
     }
+}
+
+/// Parses a response head at the start of `buf`; on success the head's bytes are split off
+/// `buf` (what follows stays, as the body's first bytes). `Ok(None)`: not complete yet.
+/// The one parser of upstream response heads, also fuzzed against httparse's own verdict
+/// (`dataplane/fuzz`).
+pub fn parse_response_head(
+    buf: &mut BytesMut,
+    request_method: &Method,
+) -> Result<Option<ResponseHead>, H1Error> {
+    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut headers);
+    let len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(len)) if len > MAX_HEAD_BYTES => {
+            return Err(H1Error::Invalid("response head too large"));
+        }
+        Ok(httparse::Status::Complete(len)) => len,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => {
+            return Err(H1Error::Invalid("too many headers"));
+        }
+        Err(_) => return Err(H1Error::Invalid("malformed response head")),
+    };
+    let status = StatusCode::from_u16(resp.code.unwrap_or(0))
+        .map_err(|_| H1Error::Invalid("bad status code"))?;
+    // NB: this client never asks for an upgrade (WebSocket has its own), so a 101 is
+    // not an interim response to skip: what follows it is not HTTP.
+    if status == StatusCode::SWITCHING_PROTOCOLS {
+        return Err(H1Error::Invalid("unsolicited 101 Switching Protocols"));
+    }
+    let version = if resp.version == Some(0) {
+        Version::HTTP_10
+    } else {
+        Version::HTTP_11
+    };
+    // Header values point into the buffer: remember offsets, then share the bytes.
+    let base = buf.as_ptr() as usize;
+    let mut spans = Vec::with_capacity(resp.headers.len());
+    // The framing headers are noted on the way, so no header map lookup is needed later.
+    let mut facts = FramingFacts::default();
+    for h in resp.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes())
+            .map_err(|_| H1Error::Invalid("bad header name"))?;
+        facts.note(&name, h.value);
+        let start = h.value.as_ptr() as usize - base;
+        spans.push((name, start, start + h.value.len()));
+    }
+    // NB: decided before the buffer is split (the facts borrow it); an invalid header
+    // value below still takes precedence over a framing error.
+    let framing = response_framing(request_method, status, &facts);
+    // Both framings given: the connection carries no other response afterwards.
+    let ambiguous = facts.transfer_encoding.is_some() && facts.content_length != Ok(None);
+    let close = facts.close || ambiguous;
+    let facts_nominates = facts.nominates;
+    let head = buf.split_to(len).freeze();
+    // NB: room for the headers response phases add (limit-count's three X-RateLimit-*,
+    // cors, request-id): without it, a map sized to the upstream's headers regrows and
+    // rehashes every entry (issue 4: ~400 instructions per request).
+    let mut map = HeaderMap::with_capacity(spans.len() + RESPONSE_HEADER_ROOM);
+    // NB: a proxy drops hop-by-hop headers anyway; leaving them out here saves adding
+    // and then removing them (issue 2). When `Connection` names other headers (rare),
+    // all are kept for `strip_hop_by_hop`, which removes the named ones too.
+    let skip_hop_by_hop = !facts_nominates;
+    for (name, start, end) in spans {
+        if skip_hop_by_hop && crate::http::headers::hop_by_hop_bit(name.as_str()) != 0 {
+            continue;
+        }
+        if ambiguous && name == header::CONTENT_LENGTH {
+            continue;
+        }
+        let value = HeaderValue::from_maybe_shared(head.slice(start..end))
+            .map_err(|_| H1Error::Invalid("bad header value"))?;
+        map.append(name, value);
+    }
+    let framing = framing?;
+    let keep_alive = version == Version::HTTP_11 && framing != Framing::UntilClose && !close;
+    let mut parts = http::Response::new(()).into_parts().0;
+    parts.status = status;
+    parts.version = version;
+    parts.headers = map;
+    Ok(Some(ResponseHead {
+        parts,
+        framing,
+        keep_alive,
+        head_len: len,
+    }))
 }
 
 /// What the framing rules need from a response head, collected while it is parsed.
