@@ -7,6 +7,8 @@ command -v curl >/dev/null || need+=(curl)
 # Plugin tests: a real Redis for the shared rate-limit policy, openssl for RSA test keys.
 command -v redis-server >/dev/null || need+=(redis-server)
 command -v openssl >/dev/null || need+=(openssl)
+# The fuzz targets (scripts/fuzz.sh): libfuzzer-sys compiles libFuzzer's C++ sources.
+command -v c++ >/dev/null || need+=(g++)
 command -v rustfmt >/dev/null || rustup component add rustfmt
 cargo clippy --version >/dev/null 2>&1 || rustup component add clippy
 
