@@ -35,6 +35,10 @@ pub struct ConnInfo {
     /// Longest pause between two pieces of a request body from the client (nginx
     /// `client_body_timeout`); past it the request is answered 408.
     pub client_body_timeout: std::time::Duration,
+    /// Largest HTTP/1.x request head, bytes, as sent (request line, headers, CRLFs); past it
+    /// the request is answered 431. hyper's `max_buf_size` bounds its read buffer, not the
+    /// head: a head that arrives in one read may be up to twice that size.
+    pub max_header_bytes: usize,
 }
 
 impl ConnInfo {
@@ -54,12 +58,35 @@ impl ConnInfo {
             remote_ip,
             timer,
             client_body_timeout: CLIENT_BODY_TIMEOUT,
+            max_header_bytes: MAX_HEADER_BYTES,
         }
     }
 }
 
 /// Default of [`ConnInfo::client_body_timeout`]: nginx's and APISIX's 60 s.
 pub const CLIENT_BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Default of [`ConnInfo::max_header_bytes`]: 64 KiB.
+pub const MAX_HEADER_BYTES: usize = 64 * 1024;
+
+/// The size of an HTTP/1.x request head on the wire: request line, header lines and the
+/// empty line that ends it (`METHOD SP target SP HTTP/1.1 CRLF`, `name: value CRLF`, CRLF).
+/// HTTP/2 heads are bounded by `SETTINGS_MAX_HEADER_LIST_SIZE` instead.
+pub fn head_len<B>(req: &Request<B>) -> usize {
+    let uri = req.uri();
+    let target = match (uri.scheme(), uri.authority()) {
+        // Absolute form: `scheme://authority` before the path.
+        (Some(s), Some(a)) => s.as_str().len() + 3 + a.as_str().len(),
+        _ => 0,
+    } + uri.path_and_query().map_or(1, |pq| pq.as_str().len());
+    let line = req.method().as_str().len() + 1 + target + 1 + "HTTP/1.1".len() + 2;
+    let fields: usize = req
+        .headers()
+        .iter()
+        .map(|(n, v)| n.as_str().len() + 2 + v.len() + 2)
+        .sum();
+    line + fields + 2
+}
 
 /// What the router and the balancer need to know about a request.
 #[derive(Debug, Clone, Copy)]

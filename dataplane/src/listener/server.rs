@@ -52,7 +52,7 @@ impl Default for Limits {
         Limits {
             max_connections: 10_000,
             header_read_timeout: Duration::from_secs(30),
-            max_header_bytes: 64 * 1024,
+            max_header_bytes: crate::http::MAX_HEADER_BYTES,
             max_headers: 100,
             idle_timeout: Duration::from_secs(60),
             client_body_timeout: crate::http::CLIENT_BODY_TIMEOUT,
@@ -367,6 +367,7 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
             };
             let mut conn = ConnInfo::new(remote, local, "http", timer);
             conn.client_body_timeout = limits.client_body_timeout;
+            conn.max_header_bytes = limits.max_header_bytes;
             let conn = Arc::new(conn);
             let io = TokioIo::new(SendTimeout::new(
                 crate::net::wbatch::BatchedStream::new(stream),

@@ -191,6 +191,7 @@ pub async fn serve_https_until(
             let is_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
             let mut info = ConnInfo::new(remote, local, "https", timer);
             info.client_body_timeout = limits.client_body_timeout;
+            info.max_header_bytes = limits.max_header_bytes;
             let info = Arc::new(info);
             let conn = Arc::new(conn);
             let activity = Activity::new();

@@ -30,6 +30,9 @@ impl ProxyError {
                 "{\"error_msg\":\"400 Bad Request\"}\n"
             }
             ProxyError::ClientBodyTimeout => "{\"error_msg\":\"408 Request Timeout\"}\n",
+            ProxyError::HeadTooLarge(_) => {
+                "{\"error_msg\":\"431 Request Header Fields Too Large\"}\n"
+            }
         }
     }
 

@@ -82,6 +82,12 @@ async fn proxy<'t>(
     table: &'t Arc<RouteTable>,
     plugin_run: &mut PluginRun<'t>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
+    if req.version() < http::Version::HTTP_2 {
+        let len = crate::http::head_len(&req);
+        if len > conn.max_header_bytes {
+            return Err(ProxyError::HeadTooLarge(len));
+        }
+    }
     let host = request_host(&req).map_err(ProxyError::BadRequest)?;
     // NB: checked once; a route with plugins needs it again for its balancer hash
     // (`to_str` checks every byte).

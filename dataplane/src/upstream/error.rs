@@ -68,6 +68,9 @@ pub enum ProxyError {
     /// The downstream request body failed while it was being sent upstream.
     #[error("reading the request body failed: {0}")]
     RequestBody(hyper::Error),
+    /// The request head is larger than the downstream limit.
+    #[error("request head of {0} bytes is over the limit")]
+    HeadTooLarge(usize),
     /// The request cannot be turned into an upstream request.
     #[error("bad request: {0}")]
     BadRequest(&'static str),
@@ -80,6 +83,7 @@ impl ProxyError {
             ProxyError::NoRoute
             | ProxyError::BadRequest(_)
             | ProxyError::RequestBody(_)
+            | ProxyError::HeadTooLarge(_)
             | ProxyError::ClientBodyTimeout => ErrorSource::Downstream,
             ProxyError::NoEndpoint(_) => ErrorSource::Internal,
             ProxyError::AllEndpointsDown(_) => ErrorSource::Upstream,
@@ -111,6 +115,7 @@ impl ProxyError {
             | ProxyError::SendTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::ClientBodyTimeout => StatusCode::REQUEST_TIMEOUT,
+            ProxyError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
         }
     }
 

@@ -261,6 +261,9 @@ async fn exchange(
     {
         Err(_) => Err(ProxyError::ReadTimeout(pooled.address().to_owned())),
         Ok(Err(source)) => Err(upstream_err(source, pooled)),
-        Ok(Ok(resp)) => Ok(resp),
+        Ok(Ok(resp)) => match pooled.conn.check_buffered_body(resp.framing) {
+            Ok(()) => Ok(resp),
+            Err(source) => Err(upstream_err(source, pooled)),
+        },
     }
 }

@@ -516,51 +516,18 @@ impl Conn {
         cx: &mut Context<'_>,
     ) -> Poll<Result<BodyPoll, H1Error>> {
         loop {
-            match *state {
-                BodyState::Done => return Poll::Ready(Ok(BodyPoll::End)),
-                BodyState::Length(0) => *state = BodyState::Done,
-                BodyState::Length(left) | BodyState::ChunkData(left) if !self.buf.is_empty() => {
-                    let take = (self.buf.len() as u64).min(left) as usize;
-                    let data = self.buf.split_to(take).freeze();
-                    let left = left - take as u64;
-                    *state = match *state {
-                        BodyState::Length(_) if left == 0 => BodyState::Done,
-                        BodyState::Length(_) => BodyState::Length(left),
-                        _ if left == 0 => BodyState::ChunkEnd,
-                        _ => BodyState::ChunkData(left),
-                    };
-                    return Poll::Ready(Ok(BodyPoll::Data(data)));
-                }
-                BodyState::UntilClose if !self.buf.is_empty() => {
-                    let data = self.buf.split().freeze();
-                    return Poll::Ready(Ok(BodyPoll::Data(data)));
-                }
-                BodyState::ChunkSize | BodyState::Trailers if self.buf.contains_crlf() => {
-                    let line = self.take_line();
-                    if *state == BodyState::Trailers {
-                        if line.is_empty() {
-                            *state = BodyState::Done;
-                        }
-                        continue;
+            if *state == BodyState::Done {
+                return Poll::Ready(Ok(BodyPoll::End));
+            }
+            match body_step(&self.buf, *state)? {
+                Step::Advance { data, skip, next } => {
+                    *state = next;
+                    if data > 0 {
+                        return Poll::Ready(Ok(BodyPoll::Data(self.buf.split_to(data).freeze())));
                     }
-                    let size = parse_chunk_size(&line)?;
-                    *state = if size == 0 {
-                        BodyState::Trailers
-                    } else {
-                        BodyState::ChunkData(size)
-                    };
+                    self.buf.advance(skip);
                 }
-                BodyState::ChunkEnd if self.buf.len() >= 2 => {
-                    if &self.buf[..2] != b"\r\n" {
-                        return Poll::Ready(Err(H1Error::Invalid("chunk not followed by CRLF")));
-                    }
-                    self.buf.advance(2);
-                    *state = BodyState::ChunkSize;
-                }
-                _ => {
-                    if self.buf.len() > MAX_LINE {
-                        return Poll::Ready(Err(H1Error::Invalid("chunk line too long")));
-                    }
+                Step::NeedMore => {
                     self.buf.reserve(READ_CHUNK);
                     match tokio_util::io::poll_read_buf(Pin::new(&mut self.io), cx, &mut self.buf) {
                         Poll::Pending => return Poll::Pending,
@@ -579,28 +546,95 @@ impl Conn {
         }
     }
 
-    fn take_line(&mut self) -> Bytes {
-        let pos = self
-            .buf
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .unwrap_or(self.buf.len());
-        let line = self.buf.split_to(pos).freeze();
-        if self.buf.len() >= 2 {
-            self.buf.advance(2);
+    /// Checks the body bytes that arrived with the head, before the head is sent on: a
+    /// framing error among them, or an upstream that has already closed the connection
+    /// short of the body's end, fails the exchange now, while the client can still be told
+    /// 502. (Past this point a failing body can only cut the client's response short.)
+    /// Consumes nothing; costs no system call unless the body is not all here and the
+    /// reactor saw the socket become readable.
+    pub fn check_buffered_body(&mut self, framing: Framing) -> Result<(), H1Error> {
+        let mut state = BodyState::new(framing);
+        let mut at = 0;
+        while state != BodyState::Done {
+            match body_step(&self.buf[at..], state)? {
+                Step::Advance { data, skip, next } => {
+                    at += data + skip;
+                    state = next;
+                }
+                Step::NeedMore if state == BodyState::UntilClose => return Ok(()),
+                Step::NeedMore => {
+                    let mut cx = Context::from_waker(std::task::Waker::noop());
+                    let mut probe = [0u8; 1];
+                    let mut probe = tokio::io::ReadBuf::new(&mut probe);
+                    return match self.io.get_ref().poll_peek(&mut cx, &mut probe) {
+                        Poll::Ready(Ok(0)) => Err(H1Error::Truncated),
+                        _ => Ok(()),
+                    };
+                }
+            }
         }
-        line
+        Ok(())
     }
 }
 
-trait ContainsCrlf {
-    fn contains_crlf(&self) -> bool;
+/// One step of the response body decoder over the bytes at hand.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Step {
+    /// `data` body bytes at the front of the buffer (or none), then `skip` bytes of framing,
+    /// and the decoder's state after them.
+    Advance {
+        data: usize,
+        skip: usize,
+        next: BodyState,
+    },
+    /// The next step needs bytes that have not arrived.
+    NeedMore,
 }
 
-impl ContainsCrlf for BytesMut {
-    fn contains_crlf(&self) -> bool {
-        self.windows(2).any(|w| w == b"\r\n")
+/// The decoder itself (RFC 9112 §6 and §7.1), on `buf` in `state` (not `Done`); shared by
+/// [`Conn::poll_body`] and [`Conn::check_buffered_body`].
+fn body_step(buf: &[u8], state: BodyState) -> Result<Step, H1Error> {
+    let advance = |data, skip, next| Ok(Step::Advance { data, skip, next });
+    match state {
+        BodyState::Done | BodyState::Length(0) => advance(0, 0, BodyState::Done),
+        BodyState::Length(left) | BodyState::ChunkData(left) if !buf.is_empty() => {
+            let take = (buf.len() as u64).min(left);
+            let left = left - take;
+            let next = match state {
+                BodyState::Length(_) if left == 0 => BodyState::Done,
+                BodyState::Length(_) => BodyState::Length(left),
+                _ if left == 0 => BodyState::ChunkEnd,
+                _ => BodyState::ChunkData(left),
+            };
+            advance(take as usize, 0, next)
+        }
+        BodyState::UntilClose if !buf.is_empty() => advance(buf.len(), 0, state),
+        BodyState::ChunkSize | BodyState::Trailers if let Some(end) = crlf(buf) => {
+            let line = &buf[..end];
+            let next = match state {
+                BodyState::Trailers if line.is_empty() => BodyState::Done,
+                BodyState::Trailers => BodyState::Trailers,
+                _ => match parse_chunk_size(line)? {
+                    0 => BodyState::Trailers,
+                    size => BodyState::ChunkData(size),
+                },
+            };
+            advance(0, end + 2, next)
+        }
+        BodyState::ChunkEnd if buf.len() >= 2 => {
+            if &buf[..2] != b"\r\n" {
+                return Err(H1Error::Invalid("chunk not followed by CRLF"));
+            }
+            advance(0, 2, BodyState::ChunkSize)
+        }
+        _ if buf.len() > MAX_LINE => Err(H1Error::Invalid("chunk line too long")),
+        _ => Ok(Step::NeedMore),
     }
+}
+
+/// Where the first CRLF in `buf` starts.
+fn crlf(buf: &[u8]) -> Option<usize> {
+    buf.windows(2).position(|w| w == b"\r\n")
 }
 
 /// A chunk-size line (RFC 9112 §7.1): hex digits (at most a u64), then optional whitespace
