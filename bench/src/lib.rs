@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 pub mod chart;
+pub mod conns;
 pub mod duration;
 pub mod error;
 pub mod machine;

@@ -95,6 +95,49 @@ enum Cmd {
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
         repeat: u32,
     },
+    /// Resource bounds: RSS of nginx and sluice with N idle keep-alive connections and with
+    /// N half-sent request heads, and after the header timeout and the close (issue 16).
+    /// Writes conns-<arch>-<time>.{json,md}.
+    Conns {
+        /// Connections held open at once.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        count: u32,
+        /// Connections being opened at the same time (mind the proxies' accept queues:
+        /// nginx 511, sluice 4096).
+        #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        concurrency: u32,
+        /// Header timeout of the half-sent-heads processes: nginx `client_header_timeout`
+        /// and `keepalive_timeout`, sluice `--header-timeout`.
+        #[arg(long, default_value = "5s", value_parser = parse_duration)]
+        header_timeout: Duration,
+        /// The same settings in the idle keep-alive processes; long enough that no idle
+        /// connection is closed while they are counted.
+        #[arg(long, default_value = "300s", value_parser = parse_duration)]
+        keepalive_timeout: Duration,
+        /// Open-measure-close rounds in each proxy process (memory that grows from round
+        /// to round is not bounded).
+        #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..=20))]
+        rounds: u32,
+        /// Use this sluice-dataplane binary instead of building it with `cargo build --release`.
+        #[arg(long, value_name = "PATH")]
+        sluice_bin: Option<PathBuf>,
+        /// Measure only one proxy.
+        #[arg(long, value_enum)]
+        only: Option<OnlyArg>,
+        /// Sluice checkout holding bench/config (default: the one this binary was built from).
+        #[arg(long, value_name = "DIR", env = "SLUICE_WORKSPACE")]
+        workspace: Option<PathBuf>,
+        /// Where result files are written (default: bench/results in the workspace).
+        #[arg(long, value_name = "DIR")]
+        results_dir: Option<PathBuf>,
+        /// How long a proxy may take to answer its first request correctly.
+        #[arg(long, default_value = "20s", value_parser = parse_duration)]
+        ready_timeout: Duration,
+        /// An extra flag for sluice-dataplane (repeatable); recorded, and no latest-conns
+        /// copy is written.
+        #[arg(long = "sluice-arg", value_name = "ARG", allow_hyphen_values = true)]
+        sluice_args: Vec<String>,
+    },
     /// Print a side-by-side markdown table of two result files (B ÷ A ratios).
     Compare {
         /// First result JSON (A), e.g. bench/results/latest-1-x86_64.json.
@@ -353,6 +396,43 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 repeat,
             };
             println!("{}", sluice_bench::tls::run_tls_bench(&opts)?);
+        }
+        Cmd::Conns {
+            count,
+            concurrency,
+            header_timeout,
+            keepalive_timeout,
+            rounds,
+            sluice_bin,
+            only,
+            workspace,
+            results_dir,
+            ready_timeout,
+            sluice_args,
+        } => {
+            process::install_signal_handler().context("installing signal handlers")?;
+            let workspace = workspace.unwrap_or_else(workspace_root);
+            let opts = sluice_bench::conns::ConnsOptions {
+                count,
+                concurrency,
+                header_timeout,
+                keepalive_timeout,
+                rounds,
+                sluice_bin,
+                only: only.map(|o| match o {
+                    OnlyArg::Nginx => Only::Nginx,
+                    OnlyArg::Sluice => Only::Sluice,
+                }),
+                results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
+                workspace,
+                ready_timeout,
+                sluice_args,
+            };
+            let (result, written) = sluice_bench::conns::run_conns_bench(&opts)?;
+            println!("{}", sluice_bench::conns::render_markdown(&result));
+            for path in written {
+                eprintln!("sluice-bench: wrote {}", path.display());
+            }
         }
         Cmd::Compare { a, b, svg } => {
             let ra = BenchResult::load(&a)?;

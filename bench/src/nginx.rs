@@ -6,19 +6,27 @@
 
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 /// The part shared by both configurations.
 fn head(prefix: &Path) -> String {
+    head_with(prefix, 10240, None)
+}
+
+/// [`head`] with `worker_connections` (client and upstream connections of the worker) and,
+/// when given, `worker_rlimit_nofile`.
+fn head_with(prefix: &Path, worker_connections: u32, rlimit_nofile: Option<u32>) -> String {
     let p = prefix.display();
+    let rlimit = rlimit_nofile.map_or_else(String::new, |n| format!("worker_rlimit_nofile {n};\n"));
     format!(
         "worker_processes 1;
-daemon off;
+{rlimit}daemon off;
 master_process on;
 pid {p}/nginx.pid;
 error_log {p}/error.log warn;
 
 events {{
-    worker_connections 10240;
+    worker_connections {worker_connections};
 }}
 "
     )
@@ -62,11 +70,55 @@ http {{
 /// and HTTP/1.1 without a `Connection` header (so upstream connections are
 /// reused), listening on 127.0.0.1:`listen_port`.
 pub fn proxy_conf(prefix: &Path, listen_port: u16, upstream_port: u16) -> String {
+    proxy_conf_with(head(prefix), prefix, listen_port, upstream_port, "")
+}
+
+/// The baseline proxy of `sluice-bench conns`: [`proxy_conf`] with room for `clients`
+/// client connections in its one worker (`worker_connections` also counts the upstream
+/// ones, `worker_rlimit_nofile` every descriptor), and the client timeouts given in whole
+/// milliseconds: `client_header_timeout` (time to send a request head) and
+/// `keepalive_timeout` (idle time between requests).
+pub fn conns_proxy_conf(
+    prefix: &Path,
+    listen_port: u16,
+    upstream_port: u16,
+    clients: u32,
+    client_header_timeout: Duration,
+    keepalive_timeout: Duration,
+) -> String {
+    // NB: the upstream keepalive cache (320) and a margin for the listener, log files and
+    // upstream connections opened while the cache is full.
+    let worker_connections = clients.saturating_add(1024);
+    let timeouts = format!(
+        "    client_header_timeout {}ms;\n    keepalive_timeout {}ms;\n",
+        client_header_timeout.as_millis(),
+        keepalive_timeout.as_millis()
+    );
+    proxy_conf_with(
+        head_with(
+            prefix,
+            worker_connections,
+            Some(worker_connections.saturating_mul(2)),
+        ),
+        prefix,
+        listen_port,
+        upstream_port,
+        &timeouts,
+    )
+}
+
+fn proxy_conf_with(
+    head: String,
+    prefix: &Path,
+    listen_port: u16,
+    upstream_port: u16,
+    http_extra: &str,
+) -> String {
     format!(
         "{head}
 http {{
     access_log off;
-{temp}
+{temp}{http_extra}
     upstream backend {{
         server 127.0.0.1:{upstream_port};
         keepalive 320;
@@ -82,7 +134,6 @@ http {{
     }}
 }}
 ",
-        head = head(prefix),
         temp = temp_paths(prefix),
     )
 }
@@ -144,6 +195,34 @@ mod tests {
     }
 
     #[test]
+    fn conns_conf_has_room_and_the_timeouts() {
+        let c = conns_proxy_conf(
+            &PathBuf::from("/tmp/x"),
+            9081,
+            1980,
+            10_000,
+            Duration::from_secs(5),
+            Duration::from_secs(300),
+        );
+        for needle in [
+            "worker_processes 1;\nworker_rlimit_nofile 22048;\ndaemon off;",
+            "worker_connections 11024;",
+            "client_header_timeout 5000ms;",
+            "keepalive_timeout 300000ms;",
+            "keepalive 320;",
+            "listen 127.0.0.1:9081;",
+            "proxy_pass http://backend;",
+        ] {
+            assert!(c.contains(needle), "missing {needle:?} in\n{c}");
+        }
+        // The proxy benchmark's configuration is unchanged by it.
+        let plain = proxy_conf(&PathBuf::from("/tmp/x"), 9081, 1980);
+        assert!(plain.contains("worker_connections 10240;"));
+        assert!(!plain.contains("worker_rlimit_nofile"));
+        assert!(!plain.contains("client_header_timeout"));
+    }
+
+    #[test]
     fn upstream_conf_answers_hello_world() {
         let c = upstream_conf(&PathBuf::from("/tmp/u"), 1980);
         assert!(c.contains("listen 127.0.0.1:1980;"));
@@ -155,6 +234,14 @@ mod tests {
     fn braces_balance() {
         for c in [
             proxy_conf(&PathBuf::from("/p"), 1, 2),
+            conns_proxy_conf(
+                &PathBuf::from("/p"),
+                1,
+                2,
+                3,
+                Duration::from_secs(1),
+                Duration::from_secs(1),
+            ),
             upstream_conf(&PathBuf::from("/p"), 1),
         ] {
             assert_eq!(c.matches('{').count(), c.matches('}').count(), "{c}");

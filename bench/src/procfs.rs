@@ -78,8 +78,13 @@ pub fn parse_stat(content: &str) -> Result<ProcStat, BenchError> {
 
 /// Reads `VmHWM` (peak resident set size) in KiB from the text of `/proc/<pid>/status`.
 pub fn parse_vm_hwm_kib(status: &str) -> Option<u64> {
+    parse_status_kib(status, "VmHWM")
+}
+
+/// Reads the `<field>:  <n> kB` line of `/proc/<pid>/status` (`VmRSS`, `VmHWM`, ...) in KiB.
+pub fn parse_status_kib(status: &str, field: &str) -> Option<u64> {
     status.lines().find_map(|line| {
-        let value = line.strip_prefix("VmHWM:")?;
+        let value = line.strip_prefix(field)?.strip_prefix(':')?;
         let mut parts = value.split_whitespace();
         let n: u64 = parts.next()?.parse().ok()?;
         match parts.next() {
@@ -87,6 +92,63 @@ pub fn parse_vm_hwm_kib(status: &str) -> Option<u64> {
             _ => None,
         }
     })
+}
+
+/// Memory and open files of one process, from `/proc/<pid>/status` and `/proc/<pid>/fd`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ProcMemory {
+    /// Process id.
+    pub pid: u32,
+    /// Executable name (`comm`), e.g. `nginx`, `sluice-dataplan`.
+    pub comm: String,
+    /// Resident set size now (`VmRSS`), KiB.
+    pub rss_kib: u64,
+    /// Peak resident set size since start (`VmHWM`), KiB.
+    pub hwm_kib: u64,
+    /// Open file descriptors (entries of `/proc/<pid>/fd`; sockets included).
+    pub fds: u64,
+}
+
+/// [`ProcMemory`] of `root` and each live descendant (root first), e.g. an nginx master and
+/// its worker. Processes that vanish while being read are left out.
+pub fn tree_memory(root: u32) -> Vec<ProcMemory> {
+    let all = all_processes();
+    tree_members(root, &all)
+        .into_iter()
+        .filter_map(|pid| {
+            let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+            let comm = all
+                .iter()
+                .find(|p| p.pid == pid)
+                .map_or_else(String::new, |p| p.comm.clone());
+            Some(ProcMemory {
+                pid,
+                comm,
+                rss_kib: parse_status_kib(&status, "VmRSS")?,
+                hwm_kib: parse_status_kib(&status, "VmHWM")?,
+                fds: open_fds(pid).unwrap_or(0),
+            })
+        })
+        .collect()
+}
+
+/// Number of open file descriptors of `pid`; `None` if `/proc/<pid>/fd` cannot be read
+/// (another user's process without privileges).
+pub fn open_fds(pid: u32) -> Option<u64> {
+    Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count() as u64)
+}
+
+/// The soft and hard `Max open files` limits from the text of `/proc/<pid>/limits`;
+/// `u64::MAX` stands for `unlimited`.
+pub fn parse_nofile_limits(limits: &str) -> Option<(u64, u64)> {
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut values = line["Max open files".len()..]
+        .split_whitespace()
+        .map(|v| match v {
+            "unlimited" => Some(u64::MAX),
+            v => v.parse().ok(),
+        });
+    Some((values.next()??, values.next()??))
 }
 
 /// Returns `root` and every process below it, given a snapshot of all processes.
@@ -330,6 +392,33 @@ mod tests {
         let own = std::fs::read_to_string("/proc/self/stat").unwrap();
         let s = parse_stat(&own).unwrap();
         assert_eq!(s.pid, std::process::id());
+    }
+
+    #[test]
+    fn status_fields_and_own_tree() {
+        let status = "Name:\tsluice\nVmHWM:\t  9000 kB\nVmRSS:\t  7000 kB\nRssAnon:\t 10 kB\n";
+        assert_eq!(parse_status_kib(status, "VmRSS"), Some(7000));
+        assert_eq!(parse_status_kib(status, "VmHWM"), Some(9000));
+        assert_eq!(parse_status_kib(status, "Vm"), None);
+        let me = tree_memory(std::process::id());
+        assert_eq!(me[0].pid, std::process::id());
+        assert!(
+            me[0].rss_kib > 0 && me[0].hwm_kib >= me[0].rss_kib,
+            "{me:?}"
+        );
+        assert!(me[0].fds >= 3, "{me:?}");
+    }
+
+    #[test]
+    fn nofile_limits() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units     \n\
+            Max processes             95793                95793                processes \n\
+            Max open files            1024                 524288               files     \n";
+        assert_eq!(parse_nofile_limits(limits), Some((1024, 524_288)));
+        let unlimited =
+            "Max open files            unlimited            unlimited            files\n";
+        assert_eq!(parse_nofile_limits(unlimited), Some((u64::MAX, u64::MAX)));
+        assert_eq!(parse_nofile_limits("Max processes 1 1 processes\n"), None);
     }
 
     #[test]
