@@ -1,10 +1,12 @@
 //! A real kube-apiserver + etcd for one test or one test binary.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
 use base64::Engine as _;
 
@@ -36,6 +38,35 @@ pub struct Cluster {
     etcd_pid: u32,
     kube_version: String,
     names: AtomicU32,
+    /// Command lines of killed processes, for [`Cluster::start_again`].
+    killed: BTreeMap<Component, Vec<OsString>>,
+}
+
+/// A process of the test cluster's control plane, for fault tests ([`Cluster::kill`],
+/// [`Cluster::start_again`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Component {
+    /// etcd, the API server's storage.
+    Etcd,
+    /// kube-apiserver.
+    ApiServer,
+}
+
+impl Component {
+    /// The program's name, as in its command line, its log file and `cluster.env`.
+    fn program(self) -> &'static str {
+        match self {
+            Component::Etcd => "etcd",
+            Component::ApiServer => "kube-apiserver",
+        }
+    }
+
+    fn env_key(self) -> &'static str {
+        match self {
+            Component::Etcd => "ETCD_PID",
+            Component::ApiServer => "APISERVER_PID",
+        }
+    }
 }
 
 /// What a kubectl run printed and how it exited.
@@ -123,6 +154,46 @@ pub fn kubectl_path() -> PathBuf {
     cache.join("bin/kubectl")
 }
 
+/// The command line of process `pid`, if it runs.
+fn cmdline(pid: u32) -> Option<Vec<OsString>> {
+    use std::os::unix::ffi::OsStrExt as _;
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let argv: Vec<OsString> = raw
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| std::ffi::OsStr::from_bytes(a).to_owned())
+        .collect();
+    (!argv.is_empty()).then_some(argv)
+}
+
+/// Sets `key=value` in the `KEY=VALUE` file at `path`, replacing the key's old line.
+fn set_env_key(path: &Path, key: &str, value: &str) -> Result<(), Error> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::io(format!("reading {}", path.display()), e))?;
+    let mut out: String = text
+        .lines()
+        .filter(|l| l.split_once('=').is_none_or(|(k, _)| k.trim() != key))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    out.push_str(&format!("{key}={value}\n"));
+    let tmp = path.with_extension("env.tmp");
+    // NB: renamed into place, so the watchdog never sees the file missing.
+    std::fs::write(&tmp, out)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| Error::io(format!("writing {}", path.display()), e))
+}
+
+/// Whether process `pid` is gone or a zombie (nobody may reap the detached processes).
+fn dead(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return true;
+    };
+    // "pid (comm) S ...": the state follows the last ')'.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        .is_some_and(|state| state == "Z" || state == "X")
+}
+
 impl Cluster {
     /// Starts a cluster, panicking with the reason (and the command that fixes a missing
     /// binary) if it cannot. For tests; see [`Cluster::try_start`].
@@ -170,6 +241,7 @@ impl Cluster {
             etcd_pid: env_pid(&env, &env_path, "ETCD_PID")?,
             kube_version: env_key(&env, &env_path, "KUBE_VERSION")?.to_owned(),
             names: AtomicU32::new(0),
+            killed: BTreeMap::new(),
         };
         // NB: the script already waited for /readyz; asking again through kubectl proves the
         // kubeconfig and the kubectl binary work before any test relies on them.
@@ -222,6 +294,107 @@ impl Cluster {
     /// Process ids of kube-apiserver and etcd.
     pub fn pids(&self) -> (u32, u32) {
         (self.apiserver_pid, self.etcd_pid)
+    }
+
+    /// SIGKILLs `component` (no graceful shutdown: a crash, an OOM kill, a node losing
+    /// power) and returns once it is dead. Its command line is kept for
+    /// [`Cluster::start_again`]; its data directory, ports and certificates stay as they are.
+    pub fn kill(&mut self, component: Component) -> Result<(), Error> {
+        let pid = self.pid_of(component);
+        let argv = cmdline(pid)
+            .filter(|argv| {
+                argv.first()
+                    .is_some_and(|a| a.to_string_lossy().contains(component.program()))
+            })
+            .ok_or_else(|| Error::ControlPlane {
+                what: format!("{} (pid {pid}) is not running", component.program()),
+            })?;
+        run_ok(Command::new("kill").args(["-KILL", &pid.to_string()]))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !dead(pid) {
+            if Instant::now() >= deadline {
+                return Err(Error::ControlPlane {
+                    what: format!(
+                        "{} (pid {pid}) still runs 10 s after SIGKILL",
+                        component.program()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.killed.insert(component, argv);
+        Ok(())
+    }
+
+    /// Starts `component` again after [`Cluster::kill`], with the same command line: the
+    /// same data directory (etcd keeps every object), ports and certificates, so clients
+    /// reconnect to the same URL. Its output is appended to its log in [`Cluster::dir`].
+    /// Returns once the process runs; see [`Cluster::wait_ready`].
+    pub fn start_again(&mut self, component: Component) -> Result<(), Error> {
+        let argv = self
+            .killed
+            .remove(&component)
+            .ok_or_else(|| Error::ControlPlane {
+                what: format!("{} was not killed", component.program()),
+            })?;
+        let log = self.dir.join(format!("{}.log", component.program()));
+        // NB: detached in a session of its own, as scripts/testcluster.sh starts it, so it
+        // is not the test's child and `testcluster.sh stop` (or the watchdog) stops it.
+        let mut cmd = Command::new("bash");
+        cmd.arg("-c")
+            .arg(r#"setsid "$@" </dev/null >>"$SLUICE_E2E_LOG" 2>&1 & echo $!"#)
+            .arg("start-again")
+            .args(&argv)
+            .env("SLUICE_E2E_LOG", &log);
+        let out = run_ok(&mut cmd)?;
+        let pid: u32 = out.trim().parse().map_err(|_| Error::ControlPlane {
+            what: format!("starting {} printed {out:?}", component.program()),
+        })?;
+        match component {
+            Component::Etcd => self.etcd_pid = pid,
+            Component::ApiServer => self.apiserver_pid = pid,
+        }
+        self.record_pid(component, pid)
+    }
+
+    /// Waits until the API server answers `/readyz` with `ok` (kubectl as the admin), for at
+    /// most `limit`; returns how long that took.
+    pub fn wait_ready(&self, limit: Duration) -> Result<Duration, Error> {
+        let started = Instant::now();
+        loop {
+            if self
+                .kubectl(&["get", "--raw", "/readyz"])
+                .is_ok_and(|out| out.success && out.stdout.trim() == "ok")
+            {
+                return Ok(started.elapsed());
+            }
+            if started.elapsed() >= limit {
+                return Err(Error::ControlPlane {
+                    what: format!(
+                        "the API server was not ready within {limit:?} (see {})",
+                        self.dir.join("kube-apiserver.log").display()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn pid_of(&self, component: Component) -> u32 {
+        match component {
+            Component::Etcd => self.etcd_pid,
+            Component::ApiServer => self.apiserver_pid,
+        }
+    }
+
+    /// Writes the new pid into `cluster.env`, where `testcluster.sh stop` and the watchdog
+    /// look for it.
+    fn record_pid(&self, component: Component, pid: u32) -> Result<(), Error> {
+        set_env_key(
+            &self.dir.join("cluster.env"),
+            component.env_key(),
+            &pid.to_string(),
+        )
     }
 
     /// A kubectl command for `kubeconfig` with a discovery cache private to this cluster.
@@ -375,6 +548,39 @@ mod tests {
         let err = env_key(&env, &path, "EMPTY").unwrap_err().to_string();
         assert!(err.contains("EMPTY"), "{err}");
         std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_restarted_pid_replaces_the_old_one_in_cluster_env() {
+        let dir = unique_temp_dir("sluice-e2e-unit").unwrap();
+        let path = dir.join("cluster.env");
+        std::fs::write(&path, "APISERVER_PID=1\nETCD_PID=2\nWATCHDOG_PID=3\n").unwrap();
+        set_env_key(&path, Component::Etcd.env_key(), "42").unwrap();
+        let env = parse_env(&path).unwrap();
+        assert_eq!(env_pid(&env, &path, "ETCD_PID").unwrap(), 42);
+        assert_eq!(env_pid(&env, &path, "APISERVER_PID").unwrap(), 1);
+        assert_eq!(env_pid(&env, &path, "WATCHDOG_PID").unwrap(), 3);
+        assert!(!dir.join("cluster.env.tmp").exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn processes_are_seen_alive_and_dead() {
+        let me = std::process::id();
+        assert!(!dead(me));
+        let argv = cmdline(me).unwrap();
+        assert!(!argv.is_empty());
+        let mut child = Command::new("sleep").arg("30").spawn().unwrap();
+        assert!(!dead(child.id()));
+        child.kill().unwrap();
+        // Not reaped yet: a zombie counts as dead.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !dead(child.id()) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(dead(child.id()));
+        child.wait().unwrap();
+        assert!(dead(child.id()));
     }
 
     #[test]

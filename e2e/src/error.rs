@@ -40,6 +40,12 @@ pub enum Error {
         /// The key.
         key: &'static str,
     },
+    /// Killing or restarting a control-plane process failed.
+    #[error("test cluster control plane: {what}")]
+    ControlPlane {
+        /// What went wrong.
+        what: String,
+    },
     /// Network namespaces need CAP_NET_ADMIN.
     #[error("network namespaces need root (CAP_NET_ADMIN); run the e2e tests as root (CI does)")]
     NotRoot,

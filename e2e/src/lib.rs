@@ -12,6 +12,10 @@
 //! - [`helm`], [`render_chart`], [`Cluster::helm`]: the Helm chart, rendered and installed with
 //!   the helm that `scripts/install-helm.sh` builds; [`Cluster::chart_controller_kubeconfig`]
 //!   gives a client with exactly the chart's controller RBAC.
+//! - Faults: [`Cluster::kill`] and [`Cluster::start_again`] SIGKILL and restart etcd or
+//!   kube-apiserver with the same data, ports and certificates; [`Pipeline::start_replicated`]
+//!   runs several controllers behind one [`ServiceProxy`]; a [`Load`] keeps requests flowing
+//!   over keep-alive connections ([`HttpConnection`]) and counts every failure.
 //! - [`workspace_bin`]: builds (if stale) and locates a binary of another workspace crate,
 //!   e.g. `sluice-echo`, `sluice-dataplane` or `sluice-controller`.
 //!
@@ -25,23 +29,27 @@ mod cluster;
 mod error;
 mod helm;
 mod http;
+mod load;
 mod netns;
 mod pipeline;
 mod process;
+mod service;
 
 pub use bins::workspace_bin;
-pub use cluster::{Cluster, KubectlOutput, SERVICE_CIDR, kubectl_path};
+pub use cluster::{Cluster, Component, KubectlOutput, SERVICE_CIDR, kubectl_path};
 pub use error::Error;
 pub use helm::{
     HelmOutput, RELEASE, chart_dir, helm, helm_command, helm_ok, helm_path, render_chart,
     render_release,
 };
-pub use http::{HttpResponse, http_get, http_get_with};
+pub use http::{HttpConnection, HttpResponse, http_get, http_get_with};
+pub use load::{Failure, Load, LoadReport};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{
-    Pipeline, eventually, free_port, spawn_controller, spawn_dataplane, spawn_dataplane_https,
-    spawn_dataplane_with,
+    Pipeline, Replica, eventually, free_port, spawn_controller, spawn_dataplane,
+    spawn_dataplane_https, spawn_dataplane_with,
 };
+pub use service::ServiceProxy;
 
 /// The repository root: the nearest ancestor of the running test's package (cargo sets
 /// `CARGO_MANIFEST_DIR` at run time) or of the working directory that holds `Cargo.lock`.

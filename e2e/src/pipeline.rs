@@ -3,14 +3,16 @@
 //! namespace, the `sluice-controller` binary — running as the Helm chart's ServiceAccount with
 //! exactly the chart's RBAC, electing a leader with a Lease in the pipeline's namespace unless
 //! the test passes its own `--leader-elect` flags — and one `sluice-dataplane` binary
-//! connected to it over gRPC (plaintext on loopback).
+//! connected to it over gRPC (plaintext on loopback). With [`Pipeline::start_replicated`]
+//! several controller replicas share the Lease behind one address, as the chart's
+//! controller Service puts them.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use crate::{Backend, Cluster, Error, Netns, RELEASE, repo_root, workspace_bin};
+use crate::{Backend, Cluster, Error, Netns, RELEASE, ServiceProxy, repo_root, workspace_bin};
 
 /// A free loopback port for a process the test is about to start.
 ///
@@ -54,6 +56,20 @@ pub fn eventually<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> O
     }
 }
 
+/// A controller replica beyond the first, in a pipeline started with
+/// [`Pipeline::start_replicated`].
+#[derive(Debug)]
+pub struct Replica {
+    /// Its identity in the Lease, `e2e-controller-N`.
+    pub identity: String,
+    /// The process (`None` once killed).
+    pub process: Option<Backend>,
+    /// Its gRPC address (an endpoint of [`Pipeline::controller_service`]).
+    pub grpc: SocketAddr,
+    /// Its metrics address (`/metrics`).
+    pub metrics: SocketAddr,
+}
+
 /// The pieces of a running pipeline; everything stops when it is dropped.
 pub struct Pipeline {
     /// The API server (with the CRDs Established).
@@ -76,6 +92,18 @@ pub struct Pipeline {
     pub controller_kubeconfig: PathBuf,
     /// The controller's extra flags, kept for restarts.
     controller_args: Vec<String>,
+    /// The controller's identity in the Lease (`e2e-controller-0` unless the test's own
+    /// flags name another).
+    pub controller_identity: String,
+    /// The Lease the controllers elect a leader with (`sluice-controller` in `namespace`
+    /// unless the test's own flags name another).
+    pub lease_name: String,
+    /// The other controller replicas (`e2e-controller-1`, ...); empty unless started with
+    /// [`Pipeline::start_replicated`].
+    pub replicas: Vec<Replica>,
+    /// With several replicas: the one address the dataplane dials, spreading connections
+    /// over every replica's gRPC port as the chart's controller Service does.
+    pub controller_service: Option<ServiceProxy>,
     /// The dataplane process.
     pub dataplane: Option<Backend>,
     /// The dataplane's HTTP listener.
@@ -96,6 +124,19 @@ impl Pipeline {
     /// Without `--leader-elect` among them the controller elects itself leader with Lease
     /// `sluice-controller` in the pipeline's namespace, as the chart runs it.
     pub fn start_with(controller_args: &[&str]) -> Result<Pipeline, Error> {
+        Self::start_inner(controller_args, 1)
+    }
+
+    /// Like [`Pipeline::start`] with `replicas` controllers (`e2e-controller-0`, ...) that
+    /// elect a leader with one Lease, as the chart runs `controller.replicas` with
+    /// `leaderElection`. The dataplane dials one address, [`Pipeline::controller_service`],
+    /// which spreads connections over all replicas as the chart's controller Service does;
+    /// only the leader accepts a stream, so the dataplane redials until it reaches it.
+    pub fn start_replicated(replicas: usize) -> Result<Pipeline, Error> {
+        Self::start_inner(&[], replicas.max(1))
+    }
+
+    fn start_inner(controller_args: &[&str], replicas: usize) -> Result<Pipeline, Error> {
         let cluster = Cluster::try_start()?;
         let crds = repo_root().join("crds/apisix-crds.yaml");
         cluster.kubectl_ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
@@ -132,20 +173,58 @@ ports: [{{name: http, port: 8080}}]
         // NB: the controller runs with exactly the chart's RBAC, so a right missing from
         // charts/sluice/templates/rbac.yaml fails these tests.
         let controller_kubeconfig = cluster.chart_controller_kubeconfig(&namespace)?;
-        let lease_name = format!("{RELEASE}-controller");
+        let default_lease = format!("{RELEASE}-controller");
         let mut controller_args: Vec<&str> = controller_args.to_vec();
         if !controller_args.contains(&"--leader-elect") {
             controller_args.extend([
                 "--leader-elect",
                 "--lease-name",
-                &lease_name,
+                &default_lease,
                 "--identity",
                 "e2e-controller-0",
             ]);
         }
+        let flag = |name: &str| {
+            controller_args
+                .iter()
+                .position(|a| *a == name)
+                .and_then(|i| controller_args.get(i + 1))
+                .map(|v| (*v).to_owned())
+        };
+        let controller_identity = flag("--identity").unwrap_or_default();
+        let lease_name = flag("--lease-name").unwrap_or_else(|| "sluice-controller".to_owned());
         let grpc = free_port()?;
         let metrics = free_port()?;
         let controller = spawn_controller(&controller_kubeconfig, grpc, metrics, &controller_args)?;
+        let mut others = Vec::new();
+        for n in 1..replicas {
+            let identity = format!("e2e-controller-{n}");
+            let mut args = controller_args.clone();
+            if let Some(i) = args.iter().position(|a| *a == "--identity") {
+                args.drain(i..(i + 2).min(args.len()));
+            }
+            args.extend(["--identity", &identity]);
+            let (grpc, metrics) = (free_port()?, free_port()?);
+            let process = spawn_controller(&controller_kubeconfig, grpc, metrics, &args)?;
+            others.push(Replica {
+                identity,
+                process: Some(process),
+                grpc,
+                metrics,
+            });
+        }
+        let controller_service = if others.is_empty() {
+            None
+        } else {
+            let endpoints: Vec<SocketAddr> = std::iter::once(grpc)
+                .chain(others.iter().map(|r| r.grpc))
+                .collect();
+            Some(ServiceProxy::start(&endpoints)?)
+        };
+        let controller_url = match &controller_service {
+            Some(service) => format!("http://{}", service.addr()),
+            None => format!("http://{grpc}"),
+        };
         let state_dir = cluster.dir().join("dataplane-state");
         std::fs::create_dir_all(&state_dir).map_err(|e| Error::Http {
             addr: grpc,
@@ -153,7 +232,7 @@ ports: [{{name: http, port: 8080}}]
         })?;
         let http = free_port()?;
         let https = free_port()?;
-        let dataplane = spawn_dataplane_https(&format!("http://{grpc}"), &state_dir, http, https)?;
+        let dataplane = spawn_dataplane_https(&controller_url, &state_dir, http, https)?;
         Ok(Pipeline {
             cluster,
             namespace,
@@ -164,6 +243,10 @@ ports: [{{name: http, port: 8080}}]
             metrics,
             controller_kubeconfig,
             controller_args: controller_args.iter().map(|s| s.to_string()).collect(),
+            controller_identity,
+            lease_name,
+            replicas: others,
+            controller_service,
             dataplane: Some(dataplane),
             http,
             https,
@@ -190,7 +273,7 @@ ports: [{{name: http, port: 8080}}]
         self.dataplane = None;
         self.http = free_port()?;
         self.https = free_port()?;
-        let url = format!("http://{}", self.grpc);
+        let url = self.controller_url();
         self.dataplane = Some(spawn_dataplane_https(
             &url,
             &self.state_dir,
@@ -198,6 +281,47 @@ ports: [{{name: http, port: 8080}}]
             self.https,
         )?);
         Ok(())
+    }
+
+    /// The URL the dataplane dials: the controller Service with several replicas, else the
+    /// controller's gRPC address.
+    pub fn controller_url(&self) -> String {
+        match &self.controller_service {
+            Some(service) => format!("http://{}", service.addr()),
+            None => format!("http://{}", self.grpc),
+        }
+    }
+
+    /// The `holderIdentity` of the controllers' Lease, as `kubectl get lease` shows it;
+    /// `None` while there is no Lease, no holder, or no answer from the API server.
+    pub fn lease_holder(&self) -> Option<String> {
+        let out = self
+            .cluster
+            .kubectl(&[
+                "get",
+                "lease",
+                &self.lease_name,
+                "-n",
+                &self.namespace,
+                "-o",
+                "jsonpath={.spec.holderIdentity}",
+            ])
+            .ok()?;
+        let holder = out.stdout.trim();
+        (out.success && !holder.is_empty()).then(|| holder.to_owned())
+    }
+
+    /// SIGKILLs the controller replica whose Lease identity is `identity` (no graceful
+    /// shutdown, so it does not release the Lease). Returns whether such a replica ran.
+    pub fn kill_controller(&mut self, identity: &str) -> bool {
+        if identity == self.controller_identity {
+            return self.controller.take().is_some();
+        }
+        self.replicas
+            .iter_mut()
+            .find(|r| r.identity == identity)
+            .and_then(|r| r.process.take())
+            .is_some()
     }
 
     /// An ApisixRoute `name` (class `apisix`) for host `demo.e2e` and `path` to Service `echo`.
@@ -219,6 +343,18 @@ spec:
 "#,
             ns = self.namespace
         )
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        // NB: the clients of the API server go first. With a controller's watches still
+        // open, kube-apiserver ignores SIGTERM until `testcluster.sh stop` gives up after
+        // 10 s and kills it; without them it exits at once.
+        self.dataplane = None;
+        self.controller = None;
+        self.replicas.clear();
+        self.controller_service = None;
     }
 }
 
