@@ -196,11 +196,54 @@ where
 {
     let (reader, writer) = reflector::store();
     let stream = watcher::watcher(api, config)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .modify(slim::<K>)
         .reflect(writer);
     drive(stream, kind, fingerprint::<K>, trigger, metrics);
     reader
+}
+
+/// Delays between retries of a failed list or watch: 250 ms doubling to 5 s, each within
+/// ±25 %, back to 250 ms after the first event that succeeds.
+///
+/// NB: not kube-runtime's `default_backoff` (800 ms doubling to 30 s, up to ×2 each): after
+/// a kube-apiserver restart a watch fails once or twice more on its way back (403 while the
+/// new server's RBAC cache fills, then 410 for a resource version its watch cache lacks),
+/// and with that backoff changes took 7–52 s after the server was ready to reach the
+/// dataplanes. A dozen watches retrying every 5 s is no load for a recovering server.
+#[derive(Debug, Clone)]
+struct WatchBackoff {
+    next: std::time::Duration,
+}
+
+impl WatchBackoff {
+    const FIRST: std::time::Duration = std::time::Duration::from_millis(250);
+    const MAX: std::time::Duration = std::time::Duration::from_secs(5);
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        WatchBackoff { next: Self::FIRST }
+    }
+}
+
+impl Iterator for WatchBackoff {
+    type Item = std::time::Duration;
+
+    fn next(&mut self) -> Option<std::time::Duration> {
+        use std::hash::BuildHasher as _;
+        let delay = self.next;
+        self.next = (delay * 2).min(Self::MAX);
+        // NB: a fresh RandomState is seeded differently each time: enough for jitter.
+        let r = std::collections::hash_map::RandomState::new().hash_one(0u8) % 1000;
+        Some(delay.mul_f64(0.75 + r as f64 / 2000.0))
+    }
+}
+
+impl kube::runtime::utils::Backoff for WatchBackoff {
+    fn reset(&mut self) {
+        self.next = Self::FIRST;
+    }
 }
 
 /// Watches Pods as metadata only (see the module doc).
@@ -213,7 +256,7 @@ fn spawn_pod_watch(
     let (reader, writer) = reflector::store();
     // `Api<PartialObjectMeta<_>>` makes metadata-only list/watch requests.
     let stream = watcher::watcher(api, config)
-        .default_backoff()
+        .backoff(WatchBackoff::default())
         .modify(slim_pod)
         .reflect(writer);
     drive(stream, "Pod", pod_fingerprint, trigger, metrics);
@@ -472,6 +515,24 @@ impl Stores {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn watch_retries_back_off_from_a_quarter_second_to_five_seconds_and_reset() {
+        use kube::runtime::utils::Backoff as _;
+        let mut b = WatchBackoff::default();
+        let delays: Vec<_> = b.by_ref().take(8).collect();
+        let ms = |d: &std::time::Duration| d.as_millis();
+        assert!((187..=313).contains(&ms(&delays[0])), "{delays:?}");
+        assert!((375..=625).contains(&ms(&delays[1])), "{delays:?}");
+        for d in &delays[5..] {
+            assert!(
+                (3750..=6250).contains(&ms(d)),
+                "capped near 5 s: {delays:?}"
+            );
+        }
+        b.reset();
+        assert!(ms(&b.next().unwrap()) <= 313);
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ManagedFieldsEntry;
 
     fn route(path: &str) -> ApisixRoute {

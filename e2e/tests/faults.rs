@@ -38,13 +38,12 @@ const FRESH: (&str, &str, &str) = ("fresh", "d.faults.e2e", "/fresh");
 
 /// How long the controller may take to see a change once the API server is ready again.
 ///
-/// NB: generous on purpose. Every watch that failed during the outage retries with
-/// kube-runtime's default backoff (800 ms doubling to 30 s, each delay stretched by up to
-/// ×2 jitter, reset only by a successful event), and its first attempt against the restarted
-/// API server resumes from a resourceVersion older than the new watch cache, gets 410
-/// Expired and waits one more backoff step before it re-lists. After an outage of ~20 s that
-/// is up to ~25 s + ~51 s; one run measured 68 s.
-const WATCH_RESUME_LIMIT: Duration = Duration::from_secs(150);
+/// NB: every watch that failed during the outage retries 250 ms doubling to 5 s (±25 %;
+/// `controller/src/watch.rs`), and against the restarted API server it may fail once or
+/// twice more (403 while RBAC fills, 410 for an old resource version) before it re-lists:
+/// about 3 × 6 s at worst, then the re-list. With kube-runtime's default backoff (to 30 s,
+/// up to ×2) this took 7–68 s.
+const WATCH_RESUME_LIMIT: Duration = Duration::from_secs(30);
 
 /// What the load requests: one path under every route of [`FLEET`].
 fn load_targets() -> Vec<(String, String)> {
