@@ -295,7 +295,8 @@ pub fn restore(store: &Store, state_dir: &Path) -> Result<Option<u64>, ClientErr
     Ok(Some(version))
 }
 
-/// Writes `snapshot` to `<state_dir>/snapshot.pb` atomically (temporary file, fsync, rename).
+/// Writes `snapshot` to `<state_dir>/snapshot.pb` atomically (temporary file, fsync, rename,
+/// fsync of the directory).
 pub fn persist(state_dir: &Path, snapshot: &v1::Snapshot) -> std::io::Result<()> {
     use std::io::Write;
     std::fs::create_dir_all(state_dir)?;
@@ -304,7 +305,9 @@ pub fn persist(state_dir: &Path, snapshot: &v1::Snapshot) -> std::io::Result<()>
     file.write_all(&snapshot.encode_to_vec())?;
     file.sync_all()?;
     drop(file);
-    std::fs::rename(&tmp, state_dir.join(SNAPSHOT_FILE))
+    std::fs::rename(&tmp, state_dir.join(SNAPSHOT_FILE))?;
+    // NB: the rename is durable (past a power loss, not only a crash) once the directory is.
+    std::fs::File::open(state_dir)?.sync_all()
 }
 
 fn verify_hash(snapshot: &v1::Snapshot) -> Result<(), String> {
@@ -451,7 +454,13 @@ fn jitter_fraction() -> f64 {
     f64::from(nanos.wrapping_mul(2_654_435_761) % 1_000_000) / 1_000_000.0
 }
 
-/// Dials the controller and holds the stream, redialing with backoff, forever.
+/// The longest redial delay after a controller replica answered and refused or closed
+/// the stream (see [`run`]).
+const REPLICA_REDIAL: Duration = Duration::from_secs(1);
+
+/// Dials the controller and holds the stream, redialing with backoff, forever: up to
+/// [`Backoff::max`] while no controller can be reached, up to a second while replicas
+/// answer but none leads yet.
 /// `after_apply` runs on the thread that applied each snapshot (the binary returns the
 /// compile's transient memory to the OS there).
 pub async fn run(config: ClientConfig, store: Arc<Store>, after_apply: fn()) {
@@ -467,7 +476,13 @@ pub async fn run(config: ClientConfig, store: Arc<Store>, after_apply: fn()) {
             failures = 0;
         }
         failures = failures.saturating_add(1);
-        let base = config.backoff.delay(failures);
+        let mut base = config.backoff.delay(failures);
+        if matches!(err, ClientError::Stream(_) | ClientError::Closed) {
+            // A controller answered: a standby replica refusing until it leads, or a leader
+            // stepping down. The new leader will be there within a lease, so redial within
+            // a second rather than after the full backoff of an unreachable controller.
+            base = base.min(REPLICA_REDIAL);
+        }
         let delay = base.mul_f64(1.0 + 0.25 * jitter_fraction());
         tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "controller stream down; serving the last good snapshot");
         tokio::time::sleep(delay).await;
