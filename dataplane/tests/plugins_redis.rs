@@ -1,6 +1,7 @@
 //! Rate limits with `policy: redis` against a real `redis-server` (Debian package, started
 //! here on a free loopback port): two dataplane processes share one budget, and a Redis that
-//! is down makes `allow_degradation` decide between passing and 500.
+//! is down (never started, or SIGKILLed under traffic and started again) makes
+//! `allow_degradation` decide between passing and 500.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -32,7 +33,11 @@ impl Drop for Killed {
 
 /// A real Redis on a loopback port, without persistence.
 async fn redis() -> (Killed, SocketAddr) {
-    let addr = free_port();
+    redis_on(free_port()).await
+}
+
+/// A real Redis on `addr` (a restart of one that was killed).
+async fn redis_on(addr: SocketAddr) -> (Killed, SocketAddr) {
     let child = Command::new("redis-server")
         .args([
             "--port",
@@ -290,5 +295,81 @@ async fn limit_req_and_limit_conn_share_state_through_redis() {
         }
         assert!(Instant::now() < deadline, "slot never released: {s}");
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn redis_killed_under_traffic_then_restarted() {
+    let echo = EchoServer::start("a", "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    for allow in [true, false] {
+        let (mut redis, raddr) = redis().await;
+        let dp = dataplane().await;
+        let cfg = json!({"count": 100_000, "time_window": 60, "policy": "redis",
+            "redis_host": "127.0.0.1", "redis_port": raddr.port(), "redis_timeout": 300,
+            "allow_degradation": allow});
+        dp.store
+            .apply(
+                snapshot(1, limited(cfg), vec![upstream("u", &[(echo.addr, 1)])]),
+                vec![],
+            )
+            .unwrap();
+        // One request: its status, and whether Redis counted it (the rate-limit headers).
+        let one = || async {
+            let r = tokio::time::timeout(Duration::from_secs(5), get(dp.addr, "h", "/"))
+                .await
+                .expect("a request hung while Redis was down");
+            let counted = r.headers.contains_key("x-ratelimit-remaining");
+            (r.status, counted, r.json())
+        };
+        let phase = |name: &'static str, got: (StatusCode, bool, serde_json::Value)| {
+            let want_down = if allow {
+                StatusCode::OK
+            } else {
+                StatusCode::INTERNAL_SERVER_ERROR
+            };
+            match name {
+                "up" => assert_eq!(
+                    (got.0, got.1),
+                    (StatusCode::OK, true),
+                    "allow {allow}: Redis up"
+                ),
+                _ => {
+                    assert_eq!(got.0, want_down, "allow {allow}: Redis down: {}", got.2);
+                    assert!(!got.1, "allow {allow}: counted without Redis");
+                    if !allow {
+                        assert_eq!(got.2, json!({"error_msg": "failed to limit count"}));
+                    }
+                }
+            }
+        };
+        for _ in 0..20 {
+            phase("up", one().await);
+        }
+        // SIGKILL under traffic: from the next request on, Redis is gone (connections reset).
+        redis.0.kill().unwrap();
+        redis.0.wait().unwrap();
+        let down = Instant::now();
+        while down.elapsed() < Duration::from_millis(1500) {
+            phase("down", one().await);
+        }
+        // Back on the same address: counting resumes without a restart of the dataplane.
+        let (_redis, _) = redis_on(raddr).await;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let got = one().await;
+            if got.1 {
+                break;
+            }
+            phase("down", got);
+            assert!(
+                Instant::now() < deadline,
+                "allow {allow}: counting never resumed"
+            );
+        }
+        for _ in 0..20 {
+            phase("up", one().await);
+        }
     }
 }
