@@ -997,3 +997,50 @@ async fn get_body(
         .map(|c| c.to_bytes());
     (status, body)
 }
+
+#[tokio::test]
+async fn a_request_body_that_stalls_over_http2_times_out_too() {
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let limits = Limits {
+        client_body_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
+    let snap = snapshot(
+        1,
+        vec![route("default/e/r", &["/echo"], "e")],
+        vec![upstream("e", &[(echo.addr, 1)])],
+    );
+    dp.store.apply(snap, vec![]).unwrap();
+    // h2c: 3 bytes of a 10-byte body, then nothing (the sender is kept, so no end of stream).
+    let stream = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let (tx, rx) = futures::channel::mpsc::channel::<
+        Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>,
+    >(4);
+    let mut tx = tx;
+    futures::SinkExt::send(
+        &mut tx,
+        Ok(http_body::Frame::data(bytes::Bytes::from_static(b"abc"))),
+    )
+    .await
+    .unwrap();
+    let req = http::Request::post("http://h/echo")
+        .header("content-length", "10")
+        .body(http_body_util::StreamBody::new(rx))
+        .unwrap();
+    let started = std::time::Instant::now();
+    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .expect("no answer to a stalled HTTP/2 request body")
+        .unwrap();
+    assert_eq!(resp.status(), 408);
+    assert!(started.elapsed() < Duration::from_secs(5));
+    drop(tx);
+}

@@ -353,3 +353,4 @@ fn response_plugins(
 ) -> Response<ProxyBody> {
     plugins::response_phases(resp, plugin_run)
 }
+
