@@ -353,4 +353,3 @@ fn response_plugins(
 ) -> Response<ProxyBody> {
     plugins::response_phases(resp, plugin_run)
 }
-
