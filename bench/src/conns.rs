@@ -30,6 +30,9 @@
 //! Bounded means: round N's figures no higher than round 1's, and final − baseline small
 //! after that traffic.
 
+/// Wait after the close before RSS is read (a sluice worker trims its heap within ~11 s).
+const AFTER_CLOSE: Duration = Duration::from_secs(12);
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::io::{ErrorKind, Read};
@@ -755,7 +758,9 @@ impl Ctx<'_> {
             // NB: one request, as live traffic would make, so a worker whose allocator frees
             // lazily on its next allocation gets the chance to.
             let _ = probe::http_get(proxy.port, PATH, Duration::from_secs(2));
-            std::thread::sleep(Duration::from_secs(1));
+            // NB: a sluice worker returns freed memory to the OS within about 11 s of its
+            // connections falling (listener/server.rs `spawn_idle_trim`); nginx frees at once.
+            std::thread::sleep(AFTER_CLOSE);
             let after_close = proxy.sample();
             eprintln!(
                 "sluice-bench conns: {name}: closed; RSS {} KiB, {} fds",
@@ -1186,7 +1191,7 @@ pub fn render_markdown(r: &ConnsResult) -> String {
         "- RSS: `VmRSS` of `/proc/<pid>/status`, summed over the process tree: nginx = master + \
          worker (the master alone is on the last line of each table), Sluice = its one process. \
          Per connection = (RSS with the N open − baseline) ÷ N, first round. \"after close\": the \
-         proxy's open descriptors are back, it served one `GET /hello`, 1 s later. {} round(s) \
+         proxy's open descriptors are back, it served one `GET /hello`, 12 s later. {} round(s) \
          per process.\n",
         p.rounds
     );

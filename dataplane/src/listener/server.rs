@@ -317,11 +317,61 @@ pub async fn serve(listener: TcpListener, store: Arc<Store>, limits: Limits) {
     serve_until(listener, store, limits, Drain::never()).await;
 }
 
+/// A worker trims its heap (see [`set_idle_trim`]) when this many fewer connections are
+/// open than at the peak since its last trim (27 KB a connection: about 7 MiB)...
+const TRIM_DROP: usize = 256;
+/// ...at most this often.
+const TRIM_EVERY: Duration = Duration::from_secs(10);
+
+static IDLE_TRIM: std::sync::OnceLock<fn()> = std::sync::OnceLock::new();
+
+/// Sets what a worker thread calls when its open connections fell [`TRIM_DROP`] below their
+/// peak: the binary passes a function that returns the thread's freed memory to the OS.
+/// (mimalloc keeps the pages a thread freed until that thread allocates again: measured
+/// with 10,000 idle connections closed, a quiet worker held 273 MiB for as long as no
+/// traffic came.) Unset, workers do nothing.
+pub fn set_idle_trim(trim: fn()) {
+    let _ = IDLE_TRIM.set(trim);
+}
+
+/// On this worker's runtime: once a second, compares the connections counted by
+/// `permits` with their peak and calls the trim of [`set_idle_trim`] when they fell (an
+/// atomic load a second when nothing changed).
+pub(crate) fn spawn_idle_trim(permits: &Arc<Semaphore>, max_connections: usize) {
+    let Some(trim) = IDLE_TRIM.get().copied() else {
+        return;
+    };
+    let permits = Arc::downgrade(permits);
+    tokio::spawn(async move {
+        let mut peak = 0;
+        let mut last = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let Some(permits) = permits.upgrade() else {
+                return;
+            };
+            let open = max_connections.saturating_sub(permits.available_permits());
+            peak = peak.max(open);
+            if peak - open >= TRIM_DROP && last.elapsed() >= TRIM_EVERY {
+                tracing::debug!(
+                    open,
+                    peak,
+                    "connections closed: returning freed memory to the OS"
+                );
+                trim();
+                peak = open;
+                last = tokio::time::Instant::now();
+            }
+        }
+    });
+}
+
 /// Accepts connections on `listener` and serves them until `drain` fires; then closes the
 /// listener (new connections are refused), lets every open connection finish its in-flight
 /// request, closes idle keep-alive connections, and returns when none is left.
 pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limits, drain: Drain) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    spawn_idle_trim(&permits, limits.max_connections);
     crate::net::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());

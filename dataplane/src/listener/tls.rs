@@ -135,6 +135,7 @@ pub async fn serve_https_until(
         return;
     };
     let permits = Arc::new(Semaphore::new(limits.max_connections));
+    super::server::spawn_idle_trim(&permits, limits.max_connections);
     crate::net::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
