@@ -474,8 +474,8 @@ pub enum BodyState {
     ChunkData(u64),
     /// Expecting the CRLF after chunk data.
     ChunkEnd,
-    /// Reading trailer lines (dropped) until the empty line.
-    Trailers,
+    /// Reading trailer lines (checked, then dropped) until the empty line; how many so far.
+    Trailers(u32),
     /// Reading until the upstream closes.
     UntilClose,
     /// The body is complete.
@@ -609,13 +609,22 @@ fn body_step(buf: &[u8], state: BodyState) -> Result<Step, H1Error> {
             advance(take as usize, 0, next)
         }
         BodyState::UntilClose if !buf.is_empty() => advance(buf.len(), 0, state),
-        BodyState::ChunkSize | BodyState::Trailers if let Some(end) = crlf(buf) => {
+        BodyState::ChunkSize | BodyState::Trailers(_) if let Some(end) = crlf(buf) => {
             let line = &buf[..end];
+            if end > MAX_LINE {
+                return Err(H1Error::Invalid("chunk line too long"));
+            }
             let next = match state {
-                BodyState::Trailers if line.is_empty() => BodyState::Done,
-                BodyState::Trailers => BodyState::Trailers,
+                BodyState::Trailers(_) if line.is_empty() => BodyState::Done,
+                BodyState::Trailers(n) if n >= MAX_TRAILERS => {
+                    return Err(H1Error::Invalid("too many trailer fields"));
+                }
+                BodyState::Trailers(_) if !is_field_line(line) => {
+                    return Err(H1Error::Invalid("bad trailer field"));
+                }
+                BodyState::Trailers(n) => BodyState::Trailers(n + 1),
                 _ => match parse_chunk_size(line)? {
-                    0 => BodyState::Trailers,
+                    0 => BodyState::Trailers(0),
                     size => BodyState::ChunkData(size),
                 },
             };
@@ -637,15 +646,36 @@ fn crlf(buf: &[u8]) -> Option<usize> {
     buf.windows(2).position(|w| w == b"\r\n")
 }
 
+/// Trailer fields after the last chunk, at most (hyper's client allows as many headers).
+const MAX_TRAILERS: u32 = 100;
+
+/// Whether a byte may appear in a field value or a chunk extension: not a control
+/// character other than HTAB (so never a bare CR or LF, which two parsers could each read
+/// as the end of a line), obs-text allowed (RFC 9110 §5.5).
+fn is_text(b: u8) -> bool {
+    b == b'\t' || (b >= 0x20 && b != 0x7f)
+}
+
+/// A trailer field line (RFC 9112 §7.1.2, §5): a token, `:`, then text.
+fn is_field_line(line: &[u8]) -> bool {
+    let Some(colon) = line.iter().position(|&b| b == b':') else {
+        return false;
+    };
+    let (name, value) = (&line[..colon], &line[colon + 1..]);
+    !name.is_empty()
+        && http::HeaderName::from_bytes(name).is_ok()
+        && value.iter().all(|&b| is_text(b))
+}
+
 /// A chunk-size line (RFC 9112 §7.1): hex digits (at most a u64), then optional whitespace
-/// and, optionally, a `;` chunk extension (ignored). A sign, leading whitespace or anything
-/// else: invalid.
+/// and, optionally, a `;` chunk extension (ignored, but text only). A sign, leading
+/// whitespace, a control character or anything else: invalid.
 fn parse_chunk_size(line: &[u8]) -> Result<u64, H1Error> {
     let bad = || H1Error::Invalid("bad chunk size");
     let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
     let rest = &line[digits..];
     let ext = rest.iter().position(|b| !matches!(b, b' ' | b'\t'));
-    if digits == 0 || ext.is_some_and(|i| rest[i] != b';') {
+    if digits == 0 || ext.is_some_and(|i| rest[i] != b';') || !rest.iter().all(|&b| is_text(b)) {
         return Err(bad());
     }
     let digits = std::str::from_utf8(&line[..digits]).map_err(|_| bad())?;
@@ -871,6 +901,47 @@ mod tests {
         big.extend_from_slice(b"\r\nContent-Length: 0\r\n\r\n");
         let big: &'static [u8] = Box::leak(big.into_boxed_slice());
         assert!(matches!(head(big).await, Err(H1Error::Invalid(_))));
+    }
+
+    #[tokio::test]
+    async fn chunk_lines_and_trailers_hold_no_bare_cr_lf_or_junk() {
+        // Found by the h1_body fuzz target against hyper: each was read as a whole body.
+        let chunked = |after_head: String| {
+            let raw = format!("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n{after_head}");
+            let raw: &'static [u8] = Box::leak(raw.into_bytes().into_boxed_slice());
+            async move {
+                let mut c = conn_reading(raw).await;
+                let head = c.read_head(&Method::GET).await.unwrap();
+                body(&mut c, head.framing).await
+            }
+        };
+        let many = |n: usize| "a: b\r\n".repeat(n);
+        for good in [
+            "5;a=b\r\nhello\r\n0\r\n\r\n".to_owned(),
+            "5\r\nhello\r\n0\r\nX-A: b\r\nEmpty:\r\nObs: caf\u{e9}\r\n\r\n".to_owned(),
+            format!("5\r\nhello\r\n0\r\n{}\r\n", many(100)),
+        ] {
+            assert_eq!(chunked(good.clone()).await.unwrap(), b"hello", "{good:?}");
+        }
+        for bad in [
+            "5\r\nhello\r\n0\r\nx\r\n\r\n".to_owned(),
+            "5\r\nhello\r\n0\r\n\rX\r\n\r\n".to_owned(),
+            "5\r\nhello\r\n0\r\nA: b\nC: d\r\n\r\n".to_owned(),
+            "5\r\nhello\r\n0\r\nX: a\rb\r\n\r\n".to_owned(),
+            "5\r\nhello\r\n0\r\n: b\r\n\r\n".to_owned(),
+            "5\r\nhello\r\n0\r\nX: a\0b\r\n\r\n".to_owned(),
+            "5;a\nb\r\nhello\r\n0\r\n\r\n".to_owned(),
+            "5;a\rb\r\nhello\r\n0\r\n\r\n".to_owned(),
+            format!("5;{}\r\nhello\r\n0\r\n\r\n", "e".repeat(MAX_LINE)),
+            format!("5\r\nhello\r\n0\r\n{}\r\n", many(101)),
+        ] {
+            let got = chunked(bad.clone()).await;
+            assert!(
+                matches!(got, Err(H1Error::Invalid(_))),
+                "{:?} was read as {got:?}",
+                &bad[..bad.len().min(60)]
+            );
+        }
     }
 
     #[tokio::test]
