@@ -10,11 +10,17 @@
 //!
 //! A slow dataplane only ever gets the newest snapshot: the watch channel coalesces versions
 //! it had no time to receive.
+//!
+//! Every controller replica runs a hub and serves any dataplane (translation is
+//! deterministic, so replicas that saw the same cluster offer the same content hash). The
+//! hub also remembers which content hash it published under which version (for the status
+//! writer, which compares what dataplanes serve by hash), and keeps version numbers roughly
+//! comparable across replicas with a Lamport clock: see [`Hub::next_version`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
@@ -43,8 +49,11 @@ pub struct Published {
     pub rejected_objects: Vec<String>,
 }
 
+/// How many published (hash, version) pairs a hub remembers for [`Hub::version_of`].
+pub const HISTORY: usize = 4096;
+
 /// A version a dataplane answered for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Answer {
     /// Snapshot version.
     pub version: u64,
@@ -59,6 +68,8 @@ pub struct DataplaneInfo {
     pub conn: u64,
     /// The id from the dataplane's `Hello` (e.g. its pod name); the peer address until then.
     pub id: String,
+    /// Whether the dataplane sent its `Hello` (until then `id` is only the peer address).
+    pub said_hello: bool,
     /// Remote address of the stream.
     pub peer: Option<SocketAddr>,
     /// When the stream opened.
@@ -81,7 +92,44 @@ pub struct Hub {
     next_conn: AtomicU64,
     changes: watch::Sender<u64>,
     serving: watch::Sender<bool>,
+    /// Refuse streams while no snapshot was published (see [`Hub::refuse_until_published`]).
+    gated: AtomicBool,
+    history: Mutex<History>,
+    clock: Mutex<Clock>,
     metrics: Metrics,
+}
+
+/// The (hash, version) pairs this hub published, newest [`HISTORY`] of them.
+#[derive(Debug, Default)]
+struct History {
+    by_version: BTreeMap<u64, String>,
+    by_hash: HashMap<String, u64>,
+}
+
+impl History {
+    fn insert(&mut self, hash: &str, version: u64) {
+        if let Some(old) = self.by_hash.insert(hash.to_owned(), version) {
+            self.by_version.remove(&old);
+        }
+        self.by_version.insert(version, hash.to_owned());
+        while self.by_version.len() > HISTORY {
+            let Some((v, h)) = self.by_version.pop_first() else {
+                break;
+            };
+            if self.by_hash.get(&h) == Some(&v) {
+                self.by_hash.remove(&h);
+            }
+        }
+    }
+}
+
+/// What this replica knows of other replicas' versions.
+#[derive(Debug, Default)]
+struct Clock {
+    /// The highest version seen anywhere: published by a replica, or served by a dataplane.
+    max_seen: u64,
+    /// The snapshot each other replica publishes now: hash -> version.
+    others: HashMap<String, u64>,
 }
 
 impl Hub {
@@ -93,8 +141,55 @@ impl Hub {
             next_conn: AtomicU64::new(1),
             changes: watch::Sender::new(0),
             serving: watch::Sender::new(true),
+            gated: AtomicBool::new(false),
+            history: Mutex::new(History::default()),
+            clock: Mutex::new(Clock::default()),
             metrics,
         })
+    }
+
+    /// Refuses streams with UNAVAILABLE until the first snapshot is published, instead of
+    /// holding them open until then: a replica whose caches have not synced yet sends a
+    /// dataplane on to another replica (the controller does this; a bare hub holds them).
+    pub fn refuse_until_published(&self) {
+        self.gated.store(true, Ordering::Relaxed);
+    }
+
+    /// The version to seal new content `hash` with, after this replica's last version
+    /// `last`: a Lamport clock over the replicas. If another replica publishes the same
+    /// content under a higher version, that version (so the same content carries the same
+    /// number on every replica); else one more than the highest version seen anywhere (so a
+    /// dataplane that moves to another replica sees its version grow, not jump back).
+    /// Never `last` or below.
+    pub fn next_version(&self, hash: &str, last: u64) -> u64 {
+        let clock = lock(&self.clock);
+        match clock.others.get(hash) {
+            Some(&v) if v > last => v,
+            _ => clock.max_seen.max(last).saturating_add(1),
+        }
+    }
+
+    /// Records the snapshots other replicas publish now, as `(hash, version)` pairs (from
+    /// their records), for [`Hub::next_version`].
+    pub fn observe_replicas(&self, published: impl IntoIterator<Item = (String, u64)>) {
+        let mut clock = lock(&self.clock);
+        clock.others = published.into_iter().collect();
+        let top = clock.others.values().copied().max().unwrap_or(0);
+        clock.max_seen = clock.max_seen.max(top);
+    }
+
+    /// Records a version seen elsewhere (e.g. what a dataplane serves), for
+    /// [`Hub::next_version`].
+    pub fn observe_version(&self, version: u64) {
+        let mut clock = lock(&self.clock);
+        clock.max_seen = clock.max_seen.max(version);
+    }
+
+    /// The version under which this hub last published content `hash`, if it did among its
+    /// last [`HISTORY`] publications. A dataplane serving `hash` serves exactly what this
+    /// replica published as that version.
+    pub fn version_of(&self, hash: &str) -> Option<u64> {
+        lock(&self.history).by_hash.get(hash).copied()
     }
 
     /// Makes `published` the current snapshot and sends it to every connected dataplane.
@@ -109,6 +204,8 @@ impl Hub {
             upstreams = published.snapshot.upstreams.len(),
             "snapshot published"
         );
+        lock(&self.history).insert(&published.snapshot.hash, published.snapshot.version);
+        self.observe_version(published.snapshot.version);
         self.current.send_replace(Some(Arc::new(published)));
     }
 
@@ -128,9 +225,9 @@ impl Hub {
         self.set_serving(false);
     }
 
-    /// Whether dataplane streams are accepted (default: yes). With leader election only the
-    /// leader serves: `false` ends every open stream and refuses new ones with UNAVAILABLE,
-    /// so dataplanes redial until they reach the leader.
+    /// Whether dataplane streams are accepted (default: yes). `false` ends every open stream
+    /// and refuses new ones with UNAVAILABLE, so dataplanes redial to another replica (the
+    /// controller does this when it shuts down).
     pub fn set_serving(&self, serving: bool) {
         self.serving
             .send_if_modified(|s| std::mem::replace(s, serving) != serving);
@@ -156,10 +253,7 @@ impl Hub {
     }
 
     fn lock(&self) -> MutexGuard<'_, BTreeMap<u64, DataplaneInfo>> {
-        match self.dataplanes.lock() {
-            Ok(g) => g,
-            Err(poisoned) => poisoned.into_inner(),
-        }
+        lock(&self.dataplanes)
     }
 
     fn changed(&self) {
@@ -174,6 +268,7 @@ impl Hub {
             DataplaneInfo {
                 conn,
                 id,
+                said_hello: false,
                 peer,
                 connected_at: SystemTime::now(),
                 serving_at_connect: None,
@@ -202,10 +297,12 @@ impl Hub {
         match msg.kind {
             Some(dataplane_message::Kind::Hello(h)) => {
                 tracing::info!(conn, id = %h.dataplane_id, version = h.version, hash = %h.hash, "dataplane hello");
+                self.observe_version(h.version);
                 self.update(conn, |i| {
                     if !h.dataplane_id.is_empty() {
                         i.id = h.dataplane_id;
                     }
+                    i.said_hello = true;
                     i.serving_at_connect =
                         (h.version != 0 || !h.hash.is_empty()).then_some(Answer {
                             version: h.version,
@@ -247,6 +344,13 @@ impl Hub {
     }
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(poisoned) => poisoned.into_inner(),
+    }
+}
+
 /// Unregisters a dataplane when its stream ends.
 struct Connection {
     hub: Arc<Hub>,
@@ -283,7 +387,12 @@ impl SnapshotService for SnapshotServer {
     ) -> Result<Response<Self::StreamStream>, Status> {
         if !*self.hub.serving.borrow() {
             return Err(Status::unavailable(
-                "this controller replica does not serve snapshots (not the leader, or shutting down)",
+                "this controller replica is shutting down",
+            ));
+        }
+        if self.hub.gated.load(Ordering::Relaxed) && self.hub.current.borrow().is_none() {
+            return Err(Status::unavailable(
+                "this controller replica has no snapshot yet (its caches have not synced)",
             ));
         }
         let peer = request.remote_addr();
@@ -389,4 +498,69 @@ pub async fn serve(
         })
         .await
         .map_err(ServeError::Serve)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn published(version: u64, hash: &str) -> Published {
+        Published {
+            snapshot: v1::Snapshot {
+                version,
+                hash: hash.into(),
+                ..Default::default()
+            },
+            rejected_objects: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn versions_follow_the_other_replicas_and_never_go_back() {
+        let hub = Hub::new(Metrics::new().unwrap());
+        assert_eq!(hub.next_version("a", 0), 1, "alone: 1, 2, 3...");
+        hub.observe_replicas([("b".to_owned(), 7)]);
+        assert_eq!(
+            hub.next_version("b", 1),
+            7,
+            "content another replica publishes keeps its number"
+        );
+        assert_eq!(
+            hub.next_version("c", 1),
+            8,
+            "new content: above every version seen"
+        );
+        assert_eq!(
+            hub.next_version("b", 9),
+            10,
+            "never at or below our own last version"
+        );
+        hub.observe_version(40);
+        assert_eq!(
+            hub.next_version("d", 10),
+            41,
+            "what a dataplane serves counts too"
+        );
+    }
+
+    #[test]
+    fn published_hashes_map_to_their_latest_version_within_the_history() {
+        let hub = Hub::new(Metrics::new().unwrap());
+        hub.publish(published(1, "a"));
+        hub.publish(published(2, "b"));
+        hub.publish(published(3, "a"));
+        assert_eq!(hub.version_of("a"), Some(3));
+        assert_eq!(hub.version_of("b"), Some(2));
+        assert_eq!(hub.version_of("never"), None);
+        for v in 4..(4 + HISTORY as u64) {
+            hub.publish(published(v, &format!("h{v}")));
+        }
+        assert_eq!(
+            hub.version_of("b"),
+            None,
+            "forgotten after {HISTORY} publications"
+        );
+        assert_eq!(hub.next_version("x", 0), 4 + HISTORY as u64);
+    }
 }

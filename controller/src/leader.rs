@@ -4,8 +4,9 @@
 //! for [`LeaseConfig::lease_duration`]. Updates use the Lease's `resourceVersion`, so two
 //! replicas can never both win a race.
 //!
-//! Only the leader writes status and serves dataplanes (see `main.rs`). A leader that cannot
-//! renew steps down once its lease would have expired, before anyone else may take over.
+//! Only the leader writes status and events; every replica serves dataplanes, leader or not
+//! (see `app.rs`). A leader that cannot renew steps down once its lease would have expired,
+//! before anyone else may take over.
 
 use std::time::Duration;
 

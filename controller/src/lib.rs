@@ -14,22 +14,28 @@
 //! - [`watch`]: kube-runtime reflectors for every input kind; skips no-op events.
 //! - [`cluster`]: which objects are ours (ingress class) and the state translation sees.
 //! - [`rebuild`]: the debounced rebuild loop; seals a new version when the content changes.
-//! - [`grpc`]: the snapshot channel (server side) and per-dataplane ACK/NACK tracking.
+//! - [`grpc`]: the snapshot channel (server side) and per-dataplane ACK/NACK tracking. Every
+//!   replica serves dataplanes, leader or not.
+//! - [`fleet`]: which dataplanes should serve and what each serves (pure).
+//! - [`records`]: each replica's record of its dataplanes (a Lease), shared by all replicas;
+//!   the expected set from the dataplane Service's EndpointSlices.
 //! - [`tls`]: mutual TLS from PEM files; `--insecure` only on loopback.
 //! - [`status`]: the status writer (leader only): `Accepted`, `ResolvedRefs`, `Programmed`.
-//! - [`leader`]: Lease-based leader election.
+//! - [`leader`]: Lease-based leader election (who writes status).
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 #![forbid(unsafe_code)]
 
 pub mod app;
 pub mod cluster;
 pub mod events;
+pub mod fleet;
 pub mod grpc;
 pub mod http;
 pub mod ingress_status;
 pub mod leader;
 pub mod metrics;
 pub mod rebuild;
+pub mod records;
 pub mod status;
 pub mod tls;
 pub mod watch;

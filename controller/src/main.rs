@@ -45,8 +45,9 @@ struct Args {
     /// Watch only this namespace (repeat the flag or separate with commas). Default: all.
     #[arg(long, value_name = "NS", value_delimiter = ',')]
     watch_namespace: Vec<String>,
-    /// Elect a leader with a Lease; only the leader writes status and serves dataplanes
-    /// (followers refuse streams, so dataplanes redial until they reach the leader).
+    /// Elect a leader with a Lease; only the leader writes status and events. Every
+    /// replica serves dataplanes, leader or not, and records what its dataplanes serve in a
+    /// Lease of its own (`<lease-name>-<identity>`), so the leader counts them all.
     #[arg(long)]
     leader_elect: bool,
     /// Name of the leader-election Lease.
@@ -97,9 +98,24 @@ struct Args {
     /// `apisix.ssl.fallback_sni`), before the default certificate.
     #[arg(long, value_name = "HOST", value_parser = fallback_sni)]
     fallback_sni: Option<String>,
+    /// The dataplanes' Service (`NAMESPACE/NAME`): its ready, not terminating endpoints
+    /// (by pod name, which each dataplane reports as its --dataplane-id) are the dataplanes
+    /// that should serve, and `Programmed` is True only when every one of them serves the
+    /// object. Default: `Programmed` counts the dataplanes connected to some replica.
+    #[arg(long, value_name = "NS/NAME", value_parser = service_ref)]
+    dataplane_service: Option<(String, String)>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+fn service_ref(raw: &str) -> Result<(String, String), String> {
+    match raw.split_once('/') {
+        Some((ns, name)) if !ns.is_empty() && !name.is_empty() && !name.contains('/') => {
+            Ok((ns.to_owned(), name.to_owned()))
+        }
+        _ => Err(format!("{raw:?}: expected NAMESPACE/NAME")),
+    }
 }
 
 fn secret_ref(raw: &str) -> Result<(String, String), String> {
@@ -189,6 +205,7 @@ async fn main() -> anyhow::Result<()> {
             default_certificate: args.default_ssl_certificate.clone(),
             fallback_sni: args.fallback_sni.clone(),
         },
+        dataplane_service: args.dataplane_service.clone(),
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);
     let hub = Arc::clone(&running.hub);
@@ -214,6 +231,7 @@ async fn main() -> anyhow::Result<()> {
         ingress_class = %args.ingress_class,
         namespaces = ?args.watch_namespace,
         leader_elect = args.leader_elect,
+        dataplane_service = ?args.dataplane_service,
         tls = server_tls.is_some(),
         "sluice-controller starting"
     );

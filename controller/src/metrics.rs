@@ -28,7 +28,8 @@ pub struct Metrics {
     /// `sluice_controller_nacks_total`: snapshots dataplanes rejected.
     pub nacks: IntCounter,
     /// `sluice_controller_reconcile_errors_total{source}`: failures of `watch` (API server
-    /// watches), `status` (status writes) and `lease` (leader election).
+    /// watches), `status` (status writes), `lease` (leader election) and `record` (this
+    /// replica's record of its dataplanes).
     pub reconcile_errors: IntCounterVec,
     /// `sluice_controller_watch_events_total{kind,outcome}`: watch events per kind;
     /// `outcome` is `applied` (may change the output, triggers a rebuild) or `skipped`
@@ -42,6 +43,10 @@ pub struct Metrics {
     pub ingress_status_writes: IntCounter,
     /// `sluice_controller_leader`: 1 while this replica holds the leader Lease.
     pub leader: IntGauge,
+    /// `sluice_controller_expected_dataplanes`: dataplanes the leader's `Programmed` counts
+    /// (the ready endpoints of `--dataplane-service`, else the connected dataplanes); set
+    /// by the status writer.
+    pub expected_dataplanes: IntGauge,
 }
 
 impl Metrics {
@@ -83,7 +88,7 @@ impl Metrics {
         let reconcile_errors = IntCounterVec::new(
             Opts::new(
                 "sluice_controller_reconcile_errors_total",
-                "Errors by source: watch, status, lease",
+                "Errors by source: watch, status, lease, record",
             ),
             &["source"],
         )?;
@@ -110,6 +115,11 @@ impl Metrics {
             "sluice_controller_leader",
             "1 while this replica is the leader (writes status)",
         )?;
+        let expected_dataplanes = IntGauge::new(
+            "sluice_controller_expected_dataplanes",
+            "Dataplanes that should serve, as Programmed counts them (set while leading)",
+        )?;
+        registry.register(Box::new(expected_dataplanes.clone()))?;
         registry.register(Box::new(rebuilds.clone()))?;
         registry.register(Box::new(rebuild_duration.clone()))?;
         registry.register(Box::new(snapshot_version.clone()))?;
@@ -136,6 +146,7 @@ impl Metrics {
             events,
             ingress_status_writes,
             leader,
+            expected_dataplanes,
         })
     }
 

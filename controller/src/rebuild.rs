@@ -97,7 +97,8 @@ pub struct TlsSettings {
     pub fallback_sni: Option<String>,
 }
 
-/// Translates and publishes; keeps the version counter and the last hash.
+/// Translates and publishes; keeps the last version and hash. Versions grow with every new
+/// content, following the replicas' clock ([`Hub::next_version`]).
 #[derive(Debug)]
 pub struct Rebuilder {
     hub: Arc<Hub>,
@@ -170,7 +171,8 @@ impl Rebuilder {
         let outcome = if self.hash.as_deref() == Some(hash.as_str()) {
             Outcome::Unchanged(self.version)
         } else {
-            self.version += 1;
+            // NB: not `+ 1`: versions follow the replicas' Lamport clock (`Hub::next_version`).
+            self.version = self.hub.next_version(&hash, self.version);
             let mut rejected_objects = translation.settings.clone();
             rejected_objects.extend(rejected_lines(&translation.status.objects));
             self.hub.publish(Published {

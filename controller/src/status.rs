@@ -1,16 +1,25 @@
-//! The status writer: one writer (the leader) turns translation's verdicts plus the
-//! dataplanes' ACKs into `.status` of each object, with server-side apply.
+//! The status writer: one writer (the leader) turns translation's verdicts plus what the
+//! dataplanes serve into `.status` of each object, with server-side apply.
 //!
 //! Conditions written:
 //!
 //! - `Accepted` (and `ResolvedRefs` where relevant) exactly as translation reported them.
-//! - `Programmed`: how many connected dataplanes ACKed a snapshot that contains the object as
-//!   it is now, e.g. `True` / `AllDataplanesProgrammed` / `3/3 dataplanes at v42`, or `False` /
-//!   `Pending` / `1/3 dataplanes at v42`, `False` / `Rejected` with the first NACK reason,
-//!   `False` / `NoDataplanes`, `False` / `Invalid` when the object is not accepted. `v42` is
-//!   the first version that contains the object as it is now (a dataplane at v42 or later
-//!   serves it), not the latest version: so the message of an unchanged object stays the
-//!   same while other objects change, and its status is not rewritten on every snapshot.
+//! - `Programmed`: how many of the dataplanes that should serve (the expected set, see
+//!   [`crate::fleet`]) serve a snapshot that contains the object as it is now, e.g. `True` /
+//!   `AllDataplanesProgrammed` / `3/3 dataplanes at v42`, or `False` / `Pending` /
+//!   `1/3 dataplanes at v42, waiting for: dp-b (at v41), dp-c (not connected)`, `False` /
+//!   `Rejected` naming the dataplane and its NACK reason, `False` / `NoDataplanes`, `False` /
+//!   `Invalid` when the object is not accepted. `v42` is the first version that contains
+//!   the object as it is now (a dataplane at v42 or later serves it), not the latest
+//!   version: so the message of an unchanged object stays the same while other objects
+//!   change, and its status is not rewritten on every snapshot.
+//!
+//! Dataplanes are served by every replica, so they are compared by content hash, which is
+//! the same on every replica for the same content: a dataplane serves the object when the
+//! hash it serves is one this replica published as v42 or later. A hash this replica never
+//! published (another replica saw an intermediate state this one skipped) proves nothing,
+//! so that dataplane counts as waiting until it serves content this replica knows: status
+//! may lag, it never claims more than it can show.
 //!
 //! Every condition carries `observedGeneration`; `lastTransitionTime` is kept from the
 //! object's current status while a condition's status does not change. An object whose
@@ -32,20 +41,25 @@ use sluice_crds::{
 use sluice_translate::{ConditionStatus, ObjectKind};
 use tokio::sync::watch;
 
-use crate::grpc::{DataplaneInfo, Hub};
+use crate::fleet::Counted;
+use crate::grpc::Hub;
 use crate::metrics::Metrics;
 use crate::rebuild::{ObjectVerdict, Rebuilt};
+use crate::records::FleetView;
 
 /// Field manager of the status writes.
 pub const FIELD_MANAGER: &str = "sluice-controller";
-/// `Programmed` reason when every connected dataplane serves the object.
+/// `Programmed` reason when every expected dataplane serves the object.
 pub const REASON_PROGRAMMED: &str = "AllDataplanesProgrammed";
-/// `Programmed` reason while some connected dataplanes do not serve it yet.
+/// `Programmed` reason while some expected dataplanes do not serve it yet.
 pub const REASON_PENDING: &str = "Pending";
-/// `Programmed` reason when a dataplane rejected a snapshot containing the object.
+/// `Programmed` reason when a dataplane that does not serve the object rejected a snapshot.
 pub const REASON_REJECTED: &str = "Rejected";
-/// `Programmed` reason when no dataplane is connected.
+/// `Programmed` reason when no dataplane is expected (or, without an expected set, none
+/// is connected).
 pub const REASON_NO_DATAPLANES: &str = "NoDataplanes";
+/// Most dataplanes named in a `Programmed` message; the rest are counted.
+pub const MAX_NAMED: usize = 8;
 /// `Programmed` reason when the object is not accepted.
 pub const REASON_INVALID: &str = "Invalid";
 /// How often the writer re-checks every object even without a change (retries failures).
@@ -74,8 +88,27 @@ fn truncate(mut s: String) -> String {
     s
 }
 
+/// The counted dataplanes at one moment, as [`programmed`] needs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Dataplanes {
+    /// The dataplanes that should serve, resolved against this replica's versions.
+    pub counted: Vec<Counted>,
+    /// Why none is counted, when none is.
+    pub why_none: String,
+}
+
+/// How one waiting dataplane is doing, for the `Programmed` message.
+fn waiting_note(d: &Counted) -> String {
+    match (&d.rejected, d.reported, d.seen) {
+        (Some(r), _, _) => format!("{} (rejected v{})", d.id, r.version),
+        (None, Some(v), _) => format!("{} (at v{v})", d.id),
+        (None, None, true) => format!("{} (serves nothing yet)", d.id),
+        (None, None, false) => format!("{} (not connected)", d.id),
+    }
+}
+
 /// The `Programmed` condition of one object.
-pub fn programmed(verdict: &ObjectVerdict, dataplanes: &[DataplaneInfo]) -> Desired {
+pub fn programmed(verdict: &ObjectVerdict, dataplanes: &Dataplanes) -> Desired {
     let cond = |status, reason: &str, message: String| Desired {
         type_: CONDITION_PROGRAMMED.to_owned(),
         status,
@@ -90,37 +123,43 @@ pub fn programmed(verdict: &ObjectVerdict, dataplanes: &[DataplaneInfo]) -> Desi
         );
     }
     let since = verdict.since_version;
-    let total = dataplanes.len();
+    let total = dataplanes.counted.len();
     if total == 0 {
         return cond(
             "False",
             REASON_NO_DATAPLANES,
-            format!("0/0 dataplanes at v{since}: no dataplane is connected"),
+            format!("0/0 dataplanes at v{since}: {}", dataplanes.why_none),
         );
     }
-    let serving = dataplanes
+    let (serving, waiting): (Vec<&Counted>, Vec<&Counted>) = dataplanes
+        .counted
         .iter()
-        .filter(|d| d.acked.as_ref().is_some_and(|a| a.version >= since))
-        .count();
-    let summary = format!("{serving}/{total} dataplanes at v{since}");
-    if serving == total {
+        .partition(|d| d.serving.is_some_and(|v| v >= since));
+    let summary = format!("{}/{total} dataplanes at v{since}", serving.len());
+    if waiting.is_empty() {
         return cond("True", REASON_PROGRAMMED, summary);
     }
-    let rejected = dataplanes.iter().find_map(|d| {
-        d.nacked
-            .as_ref()
-            .filter(|(n, _)| n.version >= since)
-            .map(|(n, reasons)| (d, n, reasons))
-    });
-    match rejected {
-        Some((d, n, reasons)) => cond(
+    let mut names: Vec<String> = waiting
+        .iter()
+        .take(MAX_NAMED)
+        .map(|d| waiting_note(d))
+        .collect();
+    if waiting.len() > MAX_NAMED {
+        names.push(format!("and {} more", waiting.len() - MAX_NAMED));
+    }
+    let summary = format!("{summary}, waiting for: {}", names.join(", "));
+    match waiting
+        .iter()
+        .find_map(|d| d.rejected.as_ref().map(|r| (d, r)))
+    {
+        Some((d, r)) => cond(
             "False",
             REASON_REJECTED,
             format!(
                 "{summary}; dataplane {} rejected v{}: {}",
                 d.id,
-                n.version,
-                reasons.join("; ")
+                r.version,
+                r.reasons.join("; ")
             ),
         ),
         None => cond("False", REASON_PENDING, summary),
@@ -128,7 +167,7 @@ pub fn programmed(verdict: &ObjectVerdict, dataplanes: &[DataplaneInfo]) -> Desi
 }
 
 /// Every condition of one object: translation's, then `Programmed`.
-pub fn desired(verdict: &ObjectVerdict, dataplanes: &[DataplaneInfo]) -> Vec<Desired> {
+pub fn desired(verdict: &ObjectVerdict, dataplanes: &Dataplanes) -> Vec<Desired> {
     let mut out: Vec<Desired> = verdict
         .status
         .conditions
@@ -222,17 +261,21 @@ async fn write(
 
 type Key = (ObjectKind, String, String);
 
-/// Writes status while `leader` is true, whenever translation or a dataplane's ACKs change
-/// what an object's status should say. Runs until the rebuild output's sender is dropped.
+/// Writes status while `leader` is true, whenever translation or the fleet (what the
+/// dataplanes serve, which of them should) change what an object's status should say.
+/// Waits for the fleet's watches to list once first, so a new leader never writes from a
+/// partial view. Runs until the rebuild output's sender is dropped.
 pub async fn run(
     client: Client,
     hub: Arc<Hub>,
+    fleet: FleetView,
     mut rebuilt: watch::Receiver<Option<Arc<Rebuilt>>>,
     mut leader: watch::Receiver<bool>,
     existing: ExistingStatus,
     metrics: Metrics,
 ) {
-    let mut dataplanes = hub.subscribe_dataplanes();
+    fleet.synced().await;
+    let mut dataplanes = fleet.subscribe();
     // What we wrote last, so a write is not repeated before the watch shows it.
     let mut written: HashMap<Key, ApisixStatus> = HashMap::new();
     // Re-checks now and then, so a failed write is retried even when nothing changes.
@@ -260,13 +303,20 @@ pub async fn run(
         let Some(out) = out else {
             continue;
         };
-        let connected = hub.dataplanes();
+        let now_fleet = fleet.fleet();
+        let counted = Dataplanes {
+            counted: now_fleet.resolve(|hash| hub.version_of(hash)),
+            why_none: now_fleet.why_none(),
+        };
+        metrics
+            .expected_dataplanes
+            .set(i64::try_from(counted.counted.len()).unwrap_or(i64::MAX));
         let now = Timestamp::now();
         let mut todo = Vec::new();
         for verdict in &out.objects {
             let s = &verdict.status;
             let key = (s.kind, s.namespace.clone(), s.name.clone());
-            let want = desired(verdict, &connected);
+            let want = desired(verdict, &counted);
             let current = existing(s.kind, &s.namespace, &s.name);
             let Some(status) = status_to_write(&want, s.generation, current.as_ref(), now) else {
                 continue;
@@ -326,10 +376,8 @@ pub async fn run(
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
-    use std::time::SystemTime;
-
     use super::*;
-    use crate::grpc::Answer;
+    use crate::fleet::Rejection;
     use sluice_translate::{ObjectStatus, status};
 
     fn verdict(accepted: bool, since: u64) -> ObjectVerdict {
@@ -361,66 +409,75 @@ mod tests {
         }
     }
 
-    fn dp(id: &str, acked: Option<u64>, nacked: Option<(u64, &str)>) -> DataplaneInfo {
-        DataplaneInfo {
-            conn: 1,
+    /// A dataplane serving our version `serving` (reported as the same number), or none.
+    fn dp(id: &str, serving: Option<u64>, nacked: Option<(u64, &str)>) -> Counted {
+        Counted {
             id: id.into(),
-            peer: None,
-            connected_at: SystemTime::now(),
-            serving_at_connect: None,
-            sent: None,
-            acked: acked.map(|v| Answer {
+            serving,
+            reported: serving,
+            seen: true,
+            rejected: nacked.map(|(v, r)| Rejection {
                 version: v,
                 hash: "h".into(),
+                reasons: vec![r.to_string()],
             }),
-            nacked: nacked.map(|(v, r)| {
-                (
-                    Answer {
-                        version: v,
-                        hash: "h".into(),
-                    },
-                    vec![r.to_string()],
-                )
-            }),
+        }
+    }
+
+    fn fleet(counted: Vec<Counted>) -> Dataplanes {
+        Dataplanes {
+            counted,
+            why_none: "no ready endpoint of Service ns/dp names a dataplane".into(),
         }
     }
 
     #[test]
     fn programmed_counts_dataplanes_that_serve_the_object() {
         let v = verdict(true, 40);
-        let all = [
+        let all = fleet(vec![
             dp("a", Some(42), None),
             dp("b", Some(40), None),
             dp("c", Some(41), None),
-        ];
+        ]);
         let p = programmed(&v, &all);
         assert_eq!((p.status, p.reason.as_str()), ("True", REASON_PROGRAMMED));
         assert_eq!(p.message, "3/3 dataplanes at v40");
 
-        let some = [
+        let unseen = Counted {
+            seen: false,
+            ..dp("c", None, None)
+        };
+        let some = fleet(vec![
             dp("a", Some(42), None),
             dp("b", Some(39), None),
-            dp("c", None, None),
-        ];
+            unseen,
+        ]);
         let p = programmed(&v, &some);
         assert_eq!((p.status, p.reason.as_str()), ("False", REASON_PENDING));
-        assert_eq!(p.message, "1/3 dataplanes at v40");
+        assert_eq!(
+            p.message,
+            "1/3 dataplanes at v40, waiting for: b (at v39), c (not connected)"
+        );
 
-        let nack = [
+        let nack = fleet(vec![
             dp("a", Some(42), None),
             dp("b", Some(39), Some((42, "route x: bad"))),
-        ];
+        ]);
         let p = programmed(&v, &nack);
         assert_eq!(p.reason, REASON_REJECTED);
         assert_eq!(
             p.message,
-            "1/2 dataplanes at v40; dataplane b rejected v42: route x: bad"
+            "1/2 dataplanes at v40, waiting for: b (rejected v42); dataplane b rejected v42: route x: bad"
         );
 
-        let p = programmed(&v, &[]);
+        let p = programmed(&v, &fleet(vec![]));
         assert_eq!(
             (p.status, p.reason.as_str()),
             ("False", REASON_NO_DATAPLANES)
+        );
+        assert_eq!(
+            p.message,
+            "0/0 dataplanes at v40: no ready endpoint of Service ns/dp names a dataplane"
         );
 
         let p = programmed(&verdict(false, 42), &all);
@@ -428,17 +485,54 @@ mod tests {
     }
 
     #[test]
+    fn content_this_replica_never_published_proves_nothing() {
+        // The dataplane reports v45 (another replica's number) for a hash we never
+        // published: it may or may not contain the object, so it is waited for.
+        let unknown = Counted {
+            serving: None,
+            reported: Some(45),
+            ..dp("b", None, None)
+        };
+        let p = programmed(
+            &verdict(true, 40),
+            &fleet(vec![dp("a", Some(41), None), unknown]),
+        );
+        assert_eq!((p.status, p.reason.as_str()), ("False", REASON_PENDING));
+        assert_eq!(p.message, "1/2 dataplanes at v40, waiting for: b (at v45)");
+    }
+
+    #[test]
+    fn a_long_wait_names_the_first_dataplanes_and_counts_the_rest() {
+        let waiting: Vec<Counted> = (0..11)
+            .map(|i| dp(&format!("dp-{i:02}"), None, None))
+            .collect();
+        let p = programmed(&verdict(true, 1), &fleet(waiting));
+        assert!(
+            p.message
+                .starts_with("0/11 dataplanes at v1, waiting for: dp-00 (serves nothing yet), "),
+            "{}",
+            p.message
+        );
+        assert!(
+            p.message
+                .ends_with("dp-07 (serves nothing yet), and 3 more"),
+            "{}",
+            p.message
+        );
+    }
+
+    #[test]
     fn the_message_of_an_unchanged_object_does_not_move_with_newer_snapshots() {
         let v = verdict(true, 5);
-        let before = programmed(&v, &[dp("a", Some(5), None)]);
-        let after = programmed(&v, &[dp("a", Some(90), None)]);
+        let before = programmed(&v, &fleet(vec![dp("a", Some(5), None)]));
+        let after = programmed(&v, &fleet(vec![dp("a", Some(90), None)]));
         assert_eq!(before, after);
     }
 
     #[test]
     fn long_messages_are_cut() {
         let long = "x".repeat(5000);
-        let nack = [dp("a", None, Some((1, &long)))];
+        let nack = fleet(vec![dp("a", None, Some((1, &long)))]);
         let p = programmed(&verdict(true, 1), &nack);
         assert_eq!(p.message.chars().count(), MAX_MESSAGE_CHARS);
         assert!(p.message.ends_with('…'));
@@ -449,7 +543,7 @@ mod tests {
         let t0 = Timestamp::from_second(1_700_000_000).unwrap();
         let t1 = Timestamp::from_second(1_700_000_100).unwrap();
         let v = verdict(true, 1);
-        let pending = desired(&v, &[dp("a", None, None)]);
+        let pending = desired(&v, &fleet(vec![dp("a", None, None)]));
         let first = status_to_write(&pending, Some(3), None, t0).unwrap();
         assert_eq!(first.observed_generation, Some(3));
         assert_eq!(first.conditions.len(), 2);
@@ -470,7 +564,7 @@ mod tests {
         assert!(status_to_write(&pending, Some(3), Some(&first), t1).is_none());
 
         // Programmed flips to True: only its transition time moves.
-        let done = desired(&v, &[dp("a", Some(1), None)]);
+        let done = desired(&v, &fleet(vec![dp("a", Some(1), None)]));
         let second = status_to_write(&done, Some(3), Some(&first), t1).unwrap();
         let by_type = |s: &ApisixStatus, t: &str| {
             s.conditions.iter().find(|c| c.type_ == t).cloned().unwrap()

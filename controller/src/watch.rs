@@ -194,12 +194,35 @@ where
         + Sync
         + 'static,
 {
+    spawn_watch_by(api, config, kind, fingerprint::<K>, trigger, metrics)
+}
+
+/// A reflector store of `api` (filtered by `config`), firing `trigger` whenever `fp` of an
+/// object changes (or one appears or goes away); retries with [`WatchBackoff`].
+/// `kind` labels the `watch_events` metric.
+pub(crate) fn spawn_watch_by<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    kind: &'static str,
+    fp: fn(&K) -> u64,
+    trigger: Trigger,
+    metrics: Metrics,
+) -> Store<K>
+where
+    K: Resource<DynamicType = ()>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = reflector::store();
     let stream = watcher::watcher(api, config)
         .backoff(WatchBackoff::default())
         .modify(slim::<K>)
         .reflect(writer);
-    drive(stream, kind, fingerprint::<K>, trigger, metrics);
+    drive(stream, kind, fp, trigger, metrics);
     reader
 }
 

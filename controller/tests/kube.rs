@@ -1,6 +1,7 @@
 //! The controller in-process against a real kube-apiserver + etcd (`sluice_e2e::Cluster`,
 //! started by `scripts/testcluster.sh`): watches → rebuild → gRPC → a real dataplane client
-//! → ACK → status written with server-side apply; and Lease leader election.
+//! → ACK → status written with server-side apply; and two replicas sharing one Lease, both
+//! serving dataplanes, the leader counting them all.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -61,6 +62,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
         publish: None,
         instance: None,
         tls: TlsSettings::default(),
+        dataplane_service: None,
     }
 }
 
@@ -283,53 +285,187 @@ async fn cluster_objects_reach_the_dataplane_and_status_says_so() {
     assert_eq!(running.metrics.nacks.get(), 0);
 }
 
+/// The dataplane Service `dp` with one ready endpoint per id, as the EndpointSlice
+/// controller writes it for the dataplane pods (the pod name is the dataplane id).
+fn dataplane_service(ns: &str, ids: &[&str]) -> String {
+    let endpoints: String = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            format!(
+                "  - addresses: [\"192.0.2.{}\"]\n    conditions: {{ready: true, serving: true, terminating: false}}\n    targetRef: {{kind: Pod, name: {id}, namespace: {ns}}}\n",
+                i + 1
+            )
+        })
+        .collect();
+    let endpoints = if ids.is_empty() {
+        "endpoints: []\n".to_owned()
+    } else {
+        format!("endpoints:\n{endpoints}")
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: dp, namespace: {ns}}}\nspec:\n  ports: [{{name: http, port: 80}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: dp-1\n  namespace: {ns}\n  labels: {{kubernetes.io/service-name: dp}}\naddressType: IPv4\nports: [{{name: http, port: 9080}}]\n{endpoints}"
+    )
+}
+
+fn programmed_message(obj: &Value) -> Option<(String, String)> {
+    let c = condition(obj, "Programmed")?;
+    Some((
+        c["status"].as_str()?.to_owned(),
+        c["message"].as_str()?.to_owned(),
+    ))
+}
+
+/// Two replicas, one Lease: both serve dataplanes; the leader alone writes status, and its
+/// `Programmed` counts the dataplanes of the dataplane Service, whichever replica serves
+/// them; when the leader goes away the follower takes over and its dataplanes never wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn only_the_leader_serves_and_a_follower_takes_over() {
+async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
     let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
     let ns = cluster.create_namespace("lease").unwrap();
-    let lease = |id: &str| {
+    cluster.apply(&objects(&ns)).unwrap();
+    cluster
+        .apply(&dataplane_service(&ns, &["dp-a", "dp-b"]))
+        .unwrap();
+    let replica = |id: &str| {
         let mut cfg = LeaseConfig::new("sluice-test", &ns, id);
         cfg.lease_duration = Duration::from_secs(4);
         cfg.retry_period = Duration::from_millis(300);
-        cfg
+        Settings {
+            dataplane_service: Some((ns.clone(), "dp".to_owned())),
+            ..settings(&ns, Some(cfg))
+        }
     };
-    let a = app::start(
-        client(cluster).await,
-        settings(&ns, Some(lease("a"))),
-        Metrics::new().unwrap(),
-    );
+    let a = app::start(client(cluster).await, replica("a"), Metrics::new().unwrap());
     let mut a_leader = a.leader.clone();
     tokio::time::timeout(Duration::from_secs(10), a_leader.wait_for(|l| *l))
         .await
         .unwrap()
         .unwrap();
-    let b = app::start(
-        client(cluster).await,
-        settings(&ns, Some(lease("b"))),
-        Metrics::new().unwrap(),
-    );
+    let b = app::start(client(cluster).await, replica("b"), Metrics::new().unwrap());
     let a_url = serve(&a).await;
     let b_url = serve(&b).await;
 
-    // The follower refuses dataplanes; the leader serves them.
-    let to_b = dataplane(client_config(b_url, "dp-b", None, None));
-    let to_a = dataplane(client_config(a_url, "dp-a", None, None));
-    eventually("leader serves its dataplane", || to_a.store.ready()).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The follower serves its dataplane as the leader serves its own.
+    let dp_b = dataplane(client_config(b_url.clone(), "dp-b", None, None));
+    let dp_a = dataplane(client_config(
+        format!("{a_url},{b_url}"),
+        "dp-a",
+        None,
+        None,
+    ));
+    eventually("the follower serves dp-b", || {
+        dp_b.store.state().routes == 1
+    })
+    .await;
+    eventually("the leader serves dp-a", || dp_a.store.state().routes == 1).await;
     assert!(!*b.leader.borrow());
-    assert!(!to_b.store.ready(), "a follower serves no snapshot");
-    assert_eq!(b.metrics.connected_dataplanes.get(), 0);
+    assert_eq!(b.metrics.connected_dataplanes.get(), 1);
+    assert_eq!(
+        dp_a.store.state().hash,
+        dp_b.store.state().hash,
+        "same content from both replicas"
+    );
 
-    // The leader goes away without releasing: b takes over once the lease expires.
+    // The leader counts both, though it serves one: dp-b's ACK reached it through b's record.
+    let web = eventually_kubectl("web Programmed 2/2", &["ar", "web", "-n", &ns], |o| {
+        programmed_message(o).is_some_and(|(s, m)| s == "True" && m.starts_with("2/2 dataplanes"))
+    })
+    .await;
+    assert_eq!(
+        condition(&web, "Programmed").unwrap()["reason"],
+        "AllDataplanesProgrammed"
+    );
+    assert_eq!(
+        b.metrics.status_writes.get(),
+        0,
+        "only the leader writes status"
+    );
+    let records = get_json(
+        cluster,
+        &[
+            "lease",
+            "-n",
+            &ns,
+            "-l",
+            "sluice.dev/replica-of=sluice-test",
+        ],
+    );
+    let holders: Vec<&str> = records["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|l| l["spec"]["holderIdentity"].as_str())
+        .collect();
+    assert_eq!(holders, ["a", "b"], "one record per replica: {records:#}");
+
+    // A dataplane pod that should serve but never connected holds Programmed back, by name.
+    cluster
+        .apply(&dataplane_service(&ns, &["dp-a", "dp-b", "dp-c"]))
+        .unwrap();
+    eventually_kubectl("web waits for dp-c", &["ar", "web", "-n", &ns], |o| {
+        programmed_message(o).is_some_and(|(s, m)| {
+            s == "False"
+                && m.starts_with("2/3 dataplanes")
+                && m.ends_with("waiting for: dp-c (not connected)")
+        })
+    })
+    .await;
+    // Its pod goes away: it leaves the expected set.
+    cluster
+        .apply(&dataplane_service(&ns, &["dp-a", "dp-b"]))
+        .unwrap();
+    eventually_kubectl("web 2/2 again", &["ar", "web", "-n", &ns], |o| {
+        programmed_message(o).is_some_and(|(s, m)| s == "True" && m.starts_with("2/2"))
+    })
+    .await;
+
+    // The leader goes away without releasing: dp-a redials b at once; b takes over the
+    // Lease once it expires, and counts both dataplanes for a change made after that.
+    // NB: closing the hub ends a's streams and refuses new ones (its server keeps running).
+    a.hub.close();
     drop(a);
+    eventually("dp-a moved to b", || {
+        b.metrics.connected_dataplanes.get() == 2
+    })
+    .await;
     let mut b_leader = b.leader.clone();
     tokio::time::timeout(Duration::from_secs(15), b_leader.wait_for(|l| *l))
         .await
         .unwrap()
         .unwrap();
-    eventually("new leader serves the waiting dataplane", || {
-        to_b.store.ready()
+    cluster
+        .kubectl_ok(&[
+            "patch",
+            "ar",
+            "web",
+            "-n",
+            &ns,
+            "--type",
+            "json",
+            "-p",
+            r#"[{"op":"replace","path":"/spec/http/0/match/paths/0","value":"/v2*"}]"#,
+        ])
+        .unwrap();
+    eventually("both serve the change", || {
+        [&dp_a, &dp_b].iter().all(|dp| {
+            dp.store
+                .snapshot()
+                .is_some_and(|s| s.routes[0].paths == ["/v2*"])
+        })
     })
+    .await;
+    eventually_kubectl(
+        "generation 2 Programmed 2/2 by the new leader",
+        &["ar", "web", "-n", &ns],
+        |o| {
+            condition(o, "Programmed").is_some_and(|c| {
+                c["status"] == "True"
+                    && c["observedGeneration"] == 2
+                    && c["message"].as_str().is_some_and(|m| m.starts_with("2/2"))
+            })
+        },
+    )
     .await;
     let lease_obj = get_json(cluster, &["lease", "sluice-test", "-n", &ns]);
     assert_eq!(lease_obj["spec"]["holderIdentity"], "b");

@@ -14,7 +14,8 @@
 //!   gives a client with exactly the chart's controller RBAC.
 //! - Faults: [`Cluster::kill`] and [`Cluster::start_again`] SIGKILL and restart etcd or
 //!   kube-apiserver with the same data, ports and certificates; [`Pipeline::start_replicated`]
-//!   runs several controllers behind one [`ServiceProxy`]; a [`Load`] keeps requests flowing
+//!   runs several controllers behind one [`ServiceProxy`], [`Pipeline::start_fleet`] several
+//!   dataplanes as well, each with a path to the controllers that can be cut; a [`Load`] keeps requests flowing
 //!   over keep-alive connections ([`HttpConnection`]) and counts every failure.
 //! - [`workspace_bin`]: builds (if stale) and locates a binary of another workspace crate,
 //!   e.g. `sluice-echo`, `sluice-dataplane` or `sluice-controller`.
@@ -46,8 +47,8 @@ pub use http::{HttpConnection, HttpResponse, http_get, http_get_with};
 pub use load::{Failure, Load, LoadReport};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{
-    Pipeline, Replica, eventually, free_port, spawn_controller, spawn_dataplane,
-    spawn_dataplane_https, spawn_dataplane_with,
+    DATAPLANE_SERVICE, FleetDataplane, Pipeline, Replica, eventually, free_port, spawn_controller,
+    spawn_dataplane, spawn_dataplane_https, spawn_dataplane_with,
 };
 pub use service::ServiceProxy;
 

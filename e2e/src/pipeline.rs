@@ -5,7 +5,19 @@
 //! the test passes its own `--leader-elect` flags — and one `sluice-dataplane` binary
 //! connected to it over gRPC (plaintext on loopback). With [`Pipeline::start_replicated`]
 //! several controller replicas share the Lease behind one address, as the chart's
-//! controller Service puts them.
+//! controller Service puts them. With [`Pipeline::start_fleet`] several dataplanes run as
+//! well, each with an id like a pod name, listed in the EndpointSlice of a dataplane Service
+//! that the controllers count `Programmed` against (`--dataplane-service`).
+//!
+//! What is real and what stands in, with a fleet: the API server, the chart's RBAC, the
+//! controller and dataplane processes, the Lease and the replicas' records are real. The
+//! dataplanes are processes, not pods: the test writes the dataplane Service and its
+//! EndpointSlice itself, as the EndpointSlice controller would write them for the chart's
+//! dataplane pods (one endpoint per pod: a made-up address from TEST-NET-1, nothing ever
+//! connects to it, `conditions.ready`, and `targetRef` naming the pod, which is the id
+//! each dataplane process is given with `--dataplane-id`, as the chart gives the pod name).
+//! Each dataplane dials the controllers through a [`ServiceProxy`] of its own, standing in
+//! for kube-proxy on its node, so a test can cut one dataplane off every controller.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -70,6 +82,30 @@ pub struct Replica {
     pub metrics: SocketAddr,
 }
 
+/// The dataplane Service of a fleet ([`Pipeline::start_fleet`]): the chart's
+/// `<release>-dataplane`.
+pub const DATAPLANE_SERVICE: &str = "sluice-dataplane";
+
+/// One dataplane of a fleet ([`Pipeline::start_fleet`], [`Pipeline::add_fleet_dataplane`]).
+#[derive(Debug)]
+pub struct FleetDataplane {
+    /// Its `--dataplane-id`, as a pod name: `sluice-dataplane-N` unless given.
+    pub id: String,
+    /// The process (`None` once stopped).
+    pub process: Option<Backend>,
+    /// Its HTTP listener.
+    pub http: SocketAddr,
+    /// Its HTTPS listener.
+    pub https: SocketAddr,
+    /// Its admin listener (`/snapshot`, `/readyz`).
+    pub admin: SocketAddr,
+    /// Its state directory.
+    pub state_dir: PathBuf,
+    /// Its own path to every controller replica (kube-proxy on its node): cut it to
+    /// partition this dataplane from the controllers.
+    pub link: ServiceProxy,
+}
+
 /// The pieces of a running pipeline; everything stops when it is dropped.
 pub struct Pipeline {
     /// The API server (with the CRDs Established).
@@ -112,6 +148,8 @@ pub struct Pipeline {
     pub https: SocketAddr,
     /// The dataplane's state directory (persisted snapshot).
     pub state_dir: PathBuf,
+    /// The dataplanes of a fleet ([`Pipeline::start_fleet`]); empty otherwise.
+    pub fleet: Vec<FleetDataplane>,
 }
 
 impl Pipeline {
@@ -124,19 +162,33 @@ impl Pipeline {
     /// Without `--leader-elect` among them the controller elects itself leader with Lease
     /// `sluice-controller` in the pipeline's namespace, as the chart runs it.
     pub fn start_with(controller_args: &[&str]) -> Result<Pipeline, Error> {
-        Self::start_inner(controller_args, 1)
+        Self::start_inner(controller_args, 1, 0)
+    }
+
+    /// Like [`Pipeline::start_replicated`] with `dataplanes` dataplanes
+    /// (`sluice-dataplane-0`, ...) in [`Pipeline::fleet`] instead of the one
+    /// [`Pipeline::dataplane`] (`None` here; [`Pipeline::http`] is the first fleet
+    /// dataplane's). The controllers run with `--dataplane-service NS/`[`DATAPLANE_SERVICE`],
+    /// whose EndpointSlice lists every fleet dataplane as ready (see the module doc for what
+    /// stands in for pods); change it with [`Pipeline::set_expected_dataplanes`].
+    pub fn start_fleet(controllers: usize, dataplanes: usize) -> Result<Pipeline, Error> {
+        Self::start_inner(&[], controllers.max(1), dataplanes.max(1))
     }
 
     /// Like [`Pipeline::start`] with `replicas` controllers (`e2e-controller-0`, ...) that
     /// elect a leader with one Lease, as the chart runs `controller.replicas` with
     /// `leaderElection`. The dataplane dials one address, [`Pipeline::controller_service`],
     /// which spreads connections over all replicas as the chart's controller Service does;
-    /// only the leader accepts a stream, so the dataplane redials until it reaches it.
+    /// every replica that has built a snapshot accepts the stream, leader or not.
     pub fn start_replicated(replicas: usize) -> Result<Pipeline, Error> {
-        Self::start_inner(&[], replicas.max(1))
+        Self::start_inner(&[], replicas.max(1), 0)
     }
 
-    fn start_inner(controller_args: &[&str], replicas: usize) -> Result<Pipeline, Error> {
+    fn start_inner(
+        controller_args: &[&str],
+        replicas: usize,
+        fleet: usize,
+    ) -> Result<Pipeline, Error> {
         let cluster = Cluster::try_start()?;
         let crds = repo_root().join("crds/apisix-crds.yaml");
         cluster.kubectl_ok(&["apply", "--server-side", "-f", &crds.to_string_lossy()])?;
@@ -184,6 +236,10 @@ ports: [{{name: http, port: 8080}}]
                 "e2e-controller-0",
             ]);
         }
+        let dataplane_service = format!("{namespace}/{DATAPLANE_SERVICE}");
+        if fleet > 0 {
+            controller_args.extend(["--dataplane-service", &dataplane_service]);
+        }
         let flag = |name: &str| {
             controller_args
                 .iter()
@@ -230,10 +286,18 @@ ports: [{{name: http, port: 8080}}]
             addr: grpc,
             why: e.to_string(),
         })?;
-        let http = free_port()?;
-        let https = free_port()?;
-        let dataplane = spawn_dataplane_https(&controller_url, &state_dir, http, https)?;
-        Ok(Pipeline {
+        let (mut http, mut https) = (free_port()?, free_port()?);
+        let dataplane = if fleet == 0 {
+            Some(spawn_dataplane_https(
+                &controller_url,
+                &state_dir,
+                http,
+                https,
+            )?)
+        } else {
+            None
+        };
+        let mut p = Pipeline {
             cluster,
             namespace,
             net,
@@ -247,11 +311,150 @@ ports: [{{name: http, port: 8080}}]
             lease_name,
             replicas: others,
             controller_service,
-            dataplane: Some(dataplane),
+            dataplane,
             http,
             https,
             state_dir,
-        })
+            fleet: Vec::new(),
+        };
+        if fleet > 0 {
+            let ids: Vec<String> = (0..fleet)
+                .map(|i| format!("{DATAPLANE_SERVICE}-{i}"))
+                .collect();
+            let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+            p.set_expected_dataplanes(&refs)?;
+            for id in &ids {
+                p.add_fleet_dataplane(id, &[])?;
+            }
+            (http, https) = (p.fleet[0].http, p.fleet[0].https);
+            (p.http, p.https) = (http, https);
+        }
+        Ok(p)
+    }
+
+    /// Every controller replica's gRPC address (the endpoints of the controller Service).
+    pub fn controller_endpoints(&self) -> Vec<SocketAddr> {
+        std::iter::once(self.grpc)
+            .chain(self.replicas.iter().map(|r| r.grpc))
+            .collect()
+    }
+
+    /// Starts a dataplane with `--dataplane-id id` (and `extra` flags, e.g. `--plugins`)
+    /// that dials every controller replica through a [`ServiceProxy`] of its own, and adds it
+    /// to [`Pipeline::fleet`]. It is not expected to serve until it is listed with
+    /// [`Pipeline::set_expected_dataplanes`]. Returns its index in the fleet.
+    pub fn add_fleet_dataplane(&mut self, id: &str, extra: &[&str]) -> Result<usize, Error> {
+        // NB: each dataplane's path starts at another replica, as kube-proxy on different
+        // nodes spreads dataplanes over the replicas.
+        let mut endpoints = self.controller_endpoints();
+        let first = self.fleet.len() % endpoints.len().max(1);
+        endpoints.rotate_left(first);
+        let link = ServiceProxy::start(&endpoints)?;
+        let state_dir = self.cluster.dir().join(format!("state-{id}"));
+        std::fs::create_dir_all(&state_dir)
+            .map_err(|e| Error::io(format!("creating {}", state_dir.display()), e))?;
+        let (http, https) = (free_port()?, free_port()?);
+        let mut args = vec!["--dataplane-id", id];
+        args.extend_from_slice(extra);
+        let process = spawn_dataplane_with(
+            &format!("http://{}", link.addr()),
+            &state_dir,
+            http,
+            https,
+            &args,
+        )?;
+        self.fleet.push(FleetDataplane {
+            id: id.to_owned(),
+            admin: process.addr(),
+            process: Some(process),
+            http,
+            https,
+            state_dir,
+            link,
+        });
+        Ok(self.fleet.len() - 1)
+    }
+
+    /// Writes the dataplane Service [`DATAPLANE_SERVICE`] and its EndpointSlice with one
+    /// ready endpoint per id, as the EndpointSlice controller does for the ready pods of the
+    /// chart's dataplane Deployment: these are the dataplanes that should serve.
+    pub fn set_expected_dataplanes(&self, ids: &[&str]) -> Result<(), Error> {
+        let endpoints: String = ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| {
+                format!(
+                    "  - addresses: [\"192.0.2.{}\"]\n    conditions: {{ready: true, serving: true, terminating: false}}\n    targetRef: {{kind: Pod, name: {id}, namespace: {ns}}}\n",
+                    i + 1,
+                    ns = self.namespace
+                )
+            })
+            .collect();
+        let endpoints = if ids.is_empty() {
+            "endpoints: []\n".to_owned()
+        } else {
+            format!("endpoints:\n{endpoints}")
+        };
+        self.cluster.apply(&format!(
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: {svc}, namespace: {ns}}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: 9080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {svc}-pods
+  namespace: {ns}
+  labels:
+    kubernetes.io/service-name: {svc}
+    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+addressType: IPv4
+ports: [{{name: http, port: 9080}}]
+{endpoints}"#,
+            svc = DATAPLANE_SERVICE,
+            ns = self.namespace,
+        ))?;
+        Ok(())
+    }
+
+    /// Starts the controller replica `identity` again after [`Pipeline::kill_controller`],
+    /// with its flags and ports. Returns whether such a replica exists.
+    pub fn restart_controller_replica(&mut self, identity: &str) -> Result<bool, Error> {
+        if identity == self.controller_identity {
+            self.restart_controller()?;
+            return Ok(true);
+        }
+        let Some(i) = self.replicas.iter().position(|r| r.identity == identity) else {
+            return Ok(false);
+        };
+        let mut args: Vec<String> = self.controller_args.clone();
+        if let Some(at) = args.iter().position(|a| a == "--identity") {
+            args.drain(at..(at + 2).min(args.len()));
+        }
+        args.extend(["--identity".to_owned(), identity.to_owned()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (grpc, metrics) = (self.replicas[i].grpc, self.replicas[i].metrics);
+        self.replicas[i].process = None;
+        self.replicas[i].process = Some(spawn_controller(
+            &self.controller_kubeconfig,
+            grpc,
+            metrics,
+            &args,
+        )?);
+        Ok(true)
+    }
+
+    /// The metrics address of the controller replica `identity`.
+    pub fn controller_metrics(&self, identity: &str) -> Option<SocketAddr> {
+        if identity == self.controller_identity {
+            return Some(self.metrics);
+        }
+        self.replicas
+            .iter()
+            .find(|r| r.identity == identity)
+            .map(|r| r.metrics)
     }
 
     /// Stops the controller (if running) and starts a new one on the same ports.
@@ -352,6 +555,7 @@ impl Drop for Pipeline {
         // open, kube-apiserver ignores SIGTERM until `testcluster.sh stop` gives up after
         // 10 s and kills it; without them it exits at once.
         self.dataplane = None;
+        self.fleet.clear();
         self.controller = None;
         self.replicas.clear();
         self.controller_service = None;
@@ -410,6 +614,11 @@ pub fn spawn_dataplane_with(
 ) -> Result<Backend, Error> {
     let admin = free_port()?;
     let mut cmd = Command::new(workspace_bin("sluice-dataplane", "sluice-dataplane")?);
+    // NB: each dataplane gets an id of its own, as each pod has its own name; without one
+    // every dataplane of a test would report the host name.
+    if !extra.contains(&"--dataplane-id") {
+        cmd.args(["--dataplane-id", &format!("e2e-dataplane-{}", http.port())]);
+    }
     cmd.args(["--controller", controllers, "--insecure", "--workers", "1"])
         .arg("--state-dir")
         .arg(state)

@@ -22,6 +22,7 @@ type Open = Arc<Mutex<BTreeMap<u64, [TcpStream; 2]>>>;
 pub struct ServiceProxy {
     addr: SocketAddr,
     stop: Arc<AtomicBool>,
+    cut: Arc<AtomicBool>,
     open: Open,
     accept: Option<JoinHandle<()>>,
 }
@@ -75,9 +76,10 @@ impl ServiceProxy {
         let listener =
             TcpListener::bind(addr).map_err(|e| Error::io(format!("binding {addr}"), e))?;
         let stop = Arc::new(AtomicBool::new(false));
+        let cut = Arc::new(AtomicBool::new(false));
         let open: Open = Arc::default();
         let endpoints = endpoints.to_vec();
-        let (stop_t, open_t) = (Arc::clone(&stop), Arc::clone(&open));
+        let (stop_t, cut_t, open_t) = (Arc::clone(&stop), Arc::clone(&cut), Arc::clone(&open));
         let accept = std::thread::spawn(move || {
             let next = AtomicU64::new(0);
             for client in listener.incoming() {
@@ -85,6 +87,10 @@ impl ServiceProxy {
                     break;
                 }
                 let Ok(client) = client else { continue };
+                if cut_t.load(Ordering::Relaxed) {
+                    let _ = client.shutdown(Shutdown::Both);
+                    continue;
+                }
                 let n = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&endpoint) = usize::try_from(n)
                     .ok()
@@ -99,6 +105,7 @@ impl ServiceProxy {
         Ok(ServiceProxy {
             addr,
             stop,
+            cut,
             open,
             accept: Some(accept),
         })
@@ -107,6 +114,20 @@ impl ServiceProxy {
     /// The Service's address.
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Cuts the path: closes every open connection and closes new ones at once, as a network
+    /// partition between a client and every endpoint would (until [`ServiceProxy::restore`]).
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::Relaxed);
+        for pair in lock(&self.open).values() {
+            close(pair);
+        }
+    }
+
+    /// Undoes [`ServiceProxy::cut`]: new connections are forwarded again.
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::Relaxed);
     }
 }
 
@@ -150,6 +171,16 @@ mod tests {
         let mut out = String::new();
         let _ = s.read_to_string(&mut out);
         out
+    }
+
+    #[test]
+    fn a_cut_path_closes_every_connection_until_restored() {
+        let service = ServiceProxy::start(&[named("a")]).unwrap();
+        assert_eq!(read_all(service.addr()), "a");
+        service.cut();
+        assert_eq!(read_all(service.addr()), "");
+        service.restore();
+        assert_eq!(read_all(service.addr()), "a");
     }
 
     #[test]

@@ -3,8 +3,14 @@
 //! The dataplane dials the controller and holds one bidirectional gRPC stream. It sends a
 //! `Hello` (its id and the snapshot it serves), then for every snapshot the controller sends
 //! it compiles and swaps it in with [`Store::apply`] and answers `Ack(version)`, or keeps
-//! the last good table and answers `Nack(version, reasons)`. A lost connection is redialed
-//! with exponential backoff (with jitter); traffic keeps being served meanwhile.
+//! the last good table and answers `Nack(version, reasons)`. Traffic keeps being served
+//! while the stream is down.
+//!
+//! Every controller replica serves snapshots, so a stream that ends because its replica went
+//! away is redialed at once (through the controller Service, that reaches another replica),
+//! and redials stay within a second for [`QUICK_REDIAL_FOR`] after that, and for as long as
+//! this dataplane serves nothing; only a controller that stays unreachable longer than that
+//! is redialed with exponential backoff (with jitter), up to [`Backoff::max`].
 //!
 //! With a state directory, every snapshot that went live is written to
 //! `<state-dir>/snapshot.pb` (protobuf, written to a temporary file and renamed), and
@@ -13,7 +19,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use prost::Message;
 use sluice_proto::v1::snapshot_service_client::SnapshotServiceClient;
@@ -135,11 +141,12 @@ impl ClientTls {
     }
 }
 
-/// Redial delays: `initial`, doubled after every failed attempt up to `max`, each with up to
-/// 25% random jitter so a fleet of dataplanes does not redial in lockstep.
+/// Redial delays after failed attempts: `initial`, doubled after every failed attempt up to
+/// `max`, each with up to 25% random jitter so a fleet of dataplanes does not redial in
+/// lockstep. See [`run`] for when the delay is capped at a second.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Backoff {
-    /// First delay (default 200 ms).
+    /// First delay (default 100 ms).
     pub initial: Duration,
     /// Largest delay (default 10 s).
     pub max: Duration,
@@ -148,7 +155,7 @@ pub struct Backoff {
 impl Default for Backoff {
     fn default() -> Self {
         Self {
-            initial: Duration::from_millis(200),
+            initial: Duration::from_millis(100),
             max: Duration::from_secs(10),
         }
     }
@@ -168,7 +175,7 @@ impl Backoff {
 pub struct ClientConfig {
     /// The controller's gRPC URL, e.g. `https://sluice-controller.sluice.svc:18000`
     /// (`http://` only with `tls = None`). Several replicas' URLs may be given separated by
-    /// commas: each redial tries the next one (only the leader serves snapshots).
+    /// commas: each redial tries the next one (every replica serves snapshots).
     pub url: String,
     /// Mutual TLS settings; `None` = plaintext, allowed only for a loopback controller
     /// (checked by [`ClientConfig::validate`]).
@@ -249,9 +256,13 @@ impl ClientConfig {
                 url: self.url.clone(),
                 reason: e.to_string(),
             })?
-            .connect_timeout(Duration::from_secs(5))
-            .http2_keep_alive_interval(Duration::from_secs(10))
-            .keep_alive_timeout(Duration::from_secs(20))
+            // NB: in-cluster, a TCP connect that takes a second is a SYN to a pod IP that is
+            // gone (kube-proxy not updated yet): give up and redial, likely to a live replica.
+            .connect_timeout(CONNECT_TIMEOUT)
+            // A controller that vanished without closing (its node died) is noticed within
+            // about 10 s.
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
             .keep_alive_while_idle(true)
             .tcp_nodelay(true);
         if let Some(tls) = &self.tls {
@@ -454,37 +465,102 @@ fn jitter_fraction() -> f64 {
     f64::from(nanos.wrapping_mul(2_654_435_761) % 1_000_000) / 1_000_000.0
 }
 
-/// The longest redial delay after a controller replica answered and refused or closed
-/// the stream (see [`run`]).
-const REPLICA_REDIAL: Duration = Duration::from_secs(1);
+/// How long a TCP connect to the controller may take.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The longest redial delay while quick redials apply (see [`run`]).
+pub const QUICK_REDIAL_MAX: Duration = Duration::from_secs(1);
+/// How long after the last stream that delivered a snapshot redials stay quick.
+pub const QUICK_REDIAL_FOR: Duration = Duration::from_secs(10);
+/// A stream that lasted this long after delivering a snapshot worked: when it ends (its
+/// replica went away), the next dial follows at once.
+const WORKING_STREAM: Duration = Duration::from_secs(1);
+/// Largest random delay before redialing at once, so a fleet does not redial in lockstep.
+const IMMEDIATE_JITTER: Duration = Duration::from_millis(50);
 
-/// Dials the controller and holds the stream, redialing with backoff, forever: up to
-/// [`Backoff::max`] while no controller can be reached, up to a second while replicas
-/// answer but none leads yet.
+/// What to wait before the next dial.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Redial {
+    /// Consecutive failed attempts (0 after a working stream).
+    pub failures: u32,
+    /// The delay, without jitter.
+    pub delay: Duration,
+}
+
+/// The delay before the next dial, after an attempt that `received` a snapshot (or not) and
+/// lasted `lasted`, with `failures` failed attempts before it, `since_working` since the
+/// last stream that delivered a snapshot (or since the start), and whether this dataplane
+/// serves anything (`serving`).
+///
+/// - A working stream ended (its replica went away or stepped down): redial at once; every
+///   replica serves, so through the controller Service the next dial reaches another one.
+/// - Failed attempts back off exponentially, but by at most [`QUICK_REDIAL_MAX`] within
+///   [`QUICK_REDIAL_FOR`] of the last working stream (a replica is expected back within a
+///   second: the Service stops sending dials to a dead pod, a restarted one syncs) and for
+///   as long as the dataplane serves nothing (a new dataplane is ready within a second of
+///   a controller becoming reachable).
+/// - Only then, a controller unreachable for longer, the full backoff up to [`Backoff::max`].
+pub fn next_redial(
+    backoff: &Backoff,
+    received: bool,
+    lasted: Duration,
+    failures: u32,
+    since_working: Duration,
+    serving: bool,
+) -> Redial {
+    if received && lasted >= WORKING_STREAM {
+        return Redial {
+            failures: 0,
+            delay: Duration::ZERO,
+        };
+    }
+    let failures = if received {
+        1
+    } else {
+        failures.saturating_add(1)
+    };
+    let mut delay = backoff.delay(failures);
+    if !serving || since_working < QUICK_REDIAL_FOR {
+        delay = delay.min(QUICK_REDIAL_MAX);
+    }
+    Redial { failures, delay }
+}
+
+/// Dials the controller and holds the stream, redialing forever as [`next_redial`] says.
 /// `after_apply` runs on the thread that applied each snapshot (the binary returns the
 /// compile's transient memory to the OS there).
 pub async fn run(config: ClientConfig, store: Arc<Store>, after_apply: fn()) {
     let replicas = config.split();
     let mut failures: u32 = 0;
+    let mut last_working = Instant::now();
     for attempt in 0usize.. {
         let Some(config) = replicas.get(attempt % replicas.len().max(1)) else {
             tracing::error!(url = %config.url, "no controller URL");
             return;
         };
+        let started = Instant::now();
         let (received, err) = run_once(config, &store, after_apply).await;
         if received {
-            failures = 0;
+            last_working = Instant::now();
         }
-        failures = failures.saturating_add(1);
-        let mut base = config.backoff.delay(failures);
-        if matches!(err, ClientError::Stream(_) | ClientError::Closed) {
-            // A controller answered: a standby replica refusing until it leads, or a leader
-            // stepping down. The new leader will be there within a lease, so redial within
-            // a second rather than after the full backoff of an unreachable controller.
-            base = base.min(REPLICA_REDIAL);
+        let next = next_redial(
+            &config.backoff,
+            received,
+            started.elapsed(),
+            failures,
+            last_working.elapsed(),
+            store.ready(),
+        );
+        failures = next.failures;
+        let delay = if next.delay.is_zero() {
+            IMMEDIATE_JITTER.mul_f64(jitter_fraction())
+        } else {
+            next.delay.mul_f64(1.0 + 0.25 * jitter_fraction())
+        };
+        if next.failures == 0 {
+            tracing::info!(error = %error_chain(&err), retry_in = ?delay, "controller stream ended; redialing (another replica serves)");
+        } else {
+            tracing::warn!(error = %error_chain(&err), retry_in = ?delay, failures = next.failures, "controller stream down; serving the last good snapshot");
         }
-        let delay = base.mul_f64(1.0 + 0.25 * jitter_fraction());
-        tracing::warn!(error = %error_chain(&err), retry_in = ?delay, "controller stream down; serving the last good snapshot");
         tokio::time::sleep(delay).await;
     }
 }
@@ -570,6 +646,50 @@ mod tests {
             .unwrap_err();
         assert!(err.to_string().contains("10.0.0.5"), "{err}");
         assert!(config(",", false).validate().is_err());
+    }
+
+    #[test]
+    fn redials_are_immediate_after_a_working_stream_and_quick_while_a_replica_is_expected() {
+        let b = Backoff::default();
+        let secs = Duration::from_secs;
+        // A stream that served for a while ended: the next dial follows at once.
+        let r = next_redial(&b, true, secs(60), 7, secs(0), true);
+        assert_eq!(
+            r,
+            Redial {
+                failures: 0,
+                delay: Duration::ZERO
+            }
+        );
+        // Then failures: 100 ms doubling, capped at a second while quick redials apply.
+        let delays: Vec<Duration> = (0..8)
+            .scan(0, |failures, _| {
+                let r = next_redial(&b, false, Duration::ZERO, *failures, secs(2), true);
+                *failures = r.failures;
+                Some(r.delay)
+            })
+            .collect();
+        assert_eq!(
+            delays,
+            [100, 200, 400, 800, 1000, 1000, 1000, 1000].map(Duration::from_millis)
+        );
+        // Unreachable for longer: the full backoff, unless the dataplane serves nothing.
+        let r = next_redial(&b, false, Duration::ZERO, 7, QUICK_REDIAL_FOR, true);
+        assert_eq!(r.delay, secs(10));
+        let r = next_redial(&b, false, Duration::ZERO, 7, secs(3600), false);
+        assert_eq!(
+            r.delay, QUICK_REDIAL_MAX,
+            "a dataplane that serves nothing keeps trying"
+        );
+        // A stream that delivered a snapshot and ended at once is a failure, not a loop.
+        let r = next_redial(&b, true, Duration::from_millis(5), 3, Duration::ZERO, true);
+        assert_eq!(
+            r,
+            Redial {
+                failures: 1,
+                delay: Duration::from_millis(100)
+            }
+        );
     }
 
     #[test]
