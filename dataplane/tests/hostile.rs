@@ -15,6 +15,23 @@ use sluice_dataplane::config::store::Store;
 use sluice_dataplane::listener::server::Limits;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+/// A raw TCP upstream on a loopback port: `serve` runs on each connection it accepts.
+async fn raw_upstream<F, Fut>(serve: F) -> SocketAddr
+where
+    F: Fn(tokio::net::TcpStream) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = listener.accept().await.unwrap();
+            tokio::spawn(serve(s));
+        }
+    });
+    addr
+}
+
 /// What a hostile upstream slips in after a complete response: a response of its own.
 const POISON: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nSTOLEN";
 
@@ -22,54 +39,48 @@ const POISON: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nSTOLEN";
 /// path; some answers carry bytes after the response's end ([`POISON`]). Any other path
 /// gets `fresh`.
 async fn poisoning_upstream() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
+    let addr = raw_upstream(move |mut s| async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
         loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
-                        match s.read(&mut buf).await {
-                            Ok(0) | Err(_) => return,
-                            Ok(n) => got.extend_from_slice(&buf[..n]),
-                        }
-                        continue;
-                    };
-                    let head = String::from_utf8_lossy(&got[..end]).into_owned();
-                    got.drain(..end + 4);
-                    let target = head.split(' ').nth(1).unwrap_or("/").to_owned();
-                    let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
-                    let answer: Vec<u8> = match target.as_str() {
-                        "/extra" => [&ok[..], POISON].concat(),
-                        "/head" => [&b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n"[..], POISON]
-                            .concat(),
-                        "/204" => [&b"HTTP/1.1 204 No Content\r\n\r\n"[..], POISON].concat(),
-                        "/304" => [&b"HTTP/1.1 304 Not Modified\r\n\r\n"[..], POISON].concat(),
-                        "/chunked" => [
-                            &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"[..],
-                            POISON,
-                        ]
-                        .concat(),
-                        "/late" => ok.to_vec(),
-                        _ => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh".to_vec(),
-                    };
-                    if s.write_all(&answer).await.is_err() {
-                        return;
-                    }
-                    if target == "/late" {
-                        // The extra response arrives while the connection sits in the pool.
-                        tokio::time::sleep(Duration::from_millis(30)).await;
-                        if s.write_all(POISON).await.is_err() {
-                            return;
-                        }
-                    }
+            let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => got.extend_from_slice(&buf[..n]),
                 }
-            });
+                continue;
+            };
+            let head = String::from_utf8_lossy(&got[..end]).into_owned();
+            got.drain(..end + 4);
+            let target = head.split(' ').nth(1).unwrap_or("/").to_owned();
+            let ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+            let answer: Vec<u8> = match target.as_str() {
+                "/extra" => [&ok[..], POISON].concat(),
+                "/head" => [&b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n"[..], POISON]
+                    .concat(),
+                "/204" => [&b"HTTP/1.1 204 No Content\r\n\r\n"[..], POISON].concat(),
+                "/304" => [&b"HTTP/1.1 304 Not Modified\r\n\r\n"[..], POISON].concat(),
+                "/chunked" => [
+                    &b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n"[..],
+                    POISON,
+                ]
+                .concat(),
+                "/late" => ok.to_vec(),
+                _ => b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nfresh".to_vec(),
+            };
+            if s.write_all(&answer).await.is_err() {
+                return;
+            }
+            if target == "/late" {
+                // The extra response arrives while the connection sits in the pool.
+                tokio::time::sleep(Duration::from_millis(30)).await;
+                if s.write_all(POISON).await.is_err() {
+                    return;
+                }
+            }
         }
-    });
+    })
+    .await;
     addr
 }
 
@@ -591,37 +602,31 @@ async fn real_ip_is_what_goes_upstream_on_every_protocol() {
 /// An upstream that refuses every WebSocket upgrade with a 403 whose body names the `Host`
 /// and `X-Forwarded-Host` it received.
 async fn host_reporting_upstream() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match s.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&got).to_lowercase();
-                let field = |name: &str| {
-                    head.lines()
-                        .find_map(|l| l.strip_prefix(&format!("{name}: ")))
-                        .unwrap_or("-")
-                        .trim()
-                        .to_owned()
-                };
-                let body = format!("host={};xfh={}", field("host"), field("x-forwarded-host"));
-                let resp = format!(
-                    "HTTP/1.1 403 Forbidden\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-                let _ = s.write_all(resp.as_bytes()).await;
-            });
+    let addr = raw_upstream(move |mut s| async move {
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+            match s.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => got.extend_from_slice(&buf[..n]),
+            }
         }
-    });
+        let head = String::from_utf8_lossy(&got).to_lowercase();
+        let field = |name: &str| {
+            head.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}: ")))
+                .unwrap_or("-")
+                .trim()
+                .to_owned()
+        };
+        let body = format!("host={};xfh={}", field("host"), field("x-forwarded-host"));
+        let resp = format!(
+            "HTTP/1.1 403 Forbidden\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let _ = s.write_all(resp.as_bytes()).await;
+    })
+    .await;
     addr
 }
 
@@ -669,21 +674,15 @@ async fn websocket_upgrades_follow_pass_host() {
 #[tokio::test]
 async fn a_request_or_response_body_that_stalls_times_out() {
     // An upstream that sends a head and a piece of its body, then nothing.
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let stalling = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let _ = s
-                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
-                    .await;
-                tokio::time::sleep(Duration::from_secs(30)).await;
-            });
-        }
-    });
+    let stalling = raw_upstream(|mut s| async move {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        let _ = s
+            .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
+            .await;
+        tokio::time::sleep(Duration::from_secs(30)).await;
+    })
+    .await;
     let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
     let limits = Limits {
         client_body_timeout: Duration::from_millis(500),
@@ -727,27 +726,21 @@ async fn a_request_or_response_body_that_stalls_times_out() {
 #[tokio::test]
 async fn a_client_that_stops_reading_is_cut_off_after_the_send_timeout() {
     const SIZE: usize = 64 << 20;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let big = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\n\r\n");
-                if s.write_all(head.as_bytes()).await.is_err() {
-                    return;
-                }
-                let chunk = vec![b'x'; 64 << 10];
-                for _ in 0..SIZE / chunk.len() {
-                    if s.write_all(&chunk).await.is_err() {
-                        return;
-                    }
-                }
-            });
+    let big = raw_upstream(|mut s| async move {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\n\r\n");
+        if s.write_all(head.as_bytes()).await.is_err() {
+            return;
         }
-    });
+        let chunk = vec![b'x'; 64 << 10];
+        for _ in 0..SIZE / chunk.len() {
+            if s.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    })
+    .await;
     let limits = Limits {
         send_timeout: Duration::from_millis(500),
         ..Limits::default()
@@ -871,23 +864,17 @@ async fn request_heads_are_held_to_64_kib_exactly() {
 /// An HTTP/1.1 upstream that answers every request with `first`, then, 300 ms later (the
 /// proxy has sent the head on by then), `then`, and closes.
 async fn answering(first: &'static [u8], then: &'static [u8]) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut buf = [0u8; 4096];
-                let _ = s.read(&mut buf).await;
-                let _ = s.write_all(first).await;
-                if !then.is_empty() {
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    let _ = s.write_all(then).await;
-                }
-                let _ = s.shutdown().await;
-            });
+    let addr = raw_upstream(move |mut s| async move {
+        let mut buf = [0u8; 4096];
+        let _ = s.read(&mut buf).await;
+        let _ = s.write_all(first).await;
+        if !then.is_empty() {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let _ = s.write_all(then).await;
         }
-    });
+        let _ = s.shutdown().await;
+    })
+    .await;
     addr
 }
 
