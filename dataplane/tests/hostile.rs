@@ -39,7 +39,7 @@ const POISON: &[u8] = b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nSTOLEN";
 /// path; some answers carry bytes after the response's end ([`POISON`]). Any other path
 /// gets `fresh`.
 async fn poisoning_upstream() -> SocketAddr {
-    let addr = raw_upstream(move |mut s| async move {
+    raw_upstream(move |mut s| async move {
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         loop {
@@ -80,8 +80,7 @@ async fn poisoning_upstream() -> SocketAddr {
             }
         }
     })
-    .await;
-    addr
+    .await
 }
 
 /// `method path` on a new connection; a POST carries a body.
@@ -602,7 +601,7 @@ async fn real_ip_is_what_goes_upstream_on_every_protocol() {
 /// An upstream that refuses every WebSocket upgrade with a 403 whose body names the `Host`
 /// and `X-Forwarded-Host` it received.
 async fn host_reporting_upstream() -> SocketAddr {
-    let addr = raw_upstream(move |mut s| async move {
+    raw_upstream(move |mut s| async move {
         let mut got = Vec::new();
         let mut buf = [0u8; 4096];
         while !got.windows(4).any(|w| w == b"\r\n\r\n") {
@@ -626,8 +625,7 @@ async fn host_reporting_upstream() -> SocketAddr {
         );
         let _ = s.write_all(resp.as_bytes()).await;
     })
-    .await;
-    addr
+    .await
 }
 
 #[tokio::test]
@@ -864,7 +862,7 @@ async fn request_heads_are_held_to_64_kib_exactly() {
 /// An HTTP/1.1 upstream that answers every request with `first`, then, 300 ms later (the
 /// proxy has sent the head on by then), `then`, and closes.
 async fn answering(first: &'static [u8], then: &'static [u8]) -> SocketAddr {
-    let addr = raw_upstream(move |mut s| async move {
+    raw_upstream(move |mut s| async move {
         let mut buf = [0u8; 4096];
         let _ = s.read(&mut buf).await;
         let _ = s.write_all(first).await;
@@ -874,8 +872,7 @@ async fn answering(first: &'static [u8], then: &'static [u8]) -> SocketAddr {
         }
         let _ = s.shutdown().await;
     })
-    .await;
-    addr
+    .await
 }
 
 #[tokio::test]
