@@ -244,6 +244,35 @@ async fn host_headers_are_checked_as_rfc_9112_asks() {
         text.contains("\"host\":\"b.example\""),
         "Host sent on: {text}"
     );
+    // A Host that is not `host[:port]` could be read as another host by an upstream.
+    for bad in [
+        "[::1]evil",
+        "[::1]:1:2",
+        "a.example:80:80",
+        "a.example/x",
+        "user@a.example",
+        "a.example:8o",
+        "a example",
+        "[zz::1]",
+        "[::1",
+    ] {
+        let req = format!("GET /any HTTP/1.1\r\nHost: {bad}\r\nConnection: close\r\n\r\n");
+        let (code, text) = raw(dp.addr, req.as_bytes()).await;
+        assert_eq!(code, 400, "Host {bad:?}: {text}");
+    }
+    for good in [
+        "a.example",
+        "A.EXAMPLE:8080",
+        "[::1]:80",
+        "[::1]",
+        "127.0.0.1",
+        "x_y.example.",
+        "",
+    ] {
+        let req = format!("GET /any HTTP/1.1\r\nHost: {good}\r\nConnection: close\r\n\r\n");
+        let (code, text) = raw(dp.addr, req.as_bytes()).await;
+        assert_eq!(code, 200, "Host {good:?}: {text}");
+    }
     // One Host: fine.
     let (code, text) = raw(
         dp.addr,

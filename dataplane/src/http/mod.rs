@@ -114,7 +114,7 @@ pub struct RequestInfo<'a> {
 /// the request must be refused with 400.
 ///
 /// - More than one `Host` header: refused (nginx answers 400 too), as a proxy and its
-///   upstream could each pick a different one.
+///   upstream could each pick a different one. A `Host` that is not `host[:port]`: refused.
 /// - HTTP/1.1 without `Host` (and not in absolute form): refused. HTTP/1.0 may omit it.
 /// - HTTP/1.x absolute form (`GET http://a.example/x`): the target's authority wins over
 ///   any `Host` header (RFC 9112 §3.2.2).
@@ -132,6 +132,7 @@ pub fn request_host<B>(req: &Request<B>) -> Result<Option<HeaderValue>, &'static
                 Err("Host header differs from :authority")
             }
             (Some(a), _) => Ok(HeaderValue::from_str(a.as_str()).ok()),
+            (None, Some(h)) if !is_host(h.as_bytes()) => Err("invalid Host header"),
             (None, h) => Ok(h.cloned()),
         };
     }
@@ -139,8 +140,64 @@ pub fn request_host<B>(req: &Request<B>) -> Result<Option<HeaderValue>, &'static
         return Ok(HeaderValue::from_str(a.as_str()).ok());
     }
     match first {
+        Some(h) if !is_host(h.as_bytes()) => Err("invalid Host header"),
         Some(h) => Ok(Some(h.clone())),
         None if req.version() == http::Version::HTTP_11 => Err("missing Host header"),
         None => Ok(None),
     }
+}
+
+/// Whether `host` is `uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2): a bracketed
+/// IP literal or a name of unreserved, sub-delims and `%` characters, then at most a port
+/// of digits. Empty is allowed (RFC 9112 §3.2). Anything else (a path, `@`, spaces, a
+/// second colon, text after `]`) could be read as another host by a router and by an
+/// upstream, so the request is refused, as nginx does.
+fn is_host(host: &[u8]) -> bool {
+    let (name, port) = match host.first() {
+        Some(b'[') => match host.iter().position(|&b| b == b']') {
+            Some(end) => {
+                let literal = &host[1..end];
+                let ok = !literal.is_empty()
+                    && literal
+                        .iter()
+                        .all(|&b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'));
+                if !ok {
+                    return false;
+                }
+                (&[][..], &host[end + 1..])
+            }
+            None => return false,
+        },
+        _ => match host.iter().position(|&b| b == b':') {
+            Some(colon) => (&host[..colon], &host[colon..]),
+            None => (host, &[][..]),
+        },
+    };
+    let name_ok = name.iter().all(|&b| {
+        b.is_ascii_alphanumeric()
+            || matches!(
+                b,
+                b'-' | b'.'
+                    | b'_'
+                    | b'~'
+                    | b'%'
+                    | b'!'
+                    | b'$'
+                    | b'&'
+                    | b'\''
+                    | b'('
+                    | b')'
+                    | b'*'
+                    | b'+'
+                    | b','
+                    | b';'
+                    | b'='
+            )
+    });
+    let port_ok = match port.split_first() {
+        None => true,
+        Some((b':', digits)) => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
+        Some(_) => false,
+    };
+    name_ok && port_ok
 }
