@@ -245,7 +245,7 @@ async fn host_headers_are_checked_as_rfc_9112_asks() {
         "Host sent on: {text}"
     );
     // A Host that is not `host[:port]` could be read as another host by an upstream.
-    for bad in [
+    let bad = [
         "[::1]evil",
         "[::1]:1:2",
         "a.example:80:80",
@@ -255,12 +255,8 @@ async fn host_headers_are_checked_as_rfc_9112_asks() {
         "a example",
         "[zz::1]",
         "[::1",
-    ] {
-        let req = format!("GET /any HTTP/1.1\r\nHost: {bad}\r\nConnection: close\r\n\r\n");
-        let (code, text) = raw(dp.addr, req.as_bytes()).await;
-        assert_eq!(code, 400, "Host {bad:?}: {text}");
-    }
-    for good in [
+    ];
+    let good = [
         "a.example",
         "A.EXAMPLE:8080",
         "[::1]:80",
@@ -268,10 +264,15 @@ async fn host_headers_are_checked_as_rfc_9112_asks() {
         "127.0.0.1",
         "x_y.example.",
         "",
-    ] {
-        let req = format!("GET /any HTTP/1.1\r\nHost: {good}\r\nConnection: close\r\n\r\n");
+    ];
+    let cases = bad
+        .iter()
+        .map(|h| (h, 400))
+        .chain(good.iter().map(|h| (h, 200)));
+    for (host, want) in cases {
+        let req = format!("GET /any HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
         let (code, text) = raw(dp.addr, req.as_bytes()).await;
-        assert_eq!(code, 200, "Host {good:?}: {text}");
+        assert_eq!(code, want, "Host {host:?}: {text}");
     }
     // One Host: fine.
     let (code, text) = raw(
