@@ -187,15 +187,38 @@ pub async fn run(client: Client, cfg: LeaseConfig, leader: watch::Sender<bool>, 
 }
 
 /// Gives the Lease up if we hold it, so another replica takes over at once (on shutdown).
+///
+/// NB: a failure is logged, never silent: a Lease left held by a process that is gone
+/// (on `helm uninstall` the Role may be deleted before this runs: 403) makes the next
+/// leader wait for it to expire.
 pub async fn release(client: Client, cfg: &LeaseConfig) {
     let api: Api<Lease> = Api::namespaced(client, &cfg.namespace);
-    let Ok(Some(mut lease)) = api.get_opt(&cfg.name).await else {
-        return;
+    let mut lease = match api.get_opt(&cfg.name).await {
+        Ok(Some(lease)) => lease,
+        Ok(None) => {
+            tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, "no lease to release");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(
+                lease = %cfg.name,
+                namespace = %cfg.namespace,
+                error = %e,
+                "cannot read the lease to release it; it stays held until it expires"
+            );
+            return;
+        }
     };
     let Some(spec) = lease.spec.as_mut() else {
+        tracing::info!(lease = %cfg.name, namespace = %cfg.namespace, "lease has no holder; nothing to release");
         return;
     };
     if spec.holder_identity.as_deref() != Some(&cfg.identity) {
+        tracing::debug!(
+            lease = %cfg.name,
+            holder = ?spec.holder_identity,
+            "lease held by another replica; nothing to release"
+        );
         return;
     }
     spec.holder_identity = None;
@@ -203,7 +226,12 @@ pub async fn release(client: Client, cfg: &LeaseConfig) {
     spec.acquire_time = None;
     match api.replace(&cfg.name, &PostParams::default(), &lease).await {
         Ok(_) => tracing::info!(lease = %cfg.name, "leadership released"),
-        Err(e) => tracing::warn!(error = %e, "cannot release the lease"),
+        Err(e) => tracing::warn!(
+            lease = %cfg.name,
+            namespace = %cfg.namespace,
+            error = %e,
+            "cannot release the lease; it stays held until it expires"
+        ),
     }
 }
 

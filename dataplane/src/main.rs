@@ -118,6 +118,13 @@ struct Args {
     /// still open then is closed, and the process exits 0.
     #[arg(long, default_value = "30s", value_parser = duration)]
     drain_timeout: Duration,
+    /// On SIGTERM/SIGINT: how long to keep accepting and serving before the drain starts,
+    /// while /readyz answers 503 and load balancers (kube-proxy, a cloud LB) stop sending new
+    /// connections here. Meanwhile each HTTP/1.1 response carries `Connection: close` and each
+    /// HTTP/2 connection gets a GOAWAY, so clients reconnect elsewhere. A second signal
+    /// ends the delay. Like ingress-nginx's wait-shutdown; the chart sets 5s.
+    #[arg(long, default_value = "0s", value_parser = duration)]
+    shutdown_delay: Duration,
     /// Most idle keep-alive connections kept per upstream endpoint and worker (APISIX
     /// `keepalive_pool.size`).
     #[arg(long, default_value_t = 320)]
@@ -352,11 +359,27 @@ fn main() -> anyhow::Result<()> {
             }
         }
         shutdown_signal().await;
-        // Graceful drain: /readyz turns 503, listeners close, in-flight requests and
-        // upgraded WebSocket sessions finish (up to --drain-timeout, then they are cut),
-        // idle connections close.
-        tracing::info!(timeout = ?args.drain_timeout, "draining");
         store.start_draining();
+        // NB: the Endpoints controller and kube-proxy take a second or two to stop sending
+        // connections to a pod that is terminating; until then its listeners must accept,
+        // or those connections are refused (or hang on a vanished pod IP).
+        if !args.shutdown_delay.is_zero() {
+            tracing::info!(
+                delay = ?args.shutdown_delay,
+                "shutting down: /readyz answers 503; still serving, with each connection \
+                 closed after its response, until the delay ends"
+            );
+            drain_trigger.go_away();
+            tokio::select! {
+                _ = tokio::time::sleep(args.shutdown_delay) => {}
+                _ = shutdown_signal() => {
+                    tracing::info!("second signal: the rest of the shutdown delay is skipped");
+                }
+            }
+        }
+        // Graceful drain: listeners close, in-flight requests and upgraded WebSocket
+        // sessions finish (up to --drain-timeout, then they are cut), idle connections close.
+        tracing::info!(timeout = ?args.drain_timeout, "draining");
         drain_trigger.drain();
         let deadline = tokio::time::Instant::now() + args.drain_timeout;
         while !handles.iter().all(|h| h.is_finished()) {

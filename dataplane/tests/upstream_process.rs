@@ -69,12 +69,27 @@ async fn start_standalone(
     dir: &std::path::Path,
     extra: &[&str],
 ) -> (std::process::Child, SocketAddr, SocketAddr) {
+    let (child, http, admin, _status) = start_standalone_with_status(dir, extra).await;
+    (child, http, admin)
+}
+
+/// [`start_standalone`], where `extra` may also name the placeholder `STATUS` (for
+/// `--status`); returns that address last.
+async fn start_standalone_with_status(
+    dir: &std::path::Path,
+    extra: &[&str],
+) -> (std::process::Child, SocketAddr, SocketAddr, SocketAddr) {
     for _ in 0..5 {
-        let (http, admin) = (free_port(), free_port());
+        let (http, admin, status) = (free_port(), free_port(), free_port());
         let https = free_port().to_string();
+        let status_arg = status.to_string();
         let args: Vec<&str> = extra
             .iter()
-            .map(|a| if *a == "HTTPS" { https.as_str() } else { *a })
+            .map(|a| match *a {
+                "HTTPS" => https.as_str(),
+                "STATUS" => status_arg.as_str(),
+                a => a,
+            })
             .collect();
         let mut child = spawn_standalone(dir, http, admin, &args);
         let deadline = Instant::now() + Duration::from_secs(10);
@@ -87,7 +102,7 @@ async fn start_standalone(
             if tokio::net::TcpStream::connect(http).await.is_ok()
                 && tokio::net::TcpStream::connect(admin).await.is_ok()
             {
-                return (child, http, admin);
+                return (child, http, admin, status);
             }
             assert!(
                 Instant::now() < deadline,
@@ -621,4 +636,317 @@ async fn a_websocket_session_left_open_is_closed_at_the_drain_timeout() {
         ),
         "{end:?}"
     );
+}
+
+/// The log written by [`log_file`], without its colours.
+fn plain_log(dir: &std::path::Path) -> String {
+    let log = std::fs::read_to_string(dir.join("dataplane.log")).unwrap_or_default();
+    let mut out = String::with_capacity(log.len());
+    let mut chars = log.chars();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' {
+            // `ESC [ ... m`
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// Sends one HTTP/1.1 request for `path` (Host `app`) on a new connection and reads until
+/// the dataplane closes it: returns the response head, lower-cased, and the body.
+async fn request_until_closed(http: SocketAddr, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(http)
+        .await
+        .expect("a new connection during the shutdown delay is accepted");
+    stream
+        .write_all(format!("GET {path} HTTP/1.1\r\nhost: app\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut raw = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut raw))
+        .await
+        .expect("the dataplane closes the connection after its response")
+        .unwrap();
+    let raw = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+    (head.to_ascii_lowercase(), body.to_owned())
+}
+
+async fn h1_get(
+    sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+    path: &str,
+) -> http::Response<Bytes> {
+    let resp = sender
+        .send_request(
+            Request::get(path)
+                .header("host", "app")
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let (parts, body) = resp.into_parts();
+    http::Response::from_parts(parts, body.collect().await.unwrap().to_bytes())
+}
+
+/// An h2c (prior knowledge) connection to `http`: its sender, and its task, which ends when
+/// the connection closes.
+async fn h2c_connect(
+    http: SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let stream = tokio::net::TcpStream::connect(http).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    (sender, tokio::spawn(conn))
+}
+
+async fn h2_get(
+    sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    path: &str,
+) -> StatusCode {
+    let resp = sender
+        .send_request(
+            Request::get(format!("http://app{path}"))
+                .body(Full::new(Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status();
+    resp.into_body().collect().await.unwrap();
+    status
+}
+
+/// Waits (up to 3 s) for a client connection's task to end: the dataplane closed it.
+async fn closed_by_dataplane<T>(
+    conn: tokio::task::JoinHandle<T>,
+    what: &str,
+    dir: &std::path::Path,
+) {
+    tokio::time::timeout(Duration::from_secs(3), conn)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not closed by the dataplane\n{}", log_tail(dir)))
+        .unwrap();
+}
+
+/// Waits (up to 5 s) for `/readyz` on `admin` to answer 503 `draining`.
+async fn wait_not_ready(admin: SocketAddr, dir: &std::path::Path) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let ready = get(admin, "admin", "/readyz").await;
+        if ready.status == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(ready.text(), "draining\n");
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "/readyz still {} after SIGTERM\n{}",
+            ready.status,
+            log_tail(dir)
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A real dataplane on `origin` with `--shutdown-delay delay` and 2 workers, serving.
+async fn delayed_dataplane(
+    dir: &tempfile::TempDir,
+    origin: &Origin,
+    delay: &str,
+) -> (std::process::Child, SocketAddr, SocketAddr) {
+    std::fs::write(dir.path().join("config.yaml"), config(origin.addr.port())).unwrap();
+    let (child, http, admin) = start_standalone(
+        dir.path(),
+        &[
+            "--workers",
+            "2",
+            "--shutdown-delay",
+            delay,
+            "--drain-timeout",
+            "5s",
+        ],
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while get(http, "app", "/warm").await.status != StatusCode::OK {
+        assert!(Instant::now() < deadline, "dataplane did not serve");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (child, http, admin)
+}
+
+/// `--shutdown-delay`: after SIGTERM the pod turns not-ready but keeps accepting and
+/// proxying (kube-proxy still sends it connections), asking every client to go away after
+/// its response; only then does the drain close the listeners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_a_shutdown_delay_keeps_serving_new_connections_until_the_delay_ends() {
+    let origin = Origin::start("delayed");
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, http, admin) = delayed_dataplane(&dir, &origin, "5s").await;
+
+    // A keep-alive HTTP/1.1 connection and an h2c connection, each used once before SIGTERM.
+    let stream = tokio::net::TcpStream::connect(http).await.unwrap();
+    let (mut h1, h1_conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    let h1_conn = tokio::spawn(h1_conn);
+    let r = h1_get(&mut h1, "/before").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.headers().get("connection").is_none(), "{r:?}");
+    let (mut h2, h2_conn) = h2c_connect(http).await;
+    assert_eq!(h2_get(&mut h2, "/before").await, StatusCode::OK);
+
+    assert_eq!(send_sigterm(i32::try_from(child.id()).unwrap()), 0);
+    let term_at = Instant::now();
+    wait_not_ready(admin, dir.path()).await;
+
+    // The delay: a new connection is accepted and proxied to the origin, and closed after
+    // its response, which says so.
+    let (head, body) = request_until_closed(http, "/during").await;
+    assert!(
+        head.starts_with("http/1.1 200"),
+        "{head}\n{}",
+        log_tail(dir.path())
+    );
+    assert!(head.contains("\r\nconnection: close"), "{head}");
+    assert!(head.contains("\r\nx-origin: delayed"), "{head}");
+    assert_eq!(body, "delayed");
+    // The keep-alive connection opened before: served, with `Connection: close`, then closed.
+    let r = h1_get(&mut h1, "/during").await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()["connection"], "close");
+    assert_eq!(&r.body()[..], b"delayed");
+    closed_by_dataplane(h1_conn, "the keep-alive connection", dir.path()).await;
+    // HTTP/2: the connection that carried a request gets a GOAWAY and closes; a new one is
+    // served, then gets its GOAWAY too.
+    closed_by_dataplane(
+        h2_conn,
+        "the h2c connection opened before SIGTERM",
+        dir.path(),
+    )
+    .await;
+    let (mut h2, h2_conn) = h2c_connect(http).await;
+    assert_eq!(h2_get(&mut h2, "/during").await, StatusCode::OK);
+    closed_by_dataplane(
+        h2_conn,
+        "the h2c connection opened during the delay",
+        dir.path(),
+    )
+    .await;
+    assert!(
+        term_at.elapsed() < Duration::from_secs(5),
+        "the checks above outlasted the delay ({:?}): nothing proven",
+        term_at.elapsed()
+    );
+    let log = plain_log(dir.path());
+    assert!(
+        log.lines()
+            .any(|l| l.contains("INFO") && l.contains("shutting down") && l.contains("delay=5s")),
+        "{}",
+        log_tail(dir.path())
+    );
+
+    // After the delay: the listeners close, and the process exits 0.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while tokio::net::TcpStream::connect(http).await.is_ok() {
+        assert!(Instant::now() < deadline, "new connections still accepted");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        term_at.elapsed() >= Duration::from_secs(5),
+        "listeners closed {:?} after SIGTERM, before the 5 s delay",
+        term_at.elapsed()
+    );
+    let status = wait_exit(&mut child, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_sigterm_ends_the_shutdown_delay() {
+    let origin = Origin::start("delayed");
+    let dir = tempfile::tempdir().unwrap();
+    let (mut child, http, admin) = delayed_dataplane(&dir, &origin, "10m").await;
+    let pid = i32::try_from(child.id()).unwrap();
+    assert_eq!(send_sigterm(pid), 0);
+    wait_not_ready(admin, dir.path()).await;
+    assert_eq!(get(http, "app", "/during").await.status, StatusCode::OK);
+    assert_eq!(send_sigterm(pid), 0);
+    wait_refused(http).await;
+    let status = wait_exit(&mut child, Duration::from_secs(10)).await;
+    assert!(status.success(), "{status}");
+    let log = plain_log(dir.path());
+    assert!(log.contains("second signal"), "{}", log_tail(dir.path()));
+}
+
+/// The write-batching mode of a real process, on the status listener's /metrics and in one
+/// log line: `auto` gives io_uring or, where the kernel or a seccomp profile refuses it,
+/// `send`; `--write-batching send` forces the fallback.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_write_batching_mode_is_logged_once_and_exported_as_a_metric() {
+    for (flag, want) in [("auto", None), ("send", Some("send"))] {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("config.yaml"), config(1)).unwrap();
+        let (mut child, _http, _admin, status) = start_standalone_with_status(
+            dir.path(),
+            &[
+                "--workers",
+                "2",
+                "--listen-https",
+                "HTTPS",
+                "--status",
+                "STATUS",
+                "--write-batching",
+                flag,
+            ],
+        )
+        .await;
+        let metrics = get(status, "status", "/metrics").await.text();
+        let modes: Vec<&str> = ["io_uring", "send"]
+            .into_iter()
+            .filter(|m| {
+                metrics.contains(&format!(
+                    "sluice_dataplane_write_batching{{mode=\"{m}\"}} 1\n"
+                ))
+            })
+            .collect();
+        assert_eq!(modes.len(), 1, "--write-batching {flag}: {metrics}");
+        if let Some(want) = want {
+            assert_eq!(modes, [want], "--write-batching {flag}: {metrics}");
+        }
+        assert!(
+            metrics.contains("# TYPE sluice_dataplane_write_batching gauge"),
+            "{metrics}"
+        );
+        // Four worker threads (2 × HTTP and HTTPS): one line.
+        let log = plain_log(dir.path());
+        let lines: Vec<&str> = log
+            .lines()
+            .filter(|l| l.contains("write batching:"))
+            .collect();
+        assert_eq!(lines.len(), 1, "--write-batching {flag}: {log}");
+        assert!(
+            lines[0].contains("INFO") && lines[0].contains(&format!("mode={}", modes[0])),
+            "{}",
+            lines[0]
+        );
+        if modes[0] == "send" {
+            assert!(lines[0].contains("reason="), "{}", lines[0]);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
 }

@@ -1,7 +1,9 @@
 //! Dataplane metrics, served on the admin listener's `/metrics`.
 
 use http::StatusCode;
-use prometheus::{Encoder, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder};
+use prometheus::{
+    Encoder, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+};
 
 /// Counters and gauges of one dataplane process.
 #[derive(Debug, Clone)]
@@ -12,6 +14,7 @@ pub struct Metrics {
     /// Snapshot loads by result (`ok`, `rejected`).
     pub snapshot_loads: IntCounterVec,
     responses: [IntCounter; 5],
+    write_batching: IntGaugeVec,
 }
 
 impl Metrics {
@@ -40,7 +43,16 @@ impl Metrics {
             by_class.with_label_values(&["4xx"]),
             by_class.with_label_values(&["5xx"]),
         ];
+        let write_batching = IntGaugeVec::new(
+            Opts::new(
+                "sluice_dataplane_write_batching",
+                "Write-batching mode the workers use (--write-batching): 1 for io_uring, \
+                 send or off",
+            ),
+            &["mode"],
+        )?;
         registry.register(Box::new(snapshot_version.clone()))?;
+        registry.register(Box::new(write_batching.clone()))?;
         registry.register(Box::new(snapshot_loads.clone()))?;
         registry.register(Box::new(by_class))?;
         Ok(Metrics {
@@ -48,6 +60,7 @@ impl Metrics {
             snapshot_version,
             snapshot_loads,
             responses,
+            write_batching,
         })
     }
 
@@ -73,6 +86,10 @@ impl Metrics {
 
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
+        // NB: the workers choose their mode once, at start, after this registry exists.
+        for mode in crate::net::wbatch::modes_in_use() {
+            self.write_batching.with_label_values(&[mode]).set(1);
+        }
         let mut buf = Vec::new();
         if TextEncoder::new()
             .encode(&self.registry.gather(), &mut buf)

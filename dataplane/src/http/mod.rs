@@ -13,6 +13,8 @@ pub mod headers;
 pub mod path;
 
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use http::Request;
 use http::header::{self, HeaderValue};
@@ -39,6 +41,10 @@ pub struct ConnInfo {
     /// the request is answered 431. hyper's `max_buf_size` bounds its read buffer, not the
     /// head: a head that arrives in one read may be up to twice that size.
     pub max_header_bytes: usize,
+    /// Set by the listener once the process shuts down (its shutdown delay, then drain):
+    /// from then on an HTTP/1.x response on this connection asks the client to close it.
+    /// Default: none, the connection is never asked to close.
+    pub going_away: Option<Arc<AtomicBool>>,
 }
 
 impl ConnInfo {
@@ -59,7 +65,16 @@ impl ConnInfo {
             timer,
             client_body_timeout: CLIENT_BODY_TIMEOUT,
             max_header_bytes: MAX_HEADER_BYTES,
+            going_away: None,
         }
+    }
+
+    /// Whether the process is shutting down and the connection should not be kept alive.
+    #[inline]
+    pub fn is_going_away(&self) -> bool {
+        self.going_away
+            .as_ref()
+            .is_some_and(|g| g.load(std::sync::atomic::Ordering::Relaxed))
     }
 }
 

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -105,6 +106,20 @@ impl Activity {
         InFlightRequest(self.clone())
     }
 
+    /// Whether the connection has carried a request (or carries one now).
+    fn has_carried_a_request(&self) -> bool {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.0.in_flight.load(Relaxed) > 0 || self.0.last_ms.load(Relaxed) != u64::MAX
+    }
+
+    /// Resolves once the connection has carried a request (checked every 50 ms: only
+    /// connections still silent during the shutdown delay wait here).
+    async fn first_request(&self) {
+        while !self.has_carried_a_request() {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Resolves once the connection has had no request in flight for `idle` (for
     /// `first` from its start, before any request).
     pub(crate) async fn idle(&self, first: Duration, idle: Duration) {
@@ -126,10 +141,15 @@ impl Activity {
     }
 }
 
-/// Serves an HTTP/2 connection until it ends, `drain` fires, or it has had no request in
-/// flight past the limits (`activity` is what its requests report to); the last two shut
-/// it down gracefully: GOAWAY, and the streams already open finish (a connection that never
+/// Serves an HTTP/2 connection until it ends, `drain` fires, the shutdown delay starts and
+/// the connection has carried a request, or it has had no request in flight past the
+/// limits (`activity` is what its requests report to); all but the first shut it down
+/// gracefully: GOAWAY, and the streams already open finish (a connection that never
 /// carried a request is closed at once).
+///
+/// NB: during the shutdown delay a new connection gets its GOAWAY only after its first
+/// request has arrived: a GOAWAY right after the preface could reach a client before it
+/// sent anything, and send it back to the same pod.
 ///
 /// NB: a request counts until its response head is sent; a long response body on an
 /// otherwise idle connection gets a GOAWAY after `idle_timeout`, and finishes.
@@ -144,9 +164,14 @@ where
     F: Future<Output = Result<(), E>>,
 {
     tokio::pin!(conn);
+    let mut away = drain.clone();
     tokio::select! {
         r = conn.as_mut() => return r,
         _ = drain.wait() => {}
+        _ = async {
+            away.going_away().await;
+            activity.first_request().await;
+        } => {}
         _ = activity.idle(limits.header_read_timeout, limits.idle_timeout) => {
             // Never a request (a preface that never completed, or silence): nothing to
             // finish, and no GOAWAY owed to a peer that has not spoken HTTP/2.
@@ -212,41 +237,115 @@ async fn sniff_h2(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<b
     }
 }
 
-/// Tells workers to drain: stop accepting, finish in-flight requests, close idle
-/// connections.
+/// Where the process is in its shutdown; each phase includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    Serving,
+    /// The shutdown delay: listeners still accept and serve, but every connection is asked
+    /// to go away (HTTP/1.1 `Connection: close`, HTTP/2 GOAWAY), so clients move to other
+    /// pods while the endpoint is being removed.
+    GoingAway,
+    /// Listeners closed; in-flight requests finish, idle connections close.
+    Draining,
+}
+
+/// Tells workers to shut down: [`go_away`](Self::go_away) during the shutdown delay, then
+/// [`drain`](Self::drain).
 #[derive(Debug)]
-pub struct DrainTrigger(tokio::sync::watch::Sender<bool>);
+pub struct DrainTrigger {
+    phase: tokio::sync::watch::Sender<Phase>,
+    going_away: Arc<AtomicBool>,
+}
 
 impl DrainTrigger {
-    /// Starts draining every worker given the matching [`Drain`].
+    /// Starts the shutdown delay: workers keep accepting and serving, an HTTP/1.1 response
+    /// carries `Connection: close` (and its connection closes once it is sent), an HTTP/2
+    /// connection gets a graceful GOAWAY once it has carried a request.
+    pub fn go_away(&self) {
+        self.going_away.store(true, Ordering::Relaxed);
+        self.phase.send_if_modified(|p| {
+            let earlier = *p < Phase::GoingAway;
+            if earlier {
+                *p = Phase::GoingAway;
+            }
+            earlier
+        });
+    }
+
+    /// Starts draining every worker given the matching [`Drain`]: stop accepting, finish
+    /// in-flight requests, close idle connections.
     pub fn drain(&self) {
-        let _ = self.0.send(true);
+        self.going_away.store(true, Ordering::Relaxed);
+        let _ = self.phase.send(Phase::Draining);
     }
 }
 
 /// The workers' side of a [`DrainTrigger`].
 #[derive(Debug, Clone)]
-pub struct Drain(tokio::sync::watch::Receiver<bool>);
+pub struct Drain {
+    phase: tokio::sync::watch::Receiver<Phase>,
+    // NB: read on every HTTP/1.1 response (through `ConnInfo`, cloned once per connection);
+    // an atomic load costs nothing there, where the watch channel's value sits behind a
+    // lock that every worker would share.
+    going_away: Arc<AtomicBool>,
+}
 
 impl Drain {
     /// A trigger and its receiver.
     pub fn channel() -> (DrainTrigger, Drain) {
-        let (tx, rx) = tokio::sync::watch::channel(false);
-        (DrainTrigger(tx), Drain(rx))
+        let (tx, rx) = tokio::sync::watch::channel(Phase::Serving);
+        let going_away = Arc::new(AtomicBool::new(false));
+        (
+            DrainTrigger {
+                phase: tx,
+                going_away: Arc::clone(&going_away),
+            },
+            Drain {
+                phase: rx,
+                going_away,
+            },
+        )
     }
 
     /// Never drains (the trigger is dropped; `wait` then stays pending).
     pub fn never() -> Drain {
-        let (_, rx) = tokio::sync::watch::channel(false);
-        Drain(rx)
+        Drain::channel().1
     }
 
     /// Resolves once draining has started.
     pub async fn wait(&mut self) {
-        if self.0.wait_for(|d| *d).await.is_err() {
-            // Trigger gone without draining: never.
+        self.reached(Phase::Draining).await;
+    }
+
+    /// Resolves once the shutdown delay (or draining) has started.
+    pub async fn going_away(&mut self) {
+        self.reached(Phase::GoingAway).await;
+    }
+
+    /// The flag a connection's [`ConnInfo::going_away`] shares: set once the shutdown delay
+    /// (or draining) has started.
+    pub(crate) fn going_away_flag(&self) -> Arc<AtomicBool> {
+        Arc::clone(&self.going_away)
+    }
+
+    async fn reached(&mut self, phase: Phase) {
+        if self.phase.wait_for(|p| *p >= phase).await.is_err() {
+            // Trigger gone without reaching it: never.
             std::future::pending::<()>().await;
         }
+    }
+}
+
+/// Asks an HTTP/1.x client to go away after `resp` once the shutdown delay has started:
+/// `Connection: close`, which hyper honours by closing the connection once the response is
+/// sent. An upgrade (101) keeps its `Connection: upgrade`.
+#[inline]
+pub(crate) fn close_if_going_away<B>(resp: &mut http::Response<B>, conn: &ConnInfo) {
+    if conn.is_going_away() && resp.status() != http::StatusCode::SWITCHING_PROTOCOLS {
+        resp.headers_mut().insert(
+            http::header::CONNECTION,
+            http::HeaderValue::from_static("close"),
+        );
     }
 }
 
@@ -261,7 +360,7 @@ pub(crate) async fn until_drained<F: Future>(
     drain: Drain,
     shutdown: impl FnOnce(Pin<&mut F>),
 ) -> F::Output {
-    let changed = drain.0.clone();
+    let mut changed = drain.phase.clone();
     let mut drain = drain;
     let wait = drain.wait();
     tokio::pin!(wait);
@@ -273,6 +372,9 @@ pub(crate) async fn until_drained<F: Future>(
         // A closed channel (`Drain::never`) never drains.
         if !registered || changed.has_changed().unwrap_or(false) {
             registered = true;
+            // NB: the shutdown delay changes the channel without draining; seen once, it
+            // must not send every later wake-up back through `wait`.
+            changed.mark_unchanged();
             if wait.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(None);
             }
@@ -368,7 +470,10 @@ pub(crate) fn spawn_idle_trim(permits: &Arc<Semaphore>, max_connections: usize) 
 
 /// Accepts connections on `listener` and serves them until `drain` fires; then closes the
 /// listener (new connections are refused), lets every open connection finish its in-flight
-/// request, closes idle keep-alive connections, and returns when none is left.
+/// request, closes idle keep-alive connections, and returns when none is left. Before that,
+/// during the shutdown delay ([`DrainTrigger::go_away`]), it still accepts and serves, and
+/// asks every connection to close after its response (see `close_if_going_away` and
+/// `serve_h2`).
 pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limits, drain: Drain) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     spawn_idle_trim(&permits, limits.max_connections);
@@ -418,6 +523,7 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
             let mut conn = ConnInfo::new(remote, local, "http", timer);
             conn.client_body_timeout = limits.client_body_timeout;
             conn.max_header_bytes = limits.max_header_bytes;
+            conn.going_away = Some(drain.going_away_flag());
             let conn = Arc::new(conn);
             let io = TokioIo::new(SendTimeout::new(
                 crate::net::wbatch::BatchedStream::new(stream),
@@ -445,7 +551,11 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
                 let service = service_fn(move |req| {
                     let store = Arc::clone(&store);
                     let conn = Arc::clone(&conn);
-                    async move { Ok::<_, std::convert::Infallible>(handle(req, &conn, &store).await) }
+                    async move {
+                        let mut resp = handle(req, &conn, &store).await;
+                        close_if_going_away(&mut resp, &conn);
+                        Ok::<_, std::convert::Infallible>(resp)
+                    }
                 });
                 let conn = h1.serve_connection(io, service).with_upgrades();
                 tokio::pin!(conn);

@@ -35,7 +35,8 @@ use crate::config::certs::{ClientAuth, SniEntry, refusing_config};
 use crate::config::store::Store;
 use crate::http::ConnInfo;
 use crate::listener::server::{
-    Activity, Drain, Limits, connection_builders, serve_h2, spawn_listener_workers,
+    Activity, Drain, Limits, close_if_going_away, connection_builders, serve_h2,
+    spawn_listener_workers,
 };
 use crate::net::send_timeout::SendTimeout;
 use crate::net::timer::CoarseTimer;
@@ -193,6 +194,7 @@ pub async fn serve_https_until(
             let mut info = ConnInfo::new(remote, local, "https", timer);
             info.client_body_timeout = limits.client_body_timeout;
             info.max_header_bytes = limits.max_header_bytes;
+            info.going_away = Some(drain.going_away_flag());
             let info = Arc::new(info);
             let conn = Arc::new(conn);
             let activity = Activity::new();
@@ -208,8 +210,11 @@ pub async fn serve_https_until(
                         store.metrics().observe_status(resp.status());
                         return Ok::<_, std::convert::Infallible>(resp);
                     }
-                    let resp = handle(req, &info, &store).await;
+                    let mut resp = handle(req, &info, &store).await;
                     drop(request);
+                    if !is_h2 {
+                        close_if_going_away(&mut resp, &info);
+                    }
                     Ok(resp)
                 }
             });

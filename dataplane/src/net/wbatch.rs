@@ -26,7 +26,9 @@
 //! connection's lock while it sends, so a descriptor is never used after it was closed.
 //! Without io_uring (`io_uring_setup` refused, as under Docker's default seccomp profile)
 //! the batch is sent with one `send` per connection, which keeps the ordering and the
-//! end-of-turn grouping; [`enable_on_this_thread`] logs which one is used.
+//! end-of-turn grouping. The first worker to start logs which mode is used (one INFO line
+//! per process, with the reason when it is `send`), and `/metrics` shows it as
+//! `sluice_dataplane_write_batching{mode="io_uring"|"send"|"off"} 1` ([`modes_in_use`]).
 
 use std::cell::RefCell;
 use std::io;
@@ -120,12 +122,51 @@ thread_local! {
     static BATCHER: RefCell<Option<Batcher>> = const { RefCell::new(None) };
 }
 
+/// The modes the workers of this process use, one bit each: [`IO_URING`], [`SEND`], [`OFF`].
+static MODES_IN_USE: AtomicU8 = AtomicU8::new(0);
+const IO_URING: u8 = 1;
+const SEND: u8 = 2;
+const OFF: u8 = 4;
+
+/// Notes that a worker uses `mode` (one of the bits of [`MODES_IN_USE`]) because of `why`.
+/// The first worker of the process logs it; a later one only when its mode differs.
+fn record_mode(mode: u8, why: &dyn std::fmt::Display) {
+    let name = mode_name(mode);
+    let before = MODES_IN_USE.fetch_or(mode, Ordering::Relaxed);
+    if before == 0 {
+        tracing::info!(mode = %name, reason = %why, "write batching: {name}");
+    } else if before & mode == 0 {
+        tracing::warn!(mode = %name, reason = %why, "write batching: this worker uses {name}, unlike the workers before it");
+    }
+}
+
+fn mode_name(bit: u8) -> &'static str {
+    match bit {
+        IO_URING => "io_uring",
+        SEND => "send",
+        _ => "off",
+    }
+}
+
+/// The write-batching modes that the workers of this process use, by name (`io_uring`,
+/// `send`, `off`): normally exactly one, none before the first worker started. The metric
+/// `sluice_dataplane_write_batching{mode}`.
+pub fn modes_in_use() -> Vec<&'static str> {
+    let bits = MODES_IN_USE.load(Ordering::Relaxed);
+    [IO_URING, SEND, OFF]
+        .into_iter()
+        .filter(|b| bits & b != 0)
+        .map(mode_name)
+        .collect()
+}
+
 /// Sets up batching for the current thread, which must run a current-thread Tokio runtime
 /// (a worker), and spawns its flusher task. Does nothing when batching is off or already
 /// set up here. Returns the mode in use.
 pub fn enable_on_this_thread() -> Option<Mode> {
     let policy = policy();
     if policy == Policy::Off {
+        record_mode(OFF, &"--write-batching off");
         return None;
     }
     // NB: only a current-thread runtime runs the flusher and the connections' tasks on
@@ -140,11 +181,24 @@ pub fn enable_on_this_thread() -> Option<Mode> {
             return None;
         }
         let ring = match policy {
-            Policy::Send | Policy::Off => None,
+            Policy::Send | Policy::Off => {
+                record_mode(SEND, &"--write-batching send");
+                None
+            }
             Policy::Auto => match io_uring::IoUring::new(RING_ENTRIES) {
-                Ok(r) => Some(r),
+                Ok(r) => {
+                    record_mode(IO_URING, &"--write-batching auto");
+                    Some(r)
+                }
                 Err(e) => {
-                    tracing::info!(error = %e, "io_uring unavailable; batched writes use one send per connection");
+                    // NB: e.g. a container runtime's seccomp profile that refuses
+                    // io_uring_setup (Docker's and newer containerd's defaults).
+                    record_mode(
+                        SEND,
+                        &format_args!(
+                            "--write-batching auto, io_uring unavailable ({e}): one send(2) per connection"
+                        ),
+                    );
                     None
                 }
             },
