@@ -6,7 +6,7 @@
 # runtime files they need (scripts/image-rootfs.sh, the same layout as the Dockerfile) and a
 # non-root user (65532), then one multi-arch OCI index, written as an OCI archive:
 #
-#   scripts/build-images.sh [--profile dist|release|fast] [--out DIR]
+#   scripts/build-images.sh [--profile dist|release|fast|dev] [--out DIR]
 #                           [--amd64-bins DIR] [--arm64-bins DIR] [--arches "amd64 arm64"]
 #
 #   --arches builds only some architectures (default both; the index then lists only those).
@@ -19,12 +19,15 @@
 #
 # Load it anywhere with e.g. `skopeo copy --all oci-archive:dist/sluice-0.1.0.oci.tar
 # docker://REGISTRY/sluice:0.1.0`. Check it with scripts/check-images.sh.
-# Installs what it needs via apt (buildah, skopeo, umoci, the arm64 cross toolchain and
-# Debian's Rust, qemu-user-static for the check). The arm64 build uses its own target
-# directory ($SLUICE_CACHE/target-image-arm64), the amd64 one $SLUICE_CACHE/target-image-amd64.
+# Installs what this run needs via apt: buildah and binutils always; for arm64 Debian's
+# libc6:arm64 (the image's libc), and only when arm64 is built here (no --arm64-bins) the
+# cross toolchain and Debian's Rust. (scripts/check-images.sh needs skopeo, umoci and, for
+# arm64, qemu-user-static.) The arm64 build uses its own target directory
+# ($SLUICE_CACHE/target-image-arm64), the amd64 one $SLUICE_CACHE/target-image-amd64.
 # The default profile `dist` is release code generation with thin LTO, 16 codegen units and
 # stripped symbols; `release` (fat LTO, one codegen unit, line tables) takes much longer on a
-# small machine and keeps unstripped binaries; `fast` skips LTO.
+# small machine and keeps unstripped binaries; `fast` skips LTO; `dev` is cargo's debug
+# build (target/debug, unstripped).
 # SLUICE_IMAGE_PROFILE_AMD64 / SLUICE_IMAGE_PROFILE_ARM64 override the profile of one
 # architecture (the image labels and the SIZES file say which profile each image has).
 set -euo pipefail
@@ -43,7 +46,7 @@ while [ $# -gt 0 ]; do
     --amd64-bins) amd64_prebuilt=${2:?--amd64-bins needs a directory}; shift 2 ;;
     --arm64-bins) arm64_prebuilt=${2:?--arm64-bins needs a directory}; shift 2 ;;
     --arches) arches=${2:?--arches needs e.g. "amd64 arm64"}; shift 2 ;;
-    -h | --help) sed -n '2,30p' "$0" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-images: unknown option $1" >&2; exit 2 ;;
     esac
 done
@@ -64,18 +67,29 @@ x86_64) ;;
 esac
 
 # ---- tools -------------------------------------------------------------------------------
+# Only what this run uses: packaging prebuilt amd64 binaries needs buildah and readelf.
 need=()
-for c in buildah:buildah skopeo:skopeo umoci:umoci readelf:binutils \
-    aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu qemu-aarch64-static:qemu-user-static; do
+for c in buildah:buildah readelf:binutils; do
     command -v "${c%%:*}" >/dev/null 2>&1 || need+=("${c#*:}")
 done
-[ -x /usr/bin/cargo ] && [ -x /usr/bin/rustc ] || need+=(rustc-web cargo-web)
-[ -d /usr/aarch64-linux-gnu/lib ] || need+=(libc6-dev-arm64-cross)
-[ -d /usr/lib/rustlib/aarch64-unknown-linux-gnu ] || need+=(libstd-rust-web-dev:arm64)
+if want arm64; then
+    # The image's libc (scripts/image-rootfs.sh takes Debian's multiarch one first).
+    [ -e /lib/aarch64-linux-gnu/libc.so.6 ] || [ -e /usr/aarch64-linux-gnu/lib/libc.so.6 ] ||
+        need+=(libc6:arm64)
+    if [ -z "$arm64_prebuilt" ]; then
+        # The cross build: linker, cross libc, Debian's Rust and its aarch64 standard library.
+        command -v aarch64-linux-gnu-gcc >/dev/null 2>&1 || need+=(gcc-aarch64-linux-gnu)
+        [ -x /usr/bin/cargo ] && [ -x /usr/bin/rustc ] || need+=(rustc-web cargo-web)
+        [ -d /usr/aarch64-linux-gnu/lib ] || need+=(libc6-dev-arm64-cross)
+        [ -d /usr/lib/rustlib/aarch64-unknown-linux-gnu ] || need+=(libstd-rust-web-dev:arm64)
+    fi
+fi
 if [ ${#need[@]} -gt 0 ]; then
     sudo=; [ "$(id -u)" -eq 0 ] || sudo=sudo
     log "installing Debian packages: ${need[*]}"
-    dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64
+    case " ${need[*]}" in
+    *:arm64*) dpkg --print-foreign-architectures | grep -qx arm64 || $sudo dpkg --add-architecture arm64 ;;
+    esac
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi

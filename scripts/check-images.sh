@@ -20,8 +20,10 @@ archive=${1:-dist/sluice-$version.oci.tar}
 log() { echo "check-images: $*" >&2; }
 fail() { log "FAILED: $*"; exit 1; }
 [ "$(id -u)" -eq 0 ] || fail "needs root (chroot into the unpacked images)"
-for c in skopeo umoci qemu-aarch64-static curl python3; do
-    command -v "$c" >/dev/null || fail "$c is missing (scripts/build-images.sh installs it)"
+tools="skopeo umoci curl python3"
+case " ${SLUICE_CHECK_ARCHES:-amd64 arm64} " in *" arm64 "*) tools="$tools qemu-aarch64-static" ;; esac
+for c in $tools; do
+    command -v "$c" >/dev/null || fail "$c is missing (apt-get install skopeo umoci curl python3 qemu-user-static)"
 done
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/sluice-check.XXXXXX")

@@ -100,8 +100,24 @@ fn the_values_schema_refuses_bad_values_with_the_field_named() {
             "needs leader election",
         ),
         (
+            &["--set", "dataplane.shutdownDelaySeconds=-1"],
+            "/dataplane/shutdownDelaySeconds",
+        ),
+        // The shutdown delay and the drain must both fit in the grace period.
+        (
             &["--set", "dataplane.drainTimeoutSeconds=30"],
-            "must be below dataplane.terminationGracePeriodSeconds (30)",
+            "dataplane.shutdownDelaySeconds (5) + dataplane.drainTimeoutSeconds (30) must be \
+             below dataplane.terminationGracePeriodSeconds (35)",
+        ),
+        (
+            &[
+                "--set",
+                "dataplane.shutdownDelaySeconds=10",
+                "--set",
+                "dataplane.terminationGracePeriodSeconds=35",
+            ],
+            "dataplane.shutdownDelaySeconds (10) + dataplane.drainTimeoutSeconds (25) must be \
+             below dataplane.terminationGracePeriodSeconds (35)",
         ),
     ];
     let chart = chart_dir();
@@ -126,6 +142,78 @@ fn the_values_schema_refuses_bad_values_with_the_field_named() {
     ])
     .unwrap();
     assert!(ok.success, "{}", ok.stderr);
+}
+
+/// The dataplane Deployment of `helm template s charts/sluice --namespace ns <extra>`.
+fn dataplane_deployment(extra: &[&str]) -> String {
+    let chart = chart_dir();
+    let mut args = vec![
+        "template",
+        "s",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "ns",
+        "--show-only",
+        "templates/dataplane.yaml",
+    ];
+    args.extend_from_slice(extra);
+    let out = helm(&args).unwrap();
+    assert!(out.success, "{extra:?}: {}", out.stderr);
+    out.stdout
+        .split("\n---\n")
+        .find(|doc| doc.contains("\nkind: Deployment\n"))
+        .unwrap_or_else(|| panic!("no Deployment in {}", out.stdout))
+        .to_owned()
+}
+
+#[test]
+fn the_dataplane_gets_a_shutdown_delay_that_fits_its_grace_period_with_the_drain() {
+    // Defaults: 5 s of serving while the endpoint goes away, then 25 s of drain, in 35 s.
+    let d = dataplane_deployment(&[]);
+    assert!(d.contains("\n            - --shutdown-delay=5s\n"), "{d}");
+    assert!(d.contains("\n            - --drain-timeout=25s\n"), "{d}");
+    assert!(
+        d.contains("\n      terminationGracePeriodSeconds: 35\n"),
+        "{d}"
+    );
+    // The dataplane delays its own shutdown: no preStop hook (the image has no shell).
+    assert!(!d.contains("preStop"), "{d}");
+    let d = dataplane_deployment(&[
+        "--set",
+        "dataplane.shutdownDelaySeconds=0",
+        "--set",
+        "dataplane.drainTimeoutSeconds=10",
+        "--set",
+        "dataplane.terminationGracePeriodSeconds=11",
+    ]);
+    assert!(d.contains("\n            - --shutdown-delay=0s\n"), "{d}");
+    assert!(d.contains("\n            - --drain-timeout=10s\n"), "{d}");
+    assert!(
+        d.contains("\n      terminationGracePeriodSeconds: 11\n"),
+        "{d}"
+    );
+}
+
+#[test]
+fn a_fresh_render_starts_the_autoscaled_dataplane_at_min_replicas() {
+    // Without a live Deployment (helm template, a first install) the HPA's minimum, not
+    // Kubernetes' default of 1.
+    let d = dataplane_deployment(&[]);
+    assert!(d.contains("\nspec:\n  replicas: 2\n"), "{d}");
+    let d = dataplane_deployment(&[
+        "--set",
+        "dataplane.autoscaling.minReplicas=3",
+        "--set",
+        "dataplane.autoscaling.maxReplicas=5",
+    ]);
+    assert!(d.contains("\nspec:\n  replicas: 3\n"), "{d}");
+    let d = dataplane_deployment(&[
+        "--set",
+        "dataplane.autoscaling.enabled=false",
+        "--set",
+        "dataplane.replicas=4",
+    ]);
+    assert!(d.contains("\nspec:\n  replicas: 4\n"), "{d}");
 }
 
 #[test]
@@ -294,6 +382,17 @@ fn helm_install_creates_every_object_with_default_and_graviton_values() {
     assert_eq!(hpa["spec"]["metrics"][0]["resource"]["name"], "cpu");
     let svc = get_json(cluster, &["get", "svc", "sluice-dataplane", "-n", &ns]);
     assert_eq!(svc["spec"]["type"], "LoadBalancer");
+    // The dataplane starts at the HPA's minimum; then the HPA (here: kubectl) scales it.
+    assert_eq!(dp["spec"]["replicas"], 2);
+    cluster
+        .kubectl_ok(&[
+            "scale",
+            "deploy/sluice-dataplane",
+            "-n",
+            &ns,
+            "--replicas=4",
+        ])
+        .unwrap();
 
     // An upgrade keeps the generated certificates (lookup), so dataplanes stay trusted.
     let ca = secret_data(cluster, &ns, "sluice-controller-tls", "ca.crt");
@@ -325,6 +424,9 @@ fn helm_install_creates_every_object_with_default_and_graviton_values() {
     );
     let svc = get_json(cluster, &["get", "svc", "sluice-dataplane", "-n", &ns]);
     assert_eq!(svc["spec"]["type"], "NodePort");
+    // ... and the replica count the HPA chose (lookup), not minReplicas again.
+    let dp = get_json(cluster, &["get", "deploy", "sluice-dataplane", "-n", &ns]);
+    assert_eq!(dp["spec"]["replicas"], 4);
     let out = cluster
         .helm(&["uninstall", "sluice", "--namespace", &ns])
         .unwrap();
