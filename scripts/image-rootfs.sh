@@ -14,6 +14,8 @@
 #     ARCH     amd64 or arm64
 #     BIN_DIR  directory holding sluice-controller and sluice-dataplane for ARCH
 #     OUT_DIR  created (must not exist)
+#   SLUICE_ROOTFS_BINS="a b" takes other binaries from BIN_DIR instead of the two (the test
+#   backend image of the real-node e2e tests holds sluice-echo this way).
 #
 # Libraries come from the build machine: the native ones for the build machine's own
 # architecture; for the other one, Debian's multiarch libc (libc6:arm64 under
@@ -55,7 +57,8 @@ find_lib() {
     die "$1 (needed by the $arch binaries) not found in ${libdirs[*]}"
 }
 
-for bin in sluice-controller sluice-dataplane; do
+read -r -a wanted <<<"${SLUICE_ROOTFS_BINS:-sluice-controller sluice-dataplane}"
+for bin in "${wanted[@]}"; do
     [ -x "$bins/$bin" ] || die "$bins/$bin is missing"
     readelf -hW "$bins/$bin" | grep -q "Machine:.*$machine" ||
         die "$bins/$bin is not an $arch ($machine) executable"
@@ -65,7 +68,7 @@ mkdir -p "$out/usr/local/bin" "$out/lib/$multiarch" "$out/etc/ssl/certs" "$out/t
 chmod 1777 "$out/tmp"
 declare -A seen=()
 queue=()
-for bin in sluice-controller sluice-dataplane; do
+for bin in "${wanted[@]}"; do
     install -m 0755 "$bins/$bin" "$out/usr/local/bin/$bin"
     queue+=("$bins/$bin")
 done

@@ -12,7 +12,10 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SLUICE_CACHE/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 
 scripts/install-test-deps.sh
-scripts/testcluster.sh install  # kube-apiserver + etcd for e2e (built once, cached)
+# kube-apiserver + etcd for e2e; with --node also the real node's parts (kubelet,
+# kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, metrics-server, containerd,
+# runc, CNI plugins): built once from the Go module proxy / apt, cached.
+scripts/testcluster.sh install --node
 scripts/install-helm.sh >/dev/null  # helm for the chart tests (built once from the Go module proxy, cached)
 
 echo "==> cargo fmt --check"
@@ -26,6 +29,14 @@ echo "==> cargo build --workspace --bins (the e2e tests run these binaries)"
 # binary with `cargo build -p <crate>` compiles the dependency tree again per crate.
 cargo build --workspace --bins --locked --quiet
 export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
+
+# The image the real-node tests (e2e/tests/realnode.rs) install with helm: the project's own
+# multi-arch build, amd64 from the binaries just built, arm64 cross-built (dev profile,
+# cached in $SLUICE_CACHE/target-image-arm64).
+echo "==> scripts/build-images.sh (amd64 from this build, arm64 cross-built)"
+scripts/build-images.sh --profile dev --arches "amd64 arm64" --amd64-bins "$SLUICE_BIN_DIR" \
+    --out "$SLUICE_CACHE/test-images"
+export SLUICE_TEST_IMAGE="$SLUICE_CACHE/test-images/sluice-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1).oci.tar"
 
 # Coverage-guided fuzzing of the dataplane's parsers (libFuzzer on stable; a fixed seed,
 # 20 s a target; see scripts/fuzz.sh). A crash fails the run.

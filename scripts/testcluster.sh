@@ -7,6 +7,16 @@
 #                                              start etcd + kube-apiserver, write DIR/kubeconfig
 #   scripts/testcluster.sh stop DIR [--remove] stop them (and delete DIR with --remove)
 #
+#   scripts/testcluster.sh install --node      also the real node's parts (root; see below)
+#   scripts/testcluster.sh start DIR --node [--owner-pid PID]
+#                                              a real one-node cluster: pods run in runc
+#                                              containers (scripts/testcluster-node.sh)
+#   scripts/testcluster.sh node-image OUT NAME ARCH ROOTFS ENTRYPOINT...
+#                                              pack ROOTFS as image NAME (OCI archive OUT)
+#   scripts/testcluster.sh node-load DIR ARCHIVE NAME [ARCH]
+#                                              import an OCI archive's image into the node's
+#                                              runtime as NAME (ARCH: one of a multi-arch index)
+#
 # Binaries are built from the Go module proxy (pinned in scripts/testcluster/go.mod and go.sum)
 # into ${SLUICE_CACHE:-$HOME/.cache/sluice}/bin/NAME-VERSION with a NAME symlink; the Go module
 # and build caches live under the same directory, so a second `install` takes a second.
@@ -405,11 +415,33 @@ cmd_stop() {
     fi
 }
 
+NODE_SCRIPT="$HERE/testcluster-node.sh"
+has_node_flag() { local a; for a in "$@"; do [ "$a" = --node ] && return 0; done; return 1; }
+without_node_flag() { local a; for a in "$@"; do [ "$a" = --node ] || printf '%s\0' "$a"; done; }
+
 case ${1:-} in
-install) cmd_install ;;
+install)
+    cmd_install
+    if has_node_flag "$@"; then bash "$NODE_SCRIPT" install; fi
+    ;;
 paths) cmd_paths ;;
-start) shift; cmd_start "$@" ;;
-stop) shift; cmd_stop "$@" ;;
+start)
+    shift
+    if has_node_flag "$@"; then
+        mapfile -d '' args < <(without_node_flag "$@")
+        exec bash "$NODE_SCRIPT" start "${args[@]}"
+    fi
+    cmd_start "$@"
+    ;;
+stop)
+    shift
+    if [ -n "${1:-}" ] && grep -qx 'NODE=1' "$1/cluster.env" 2>/dev/null; then
+        exec bash "$NODE_SCRIPT" stop "$@"
+    fi
+    cmd_stop "$@"
+    ;;
+node-image) shift; exec bash "$NODE_SCRIPT" image "$@" ;;
+node-load) shift; exec bash "$NODE_SCRIPT" load "$@" ;;
 *)
     sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2
     exit 2

@@ -208,7 +208,7 @@ impl Cluster {
     /// directory and returns once `/readyz` answers `ok` (typically 3–6 s).
     pub fn try_start() -> Result<Cluster, Error> {
         let dir = unique_temp_dir("sluice-e2e-cluster")?;
-        match Cluster::start_in(&dir) {
+        match Cluster::start_in(&dir, false) {
             Ok(c) => Ok(c),
             Err(e) => {
                 let _ = std::fs::remove_dir_all(&dir);
@@ -217,13 +217,32 @@ impl Cluster {
         }
     }
 
-    fn start_in(dir: &Path) -> Result<Cluster, Error> {
+    /// Starts a real one-node cluster (`scripts/testcluster.sh start DIR --node`): the control
+    /// plane plus kube-controller-manager, kube-scheduler, containerd + runc, the kubelet,
+    /// kube-proxy, CoreDNS and metrics-server, so Pods run. Needs root and
+    /// `scripts/testcluster.sh install --node`; one such node runs on a host at a time (fixed
+    /// addresses), so its users serialise. Returns once the node is Ready and DNS answers.
+    pub fn try_start_node() -> Result<Cluster, Error> {
+        let dir = unique_temp_dir("sluice-e2e-node")?;
+        match Cluster::start_in(&dir, true) {
+            Ok(c) => Ok(c),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(e)
+            }
+        }
+    }
+
+    fn start_in(dir: &Path, node: bool) -> Result<Cluster, Error> {
         let pid = std::process::id().to_string();
         let mut cmd = Command::new("bash");
         cmd.arg(script())
             .arg("start")
             .arg(dir)
             .args(["--owner-pid", &pid]);
+        if node {
+            cmd.arg("--node");
+        }
         let out = run_output(&mut cmd, None, "")?;
         if !out.status.success() {
             let mut log = String::from_utf8_lossy(&out.stderr).into_owned();

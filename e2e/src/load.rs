@@ -77,6 +77,23 @@ impl Load {
     /// Starts the load against `addr`: `targets` are `(host, path)` pairs sent in turn, with
     /// `pause` between two requests (zero = as fast as one connection goes).
     pub fn start(addr: SocketAddr, targets: &[(&str, &str)], pause: Duration) -> Load {
+        Load::start_with(addr, targets, pause, 0)
+    }
+
+    /// Like [`Load::start`], with a new connection for every request: each one is a new
+    /// choice of a Service's kube-proxy (or a load balancer), so terminating pods keep
+    /// receiving new connections until their endpoint is gone.
+    pub fn start_reconnecting(addr: SocketAddr, targets: &[(&str, &str)], pause: Duration) -> Load {
+        Load::start_with(addr, targets, pause, 1)
+    }
+
+    /// `reconnect_every`: close the connection after this many requests (0: keep it).
+    fn start_with(
+        addr: SocketAddr,
+        targets: &[(&str, &str)],
+        pause: Duration,
+        reconnect_every: u64,
+    ) -> Load {
         let targets: Vec<(String, String)> = targets
             .iter()
             .map(|(h, p)| ((*h).to_owned(), (*p).to_owned()))
@@ -89,6 +106,7 @@ impl Load {
             let started = Instant::now();
             let mut report = LoadReport::default();
             let mut conn: Option<HttpConnection> = None;
+            let mut sent: u64 = 0;
             let fail = |report: &mut LoadReport, at, target: &(String, String), what| {
                 failed_t.fetch_add(1, Ordering::Relaxed);
                 report.record(Failure {
@@ -134,6 +152,10 @@ impl Load {
                             break;
                         }
                     }
+                }
+                sent += 1;
+                if reconnect_every > 0 && sent.is_multiple_of(reconnect_every) {
+                    conn = None;
                 }
                 match outcome {
                     Some(Ok(())) => {

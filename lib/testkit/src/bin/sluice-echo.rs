@@ -18,6 +18,12 @@ async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     let server = sluice_testkit::EchoServer::start(&args.name, args.listen).await?;
     eprintln!("sluice-echo `{}` listening on {}", args.name, server.addr);
-    tokio::signal::ctrl_c().await?;
+    // SIGTERM (a pod being stopped) ends it like SIGINT: the listener closes with the process.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r?,
+        _ = term.recv() => {}
+    }
+    eprintln!("sluice-echo `{}` stopping", args.name);
     Ok(())
 }
