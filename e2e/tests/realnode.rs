@@ -486,6 +486,21 @@ fn helm_upgrade(cluster: &Cluster, sets: &[&str]) {
     cluster.helm_ok(&args).expect("helm upgrade");
 }
 
+/// The release's current revision (for `helm rollback`, which restores its values exactly).
+fn helm_revision(cluster: &Cluster) -> String {
+    let out = cluster
+        .helm_ok(&["status", "sluice", "-n", NS, "-o", "json"])
+        .expect("helm status");
+    let v: Value = serde_json::from_str(&out).expect("helm status JSON");
+    v["version"].as_u64().expect("release version").to_string()
+}
+
+fn helm_rollback(cluster: &Cluster, revision: &str) {
+    cluster
+        .helm_ok(&["rollback", "sluice", revision, "-n", NS])
+        .expect("helm rollback");
+}
+
 /// The `/proc/PID/status` of every host process running `program` (container processes are
 /// host processes).
 fn proc_status(program: &str) -> Vec<(u32, String)> {
@@ -672,6 +687,7 @@ fn the_hpa_scales_the_dataplane_up_under_load_and_down_after_it_without_a_failed
     let c = &n.cluster;
     // A low target and short windows, so that a bounded load on two cores moves it; nothing
     // else of the release changes (no pod restarts).
+    let revision = helm_revision(c);
     helm_upgrade(
         c,
         &[
@@ -732,14 +748,7 @@ fn the_hpa_scales_the_dataplane_up_under_load_and_down_after_it_without_a_failed
         secs(t.elapsed())
     );
     let report = traffic.stop();
-    helm_upgrade(
-        c,
-        &[
-            "dataplane.autoscaling.targetCPUUtilizationPercentage=70",
-            "dataplane.autoscaling.maxReplicas=10",
-            "dataplane.autoscaling.behavior=null",
-        ],
-    );
+    helm_rollback(c, &revision);
     down.unwrap_or_else(|| panic!("the HPA did not scale back down:\n{}", describe(c)));
     assert_no_failures("HPA scale-up (heavy load)", &heavy_report);
     assert_no_failures("HPA scale-up and scale-down (light traffic)", &report);
@@ -1050,4 +1059,83 @@ fn the_arm64_image_runs_as_pods_under_qemu_with_the_graviton_values_and_proxies(
         qemu >= 2,
         "{qemu} Sluice processes run under qemu-aarch64, expected 2"
     );
+}
+
+/// The `sluice_dataplane_write_batching` mode each Ready dataplane pod reports on its
+/// status port.
+fn write_batching_modes(c: &Cluster) -> Vec<String> {
+    let mut modes = Vec::new();
+    for (pod, ip) in ready_pods(c, NS, DATAPLANES) {
+        let status: SocketAddr = format!("{ip}:9090").parse().unwrap();
+        let body = http_get(status, "metrics", "/metrics")
+            .map(|r| r.body)
+            .unwrap_or_default();
+        let mode = body
+            .lines()
+            .find(|l| l.starts_with("sluice_dataplane_write_batching{") && l.ends_with(" 1"))
+            .and_then(|l| l.split('"').nth(1))
+            .unwrap_or("none");
+        modes.push(format!("{pod}={mode}"));
+    }
+    modes
+}
+
+fn rolled_out(c: &Cluster) -> bool {
+    let d = json(c, &["-n", NS, "get", "deploy", "sluice-dataplane"]);
+    d["status"]["updatedReplicas"] == d["spec"]["replicas"]
+        && d["status"]["replicas"] == d["spec"]["replicas"]
+        && d["status"]["readyReplicas"] == d["spec"]["replicas"]
+        && d["status"]["observedGeneration"] == d["metadata"]["generation"]
+        && release_ready(c)
+}
+
+#[test]
+fn a_seccomp_profile_that_refuses_io_uring_makes_the_dataplane_batch_with_send() {
+    let n = node();
+    let _s = serial();
+    let c = &n.cluster;
+    // What the default profiles of containerd 2.x and Docker 25+ do: io_uring_* fail with
+    // EPERM. The kubelet reads Localhost profiles from <root-dir>/seccomp.
+    let dir = c.dir().join("kubelet/seccomp");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("sluice-no-io-uring.json"),
+        r#"{"defaultAction": "SCMP_ACT_ALLOW", "syscalls": [{"names": ["io_uring_setup", "io_uring_enter", "io_uring_register"], "action": "SCMP_ACT_ERRNO", "errnoRet": 1}]}"#,
+    )
+    .unwrap();
+    let traffic = Traffic::start(n.service, HOST);
+    let revision = helm_revision(c);
+    helm_upgrade(
+        c,
+        &[
+            "podSecurityContext.seccompProfile.type=Localhost",
+            "podSecurityContext.seccompProfile.localhostProfile=sluice-no-io-uring.json",
+        ],
+    );
+    let rolled = wait(Duration::from_secs(180), "rollout", || {
+        rolled_out(c).then_some(())
+    });
+    let refused = write_batching_modes(c);
+    let logs = c
+        .kubectl_ok(&["-n", NS, "logs", "-l", DATAPLANES, "--tail=-1"])
+        .unwrap_or_default();
+    helm_rollback(c, &revision);
+    let back = wait(Duration::from_secs(180), "rollout back", || {
+        rolled_out(c).then_some(())
+    });
+    let default = write_batching_modes(c);
+    let report = traffic.stop();
+    rolled.unwrap_or_else(|| panic!("no rollout with the Localhost profile:\n{}", describe(c)));
+    back.unwrap_or_else(|| panic!("no rollout back to RuntimeDefault:\n{}", describe(c)));
+    eprintln!(
+        "write batching with io_uring refused: {refused:?}; under RuntimeDefault: {default:?}"
+    );
+    assert_eq!(refused.len(), 2);
+    assert!(refused.iter().all(|m| m.ends_with("=send")), "{refused:?}");
+    assert!(
+        logs.contains("io_uring unavailable") || logs.contains("mode=send"),
+        "the fallback is not logged:\n{logs}"
+    );
+    assert!(default.iter().all(|m| !m.ends_with("=none")), "{default:?}");
+    assert_no_failures("two rollouts changing the seccomp profile", &report);
 }
