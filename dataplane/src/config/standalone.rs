@@ -28,21 +28,7 @@ use crate::config::store::Store;
 /// How often the source is checked for changes.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(250);
 
-/// Why a configuration source could not be read as a whole.
-#[derive(Debug, thiserror::Error)]
-pub enum SourceError {
-    /// A file or directory could not be read.
-    #[error("{path}: {source}")]
-    Io {
-        /// The path.
-        path: String,
-        /// The I/O error.
-        source: std::io::Error,
-    },
-    /// A file is not valid YAML.
-    #[error("{0}")]
-    Yaml(String),
-}
+pub use sluice_translate::files::{SourceError, list_files};
 
 /// The outcome of reading the configuration files once.
 #[derive(Debug, Default)]
@@ -53,61 +39,17 @@ pub struct Loaded {
     pub rejected: Vec<String>,
 }
 
-/// Lists the YAML files of `path` (itself if a file), sorted, skipping hidden entries.
-pub fn list_files(path: &Path) -> Result<Vec<PathBuf>, SourceError> {
-    let io = |source| SourceError::Io {
-        path: path.display().to_string(),
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(io)?;
-    if meta.is_file() {
-        return Ok(vec![path.to_path_buf()]);
-    }
-    let mut files = Vec::new();
-    let mut dirs = vec![path.to_path_buf()];
-    while let Some(dir) = dirs.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|source| SourceError::Io {
-            path: dir.display().to_string(),
-            source,
-        })?;
-        for entry in entries.flatten() {
-            let p = entry.path();
-            let name = entry.file_name();
-            if name.to_string_lossy().starts_with('.') {
-                continue;
-            }
-            if p.is_dir() {
-                dirs.push(p);
-            } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
-                files.push(p);
-            }
-        }
-    }
-    files.sort();
-    Ok(files)
-}
-
-/// Reads every file of `path` into a [`ClusterState`].
+/// Reads every file of `path` into a [`ClusterState`] with the loader `kubectl sluice`
+/// shares ([`sluice_translate::files`]), logging its notes.
 pub fn load(path: &Path) -> Result<Loaded, SourceError> {
-    let mut loaded = Loaded::default();
-    for file in list_files(path)? {
-        let text = std::fs::read_to_string(&file).map_err(|source| SourceError::Io {
-            path: file.display().to_string(),
-            source,
-        })?;
-        let name = file.display().to_string();
-        let report = loaded
-            .state
-            .load_yaml(&name, &text)
-            .map_err(|e| SourceError::Yaml(e.to_string()))?;
-        for note in &report.notes {
-            tracing::info!(note = %note, "configuration note");
-        }
-        loaded
-            .rejected
-            .extend(report.errors.into_iter().map(|e| e.to_string()));
+    let loaded = sluice_translate::files::load(path)?;
+    for note in &loaded.notes {
+        tracing::info!(note = %note, "configuration note");
     }
-    Ok(loaded)
+    Ok(Loaded {
+        state: loaded.state,
+        rejected: loaded.errors.into_iter().map(|e| e.to_string()).collect(),
+    })
 }
 
 /// A fingerprint of the files' metadata; a change means a reload.

@@ -77,6 +77,7 @@
 //! and review the diff.
 #![forbid(unsafe_code)]
 
+pub mod files;
 mod ingress;
 mod json;
 mod plugins;
