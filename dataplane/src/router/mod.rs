@@ -15,6 +15,9 @@
 //! 4. The first candidate in that order whose methods, `remoteAddrs` and every expr
 //!    match wins.
 //!
+//! [`Router::explain`] walks the same candidates in the same order (one shared walk) and
+//! reports, for each, the condition that failed: `kubectl sluice explain` shows it.
+//!
 //! Lookup cost does not depend on the number of routes: one hash lookup for the exact host,
 //! one per dot of the host for wildcards (skipped for suffix lengths no route uses), then per
 //! host class one hash lookup for the exact path and one walk of a radix tree over prefixes.
@@ -156,19 +159,75 @@ struct Matcher {
 }
 
 impl Matcher {
+    #[inline]
     fn matches(&self, ctx: &EvalCtx<'_, '_>) -> bool {
+        self.mismatch(ctx).is_none()
+    }
+
+    /// The first condition that fails for this request, in the order they are checked;
+    /// `None` when the route matches.
+    #[inline]
+    fn mismatch(&self, ctx: &EvalCtx<'_, '_>) -> Option<Mismatch> {
         if self.methods != 0 && self.methods & method_bit(ctx.req.method.as_str()) == 0 {
-            return false;
+            return Some(Mismatch::Method);
         }
         if !self.remote_addrs.is_empty() {
             // NB: a dual-stack listener reports IPv4 clients as `::ffff:a.b.c.d`.
             let ip: IpAddr = ctx.req.remote_addr.ip().to_canonical();
             if !self.remote_addrs.iter().any(|net| net.contains(&ip)) {
-                return false;
+                return Some(Mismatch::RemoteAddr);
             }
         }
-        self.exprs.iter().all(|e| e.matches(ctx))
+        self.exprs
+            .iter()
+            .position(|e| !e.matches(ctx))
+            .map(Mismatch::Expr)
     }
+}
+
+/// Which condition of a candidate route failed for a request ([`Router::explain`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mismatch {
+    /// The request method is not in `match.methods`.
+    Method,
+    /// The client address is in none of `match.remoteAddrs`.
+    RemoteAddr,
+    /// `match.exprs[i]` is false (the first false one).
+    Expr(usize),
+}
+
+/// The host class a candidate was found in, in the order classes are tried.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostClass {
+    /// The route lists the request host exactly.
+    Exact,
+    /// The route lists a `*.suffix` wildcard matching the request host; the suffix with its
+    /// leading dot (`.example.com`).
+    Wildcard(String),
+    /// The route has no hosts.
+    Any,
+}
+
+/// How a candidate's path matched the request path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathKind {
+    /// An exact path.
+    Exact,
+    /// A prefix path (`/foo*`); longer prefixes are tried first.
+    Prefix,
+}
+
+/// One route the router considered for a request, in the order it considered them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// Index into the `routes` given to [`Router::new`].
+    pub route: usize,
+    /// Where its host matched.
+    pub host: HostClass,
+    /// How its path matched.
+    pub path: PathKind,
+    /// The first condition that failed; `None` for the winner.
+    pub mismatch: Option<Mismatch>,
 }
 
 /// Routes of one host class, indexed by path.
@@ -341,6 +400,47 @@ impl Router {
 
     /// Index into the `routes` slice given to `new`, of the route that wins.
     pub fn lookup(&self, req: &RequestInfo<'_>) -> Option<usize> {
+        self.walk(req, |ctx, _, _, i| {
+            self.matchers
+                .get(i)
+                .is_some_and(|m| m.matches(ctx))
+                .then_some(i)
+        })
+    }
+
+    /// Every candidate [`Router::lookup`] checks for `req`, in the same order, up to and
+    /// including the winner (the last one, with `mismatch: None`); each loser names the
+    /// condition that failed. Allocates: for explaining, not for serving.
+    pub fn explain(&self, req: &RequestInfo<'_>) -> Vec<Candidate> {
+        let mut out = Vec::new();
+        let _: Option<()> = self.walk(req, |ctx, class, path, i| {
+            let mismatch = match self.matchers.get(i) {
+                Some(m) => m.mismatch(ctx),
+                None => return None,
+            };
+            out.push(Candidate {
+                route: i,
+                host: match class {
+                    Class::Exact => HostClass::Exact,
+                    Class::Wildcard(s) => HostClass::Wildcard(s.to_owned()),
+                    Class::Any => HostClass::Any,
+                },
+                path,
+                mismatch,
+            });
+            mismatch.is_none().then_some(())
+        });
+        out
+    }
+
+    /// Visits the candidates for `req` in match order until `visit` returns `Some`.
+    /// [`Router::lookup`] and [`Router::explain`] share it, so they cannot disagree on order.
+    #[inline]
+    fn walk<T>(
+        &self,
+        req: &RequestInfo<'_>,
+        mut visit: impl FnMut(&EvalCtx<'_, '_>, Class<'_>, PathKind, usize) -> Option<T>,
+    ) -> Option<T> {
         let mut host_buf = HostBuf::new();
         let host = host_buf.normalize(req.host);
         let ctx = EvalCtx { req, host };
@@ -348,7 +448,7 @@ impl Router {
             if let Some(found) = self
                 .exact_hosts
                 .get(host)
-                .and_then(|index| self.first_match(index, &ctx))
+                .and_then(|index| walk_index(index, &ctx, Class::Exact, &mut visit))
             {
                 return Some(found);
             }
@@ -359,17 +459,15 @@ impl Router {
                     if !self.wildcard_lens.contains(suffix.len()) {
                         continue;
                     }
-                    if let Some(found) = self
-                        .wildcard_hosts
-                        .get(suffix)
-                        .and_then(|index| self.first_match(index, &ctx))
-                    {
+                    if let Some(found) = self.wildcard_hosts.get(suffix).and_then(|index| {
+                        walk_index(index, &ctx, Class::Wildcard(suffix), &mut visit)
+                    }) {
                         return Some(found);
                     }
                 }
             }
         }
-        self.first_match(&self.any_host, &ctx)
+        walk_index(&self.any_host, &ctx, Class::Any, &mut visit)
     }
 
     /// Number of routes the router was built from.
@@ -381,28 +479,36 @@ impl Router {
     pub fn is_empty(&self) -> bool {
         self.matchers.is_empty()
     }
+}
 
-    fn first_match(&self, index: &PathIndex, ctx: &EvalCtx<'_, '_>) -> Option<usize> {
-        let path = ctx.req.path;
-        if let Some(found) = index
-            .exact
-            .get(path)
-            .and_then(|c| self.first_candidate(c, ctx))
-        {
-            return Some(found);
-        }
-        index
-            .prefixes
-            .matches(path.as_bytes())
-            .find_map(|c| self.first_candidate(c, ctx))
-    }
+/// A host class while walking, borrowing the request host.
+#[derive(Clone, Copy)]
+enum Class<'h> {
+    Exact,
+    Wildcard(&'h str),
+    Any,
+}
 
-    fn first_candidate(&self, candidates: &[u32], ctx: &EvalCtx<'_, '_>) -> Option<usize> {
-        candidates
-            .iter()
-            .map(|&i| i as usize)
-            .find(|&i| self.matchers.get(i).is_some_and(|m| m.matches(ctx)))
+/// Visits the candidates of one host class: the exact path's, then each prefix's, longest
+/// first.
+#[inline]
+fn walk_index<T>(
+    index: &PathIndex,
+    ctx: &EvalCtx<'_, '_>,
+    class: Class<'_>,
+    visit: &mut impl FnMut(&EvalCtx<'_, '_>, Class<'_>, PathKind, usize) -> Option<T>,
+) -> Option<T> {
+    let path = ctx.req.path;
+    if let Some(found) = index.exact.get(path).and_then(|c| {
+        c.iter()
+            .find_map(|&i| visit(ctx, class, PathKind::Exact, i as usize))
+    }) {
+        return Some(found);
     }
+    index.prefixes.matches(path.as_bytes()).find_map(|c| {
+        c.iter()
+            .find_map(|&i| visit(ctx, class, PathKind::Prefix, i as usize))
+    })
 }
 
 fn compile_paths(paths: &[String]) -> Result<Vec<RoutePath>, (String, InvalidReason)> {

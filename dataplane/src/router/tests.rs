@@ -147,9 +147,24 @@ impl Table {
             local_addr: r.local,
             scheme: r.scheme,
         };
-        self.router
-            .lookup(&info)
-            .map(|i| self.routes[i].id.as_str())
+        let found = self.router.lookup(&info);
+        // Every case of this table also checks that `explain` (what `kubectl sluice
+        // explain` shows) agrees with `lookup`: its last candidate is the winner, and only
+        // the last one matched.
+        let explained = self.router.explain(&info);
+        let winner = explained
+            .last()
+            .filter(|c| c.mismatch.is_none())
+            .map(|c| c.route);
+        assert_eq!(
+            winner, found,
+            "explain disagrees with lookup: {explained:?}"
+        );
+        assert!(
+            explained.iter().rev().skip(1).all(|c| c.mismatch.is_some()),
+            "a candidate before the last matched: {explained:?}"
+        );
+        found.map(|i| self.routes[i].id.as_str())
     }
 }
 
