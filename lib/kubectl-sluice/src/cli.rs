@@ -1,0 +1,198 @@
+//! The command line: flags, help and examples. Here rather than in `main.rs` so that
+//! `completion` and the tests can walk the same `clap::Command`.
+
+use std::net::IpAddr;
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueHint};
+
+use crate::Format;
+use crate::completion::Shell;
+use crate::offline::DEFAULT_INGRESS_CLASS;
+
+const EXAMPLES: &str = "\
+Examples:
+  kubectl sluice validate -f manifests/
+  cat route.yaml | kubectl sluice validate -f - -f services.yaml
+  kubectl sluice explain http://api.example.com/v1/users -X POST \\
+      -H 'x-canary: 1' --client-ip 10.1.2.3 -f manifests/
+  kubectl sluice diff -f new/ --against old/
+  kubectl sluice diff -f new/ --against http://127.0.0.1:9090
+  kubectl sluice status -A
+  source <(kubectl sluice completion bash)
+
+Exit codes: 0 ok, 1 rejected objects (validate), differences (diff) or objects not
+Accepted/Programmed (status), 2 usage, unreadable input or unreachable cluster.";
+
+const VALIDATE_EXAMPLES: &str = "\
+Examples:
+  kubectl sluice validate -f manifests/
+  kubectl get apisixroutes -A -o yaml | kubectl sluice validate -f -
+  kubectl sluice validate -f route.yaml -o json";
+
+const EXPLAIN_EXAMPLES: &str = "\
+Examples:
+  kubectl sluice explain http://api.example.com/v1/users -f manifests/
+  kubectl sluice explain https://api.example.com/v1/orders -X POST \\
+      -H 'x-canary: 1' --client-ip 10.1.2.3 -f manifests/ -o yaml";
+
+const DIFF_EXAMPLES: &str = "\
+Examples:
+  kubectl sluice diff -f new/ --against old/
+  kubectl sluice diff -f new/ --against http://127.0.0.1:9090";
+
+const STATUS_EXAMPLES: &str = "\
+Examples:
+  kubectl sluice status
+  kubectl sluice status -A -o json
+  kubectl sluice status -n shop --context prod --kubeconfig ~/.kube/prod";
+
+const COMPLETION_EXAMPLES: &str = "\
+Examples:
+  kubectl sluice completion bash > /etc/bash_completion.d/kubectl-sluice
+  source <(kubectl sluice completion bash)
+  kubectl sluice completion zsh > \"${fpath[1]}/_kubectl-sluice\"
+  kubectl sluice completion fish > ~/.config/fish/completions/kubectl-sluice.fish";
+
+/// Validate, explain and diff Sluice configuration offline, exactly as the controller
+/// translates it and the dataplane routes it; show what the cluster's dataplanes serve.
+#[derive(Parser)]
+#[command(name = "kubectl-sluice", version, after_help = EXAMPLES)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Flags every offline subcommand shares.
+#[derive(clap::Args)]
+pub struct Input {
+    /// A YAML file, a directory of them (recursive), or `-` for stdin. Repeatable.
+    #[arg(
+        short = 'f',
+        long = "filename",
+        value_name = "FILE|DIR|-",
+        value_hint = ValueHint::AnyPath,
+        required = true
+    )]
+    pub files: Vec<String>,
+    /// The controller's --ingress-class: Ingresses and Apisix objects of another class are
+    /// ignored, as the controller ignores them. Empty: translate everything.
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_INGRESS_CLASS)]
+    pub ingress_class: String,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+    pub output: Format,
+}
+
+/// The subcommands.
+#[derive(Subcommand)]
+pub enum Command {
+    /// Translate files as the controller would; list rejected objects (kind, namespace/name,
+    /// field, reason) and warnings. Exit 1 when anything is rejected.
+    #[command(after_help = VALIDATE_EXAMPLES)]
+    Validate {
+        /// The files.
+        #[command(flatten)]
+        input: Input,
+    },
+    /// Which route serves a request, why, with which plugins, to which endpoints.
+    #[command(after_help = EXPLAIN_EXAMPLES)]
+    Explain {
+        /// The request URL (`http://host/path?query`; no scheme means http).
+        #[arg(value_hint = ValueHint::Url)]
+        url: String,
+        /// Request method.
+        #[arg(short = 'X', long = "request", default_value = "GET")]
+        method: String,
+        /// A request header `name: value`. Repeatable; `Host:` overrides the URL's host.
+        #[arg(short = 'H', long = "header", value_name = "NAME: VALUE")]
+        headers: Vec<String>,
+        /// Client address the dataplane sees.
+        #[arg(long, default_value = "192.0.2.1")]
+        client_ip: IpAddr,
+        /// TLS server name (defaults to the URL host for https).
+        #[arg(long)]
+        sni: Option<String>,
+        /// The files.
+        #[command(flatten)]
+        input: Input,
+    },
+    /// What changes in the snapshot if the files are applied: added, removed and changed
+    /// routes, upstreams, certificates (never secret material). Exit 1 on differences.
+    #[command(after_help = DIFF_EXAMPLES)]
+    Diff {
+        /// The files.
+        #[command(flatten)]
+        input: Input,
+        /// What is served now: files (repeatable), or a dataplane admin URL
+        /// (http://HOST:PORT, reads /snapshot?full=1).
+        #[arg(long, value_name = "FILE|DIR|URL", value_hint = ValueHint::AnyPath, required = true)]
+        against: Vec<String>,
+    },
+    /// Every dataplane (its controller replica, the snapshot version and hash it serves,
+    /// ACK/NACK with reasons) and every object not Accepted or not Programmed, read from
+    /// the cluster. Exit 1 unless all are Accepted and Programmed.
+    #[command(after_help = STATUS_EXAMPLES)]
+    Status {
+        /// Namespace of the objects to check (default: the context's). The controller
+        /// replicas' records are read from every namespace the kubeconfig may list.
+        #[arg(short = 'n', long, value_name = "NS")]
+        namespace: Option<String>,
+        /// Check objects in every namespace.
+        #[arg(short = 'A', long, conflicts_with = "namespace")]
+        all_namespaces: bool,
+        /// Kubeconfig file (default: $KUBECONFIG, else ~/.kube/config, else in-cluster).
+        #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath)]
+        kubeconfig: Option<PathBuf>,
+        /// Kubeconfig context (default: its current context).
+        #[arg(long, value_name = "NAME")]
+        context: Option<String>,
+        /// The controller's --ingress-class: objects of another class are not checked.
+        #[arg(long, value_name = "NAME", default_value = DEFAULT_INGRESS_CLASS)]
+        ingress_class: String,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        output: Format,
+    },
+    /// Print a shell completion script (bash, zsh or fish) to stdout.
+    #[command(after_help = COMPLETION_EXAMPLES)]
+    Completion {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: Shell,
+    },
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory as _;
+
+    #[test]
+    fn flags_are_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// `--help` of every subcommand shows at least one example of it.
+    #[test]
+    fn every_subcommand_has_an_example() {
+        let mut cmd = Cli::command();
+        let top = cmd.render_long_help().to_string();
+        // NB: clap's own `help` subcommand needs no example.
+        for sub in cmd.get_subcommands_mut().filter(|s| s.get_name() != "help") {
+            let name = sub.get_name().to_owned();
+            let help = sub.render_long_help().to_string();
+            let example = format!("kubectl sluice {name}");
+            assert!(
+                help.contains(&example),
+                "{name} --help has no example:\n{help}"
+            );
+            assert!(
+                top.contains(&example),
+                "--help has no example of {name}:\n{top}"
+            );
+        }
+    }
+}

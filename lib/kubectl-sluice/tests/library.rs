@@ -1,0 +1,150 @@
+//! Library-level tests: `explain` picks the route the dataplane's router picks, and the
+//! speed of `validate` on 10,000 routes (printed, never asserted).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::fmt::Write as _;
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::Instant;
+
+use http::HeaderMap;
+use sluice_dataplane::config::table::RouteTable;
+use sluice_dataplane::router::RequestInfo;
+use sluice_dataplane::upstream::PoolRegistry;
+use sluice_kubectl::explain::{Request, explain};
+use sluice_kubectl::offline::{Offline, load_sources};
+use sluice_kubectl::validate::validate;
+use sluice_translate::Options;
+
+/// Requests that reach every route of a snapshot: each host (wildcards filled in, plus no
+/// host) × each path (prefixes extended) × a few methods and clients.
+fn probes(snapshot: &sluice_proto::v1::Snapshot) -> Vec<(String, String, String, IpAddr)> {
+    let mut out = Vec::new();
+    for r in &snapshot.routes {
+        let mut hosts: Vec<String> = r.hosts.iter().map(|h| h.replace('*', "x")).collect();
+        hosts.push(String::new());
+        for h in &hosts {
+            for p in &r.paths {
+                let path = match p.strip_suffix('*') {
+                    Some(prefix) => format!("{prefix}deeper/x"),
+                    None => p.clone(),
+                };
+                for m in ["GET", "POST", "DELETE"] {
+                    for ip in ["192.0.2.1", "10.0.0.7"] {
+                        out.push((h.clone(), path.clone(), m.to_owned(), ip.parse().unwrap()));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `explain` agrees with the router of an independently compiled table on every probe of
+/// every fixture (the router's own test table checks `Router::explain` against
+/// `Router::lookup` case by case: see `dataplane/src/router/tests.rs`).
+#[test]
+fn explain_agrees_with_the_dataplane_router() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources = vec![root.join("tests/fixtures/shop.yaml").display().to_string()];
+    for e in std::fs::read_dir(root.join("../translate/testdata")).unwrap() {
+        let p = e.unwrap().path().display().to_string();
+        if p.ends_with(".in.yaml") {
+            sources.push(p);
+        }
+    }
+    sources.sort();
+    let mut checked = 0;
+    for source in &sources {
+        let off = Offline::from_sources(std::slice::from_ref(source), &Options::default()).unwrap();
+        let Ok(table) = &off.table else { continue };
+        let snapshot = &off.translation.snapshot;
+        let reference = RouteTable::compile(snapshot, &PoolRegistry::default()).unwrap();
+        for (host, path, method, ip) in probes(snapshot) {
+            let url = if host.is_empty() {
+                path.clone()
+            } else {
+                format!("http://{host}{path}")
+            };
+            let req = Request::parse(&url, &method, &[], ip, None).unwrap();
+            let got = explain(table, snapshot, &req).matched.map(|m| m.id);
+            let headers = HeaderMap::new();
+            let info = RequestInfo {
+                method: &req.method,
+                host: (!host.is_empty()).then_some(host.as_str()),
+                path: &path,
+                query: None,
+                headers: &headers,
+                remote_addr: std::net::SocketAddr::new(ip, 50000),
+                local_addr: "0.0.0.0:80".parse().unwrap(),
+                scheme: "http",
+            };
+            let want = reference
+                .router
+                .lookup(&info)
+                .map(|i| snapshot.routes[i].id.clone());
+            assert_eq!(got, want, "{source}: {method} {url} from {ip}");
+            checked += 1;
+        }
+    }
+    assert!(checked > 500, "only {checked} probes");
+}
+
+/// 10,000 routes (1,000 ApisixRoutes × 10 rules, each with its Service and EndpointSlice):
+/// load, translate, compile and validate. Prints the time; `cargo test` builds without
+/// optimisation for the workspace crates, so a release build is faster.
+#[test]
+fn validate_10k_routes_speed() {
+    let mut yaml = String::new();
+    for i in 0..1000 {
+        let _ = write!(
+            yaml,
+            "apiVersion: apisix.apache.org/v2\nkind: ApisixRoute\nmetadata: {{name: r{i}, namespace: ns{}}}\nspec:\n  ingressClassName: apisix\n  http:\n",
+            i % 10
+        );
+        for j in 0..10 {
+            let _ = write!(
+                yaml,
+                "    - name: rule{j}\n      priority: {j}\n      match:\n        hosts: [h{i}.example.com, \"*.w{i}.example.com\"]\n        paths: [\"/api/{j}/*\", /exact/{j}]\n        methods: [GET, POST]\n      backends: [{{serviceName: svc{i}, servicePort: 80}}]\n"
+            );
+        }
+        let _ = write!(
+            yaml,
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: ns{}}}\nspec:\n  ports: [{{port: 80, targetPort: 8080}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc{i}-a\n  namespace: ns{}\n  labels: {{kubernetes.io/service-name: svc{i}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n  - addresses: [\"10.1.{}.{}\"]\n    conditions: {{ready: true}}\n---\n",
+            i % 10,
+            i % 10,
+            i / 250,
+            i % 250 + 1
+        );
+    }
+    let dir = std::env::temp_dir().join(format!("sluice-10k-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("routes.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let source = vec![file.display().to_string()];
+    let opts = sluice_kubectl::offline::controller_options("apisix");
+
+    let start = Instant::now();
+    let loaded = load_sources(&source).unwrap();
+    let loaded_at = start.elapsed();
+    let off = Offline::build(loaded, &opts);
+    let built_at = start.elapsed();
+    let report = validate(&off, "apisix");
+    let total = start.elapsed();
+    std::fs::remove_dir_all(&dir).ok();
+
+    assert_eq!(report.routes, 10_000);
+    assert!(report.rejected.is_empty(), "{:?}", report.rejected.first());
+    assert!(off.table.is_ok());
+    println!(
+        "validate 10,000 routes ({} KiB of YAML): load {:?}, translate+compile {:?}, \
+         checks {:?}, total {:?} ({} warnings)",
+        yaml.len() / 1024,
+        loaded_at,
+        built_at - loaded_at,
+        total - built_at,
+        total,
+        report.warnings.len()
+    );
+}
