@@ -18,75 +18,22 @@ use std::fmt::Write as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use k8s_openapi::jiff::Timestamp;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::table::{Table, wrap};
 
-/// Label on every replica's record (`sluice_controller::records::RECORD_LABEL`).
-pub const RECORD_LABEL: &str = "sluice.dev/replica-of";
-/// Annotation holding a record's JSON (`sluice_controller::records::RECORD_ANNOTATION`).
-pub const RECORD_ANNOTATION: &str = "sluice.dev/dataplanes";
-/// A record not renewed for this long is stale (`sluice_controller::records::TTL`).
-pub const RECORD_TTL_SECS: i64 = 15;
+pub use sluice_controller::fleet::{Observation, Record, Rejection};
+pub use sluice_controller::grpc::Answer;
+pub use sluice_controller::records::{RECORD_ANNOTATION, RECORD_LABEL};
+
+/// A record not renewed for this long is stale (the controller's `records::TTL`).
+pub const RECORD_TTL_SECS: i64 = {
+    #[allow(clippy::cast_possible_wrap)]
+    let secs = sluice_controller::records::TTL.as_secs() as i64;
+    secs
+};
 /// Characters of a snapshot hash shown in text output (JSON/YAML carry the whole hash).
 pub const SHORT_HASH: usize = 12;
-
-// NB: the record's wire format is the controller's (`sluice_controller::fleet::Record`),
-// mirrored rather than imported to keep the controller's dependencies out of this binary.
-// The e2e test `kubectl_sluice.rs` reads records a real controller wrote.
-
-/// A snapshot version and content hash.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Answer {
-    /// Snapshot version (the numbering of the replica that sent it).
-    pub version: u64,
-    /// Content hash.
-    pub hash: String,
-}
-
-/// A snapshot a dataplane rejected (NACK).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Rejection {
-    /// Version of the rejected snapshot.
-    pub version: u64,
-    /// Content hash of the rejected snapshot.
-    pub hash: String,
-    /// Why, one line per problem.
-    #[serde(default)]
-    pub reasons: Vec<String>,
-}
-
-/// One dataplane as one replica saw it on its latest stream.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Observation {
-    /// The dataplane's id (by default its pod name).
-    pub id: String,
-    /// Whether that stream is still open.
-    pub connected: bool,
-    /// When that stream opened, in milliseconds since the Unix epoch.
-    #[serde(default)]
-    pub connected_at_ms: u64,
-    /// The last snapshot it acknowledged (or announced at connect).
-    #[serde(default)]
-    pub serving: Option<Answer>,
-    /// The last snapshot it rejected, unless it acknowledged a later one.
-    #[serde(default)]
-    pub rejected: Option<Rejection>,
-}
-
-/// What one controller replica publishes and which dataplanes it served.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Record {
-    /// The replica's identity.
-    pub replica: String,
-    /// The snapshot it offers now.
-    #[serde(default)]
-    pub published: Option<Answer>,
-    /// The dataplanes it served.
-    #[serde(default)]
-    pub dataplanes: Vec<Observation>,
-}
 
 /// One controller replica, from its record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -203,20 +150,10 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// The record in a Lease with its renew time; `None` without one (or unreadable).
+/// The record in a Lease with its renew time; `None` without one (or unreadable): the
+/// controller's own parser.
 pub fn parse_record(lease: &Lease) -> Option<(Record, Option<Timestamp>)> {
-    let json = lease
-        .metadata
-        .annotations
-        .as_ref()?
-        .get(RECORD_ANNOTATION)?;
-    let record: Record = serde_json::from_str(json).ok()?;
-    let renewed = lease
-        .spec
-        .as_ref()
-        .and_then(|s| s.renew_time.as_ref())
-        .map(|t| t.0);
-    Some((record, renewed))
+    sluice_controller::records::parse(lease)
 }
 
 /// Builds the report from the replicas' record Leases and the objects' conditions at `now`.
