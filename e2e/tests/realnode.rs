@@ -1002,6 +1002,17 @@ fn the_arm64_image_runs_as_pods_under_qemu_with_the_graviton_values_and_proxies(
     };
     let ready = install.as_ref().is_ok_and(|o| o.success)
         && wait(Duration::from_secs(300), "arm64 pods Ready", || {
+            // NB: once (1 run in 5) the node's kubernetes.io/arch was back to amd64 before the
+            // pods were scheduled; keep the test's labels on until they are.
+            let _ = c.kubectl(&[
+                "label",
+                "node",
+                node_name,
+                "--overwrite",
+                "kubernetes.io/arch=arm64",
+                "eks.amazonaws.com/nodegroup=graviton-ingress",
+                "topology.kubernetes.io/zone=z1",
+            ]);
             (ready_pods(c, "sluice-arm64", &sel("controller")).len() == 1
                 && ready_pods(c, "sluice-arm64", &sel("dataplane")).len() == 1)
                 .then_some(())
