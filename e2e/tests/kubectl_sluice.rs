@@ -73,10 +73,18 @@ fn status_names_the_dataplane_and_the_invalid_route_and_validate_agrees() {
             .as_array()?
             .iter()
             .any(|p| p["name"] == "good");
-        (programmed && dp["serving"]["hash"] == served["hash"] && dp["answer"] == "ACK")
+        // NB: bad's condition is written by the status writer, apart from the records.
+        let bad_written = v["problems"]
+            .as_array()?
+            .iter()
+            .any(|p| p["name"] == "bad" && p["condition"] == "Accepted" && p["status"] == "False");
+        (programmed
+            && bad_written
+            && dp["serving"]["hash"] == served["hash"]
+            && dp["answer"] == "ACK")
             .then_some((v, served))
     })
-    .expect("status shows the dataplane ACKing what it serves, and good Programmed");
+    .expect("status shows the dataplane ACKing what it serves, good Programmed, bad refused");
     let dp = json["dataplanes"]
         .as_array()
         .unwrap()
@@ -157,5 +165,183 @@ fn status_names_the_dataplane_and_the_invalid_route_and_validate_agrees() {
     assert!(
         !out.contains(&format!("REJECTED ApisixRoute {ns}/good")),
         "{out}"
+    );
+}
+
+/// Runs `kubectl-sluice args` through a real kubectl, as a plugin on `PATH`.
+fn kubectl_plugin(dir: &std::path::Path, args: &[&str]) -> (String, i32) {
+    let path = format!(
+        "{}:{}",
+        dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new(sluice_e2e::kubectl_path())
+        .args(args)
+        .env("PATH", path)
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        out.status.code().unwrap_or(-1),
+    )
+}
+
+/// `explain` against the cluster (the objects the controller reads, translated as it does)
+/// and against the running dataplane (`--admin`: its redacted snapshot and live endpoint
+/// health) names the same route, upstream and endpoint; `diff --against` the dataplane shows
+/// a route the files would add; and all of it works as `kubectl sluice`, with
+/// `kubectl sluice <TAB>` answered through `kubectl_complete-sluice`.
+#[test]
+fn explain_and_diff_against_the_cluster_and_the_running_dataplane() {
+    let p = Pipeline::start().unwrap();
+    let good = p.route_yaml("good", "/hello*");
+    p.cluster.apply(&good).unwrap();
+    eventually(Duration::from_secs(30), || {
+        http_get(p.http, "demo.e2e", "/hello")
+            .ok()
+            .filter(|r| r.status == 200)
+    })
+    .expect("good is served");
+    let kubeconfig = p.cluster.kubeconfig().display().to_string();
+    let ns = p.namespace.clone();
+    let admin = format!("http://{}", p.dataplane.as_ref().unwrap().addr());
+    let endpoint = format!("{}:8080", p.net.addr());
+    let route_id = format!("{ns}/good/r1");
+
+    // The cluster, every namespace, as the controller reads it.
+    let (out, code) = kubectl_sluice(&[
+        "explain",
+        "http://demo.e2e/hello/world",
+        "--kubeconfig",
+        &kubeconfig,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let cluster: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(cluster["matched"]["id"], route_id.as_str(), "{cluster:#}");
+    assert_eq!(
+        cluster["matched"]["source"],
+        format!("ApisixRoute {ns}/good").as_str()
+    );
+    assert!(
+        cluster["source"].as_str().unwrap().starts_with("cluster ("),
+        "{cluster:#}"
+    );
+    assert_eq!(
+        cluster["upstreams"][0]["endpoints"][0]["address"],
+        endpoint.as_str(),
+        "{cluster:#}"
+    );
+
+    // The running dataplane: the same route and endpoint, its version, live health.
+    let (out, code) = kubectl_sluice(&[
+        "explain",
+        "http://demo.e2e/hello/world",
+        "--admin",
+        &admin,
+        "-o",
+        "json",
+    ]);
+    assert_eq!(code, 0, "{out}");
+    let live: Value = serde_json::from_str(&out).unwrap();
+    let served: Value = serde_json::from_str(
+        &http_get(
+            p.dataplane.as_ref().unwrap().addr(),
+            "localhost",
+            "/snapshot",
+        )
+        .unwrap()
+        .body,
+    )
+    .unwrap();
+    assert_eq!(live["matched"]["id"], route_id.as_str(), "{live:#}");
+    assert!(
+        live["source"].as_str().unwrap().contains(&format!(
+            "snapshot {} (hash {})",
+            served["version"],
+            served["hash"].as_str().unwrap()
+        )),
+        "{live:#}"
+    );
+    let ep = &live["upstreams"][0]["endpoints"][0];
+    assert_eq!(ep["address"], endpoint.as_str(), "{live:#}");
+    assert_eq!(
+        ep["health"], "healthy (in the dataplane's rotation)",
+        "{live:#}"
+    );
+    assert_eq!(live["upstreamRequest"], cluster["upstreamRequest"]);
+
+    // A request no route takes: both say 404, and so does the dataplane.
+    for source in [
+        ["--kubeconfig", kubeconfig.as_str()],
+        ["--admin", admin.as_str()],
+    ] {
+        let (out, _) =
+            kubectl_sluice(&["explain", "http://demo.e2e/nothing", source[0], source[1]]);
+        assert!(
+            out.contains("Route:    none: the dataplane answers 404"),
+            "{out}"
+        );
+    }
+    assert_eq!(
+        http_get(p.http, "demo.e2e", "/nothing").unwrap().status,
+        404
+    );
+
+    // diff: the files add a route to what the dataplane serves.
+    let dir = p.cluster.dir().join("kubectl-sluice-explain");
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("routes.yaml");
+    std::fs::write(
+        &file,
+        format!("{good}---\n{}", p.route_yaml("extra", "/extra*")),
+    )
+    .unwrap();
+    let (out, code) = kubectl_sluice(&[
+        "diff",
+        "-f",
+        &file.display().to_string(),
+        "--against",
+        &admin,
+    ]);
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        out.lines().any(|l| l == format!("+ route {ns}/extra/r1")),
+        "{out}"
+    );
+    assert!(!out.contains(&format!("- route {ns}/good/r1")), "{out}");
+
+    // The same through kubectl, as a plugin on PATH, and its completion.
+    let bin = workspace_bin("sluice-kubectl", "kubectl-sluice").unwrap();
+    std::fs::copy(&bin, dir.join("kubectl-sluice")).unwrap();
+    std::os::unix::fs::symlink(
+        dir.join("kubectl-sluice"),
+        dir.join("kubectl_complete-sluice"),
+    )
+    .unwrap();
+    let (text, code) = kubectl_plugin(
+        &dir,
+        &[
+            "sluice",
+            "explain",
+            "http://demo.e2e/hello",
+            "--kubeconfig",
+            &kubeconfig,
+        ],
+    );
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains(&format!("Route:    {route_id} (ApisixRoute {ns}/good)")),
+        "{text}"
+    );
+    for line in text.lines() {
+        assert!(line.chars().count() <= 80, "{line:?} is wider than 80");
+    }
+    println!("{text}");
+    let (completions, _) = kubectl_plugin(&dir, &["__complete", "sluice", "ex"]);
+    assert!(
+        completions.lines().any(|l| l.starts_with("explain\t")),
+        "{completions}"
     );
 }

@@ -71,19 +71,153 @@ pub struct SniEntry {
     pub client_auth: ClientAuth,
 }
 
-/// The certificates of one snapshot, indexed by SNI.
+/// Certificates of one snapshot indexed by host, as the HTTPS listener chooses them (see
+/// the module docs): `T` is the compiled entry ([`TlsTable`]) or, for tools that only
+/// explain the choice, the certificate id ([`SniIndex::ids`], which needs no key).
+#[derive(Debug)]
+pub struct SniIndex<T> {
+    exact: HashMap<String, T>,
+    /// For a ClientHello without SNI: the fallback SNI's certificate, else the default.
+    no_sni: Option<T>,
+    /// For a host no certificate covers.
+    default: Option<T>,
+    /// Keyed by the wildcard's suffix without `*.`.
+    wildcard: HashMap<String, T>,
+    count: usize,
+}
+
+impl<T> Default for SniIndex<T> {
+    fn default() -> Self {
+        SniIndex {
+            exact: HashMap::new(),
+            no_sni: None,
+            default: None,
+            wildcard: HashMap::new(),
+            count: 0,
+        }
+    }
+}
+
+impl<T: Clone> SniIndex<T> {
+    /// Indexes `certs` (each built into a `T` by `build`) with the snapshot's
+    /// `default_certificate` and `fallback_sni` ("" = unset), validating hosts as the
+    /// dataplane does.
+    pub fn build(
+        certs: &[v1::TlsCertificate],
+        default: Option<&v1::TlsCertificate>,
+        fallback_sni: &str,
+        mut build: impl FnMut(&v1::TlsCertificate) -> Result<T, InvalidTlsCertificate>,
+    ) -> Result<Self, InvalidTlsCertificate> {
+        let mut index = SniIndex::default();
+        for cert in certs {
+            let entry = build(cert)?;
+            if cert.hosts.is_empty() {
+                return Err(invalid(cert, "hosts", "empty".into()));
+            }
+            for host in &cert.hosts {
+                let host = host.to_ascii_lowercase();
+                let (map, key) = match host.strip_prefix("*.") {
+                    Some(suffix) => (&mut index.wildcard, suffix.to_owned()),
+                    None => (&mut index.exact, host.clone()),
+                };
+                if map.insert(key, entry.clone()).is_some() {
+                    let other = certs
+                        .iter()
+                        .find(|c| c.hosts.iter().any(|h| h.eq_ignore_ascii_case(&host)))
+                        .map(|c| c.id.as_str())
+                        .unwrap_or_default();
+                    return Err(invalid(
+                        cert,
+                        "hosts",
+                        format!("host {host} is also served by {other}"),
+                    ));
+                }
+            }
+            index.count += 1;
+        }
+        if let Some(cert) = default {
+            if !cert.hosts.is_empty() {
+                return Err(invalid(
+                    cert,
+                    "hosts",
+                    "the default certificate is not chosen by host; must be empty".into(),
+                ));
+            }
+            index.default = Some(build(cert)?);
+        }
+        index.no_sni = if fallback_sni.is_empty() {
+            None
+        } else {
+            sluice_proto::validate::dns_name(fallback_sni).map_err(|e| InvalidTlsCertificate {
+                id: "fallback_sni".into(),
+                field: "fallback_sni",
+                reason: format!("{fallback_sni:?}: {e}"),
+            })?;
+            index.lookup(fallback_sni).cloned()
+        }
+        .or_else(|| index.default.clone());
+        Ok(index)
+    }
+}
+
+impl SniIndex<String> {
+    /// The ids of a snapshot's certificates, chosen exactly as the HTTPS listener chooses
+    /// the compiled ones. Reads no key: works on a redacted snapshot.
+    pub fn ids(snapshot: &v1::Snapshot) -> Result<Self, InvalidTlsCertificate> {
+        Self::build(
+            &snapshot.tls_certificates,
+            snapshot.default_certificate.as_ref(),
+            &snapshot.fallback_sni,
+            |c| Ok(c.id.clone()),
+        )
+    }
+}
+
+impl<T> SniIndex<T> {
+    /// The certificate for a ClientHello's server name (`None`: no SNI): see the module
+    /// docs. `None` when the handshake must be refused.
+    pub fn select(&self, server_name: Option<&str>) -> Option<&T> {
+        match server_name {
+            None => self.no_sni.as_ref(),
+            Some(name) => self.lookup(name).or(self.default.as_ref()),
+        }
+    }
+
+    /// The certificate for a server name: exact match first, then the wildcard of its
+    /// parent domain.
+    pub fn lookup(&self, server_name: &str) -> Option<&T> {
+        let lower;
+        let name = if server_name.bytes().any(|b| b.is_ascii_uppercase()) {
+            lower = server_name.to_ascii_lowercase();
+            lower.as_str()
+        } else {
+            server_name
+        };
+        let name = name.strip_suffix('.').unwrap_or(name);
+        if let Some(e) = self.exact.get(name) {
+            return Some(e);
+        }
+        let (_, parent) = name.split_once('.')?;
+        self.wildcard.get(parent)
+    }
+
+    /// Number of certificates chosen by host (the default not counted).
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    /// Whether no certificate is chosen by host.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+}
+
+/// The certificates of one snapshot, compiled and indexed by SNI.
 #[derive(Debug, Default)]
 pub struct TlsTable {
-    exact: HashMap<String, Arc<SniEntry>>,
-    /// For a ClientHello without SNI: the fallback SNI's certificate, else the default.
-    no_sni: Option<Arc<SniEntry>>,
-    /// For a host no certificate covers.
-    default: Option<Arc<SniEntry>>,
-    /// Keyed by the wildcard's suffix without `*.`.
-    wildcard: HashMap<String, Arc<SniEntry>>,
+    index: SniIndex<Arc<SniEntry>>,
     /// Whether any certificate asks for client certificates.
     pub(crate) any_client_auth: bool,
-    count: usize,
 }
 
 impl TlsTable {
@@ -100,97 +234,39 @@ impl TlsTable {
         default: Option<&v1::TlsCertificate>,
         fallback_sni: &str,
     ) -> Result<Self, InvalidTlsCertificate> {
-        let mut table = Self::compile_sni(certs)?;
-        if let Some(cert) = default {
-            if !cert.hosts.is_empty() {
-                return Err(invalid(
-                    cert,
-                    "hosts",
-                    "the default certificate is not chosen by host; must be empty".into(),
-                ));
-            }
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut any_client_auth = false;
+        let index = SniIndex::build(certs, default, fallback_sni, |cert| {
             let entry = Arc::new(compile_one(cert, &provider)?);
-            table.any_client_auth |= !matches!(entry.client_auth, ClientAuth::None);
-            table.default = Some(entry);
-        }
-        table.no_sni = if fallback_sni.is_empty() {
-            None
-        } else {
-            sluice_proto::validate::dns_name(fallback_sni).map_err(|e| InvalidTlsCertificate {
-                id: "fallback_sni".into(),
-                field: "fallback_sni",
-                reason: format!("{fallback_sni:?}: {e}"),
-            })?;
-            table.lookup(fallback_sni).cloned()
-        }
-        .or_else(|| table.default.clone());
-        Ok(table)
+            any_client_auth |= !matches!(entry.client_auth, ClientAuth::None);
+            Ok(entry)
+        })?;
+        Ok(TlsTable {
+            index,
+            any_client_auth,
+        })
     }
 
     /// The certificate for a ClientHello's server name (`None`: no SNI): see the module
     /// docs. `None` when the handshake must be refused.
     pub fn select(&self, server_name: Option<&str>) -> Option<&Arc<SniEntry>> {
-        match server_name {
-            None => self.no_sni.as_ref(),
-            Some(name) => self.lookup(name).or(self.default.as_ref()),
-        }
-    }
-
-    fn compile_sni(certs: &[v1::TlsCertificate]) -> Result<Self, InvalidTlsCertificate> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let mut table = TlsTable::default();
-        for cert in certs {
-            let entry = Arc::new(compile_one(cert, &provider)?);
-            table.any_client_auth |= !matches!(entry.client_auth, ClientAuth::None);
-            if cert.hosts.is_empty() {
-                return Err(invalid(cert, "hosts", "empty".into()));
-            }
-            for host in &cert.hosts {
-                let host = host.to_ascii_lowercase();
-                let (map, key) = match host.strip_prefix("*.") {
-                    Some(suffix) => (&mut table.wildcard, suffix.to_owned()),
-                    None => (&mut table.exact, host.clone()),
-                };
-                if let Some(other) = map.insert(key, Arc::clone(&entry)) {
-                    return Err(invalid(
-                        cert,
-                        "hosts",
-                        format!("host {host} is also served by {}", other.id),
-                    ));
-                }
-            }
-            table.count += 1;
-        }
-        Ok(table)
+        self.index.select(server_name)
     }
 
     /// Number of certificates.
     pub fn len(&self) -> usize {
-        self.count
+        self.index.len()
     }
 
     /// Whether there are no certificates.
     pub fn is_empty(&self) -> bool {
-        self.count == 0
+        self.index.is_empty()
     }
 
     /// The certificate for a server name: exact match first, then the wildcard of its
     /// parent domain.
     pub fn lookup(&self, server_name: &str) -> Option<&Arc<SniEntry>> {
-        let lower;
-        let name = if server_name.bytes().any(|b| b.is_ascii_uppercase()) {
-            lower = server_name.to_ascii_lowercase();
-            lower.as_str()
-        } else {
-            server_name
-        };
-        let name = name.strip_suffix('.').unwrap_or(name);
-        if let Some(e) = self.exact.get(name) {
-            return Some(e);
-        }
-        let (_, parent) = name.split_once('.')?;
-        self.wildcard.get(parent)
+        self.index.lookup(server_name)
     }
 }
 

@@ -65,7 +65,9 @@ fn redacted_config(plugin: &str, config_json: &str) -> String {
         match v {
             serde_json::Value::Object(map) => {
                 for (k, v) in map.iter_mut() {
-                    if is_secret(plugin, k) && !v.is_null() {
+                    // NB: a flag named like a secret (jwt-auth's `base64_secret`) is no
+                    // secret, and turning it into a string breaks the config's schema.
+                    if is_secret(plugin, k) && !v.is_null() && !v.is_boolean() {
                         *v = serde_json::Value::String(REDACTED.to_owned());
                     } else {
                         walk(plugin, v);
@@ -89,6 +91,20 @@ fn redacted_config(plugin: &str, config_json: &str) -> String {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// Flags named like secrets stay booleans (the redacted config still parses with the
+    /// plugin's schema); a secret given as a number is hidden like a string.
+    #[test]
+    fn boolean_flags_are_kept_and_numeric_secrets_hidden() {
+        let shown = redacted_config(
+            "jwt-auth",
+            &serde_json::json!({"key": "k", "secret": 12345, "base64_secret": true}).to_string(),
+        );
+        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(v["base64_secret"], true);
+        assert_eq!(v["secret"], REDACTED);
+        assert!(!shown.contains("12345"), "{shown}");
+    }
 
     fn plugin(name: &str, config: serde_json::Value) -> v1::Plugin {
         v1::Plugin {

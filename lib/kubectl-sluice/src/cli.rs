@@ -34,7 +34,10 @@ const EXPLAIN_EXAMPLES: &str = "\
 Examples:
   kubectl sluice explain http://api.example.com/v1/users -f manifests/
   kubectl sluice explain https://api.example.com/v1/orders -X POST \\
-      -H 'x-canary: 1' --client-ip 10.1.2.3 -f manifests/ -o yaml";
+      -H 'x-canary: 1' --client-ip 10.1.2.3 -f manifests/ -o yaml
+  kubectl sluice explain http://api.example.com/v1/users            # the cluster
+  kubectl -n sluice port-forward deploy/sluice-dataplane 9091 &
+  kubectl sluice explain http://api.example.com/v1/users --admin http://127.0.0.1:9091";
 
 const DIFF_EXAMPLES: &str = "\
 Examples:
@@ -96,7 +99,9 @@ pub enum Command {
         #[command(flatten)]
         input: Input,
     },
-    /// Which route serves a request, why, with which plugins, to which endpoints.
+    /// Which route serves a request, why, with which plugins, to which endpoints: against
+    /// files (-f), a running dataplane (--admin), or else the cluster's objects (current
+    /// kubeconfig context).
     #[command(after_help = EXPLAIN_EXAMPLES)]
     Explain {
         /// The request URL (`http://host/path?query`; no scheme means http).
@@ -114,9 +119,38 @@ pub enum Command {
         /// TLS server name (defaults to the URL host for https).
         #[arg(long)]
         sni: Option<String>,
-        /// The files.
-        #[command(flatten)]
-        input: Input,
+        /// A YAML file, a directory of them (recursive), or `-` for stdin. Repeatable.
+        #[arg(
+            short = 'f',
+            long = "filename",
+            value_name = "FILE|DIR|-",
+            value_hint = ValueHint::AnyPath,
+            conflicts_with_all = ["admin", "kubeconfig", "context", "namespace"]
+        )]
+        files: Vec<String>,
+        /// A running dataplane's admin listener (http://HOST:PORT; for a pod, after
+        /// `kubectl port-forward POD 9091`): its snapshot and live endpoint health.
+        #[arg(long, value_name = "URL", value_hint = ValueHint::Url,
+              conflicts_with_all = ["kubeconfig", "context", "namespace"])]
+        admin: Option<String>,
+        /// Kubeconfig file, when reading the cluster (default: $KUBECONFIG, else
+        /// ~/.kube/config, else in-cluster).
+        #[arg(long, value_name = "PATH", value_hint = ValueHint::FilePath)]
+        kubeconfig: Option<PathBuf>,
+        /// Kubeconfig context, when reading the cluster (default: its current context).
+        #[arg(long, value_name = "NAME")]
+        context: Option<String>,
+        /// Read objects of this namespace only, as a controller with --watch-namespace
+        /// does (default: every namespace).
+        #[arg(short = 'n', long, value_name = "NS")]
+        namespace: Option<String>,
+        /// The controller's --ingress-class: Ingresses and Apisix objects of another class
+        /// are left out, as the controller leaves them out.
+        #[arg(long, value_name = "NAME", default_value = DEFAULT_INGRESS_CLASS)]
+        ingress_class: String,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        output: Format,
     },
     /// What changes in the snapshot if the files are applied: added, removed and changed
     /// routes, upstreams, certificates (never secret material). Exit 1 on differences.

@@ -308,3 +308,86 @@ pub async fn read(
     report.notes = notes;
     Ok(report)
 }
+
+/// Every object the controller reads, in `scope`, kept as the controller keeps them (its
+/// class filter, [`sluice_controller::cluster::assemble`]): the input `explain` translates.
+/// Secrets that cannot be listed are left out with a note (their certificates and
+/// credentials are then missing); nothing read here is printed.
+pub async fn read_state(
+    client: &Client,
+    scope: &Scope,
+    ingress_class: &str,
+) -> Result<(ClusterState, Vec<String>), ClusterError> {
+    use k8s_openapi::api::core::v1::Pod;
+    use sluice_controller::cluster::{Inputs, assemble};
+    use std::sync::Arc;
+
+    fn arcs<K>(v: Vec<K>) -> Vec<Arc<K>> {
+        v.into_iter().map(Arc::new).collect()
+    }
+    let mut notes = Vec::new();
+    let mut inputs = Inputs {
+        apisix_routes: arcs(list(&api::<ApisixRoute>(client, scope), "ApisixRoutes").await?),
+        apisix_upstreams: arcs(
+            list(&api::<ApisixUpstream>(client, scope), "ApisixUpstreams").await?,
+        ),
+        apisix_tlses: arcs(list(&api::<ApisixTls>(client, scope), "ApisixTlses").await?),
+        apisix_plugin_configs: arcs(
+            list(
+                &api::<ApisixPluginConfig>(client, scope),
+                "ApisixPluginConfigs",
+            )
+            .await?,
+        ),
+        apisix_consumers: arcs(
+            list(&api::<ApisixConsumer>(client, scope), "ApisixConsumers").await?,
+        ),
+        apisix_global_rules: arcs(
+            list(&api::<ApisixGlobalRule>(client, scope), "ApisixGlobalRules").await?,
+        ),
+        services: arcs(list(&api::<Service>(client, scope), "Services").await?),
+        endpoint_slices: arcs(list(&api::<EndpointSlice>(client, scope), "EndpointSlices").await?),
+        ingresses: arcs(list(&api::<Ingress>(client, scope), "Ingresses").await?),
+        ..Inputs::default()
+    };
+    match Api::<IngressClass>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+    {
+        Ok(l) => inputs.ingress_classes = arcs(l.items),
+        Err(e) => notes.push(format!(
+            "cannot list IngressClasses ({e}): objects without a class are left out"
+        )),
+    }
+    // NB: Helm's release records are Secrets too, and large; translation never reads them.
+    let secrets = ListParams::default().fields("type!=helm.sh/release.v1");
+    match api::<Secret>(client, scope).list(&secrets).await {
+        Ok(l) => inputs.secrets = arcs(l.items),
+        Err(e) => notes.push(format!(
+            "cannot list Secrets ({e}): certificates and credentials kept in Secrets are \
+             missing, and objects naming them are rejected here"
+        )),
+    }
+    match api::<Pod>(client, scope)
+        .list_metadata(&ListParams::default())
+        .await
+    {
+        Ok(l) => inputs.pods = arcs(l.items),
+        Err(e) => notes.push(format!(
+            "cannot list Pods ({e}): ApisixUpstream subsets select no endpoint"
+        )),
+    }
+    Ok((assemble(&inputs, ingress_class), notes))
+}
+
+/// The kubeconfig context `target` names or the kubeconfig's current one, for messages.
+pub fn context_name(target: &Target<'_>) -> Option<String> {
+    if let Some(c) = target.context {
+        return Some(c.to_owned());
+    }
+    let kc = match target.kubeconfig {
+        Some(path) => Kubeconfig::read_from(path).ok()?,
+        None => Kubeconfig::read().ok()?,
+    };
+    kc.current_context
+}

@@ -118,6 +118,79 @@ pub fn generate(cmd: &clap::Command, shell: Shell) -> String {
     }
 }
 
+/// The file name kubectl (1.26+) runs to complete `kubectl sluice <TAB>`: an executable of
+/// this name on `PATH` (a link to `kubectl-sluice`) is called with the words after
+/// `sluice`, the last one being the word under the cursor.
+pub const KUBECTL_COMPLETE: &str = "kubectl_complete-sluice";
+
+/// cobra's directives, the last line of a `__complete` answer.
+const DIRECTIVE_DEFAULT: u32 = 0;
+const DIRECTIVE_NO_FILE: u32 = 4;
+
+/// Answers a completion request as a cobra program's `__complete` does (what kubectl's
+/// plugin completion expects): candidates one per line, `value\tdescription`, then
+/// `:<directive>` (0: also complete file names, 4: do not). `args` are the words after
+/// the command name; the last is the (possibly empty) word being completed.
+pub fn complete(cmd: &clap::Command, args: &[String]) -> String {
+    let (top, subs) = model(cmd);
+    let (current, before) = match args.split_last() {
+        Some((c, b)) => (c.as_str(), b),
+        None => ("", &[][..]),
+    };
+    let sub = before
+        .iter()
+        .find_map(|w| subs.iter().find(|s| s.name == *w));
+    let flags: &[Flag] = sub.map_or(&top[..], |s| &s.flags[..]);
+    let mut out = String::new();
+    let mut directive = DIRECTIVE_NO_FILE;
+    let spelled = |f: &Flag, w: &str| spellings(f).iter().any(|s| s == w);
+    // A flag waiting for its value (`-o <TAB>`)?
+    let pending = before
+        .last()
+        .and_then(|w| flags.iter().find(|f| f.takes_value && spelled(f, w)));
+    if let Some(f) = pending {
+        if f.path {
+            directive = DIRECTIVE_DEFAULT;
+        }
+        for v in f.values.iter().filter(|v| v.starts_with(current)) {
+            let _ = writeln!(out, "{v}");
+        }
+    } else if current.starts_with('-') {
+        for f in flags {
+            for sp in spellings(f).iter().filter(|sp| sp.starts_with(current)) {
+                let _ = writeln!(out, "{sp}\t{}", f.help);
+            }
+        }
+    } else if let Some(sub) = sub {
+        // A positional: the first one not given yet (flag values are skipped).
+        let mut given = 0;
+        let mut skip = false;
+        for w in before.iter().skip_while(|w| **w != sub.name).skip(1) {
+            if skip {
+                skip = false;
+            } else if w.starts_with('-') {
+                skip = !w.contains('=') && sub.flags.iter().any(|f| f.takes_value && spelled(f, w));
+            } else {
+                given += 1;
+            }
+        }
+        if let Some(p) = sub.positionals.get(given) {
+            if p.path {
+                directive = DIRECTIVE_DEFAULT;
+            }
+            for v in p.values.iter().filter(|v| v.starts_with(current)) {
+                let _ = writeln!(out, "{v}");
+            }
+        }
+    } else {
+        for s in subs.iter().filter(|s| s.name.starts_with(current)) {
+            let _ = writeln!(out, "{}\t{}", s.name, s.help);
+        }
+    }
+    let _ = writeln!(out, ":{directive}");
+    out
+}
+
 fn spellings(f: &Flag) -> Vec<String> {
     let mut out = Vec::new();
     if let Some(s) = f.short {
@@ -298,7 +371,13 @@ fn zsh(bin: &str, top: &[Flag], subs: &[Sub]) -> String {
         }
     }
     s.push_str("    esac\n}\n");
-    let _ = writeln!(s, "compdef {func} {bin}");
+    // NB: autoloaded from `$fpath` (the file `_{bin}`), the file's body is the completion
+    // function itself and must complete at once; sourced, it registers the function.
+    let _ = writeln!(s, "if [ \"$funcstack[1]\" = \"_{bin}\" ]; then");
+    let _ = writeln!(s, "    {func} \"$@\"");
+    let _ = writeln!(s, "else");
+    let _ = writeln!(s, "    compdef {func} {bin}");
+    let _ = writeln!(s, "fi");
     s
 }
 

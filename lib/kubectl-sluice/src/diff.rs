@@ -9,9 +9,6 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read as _, Write as _};
-use std::net::TcpStream;
-use std::time::Duration;
 
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
@@ -41,60 +38,6 @@ pub struct Report {
     /// Changes grouped by kind (routes, upstreams, certificates, global rules, consumers):
     /// removed and changed ones by id, then added ones by id.
     pub changes: Vec<Change>,
-}
-
-/// Why the other side could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum AdminError {
-    /// Only `http://host:port` admin URLs are supported.
-    #[error("unsupported admin URL {0:?}: expected http://HOST:PORT")]
-    Url(String),
-    /// Network error.
-    #[error("{0}: {1}")]
-    Io(String, std::io::Error),
-    /// The answer is not a snapshot.
-    #[error("{0}: {1}")]
-    Body(String, String),
-}
-
-/// Fetches the snapshot a running dataplane serves from its admin listener
-/// (`GET /snapshot?full=1`, redacted by the dataplane).
-pub fn fetch_admin_snapshot(url: &str) -> Result<v1::Snapshot, AdminError> {
-    let rest = url
-        .strip_prefix("http://")
-        .ok_or_else(|| AdminError::Url(url.into()))?;
-    let authority = rest.split('/').next().unwrap_or_default();
-    if authority.is_empty() {
-        return Err(AdminError::Url(url.into()));
-    }
-    let io = |e| AdminError::Io(url.into(), e);
-    let mut stream = TcpStream::connect(authority).map_err(io)?;
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .map_err(io)?;
-    // NB: HTTP/1.0 so the body is not chunked and ends with the connection.
-    write!(
-        stream,
-        "GET /snapshot?full=1 HTTP/1.0\r\nHost: {authority}\r\nAccept: application/json\r\n\r\n"
-    )
-    .map_err(io)?;
-    let mut raw = Vec::new();
-    stream.read_to_end(&mut raw).map_err(io)?;
-    let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| AdminError::Body(url.into(), "no HTTP response".into()))?;
-    if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
-        let status = head.lines().next().unwrap_or_default();
-        return Err(AdminError::Body(url.into(), format!("{status}: {body}")));
-    }
-    let doc: serde_json::Value =
-        serde_json::from_str(body).map_err(|e| AdminError::Body(url.into(), e.to_string()))?;
-    let snap = doc
-        .get("snapshot")
-        .cloned()
-        .ok_or_else(|| AdminError::Body(url.into(), "no snapshot in the answer".into()))?;
-    serde_json::from_value(snap).map_err(|e| AdminError::Body(url.into(), e.to_string()))
 }
 
 fn short(v: &serde_json::Value) -> Option<String> {

@@ -5,13 +5,20 @@
 
 use std::fmt::Write as _;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Instant;
 
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use serde::Serialize;
+use sluice_dataplane::config::certs::SniIndex;
 use sluice_dataplane::config::redact::redacted;
 use sluice_dataplane::config::table::RouteTable;
+use sluice_dataplane::plugins::{PluginChain, PluginCtx};
 use sluice_dataplane::router::{Candidate, HostClass, Mismatch, PathKind, RequestInfo};
 use sluice_proto::v1;
+
+use crate::admin::Health;
+use crate::table::{WIDTH, wrap};
 
 /// How many non-matching candidates the text output lists.
 pub const MAX_CANDIDATES: usize = 5;
@@ -187,15 +194,20 @@ pub struct Upstreamed {
     pub host: String,
     /// Path (and query) sent upstream.
     pub path: String,
-    /// Headers set by proxy-rewrite (`name: value`).
+    /// Headers proxy-rewrite added, changed (`name: value`) or removed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub headers: Vec<String>,
+    /// The method, when proxy-rewrite changes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub method: Option<String>,
 }
 
 /// The result of `explain`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Explanation {
+    /// What was explained: files, a dataplane's snapshot, or the cluster's objects.
+    pub source: String,
     /// `GET http://host/path?query from client-ip`.
     pub request: String,
     /// Certificate id served for the TLS server name, for https.
@@ -338,7 +350,7 @@ fn plugin_note(name: &str, config: &serde_json::Value) -> Option<String> {
         | "proxy-rewrite"
         | "cors"
         | "response-rewrite"
-        | "consumer-restriction" => Some(config.to_string()),
+        | "consumer-restriction" => Some(masked_headers(config).to_string()),
         _ => None,
     }
 }
@@ -350,8 +362,22 @@ fn plugin_config(list: &[v1::Plugin], name: &str) -> serde_json::Value {
         .unwrap_or(serde_json::Value::Null)
 }
 
+/// Where the configuration explained comes from, and what is known of its endpoints.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    /// `files`, `dataplane http://...: snapshot 12 (hash ...)`, `cluster (context ...)`.
+    pub source: String,
+    /// Live endpoint health, when read from a running dataplane.
+    pub health: Option<Health>,
+}
+
 /// Explains `req` against a compiled table and the snapshot it was compiled from.
-pub fn explain(table: &RouteTable, snapshot: &v1::Snapshot, req: &Request) -> Explanation {
+pub fn explain(
+    table: &RouteTable,
+    snapshot: &v1::Snapshot,
+    req: &Request,
+    cx: &Context,
+) -> Explanation {
     // NB: plugin configs are shown from a redacted copy: never print credentials.
     let shown = redacted(snapshot);
     let info = req.info();
@@ -405,29 +431,39 @@ pub fn explain(table: &RouteTable, snapshot: &v1::Snapshot, req: &Request) -> Ex
                     continue;
                 };
                 let checked = up.health_check.is_some();
+                let health = |address: &str| match cx.health.as_ref() {
+                    Some(h) => match h.get(&(up.id.clone(), address.to_owned())) {
+                        Some(true) => "healthy (in the dataplane's rotation)".to_owned(),
+                        Some(false) => "UNHEALTHY (ejected by a health check)".to_owned(),
+                        None => "unknown (not in the dataplane's metrics)".to_owned(),
+                    },
+                    None if checked => {
+                        "health-checked (state known only to a running dataplane)".into()
+                    }
+                    None => "healthy (no health checks)".into(),
+                };
                 upstreams.push(UpstreamView {
                     id: up.id.clone(),
                     weight: b.weight,
                     endpoints: up
                         .endpoints
                         .iter()
-                        .map(|e| EndpointView {
-                            address: if e.host.contains(':') {
+                        .map(|e| {
+                            let address = if e.host.contains(':') {
                                 format!("[{}]:{}", e.host, e.port)
                             } else {
                                 format!("{}:{}", e.host, e.port)
-                            },
-                            weight: e.weight,
-                            health: if checked {
-                                "health-checked (state known only to a running dataplane)".into()
-                            } else {
-                                "healthy (no health checks)".into()
-                            },
+                            };
+                            EndpointView {
+                                health: health(&address),
+                                address,
+                                weight: e.weight,
+                            }
                         })
                         .collect(),
                 });
             }
-            upstream_request = Some(upstreamed(route, snapshot, req));
+            upstream_request = Some(upstreamed(route, compiled.plugins.as_ref(), snapshot, req));
         }
     }
     let query = req
@@ -435,14 +471,17 @@ pub fn explain(table: &RouteTable, snapshot: &v1::Snapshot, req: &Request) -> Ex
         .as_deref()
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
-    let certificate = req.sni.as_deref().and_then(|sni| {
-        table
-            .tls
+    // NB: chosen by the dataplane's own SNI index over certificate ids, which reads no key
+    // (a dataplane's snapshot comes redacted).
+    let certificate = req.sni.as_deref().map(|sni| match SniIndex::ids(snapshot) {
+        Ok(index) => index
             .select(Some(sni))
-            .map(|e| e.id.clone())
-            .or_else(|| Some(format!("none for {sni:?}: handshake refused")))
+            .cloned()
+            .unwrap_or_else(|| format!("none for {sni:?}: handshake refused")),
+        Err(e) => format!("none: the certificates do not compile: {e}"),
     });
     Explanation {
+        source: cx.source.clone(),
         request: format!(
             "{} {}://{}{}{} from {}",
             req.method,
@@ -461,14 +500,72 @@ pub fn explain(table: &RouteTable, snapshot: &v1::Snapshot, req: &Request) -> Ex
     }
 }
 
-/// The Host and path the upstream receives: the upstream's `pass_host`, then proxy-rewrite.
-fn upstreamed(route: &v1::Route, snapshot: &v1::Snapshot, req: &Request) -> Upstreamed {
+/// The Host, path and headers the upstream receives: the route's own proxy-rewrite plugin
+/// (the dataplane's code, run on this request), then the upstream's `pass_host` unless
+/// proxy-rewrite set the Host.
+fn upstreamed(
+    route: &v1::Route,
+    chain: Option<&Arc<PluginChain>>,
+    snapshot: &v1::Snapshot,
+    req: &Request,
+) -> Upstreamed {
+    let query = req
+        .query
+        .as_deref()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let mut builder = http::Request::builder()
+        .method(req.method.clone())
+        .uri(format!("{}{query}", req.path));
+    for (name, value) in &req.headers {
+        builder = builder.header(name, value);
+    }
+    if let Some(host) = &req.host
+        && !req.headers.contains_key(http::header::HOST)
+    {
+        builder = builder.header(http::header::HOST, host.as_str());
+    }
+    let Ok(request) = builder.body(()) else {
+        return Upstreamed {
+            host: req.host.clone().unwrap_or_default(),
+            path: format!("{}{query}", req.path),
+            headers: Vec::new(),
+            method: None,
+        };
+    };
+    let (mut parts, ()) = request.into_parts();
+    let before = parts.headers.clone();
+    if let Some(chain) = chain {
+        let info = req.info();
+        let mut ctx = PluginCtx::new(
+            Arc::clone(chain),
+            info.remote_addr,
+            info.local_addr,
+            if req.scheme == "https" {
+                "https"
+            } else {
+                "http"
+            },
+            Instant::now(),
+        );
+        // NB: only proxy-rewrite: it changes the request and nothing else (no counters,
+        // no I/O); other rewrite-phase plugins (auth, request-id) are described, not run.
+        for p in chain.route.iter().filter(|p| p.name() == "proxy-rewrite") {
+            let _ = p.rewrite(&mut parts, &mut ctx);
+        }
+    }
+    let rewrote_host = parts.headers.get(http::header::HOST) != before.get(http::header::HOST);
+    let mut host = parts
+        .headers
+        .get(http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
     let up = route
         .backends
         .first()
         .and_then(|b| snapshot.upstreams.iter().find(|u| u.id == b.upstream_id));
-    let mut host = req.host.clone().unwrap_or_default();
-    if let Some(up) = up {
+    if let (Some(up), false) = (up, rewrote_host) {
         match v1::UpstreamPassHost::try_from(up.pass_host) {
             Ok(v1::UpstreamPassHost::Node) => {
                 if let Some(e) = up.endpoints.first() {
@@ -479,77 +576,140 @@ fn upstreamed(route: &v1::Route, snapshot: &v1::Snapshot, req: &Request) -> Upst
                     };
                 }
             }
-            Ok(v1::UpstreamPassHost::Rewrite) => host = up.upstream_host.clone(),
+            Ok(v1::UpstreamPassHost::Rewrite) => host.clone_from(&up.upstream_host),
             _ => {}
         }
     }
-    let query = req
-        .query
-        .as_deref()
-        .map(|q| format!("?{q}"))
-        .unwrap_or_default();
-    let mut path = format!("{}{query}", req.path);
     let mut headers = Vec::new();
-    let rewrite = plugin_config(&route.plugins, "proxy-rewrite");
-    if let Some(h) = field(&rewrite, "host") {
-        host = h;
-    }
-    if let Some(uri) = field(&rewrite, "uri") {
-        path = uri;
-    } else if let Some(re) = rewrite.get("regex_uri") {
-        path = format!("{path} (rewritten by regex_uri {re})");
-    }
-    if let Some(serde_json::Value::Object(h)) = rewrite.get("headers") {
-        // Both the flat form and the `set`/`add` form.
-        for (k, v) in h {
-            match v {
-                serde_json::Value::Object(inner) => {
-                    for (k2, v2) in inner {
-                        headers.push(format!("{k2}: {} ({k})", v2.as_str().unwrap_or_default()));
-                    }
-                }
-                other => headers.push(format!("{k}: {}", other.as_str().unwrap_or_default())),
+    for name in parts.headers.keys() {
+        if name == http::header::HOST {
+            continue;
+        }
+        let after: Vec<&HeaderValue> = parts.headers.get_all(name).iter().collect();
+        let was: Vec<&HeaderValue> = before.get_all(name).iter().collect();
+        if after != was {
+            for v in after {
+                headers.push(shown_header(&format!(
+                    "{name}: {}",
+                    String::from_utf8_lossy(v.as_bytes())
+                )));
             }
         }
     }
+    for name in before.keys() {
+        if !parts.headers.contains_key(name) {
+            headers.push(format!("{name}: (removed)"));
+        }
+    }
+    let path = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    let method = (parts.method != req.method).then(|| parts.method.to_string());
     Upstreamed {
         host,
         path,
         headers,
+        method,
+    }
+}
+
+/// Whether a header's value is a credential: shown as `<redacted>`, like the snapshot's
+/// secret fields.
+fn secret_header(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    matches!(
+        n.as_str(),
+        "authorization" | "proxy-authorization" | "cookie" | "set-cookie"
+    ) || [
+        "token", "secret", "password", "api-key", "apikey", "session",
+    ]
+    .iter()
+    .any(|w| n.contains(w))
+}
+
+/// `config` with the values of credential headers (`headers`, flat or `set`/`add`) hidden.
+fn masked_headers(config: &serde_json::Value) -> serde_json::Value {
+    fn mask(map: &mut serde_json::Map<String, serde_json::Value>) {
+        for (name, value) in map.iter_mut() {
+            match value {
+                serde_json::Value::Object(inner) => mask(inner),
+                v if secret_header(name) && !v.is_null() => {
+                    *v = sluice_dataplane::config::redact::REDACTED.into();
+                }
+                _ => {}
+            }
+        }
+    }
+    let mut c = config.clone();
+    if let Some(serde_json::Value::Object(h)) = c.get_mut("headers") {
+        mask(h);
+    }
+    c
+}
+
+/// `name: value` with a credential's value hidden.
+fn shown_header(line: &str) -> String {
+    match line.split_once(": ") {
+        Some((name, value)) if secret_header(name) && value != "(removed)" => {
+            format!("{name}: {}", sluice_dataplane::config::redact::REDACTED)
+        }
+        _ => line.to_owned(),
+    }
+}
+
+/// Appends `text` to `out` as lines of at most [`WIDTH`] columns: the first starts with
+/// `first` (a label), the others with as many spaces.
+fn para(out: &mut String, first: &str, text: &str) {
+    let indent = " ".repeat(first.chars().count());
+    let lines = wrap(text, WIDTH, &indent);
+    for (i, line) in lines.iter().enumerate() {
+        if i == 0 {
+            let _ = writeln!(out, "{first}{}", &line[indent.len()..]);
+        } else {
+            let _ = writeln!(out, "{line}");
+        }
+    }
+    if lines.is_empty() {
+        let _ = writeln!(out, "{}", first.trim_end());
     }
 }
 
 impl Explanation {
-    /// Text for a terminal.
+    /// Text for an 80-column terminal.
     pub fn render_text(&self) -> String {
         let mut out = String::new();
-        let _ = writeln!(out, "Request:  {}", self.request);
+        if !self.source.is_empty() {
+            para(&mut out, "Source:   ", &self.source);
+        }
+        para(&mut out, "Request:  ", &self.request);
         if let Some(c) = &self.certificate {
-            let _ = writeln!(out, "TLS:      certificate {c}");
+            para(&mut out, "TLS:      ", &format!("certificate {c}"));
         }
         match &self.matched {
             Some(m) => {
-                let _ = writeln!(out, "Route:    {} ({})", m.id, m.source);
-                let _ = writeln!(
-                    out,
-                    "  why:    {}, {}, priority {}; first candidate whose methods, \
-                     remoteAddrs and exprs all match",
-                    m.host, m.path, m.priority
+                para(&mut out, "Route:    ", &format!("{} ({})", m.id, m.source));
+                para(
+                    &mut out,
+                    "  why:    ",
+                    &format!(
+                        "{}, {}, priority {}; the first candidate whose methods, \
+                         remoteAddrs and exprs all match",
+                        m.host, m.path, m.priority
+                    ),
                 );
             }
-            None => {
-                let _ = writeln!(out, "Route:    none: the dataplane answers 404");
-            }
+            None => para(&mut out, "Route:    ", "none: the dataplane answers 404"),
         }
         if !self.not_matched.is_empty() {
             let _ = writeln!(out, "Checked before, did not match:");
             for c in self.not_matched.iter().take(MAX_CANDIDATES) {
-                let _ = writeln!(
-                    out,
-                    "  {} ({}, {}, priority {})",
-                    c.id, c.host, c.path, c.priority
+                para(
+                    &mut out,
+                    "  ",
+                    &format!("{} ({}, {}, priority {})", c.id, c.host, c.path, c.priority),
                 );
-                let _ = writeln!(out, "    {}", c.failed.as_deref().unwrap_or_default());
+                para(&mut out, "    ", c.failed.as_deref().unwrap_or_default());
             }
             if self.not_matched.len() > MAX_CANDIDATES {
                 let _ = writeln!(
@@ -565,32 +725,52 @@ impl Explanation {
             } else {
                 let _ = writeln!(out, "Plugins (in execution order):");
                 for (n, p) in self.plugins.iter().enumerate() {
-                    let _ = writeln!(
-                        out,
-                        "  {}. {} ({}, priority {})",
-                        n + 1,
-                        p.name,
-                        p.scope,
-                        p.priority
+                    para(
+                        &mut out,
+                        "  ",
+                        &format!(
+                            "{}. {} ({}, priority {})",
+                            n + 1,
+                            p.name,
+                            p.scope,
+                            p.priority
+                        ),
                     );
                     if let Some(note) = &p.note {
-                        let _ = writeln!(out, "     {note}");
+                        para(&mut out, "     ", note);
                     }
                 }
             }
             for u in &self.upstreams {
-                let _ = writeln!(out, "Upstream: {} (weight {})", u.id, u.weight);
+                para(
+                    &mut out,
+                    "Upstream: ",
+                    &format!("{} (weight {})", u.id, u.weight),
+                );
                 if u.endpoints.is_empty() {
                     let _ = writeln!(out, "  no endpoints: the dataplane answers 503");
                 }
                 for e in &u.endpoints {
-                    let _ = writeln!(out, "  {} weight {}: {}", e.address, e.weight, e.health);
+                    para(
+                        &mut out,
+                        "  ",
+                        &format!("{} weight {}: {}", e.address, e.weight, e.health),
+                    );
                 }
             }
             if let Some(u) = &self.upstream_request {
-                let _ = writeln!(out, "Sent upstream: Host {}, path {}", u.host, u.path);
+                let method = u
+                    .method
+                    .as_deref()
+                    .map(|m| format!("method {m}, "))
+                    .unwrap_or_default();
+                para(
+                    &mut out,
+                    "Sent upstream: ",
+                    &format!("{method}Host {}, path {}", u.host, u.path),
+                );
                 for h in &u.headers {
-                    let _ = writeln!(out, "  {h}");
+                    para(&mut out, "  ", h);
                 }
             }
         }

@@ -13,6 +13,7 @@
 //! serialises (`-o json|yaml`) and renders as text.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod cli;
 pub mod cluster;
 pub mod completion;

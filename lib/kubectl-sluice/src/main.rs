@@ -6,7 +6,7 @@ use clap::{CommandFactory as _, Parser as _};
 use sluice_kubectl::cli::{Cli, Command};
 use sluice_kubectl::cluster::{self, Scope, Target};
 use sluice_kubectl::offline::{self, Offline};
-use sluice_kubectl::{Format, completion, diff, explain, render_structured, validate};
+use sluice_kubectl::{Format, admin, completion, diff, explain, render_structured, validate};
 
 fn print<T: serde::Serialize>(report: &T, format: Format, text: impl FnOnce() -> String) {
     match format {
@@ -30,17 +30,87 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
             headers,
             client_ip,
             sni,
-            input,
+            files,
+            admin,
+            kubeconfig,
+            context,
+            namespace,
+            ingress_class,
+            output,
         } => {
             let req = explain::Request::parse(&url, &method, &headers, client_ip, sni)?;
-            let opts = offline::controller_options(&input.ingress_class);
-            let off = Offline::from_sources(&input.files, &opts)?;
-            let table = match &off.table {
-                Ok(t) => t,
-                Err(e) => anyhow::bail!("the dataplane would reject this snapshot: {e}"),
+            let opts = offline::controller_options(&ingress_class);
+            let mut notes = Vec::new();
+            let (snapshot, table, cx) = if let Some(url) = admin {
+                let served = admin::served(&url)?;
+                let health = admin::health(&url)?;
+                // NB: a dataplane's snapshot comes redacted; compile it without the key
+                // material it no longer has (certificates are chosen by id, see explain).
+                let table = offline::compile_redacted(&served.snapshot).map_err(|e| {
+                    anyhow::anyhow!("{url}: the served snapshot does not compile here: {e}")
+                })?;
+                let cx = explain::Context {
+                    source: format!(
+                        "dataplane {url}: snapshot {} (hash {})",
+                        served.version, served.hash
+                    ),
+                    health: Some(health),
+                };
+                (served.snapshot, table, cx)
+            } else {
+                let (off, source) = if files.is_empty() {
+                    let target = Target {
+                        kubeconfig: kubeconfig.as_deref(),
+                        context: context.as_deref(),
+                    };
+                    let runtime = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()?;
+                    let scope = match namespace {
+                        Some(ns) => Scope::Namespace(ns),
+                        None => Scope::All,
+                    };
+                    let (state, read_notes) = runtime.block_on(async {
+                        let client = cluster::connect(&target).await?;
+                        cluster::read_state(&client, &scope, &ingress_class).await
+                    })?;
+                    notes = read_notes;
+                    let context = cluster::context_name(&target)
+                        .map(|c| format!("context {c}"))
+                        .unwrap_or_else(|| "in-cluster".into());
+                    let ns = match &scope {
+                        Scope::All => "every namespace".to_owned(),
+                        Scope::Namespace(ns) => format!("namespace {ns}"),
+                    };
+                    let off = Offline::build(
+                        sluice_translate::files::Loaded {
+                            state,
+                            ..Default::default()
+                        },
+                        &opts,
+                    );
+                    (
+                        off,
+                        format!("cluster ({context}, {ns}), translated as the controller does"),
+                    )
+                } else {
+                    let off = Offline::from_sources(&files, &opts)?;
+                    (off, format!("files {}", files.join(", ")))
+                };
+                let table = off.table.map_err(|e| {
+                    anyhow::anyhow!("the dataplane would reject this snapshot: {e}")
+                })?;
+                let cx = explain::Context {
+                    source,
+                    health: None,
+                };
+                (off.translation.snapshot, table, cx)
             };
-            let ex = explain::explain(table, &off.translation.snapshot, &req);
-            print(&ex, input.output, || ex.render_text());
+            let ex = explain::explain(&table, &snapshot, &req, &cx);
+            for n in &notes {
+                eprintln!("note: {n}");
+            }
+            print(&ex, output, || ex.render_text());
             Ok(0)
         }
         Command::Diff { input, against } => {
@@ -48,7 +118,7 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
             let new = Offline::from_sources(&input.files, &opts)?;
             let (old, remote) = match against.as_slice() {
                 [url] if url.starts_with("http://") || url.starts_with("https://") => {
-                    (diff::fetch_admin_snapshot(url)?, true)
+                    (admin::served(url)?.snapshot, true)
                 }
                 files => (
                     Offline::from_sources(files, &opts)?.translation.snapshot,
@@ -95,6 +165,23 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
 }
 
 fn main() -> ExitCode {
+    // `kubectl sluice <TAB>`: kubectl runs `kubectl_complete-sluice WORDS...` (a link to this
+    // binary); `kubectl-sluice __complete WORDS...` answers the same.
+    let mut args = std::env::args();
+    let argv0 = args.next().unwrap_or_default();
+    let invoked_as = std::path::Path::new(&argv0)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let rest: Vec<String> = args.collect();
+    if invoked_as == completion::KUBECTL_COMPLETE {
+        print!("{}", completion::complete(&Cli::command(), &rest));
+        return ExitCode::SUCCESS;
+    }
+    if rest.first().map(String::as_str) == Some("__complete") {
+        print!("{}", completion::complete(&Cli::command(), &rest[1..]));
+        return ExitCode::SUCCESS;
+    }
     let cli = Cli::parse();
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use sluice_dataplane::config::table::{InvalidSnapshot, RouteTable};
 use sluice_dataplane::upstream::PoolRegistry;
+use sluice_proto::v1;
 use sluice_translate::files::{Loaded, SourceError};
 use sluice_translate::{Options, Translation, translate};
 
@@ -84,4 +85,22 @@ impl Offline {
     pub fn from_sources(sources: &[String], opts: &Options) -> Result<Self, InputError> {
         Ok(Self::build(load_sources(sources)?, opts))
     }
+}
+
+/// Compiles a snapshot that a dataplane served redacted (`/snapshot?full=1`): its
+/// certificates and upstream client keys are left out, having no key material any more;
+/// routes, plugins and upstreams compile with the dataplane's code as usual. Certificates
+/// are then chosen by id ([`sluice_dataplane::config::certs::SniIndex::ids`]).
+pub fn compile_redacted(snapshot: &v1::Snapshot) -> Result<RouteTable, InvalidSnapshot> {
+    let mut s = snapshot.clone();
+    s.tls_certificates.clear();
+    s.default_certificate = None;
+    s.fallback_sni.clear();
+    for up in &mut s.upstreams {
+        if let Some(tls) = up.tls.as_mut() {
+            tls.client_cert_pem.clear();
+            tls.client_key_pem.clear();
+        }
+    }
+    RouteTable::compile(&s, &PoolRegistry::default())
 }

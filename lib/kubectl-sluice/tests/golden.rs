@@ -237,3 +237,22 @@ fn diff_never_prints_secret_material() {
     );
     assert!(!out.contains("BEGIN"), "PEM in output: {out}");
 }
+
+/// The upstream request comes from running the route's proxy-rewrite plugin: regex_uri
+/// applied, the method changed, a removed header named, a credential header's value
+/// hidden; `pass_host: node` gives the endpoint as Host.
+#[test]
+fn explain_runs_proxy_rewrite_and_hides_credentials() {
+    golden(
+        "explain-rewrite",
+        &[
+            "explain",
+            "http://old.shop.example/api/v0/orders/7?full=1",
+            "-H",
+            "X-Debug: 1",
+            "-f",
+            "tests/fixtures/rewrite.yaml",
+        ],
+        None,
+    );
+}

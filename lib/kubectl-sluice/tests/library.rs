@@ -9,11 +9,12 @@ use std::path::Path;
 use std::time::Instant;
 
 use http::HeaderMap;
+use sluice_dataplane::config::redact::redacted;
 use sluice_dataplane::config::table::RouteTable;
 use sluice_dataplane::router::RequestInfo;
 use sluice_dataplane::upstream::PoolRegistry;
-use sluice_kubectl::explain::{Request, explain};
-use sluice_kubectl::offline::{Offline, load_sources};
+use sluice_kubectl::explain::{Context, Request, explain};
+use sluice_kubectl::offline::{Offline, compile_redacted, load_sources};
 use sluice_kubectl::validate::validate;
 use sluice_translate::Options;
 
@@ -68,7 +69,9 @@ fn explain_agrees_with_the_dataplane_router() {
                 format!("http://{host}{path}")
             };
             let req = Request::parse(&url, &method, &[], ip, None).unwrap();
-            let got = explain(table, snapshot, &req).matched.map(|m| m.id);
+            let got = explain(table, snapshot, &req, &Context::default())
+                .matched
+                .map(|m| m.id);
             let headers = HeaderMap::new();
             let info = RequestInfo {
                 method: &req.method,
@@ -146,5 +149,74 @@ fn validate_10k_routes_speed() {
         total - built_at,
         total,
         report.warnings.len()
+    );
+}
+
+/// `explain --admin` works on the snapshot a dataplane serves, which comes redacted (no
+/// private keys, no credentials): compiled with `compile_redacted`, it gives the same
+/// explanation as the full snapshot for every probe of every fixture, over http and over
+/// https with the host as SNI (certificates chosen by the dataplane's SNI index over ids).
+#[test]
+fn explain_on_a_redacted_snapshot_agrees_with_the_full_one() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources = vec![root.join("tests/fixtures/shop.yaml").display().to_string()];
+    for e in std::fs::read_dir(root.join("../translate/testdata")).unwrap() {
+        let p = e.unwrap().path().display().to_string();
+        if p.ends_with(".in.yaml") {
+            sources.push(p);
+        }
+    }
+    sources.sort();
+    let (mut checked, mut with_cert) = (0, 0);
+    for source in &sources {
+        let off = Offline::from_sources(std::slice::from_ref(source), &Options::default()).unwrap();
+        let Ok(table) = &off.table else { continue };
+        let full = &off.translation.snapshot;
+        let shown = redacted(full);
+        let redacted_table = compile_redacted(&shown)
+            .unwrap_or_else(|e| panic!("{source}: the redacted snapshot does not compile: {e}"));
+        let mut seen = std::collections::BTreeSet::new();
+        let mut all = probes(full);
+        // Every certificate's hosts, and one no certificate covers (the default's).
+        let cert_hosts = full
+            .tls_certificates
+            .iter()
+            .flat_map(|c| c.hosts.iter())
+            .map(|h| h.replace('*', "sni"))
+            .chain(["uncovered.example".to_owned()]);
+        for h in cert_hosts {
+            all.push((h, "/".into(), "GET".into(), "192.0.2.1".parse().unwrap()));
+        }
+        for (host, path, method, ip) in all {
+            for scheme in ["http", "https"] {
+                if host.is_empty() && scheme == "https" {
+                    continue;
+                }
+                let url = if host.is_empty() {
+                    path.clone()
+                } else {
+                    format!("{scheme}://{host}{path}")
+                };
+                if !seen.insert((url.clone(), method.clone(), ip)) {
+                    continue;
+                }
+                let req = Request::parse(&url, &method, &[], ip, None).unwrap();
+                let want = explain(table, full, &req, &Context::default());
+                let got = explain(&redacted_table, &shown, &req, &Context::default());
+                assert_eq!(got, want, "{source}: {method} {url} from {ip}");
+                checked += 1;
+                with_cert += usize::from(
+                    want.certificate
+                        .as_deref()
+                        .is_some_and(|c| !c.starts_with("none")),
+                );
+            }
+        }
+    }
+    println!("{checked} probes, {with_cert} with a certificate");
+    assert!(checked > 500, "only {checked} probes");
+    assert!(
+        with_cert > 10,
+        "only {with_cert} probes chose a certificate"
     );
 }
