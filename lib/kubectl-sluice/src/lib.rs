@@ -21,6 +21,7 @@ pub mod diff;
 pub mod explain;
 pub mod offline;
 pub mod status;
+pub mod synthetic;
 pub mod table;
 pub mod validate;
 

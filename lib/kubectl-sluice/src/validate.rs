@@ -14,14 +14,18 @@
 //!   class);
 //! - `ResolvedRefs=False` on an accepted object.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
+use std::net::SocketAddr;
 
+use http::{HeaderMap, Method};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
+use sluice_dataplane::router::RequestInfo;
 use sluice_translate::{ConditionStatus, SERVICE_NAME_LABEL};
 
 use crate::offline::Offline;
+use crate::table::{WIDTH, wrap};
 
 /// One rejected object or one warning.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -96,13 +100,14 @@ impl Report {
                     .as_deref()
                     .map(|r| format!(" ({r})"))
                     .unwrap_or_default();
-                match &f.field {
-                    Some(field) => {
-                        let _ = writeln!(out, "  {field}: {}{reason}", f.message);
-                    }
-                    None => {
-                        let _ = writeln!(out, "  {}{reason}", f.message);
-                    }
+                let text = match &f.field {
+                    Some(field) => format!("{field}: {}{reason}", f.message),
+                    None => format!("{}{reason}", f.message),
+                };
+                // NB: 80 columns: the first line indented by two, the rest by four.
+                for (i, line) in wrap(&text, WIDTH, "    ").iter().enumerate() {
+                    let line = if i == 0 { &line[2..] } else { line.as_str() };
+                    let _ = writeln!(out, "{line}");
                 }
             }
         };
@@ -244,54 +249,92 @@ fn parse_source(source: &str) -> (String, String, String) {
     (kind.to_owned(), ns.to_owned(), name.to_owned())
 }
 
+/// A label no real host or path has: probes reach a route's host or prefix without
+/// landing on another route's exact host or path.
+const PROBE: &str = "sluice-shadow-probe";
+
+/// Routes that can never match: every request they accept is taken first by a route with
+/// no conditions of its own. Decided by the dataplane's router (no second matcher): for
+/// each host, path and method of the route, the least specific request it accepts (a
+/// wildcard or any-host route gets a host no other route names, a prefix gets a path
+/// below it no other route names, a route for every method gets a method no route lists)
+/// is walked through [`Router::explain`](sluice_dataplane::router::Router::explain). The
+/// route is shadowed when each of those requests is won by a route without methods
+/// restricting it further, client addresses or exprs. Routes with client-address or expr
+/// conditions of their own are not judged (which requests they accept depends on values
+/// not in the files).
 fn shadowed_routes(offline: &Offline, out: &mut Vec<Finding>) {
+    let Ok(table) = &offline.table else { return };
     let routes = &offline.translation.snapshot.routes;
-    // Match order among routes sharing a host and a path, as the router orders them.
-    let order = |i: usize| {
-        let r = &routes[i];
-        (std::cmp::Reverse(r.priority), r.id.as_str(), i)
-    };
-    let keys = |i: usize| {
-        let r = &routes[i];
-        let hosts: Vec<String> = if r.hosts.is_empty() {
-            vec![String::new()]
-        } else {
-            r.hosts.iter().map(|h| h.to_ascii_lowercase()).collect()
-        };
-        let mut keys = Vec::new();
-        for h in &hosts {
-            for p in &r.paths {
-                keys.push((h.clone(), p.clone()));
-            }
-        }
-        keys
-    };
-    // For every (host, path), the first unconditional route in match order.
-    let mut top: HashMap<(String, String), usize> = HashMap::new();
+    let probe_method = Method::from_bytes(b"SLUICE-PROBE").unwrap_or(Method::OPTIONS);
+    let headers = HeaderMap::new();
     for (i, r) in routes.iter().enumerate() {
-        if !(r.methods.is_empty() && r.remote_addrs.is_empty() && r.exprs.is_empty()) {
+        if !r.remote_addrs.is_empty() || !r.exprs.is_empty() || r.paths.is_empty() {
             continue;
         }
-        for k in keys(i) {
-            top.entry(k)
-                .and_modify(|t| {
-                    if order(i) < order(*t) {
-                        *t = i;
-                    }
+        let hosts: Vec<String> = if r.hosts.is_empty() {
+            vec![format!("{PROBE}.invalid")]
+        } else {
+            r.hosts
+                .iter()
+                .map(|h| match h.strip_prefix('*') {
+                    Some(rest) => format!("{PROBE}{rest}"),
+                    None => h.to_ascii_lowercase(),
                 })
-                .or_insert(i);
-        }
-    }
-    for (i, r) in routes.iter().enumerate() {
+                .collect()
+        };
+        let paths: Vec<String> = r
+            .paths
+            .iter()
+            .map(|p| match p.strip_suffix('*') {
+                Some(prefix) => format!("{prefix}{PROBE}"),
+                None => p.clone(),
+            })
+            .collect();
+        let methods: Vec<Method> = if r.methods.is_empty() {
+            vec![probe_method.clone()]
+        } else {
+            r.methods
+                .iter()
+                .filter_map(|m| Method::from_bytes(m.as_bytes()).ok())
+                .collect()
+        };
         let mut by = BTreeSet::new();
-        let all = keys(i).into_iter().all(|k| match top.get(&k) {
-            Some(&t) if t != i && order(t) < order(i) => {
-                by.insert(routes[t].id.as_str());
-                true
+        let mut shadowed = !methods.is_empty();
+        'probes: for host in &hosts {
+            for path in &paths {
+                for method in &methods {
+                    let info = RequestInfo {
+                        method,
+                        host: Some(host),
+                        path,
+                        query: None,
+                        headers: &headers,
+                        remote_addr: SocketAddr::from(([192, 0, 2, 1], 50000)),
+                        local_addr: SocketAddr::from(([0, 0, 0, 0], 80)),
+                        scheme: "http",
+                    };
+                    let winner = table
+                        .router
+                        .explain(&info)
+                        .last()
+                        .filter(|c| c.mismatch.is_none())
+                        .map(|c| c.route);
+                    match winner.and_then(|w| routes.get(w).map(|wr| (w, wr))) {
+                        Some((w, wr))
+                            if w != i && wr.remote_addrs.is_empty() && wr.exprs.is_empty() =>
+                        {
+                            by.insert(wr.id.as_str());
+                        }
+                        _ => {
+                            shadowed = false;
+                            break 'probes;
+                        }
+                    }
+                }
             }
-            _ => false,
-        });
-        if all && !by.is_empty() {
+        }
+        if shadowed && !by.is_empty() {
             let (kind, namespace, name) = parse_source(&r.source);
             let by: Vec<&str> = by.into_iter().collect();
             out.push(Finding {
@@ -301,8 +344,9 @@ fn shadowed_routes(offline: &Offline, out: &mut Vec<Finding>) {
                 field: None,
                 condition_reason: None,
                 message: format!(
-                    "route {} never matches: every host and path it lists is also listed by \
-                     {}, which has no other conditions and wins (priority, then route id)",
+                    "route {} never matches: every host, path and method it accepts is \
+                     taken first by {}, which has no other conditions and comes first \
+                     in the router's order (`kubectl sluice explain` shows why)",
                     r.id,
                     by.join(", ")
                 ),

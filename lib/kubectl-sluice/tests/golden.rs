@@ -256,3 +256,40 @@ fn explain_runs_proxy_rewrite_and_hides_credentials() {
         None,
     );
 }
+
+/// Shadowed routes as the router decides them (see the fixture's comment): `dup`,
+/// `wild-low` and `post` are reported; `under`, `getonly`, `wild`, `wild-exact` and
+/// `canary` are not.
+#[test]
+fn validate_finds_shadowed_routes_with_the_router() {
+    golden(
+        "validate-shadow",
+        &["validate", "-f", "tests/fixtures/shadow.yaml"],
+        None,
+    );
+}
+
+/// Text output fits an 80-column terminal: every line of every golden run without
+/// `-o json|yaml` (the command line itself aside).
+#[test]
+fn text_output_fits_80_columns() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
+    let mut checked = 0;
+    for e in std::fs::read_dir(&dir).unwrap() {
+        let path = e.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let first = text.lines().next().unwrap_or_default();
+        if first.contains("-o json") || first.contains("-o yaml") {
+            continue;
+        }
+        for line in text.lines().skip(1) {
+            assert!(
+                line.chars().count() <= 80,
+                "{}: {line:?} is wider than 80 columns",
+                path.display()
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 8, "only {checked} text goldens");
+}

@@ -3,7 +3,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::fmt::Write as _;
 use std::net::IpAddr;
 use std::path::Path;
 use std::time::Instant;
@@ -99,28 +98,7 @@ fn explain_agrees_with_the_dataplane_router() {
 /// optimisation for the workspace crates, so a release build is faster.
 #[test]
 fn validate_10k_routes_speed() {
-    let mut yaml = String::new();
-    for i in 0..1000 {
-        let _ = write!(
-            yaml,
-            "apiVersion: apisix.apache.org/v2\nkind: ApisixRoute\nmetadata: {{name: r{i}, namespace: ns{}}}\nspec:\n  ingressClassName: apisix\n  http:\n",
-            i % 10
-        );
-        for j in 0..10 {
-            let _ = write!(
-                yaml,
-                "    - name: rule{j}\n      priority: {j}\n      match:\n        hosts: [h{i}.example.com, \"*.w{i}.example.com\"]\n        paths: [\"/api/{j}/*\", /exact/{j}]\n        methods: [GET, POST]\n      backends: [{{serviceName: svc{i}, servicePort: 80}}]\n"
-            );
-        }
-        let _ = write!(
-            yaml,
-            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: svc{i}, namespace: ns{}}}\nspec:\n  ports: [{{port: 80, targetPort: 8080}}]\n---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  name: svc{i}-a\n  namespace: ns{}\n  labels: {{kubernetes.io/service-name: svc{i}}}\naddressType: IPv4\nports: [{{port: 8080}}]\nendpoints:\n  - addresses: [\"10.1.{}.{}\"]\n    conditions: {{ready: true}}\n---\n",
-            i % 10,
-            i % 10,
-            i / 250,
-            i % 250 + 1
-        );
-    }
+    let yaml = sluice_kubectl::synthetic::routes_yaml(1000, 10);
     let dir = std::env::temp_dir().join(format!("sluice-10k-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("routes.yaml");
