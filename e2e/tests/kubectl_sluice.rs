@@ -272,6 +272,10 @@ fn explain_and_diff_against_the_cluster_and_the_running_dataplane() {
     );
     assert_eq!(live["upstreamRequest"], cluster["upstreamRequest"]);
 
+    // What a user reads (printed for the README's real run).
+    let (text, _) = kubectl_sluice(&["explain", "http://demo.e2e/hello/world", "--admin", &admin]);
+    println!("$ kubectl sluice explain http://demo.e2e/hello/world --admin {admin}\n{text}");
+
     // A request no route takes: both say 404, and so does the dataplane.
     for source in [
         ["--kubeconfig", kubeconfig.as_str()],
@@ -311,6 +315,7 @@ fn explain_and_diff_against_the_cluster_and_the_running_dataplane() {
         "{out}"
     );
     assert!(!out.contains(&format!("- route {ns}/good/r1")), "{out}");
+    println!("$ kubectl sluice diff -f routes.yaml --against {admin}\n{out}");
 
     // The same through kubectl, as a plugin on PATH, and its completion.
     let bin = workspace_bin("sluice-kubectl", "kubectl-sluice").unwrap();
@@ -338,7 +343,7 @@ fn explain_and_diff_against_the_cluster_and_the_running_dataplane() {
     for line in text.lines() {
         assert!(line.chars().count() <= 80, "{line:?} is wider than 80");
     }
-    println!("{text}");
+    println!("$ kubectl sluice explain http://demo.e2e/hello --kubeconfig ...\n{text}");
     let (completions, _) = kubectl_plugin(&dir, &["__complete", "sluice", "ex"]);
     assert!(
         completions.lines().any(|l| l.starts_with("explain\t")),
