@@ -12,6 +12,7 @@
 pub mod common;
 pub mod consumer;
 pub mod duration;
+pub mod gateway;
 pub mod global_rule;
 pub mod plugin_config;
 pub mod route;

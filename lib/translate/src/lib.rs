@@ -61,6 +61,11 @@
 //!   how two claims of one host are settled, the default certificate and fallback SNI
 //!   ([`Options::default_certificate`], [`Options::fallback_sni`]) and when certificate
 //!   verdicts change with time ([`Translation::certificates_change_at`]).
+//! - Gateway API (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) of the
+//!   GatewayClasses whose `controllerName` is [`Options::gateway`]'s: see [`gateway`] for
+//!   listeners, attachment, route ids (`<ns>/<name>/httproute-r<i>-m<j>`), precedence against
+//!   Apisix and Ingress routes, and what is reported unsupported. Its status is
+//!   [`StatusReport::gateway`].
 //!
 //! # Golden tests
 //!
@@ -78,6 +83,7 @@
 #![forbid(unsafe_code)]
 
 pub mod files;
+pub mod gateway;
 mod ingress;
 mod json;
 mod plugins;
@@ -133,6 +139,8 @@ pub struct Options {
     /// A ClientHello without SNI gets the certificate of this host (APISIX
     /// `apisix.ssl.fallback_sni`; `--fallback-sni`). `None` (the default): not set.
     pub fallback_sni: Option<String>,
+    /// Gateway API settings (controller name, served ports); see [`gateway`].
+    pub gateway: gateway::GatewayOptions,
 }
 
 /// The result of [`translate`].
@@ -473,6 +481,20 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             routes: ids,
         });
     }
+    // Gateway API last: its routes rank below Apisix and Ingress routes (see `gateway`).
+    let mut gw = gateway::translate(state, &idx, &aus, opts, &routes, &tls.certificates);
+    for r in gw.routes {
+        routes.entry(r.id.clone()).or_insert(r);
+    }
+    for u in gw.upstreams {
+        upstreams.entry(u.id.clone()).or_insert(u);
+    }
+    tls.certificates.append(&mut gw.certificates);
+    tls.certificates.sort_by(|a, b| a.id.cmp(&b.id));
+    if let Some(at) = gw.changes_at {
+        tls.changes_at = Some(tls.changes_at.map_or(at, |n| n.min(at)));
+    }
+    status.gateway = gw.status;
     status.sort();
 
     Translation {

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -11,6 +11,9 @@ use kube::Resource;
 use kube::core::PartialObjectMeta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use sluice_crds::gateway::{
+    BackendTLSPolicy, GATEWAY_GROUP, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant,
+};
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
 };
@@ -53,6 +56,21 @@ pub struct ClusterState {
     pub ingresses: Vec<Ingress>,
     /// `networking.k8s.io/v1` IngressClasses (only the default-class annotation is used).
     pub ingress_classes: Vec<IngressClass>,
+    /// `v1` Namespaces, metadata only: their labels select the routes a Gateway listener
+    /// allows (`allowedRoutes.namespaces.from: Selector`).
+    pub namespaces: Vec<PartialObjectMeta<Namespace>>,
+    /// `gateway.networking.k8s.io/v1` GatewayClasses (cluster-scoped).
+    pub gateway_classes: Vec<GatewayClass>,
+    /// `gateway.networking.k8s.io/v1` Gateways.
+    pub gateways: Vec<Gateway>,
+    /// `gateway.networking.k8s.io/v1` HTTPRoutes.
+    pub http_routes: Vec<HTTPRoute>,
+    /// `gateway.networking.k8s.io/v1` GRPCRoutes.
+    pub grpc_routes: Vec<GRPCRoute>,
+    /// `gateway.networking.k8s.io/v1beta1` (or `v1`) ReferenceGrants.
+    pub reference_grants: Vec<ReferenceGrant>,
+    /// `gateway.networking.k8s.io/v1` BackendTLSPolicies. Loaded, not translated yet.
+    pub backend_tls_policies: Vec<BackendTLSPolicy>,
 }
 
 /// The text given to [`ClusterState::load_yaml`] is not YAML at all. Nothing was loaded from
@@ -185,6 +203,13 @@ enum KnownKind {
     Pod,
     Ingress,
     IngressClass,
+    Namespace,
+    GatewayClass,
+    Gateway,
+    HttpRoute,
+    GrpcRoute,
+    ReferenceGrant,
+    BackendTlsPolicy,
 }
 
 impl KnownKind {
@@ -209,6 +234,25 @@ impl KnownKind {
             "EndpointSlice" => (Self::EndpointSlice, ("discovery.k8s.io", "v1")),
             "Ingress" => (Self::Ingress, ("networking.k8s.io", "v1")),
             "IngressClass" => (Self::IngressClass, ("networking.k8s.io", "v1")),
+            "Namespace" => (Self::Namespace, ("", "v1")),
+            // NB: the Gateway API serves v1beta1 of these kinds with the same schema as v1
+            // (for ReferenceGrant, v1beta1 is even the storage version): accept both.
+            "GatewayClass" | "Gateway" | "HTTPRoute" | "ReferenceGrant" => {
+                let known = match kind {
+                    "GatewayClass" => Self::GatewayClass,
+                    "Gateway" => Self::Gateway,
+                    "HTTPRoute" => Self::HttpRoute,
+                    _ => Self::ReferenceGrant,
+                };
+                let v = if version == "v1beta1" {
+                    "v1beta1"
+                } else {
+                    "v1"
+                };
+                (known, (GATEWAY_GROUP, v))
+            }
+            "GRPCRoute" => (Self::GrpcRoute, (GATEWAY_GROUP, "v1")),
+            "BackendTLSPolicy" => (Self::BackendTlsPolicy, (GATEWAY_GROUP, "v1")),
             _ => return Ok(None),
         };
         if group != want_group {
@@ -432,6 +476,13 @@ impl ClusterState {
             KnownKind::Pod => add(&doc, &mut self.pods),
             KnownKind::Ingress => add(&doc, &mut self.ingresses),
             KnownKind::IngressClass => add(&doc, &mut self.ingress_classes),
+            KnownKind::Namespace => add_cluster_scoped(&doc, &mut self.namespaces),
+            KnownKind::GatewayClass => add_cluster_scoped(&doc, &mut self.gateway_classes),
+            KnownKind::Gateway => add(&doc, &mut self.gateways),
+            KnownKind::HttpRoute => add(&doc, &mut self.http_routes),
+            KnownKind::GrpcRoute => add(&doc, &mut self.grpc_routes),
+            KnownKind::ReferenceGrant => add(&doc, &mut self.reference_grants),
+            KnownKind::BackendTlsPolicy => add(&doc, &mut self.backend_tls_policies),
         };
         match result {
             Ok(Added { replaced, ns, name }) => {
@@ -511,6 +562,30 @@ fn add<T: DeserializeOwned + Resource>(
     let name = obj.meta().name.clone().unwrap_or_default();
     let replaced = upsert(list, obj);
     Ok(Added { replaced, ns, name })
+}
+
+/// Like [`add`] for a cluster-scoped kind (GatewayClass, Namespace): the namespace is
+/// cleared instead of defaulted.
+fn add_cluster_scoped<T: DeserializeOwned + Resource>(
+    doc: &serde_yaml::Value,
+    list: &mut Vec<T>,
+) -> Result<Added, (Option<String>, String)> {
+    let mut obj: T = serde_path_to_error::deserialize(doc.clone()).map_err(|e| {
+        let path = e.path().to_string();
+        let field = (path != "." && !path.is_empty()).then_some(path);
+        (field, e.into_inner().to_string())
+    })?;
+    if obj.meta().name.as_deref().is_none_or(str::is_empty) {
+        return Err((Some("metadata.name".to_owned()), "required".into()));
+    }
+    obj.meta_mut().namespace = None;
+    let name = obj.meta().name.clone().unwrap_or_default();
+    let replaced = upsert(list, obj);
+    Ok(Added {
+        replaced,
+        ns: String::new(),
+        name,
+    })
 }
 
 #[cfg(test)]

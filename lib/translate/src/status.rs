@@ -180,6 +180,10 @@ impl IngressStatus {
 pub struct StatusReport {
     /// One entry per object.
     pub objects: Vec<ObjectStatus>,
+    /// Gateway API status (GatewayClass, Gateway, HTTPRoute, GRPCRoute). Not part of the
+    /// serialized list above: its shape is the Gateway API's own (listeners, route parents).
+    #[serde(skip)]
+    pub gateway: crate::gateway::GatewayStatusReport,
 }
 
 impl StatusReport {
