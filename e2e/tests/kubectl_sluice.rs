@@ -25,6 +25,16 @@ fn kubectl_sluice(args: &[&str]) -> (String, i32) {
     )
 }
 
+/// Waits until the dataplane serves route `good` (`/hello*` on demo.e2e).
+fn wait_served(p: &Pipeline) {
+    eventually(Duration::from_secs(30), || {
+        http_get(p.http, "demo.e2e", "/hello")
+            .ok()
+            .filter(|r| r.status == 200)
+    })
+    .expect("good is served");
+}
+
 #[test]
 fn status_names_the_dataplane_and_the_invalid_route_and_validate_agrees() {
     let p = Pipeline::start().unwrap();
@@ -36,12 +46,7 @@ fn status_names_the_dataplane_and_the_invalid_route_and_validate_agrees() {
     );
     p.cluster.apply(&good).unwrap();
     p.cluster.apply(&bad).unwrap();
-    eventually(Duration::from_secs(30), || {
-        http_get(p.http, "demo.e2e", "/hello")
-            .ok()
-            .filter(|r| r.status == 200)
-    })
-    .expect("good is served");
+    wait_served(&p);
 
     let kubeconfig = p.cluster.kubeconfig().display().to_string();
     let ns = p.namespace.clone();
@@ -196,12 +201,7 @@ fn explain_and_diff_against_the_cluster_and_the_running_dataplane() {
     let p = Pipeline::start().unwrap();
     let good = p.route_yaml("good", "/hello*");
     p.cluster.apply(&good).unwrap();
-    eventually(Duration::from_secs(30), || {
-        http_get(p.http, "demo.e2e", "/hello")
-            .ok()
-            .filter(|r| r.status == 200)
-    })
-    .expect("good is served");
+    wait_served(&p);
     let kubeconfig = p.cluster.kubeconfig().display().to_string();
     let ns = p.namespace.clone();
     let admin = format!("http://{}", p.dataplane.as_ref().unwrap().addr());

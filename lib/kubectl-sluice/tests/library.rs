@@ -41,11 +41,8 @@ fn probes(snapshot: &sluice_proto::v1::Snapshot) -> Vec<(String, String, String,
     out
 }
 
-/// `explain` agrees with the router of an independently compiled table on every probe of
-/// every fixture (the router's own test table checks `Router::explain` against
-/// `Router::lookup` case by case: see `dataplane/src/router/tests.rs`).
-#[test]
-fn explain_agrees_with_the_dataplane_router() {
+/// This crate's shop fixture and every golden input of the translate crate.
+fn fixture_sources() -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut sources = vec![root.join("tests/fixtures/shop.yaml").display().to_string()];
     for e in std::fs::read_dir(root.join("../translate/testdata")).unwrap() {
@@ -55,6 +52,15 @@ fn explain_agrees_with_the_dataplane_router() {
         }
     }
     sources.sort();
+    sources
+}
+
+/// `explain` agrees with the router of an independently compiled table on every probe of
+/// every fixture (the router's own test table checks `Router::explain` against
+/// `Router::lookup` case by case: see `dataplane/src/router/tests.rs`).
+#[test]
+fn explain_agrees_with_the_dataplane_router() {
+    let sources = fixture_sources();
     let mut checked = 0;
     for source in &sources {
         let off = Offline::from_sources(std::slice::from_ref(source), &Options::default()).unwrap();
@@ -136,15 +142,7 @@ fn validate_10k_routes_speed() {
 /// https with the host as SNI (certificates chosen by the dataplane's SNI index over ids).
 #[test]
 fn explain_on_a_redacted_snapshot_agrees_with_the_full_one() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut sources = vec![root.join("tests/fixtures/shop.yaml").display().to_string()];
-    for e in std::fs::read_dir(root.join("../translate/testdata")).unwrap() {
-        let p = e.unwrap().path().display().to_string();
-        if p.ends_with(".in.yaml") {
-            sources.push(p);
-        }
-    }
-    sources.sort();
+    let sources = fixture_sources();
     let (mut checked, mut with_cert) = (0, 0);
     for source in &sources {
         let off = Offline::from_sources(std::slice::from_ref(source), &Options::default()).unwrap();
