@@ -5,8 +5,8 @@
 //! What counts as secret: TLS private keys (server certificates, the default certificate,
 //! upstream client certificates), and in every plugin configuration (routes, global rules,
 //! consumers) the values of fields named as credentials: `password`, `secret`,
-//! `private_key`, `token`, any field ending in `_password`, `_secret` or `_token`, and
-//! key-auth's `key`. Public keys, CA bundles and certificate chains are shown.
+//! `private_key`, `token`, `secret_key` (hmac-auth), any field ending in `_password`,
+//! `_secret` or `_token`, and the `key` of key-auth and csrf. Public keys, CA bundles and certificate chains are shown.
 
 use sluice_proto::v1;
 
@@ -51,11 +51,11 @@ fn is_secret(plugin: &str, name: &str) -> bool {
     let name = name.to_ascii_lowercase();
     matches!(
         name.as_str(),
-        "password" | "secret" | "private_key" | "token"
+        "password" | "secret" | "private_key" | "token" | "secret_key"
     ) || name.ends_with("_password")
         || name.ends_with("_secret")
         || name.ends_with("_token")
-        || (plugin == "key-auth" && name == "key")
+        || ((plugin == "key-auth" || plugin == "csrf") && name == "key")
 }
 
 /// `config_json` with the values of secret fields, at any depth, replaced; a configuration
@@ -147,14 +147,21 @@ mod tests {
                         "jwt-auth",
                         serde_json::json!({"key": "alice", "secret": "hs-secret", "private_key": "PEM", "public_key": "PUB"}),
                     ),
+                    plugin(
+                        "hmac-auth",
+                        serde_json::json!({"key_id": "alice-hmac", "secret_key": "hmac-secret"}),
+                    ),
                 ],
             }],
             routes: vec![v1::Route {
                 id: "r".into(),
-                plugins: vec![plugin(
-                    "limit-count",
-                    serde_json::json!({"key": "remote_addr", "redis_password": "redis-pw", "nested": [{"auth_token": "t"}]}),
-                )],
+                plugins: vec![
+                    plugin(
+                        "limit-count",
+                        serde_json::json!({"key": "remote_addr", "redis_password": "redis-pw", "nested": [{"auth_token": "t"}]}),
+                    ),
+                    plugin("csrf", serde_json::json!({"key": "csrf-signing-key"})),
+                ],
                 ..Default::default()
             }],
             ..Default::default()
@@ -170,10 +177,20 @@ mod tests {
             "\"PEM\"",
             "redis-pw",
             "\"t\"",
+            "hmac-secret",
+            "csrf-signing-key",
         ] {
             assert!(!shown.contains(secret), "{secret} shown: {shown}");
         }
-        for kept in ["CHAIN", "\"CA\"", "alice", "PUB", "remote_addr", "ns_alice"] {
+        for kept in [
+            "CHAIN",
+            "\"CA\"",
+            "alice",
+            "PUB",
+            "remote_addr",
+            "ns_alice",
+            "alice-hmac",
+        ] {
             assert!(shown.contains(kept), "{kept} hidden: {shown}");
         }
         assert_eq!(redacted_config("x", "not json"), format!("\"{REDACTED}\""));

@@ -37,13 +37,17 @@
 //! State that must survive snapshot reloads (rate-limit counters, metrics, Redis clients)
 //! lives in [`PluginState`], which the [`crate::config::store::Store`] keeps for the process.
 
+pub mod api_breaker;
 pub mod basic_auth;
+pub mod client_control;
 pub mod consumer;
 pub mod consumer_restriction;
 pub mod cors;
+pub mod csrf;
 pub mod fasthash;
 pub mod fault_injection;
 pub mod gzip;
+pub mod hmac_auth;
 pub mod ip_restriction;
 pub mod jwt_auth;
 pub mod key_auth;
@@ -60,6 +64,8 @@ pub mod response_rewrite;
 pub mod rewrite;
 pub mod state;
 pub mod traffic_split;
+pub mod ua_restriction;
+pub mod uri_blocker;
 pub mod vars;
 
 use std::any::Any;
@@ -253,12 +259,18 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("fault-injection", fault_injection::build),
     ("gzip", gzip::build),
     ("traffic-split", traffic_split::build),
+    ("ua-restriction", ua_restriction::build),
+    ("uri-blocker", uri_blocker::build),
+    ("client-control", client_control::build),
+    ("csrf", csrf::build),
+    ("hmac-auth", hmac_auth::build),
+    ("api-breaker", api_breaker::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.
 pub fn build(p: &v1::Plugin, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
     let Some((_, f)) = BUILDERS.iter().find(|(n, _)| *n == p.name) else {
-        return Err(ConfigError::UnknownPlugin(p.name.clone()));
+        return Err(sluice_plugin_config::not_found(&p.name));
     };
     if !cx.state.is_enabled(&p.name) {
         return Err(ConfigError::NotEnabled(p.name.clone()));

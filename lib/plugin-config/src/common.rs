@@ -183,3 +183,51 @@ pub(crate) fn yes() -> bool {
 pub(crate) fn remote_addr() -> String {
     "remote_addr".into()
 }
+
+/// Largest compiled program of one user regex (`regex::RegexBuilder::size_limit`): a rule
+/// that compiles bigger is rejected at validation, never built per request.
+pub const REGEX_SIZE_LIMIT: usize = 1 << 20;
+
+/// Largest compiled set of user regexes (all the rules of one plugin).
+pub const REGEX_SET_SIZE_LIMIT: usize = 8 << 20;
+
+/// Compiles `rules` (field `field`, e.g. `block_rules`) into one set matched in a single
+/// pass, each rule bounded by [`REGEX_SIZE_LIMIT`]; the error names the rule's index.
+pub fn compile_regex_set(
+    field: &str,
+    rules: &[String],
+    case_insensitive: bool,
+) -> Result<regex::RegexSet, FieldError> {
+    for (i, r) in rules.iter().enumerate() {
+        regex::RegexBuilder::new(r)
+            .case_insensitive(case_insensitive)
+            .size_limit(REGEX_SIZE_LIMIT)
+            .build()
+            .map_err(|e| FieldError::new(format!("{field}[{i}]"), regex_reason(r, &e)))?;
+    }
+    regex::RegexSetBuilder::new(rules)
+        .case_insensitive(case_insensitive)
+        .size_limit(REGEX_SET_SIZE_LIMIT)
+        .dfa_size_limit(REGEX_SET_SIZE_LIMIT)
+        .build()
+        .map_err(|e| FieldError::new(field, format!("the rules together: {e}")))
+}
+
+fn regex_reason(rule: &str, e: &regex::Error) -> String {
+    match e {
+        regex::Error::CompiledTooBig(limit) => format!(
+            "regex {rule:?} compiles to more than {limit} bytes; simplify it (e.g. smaller repetition counts)"
+        ),
+        // NB: the parser's message spans several lines (the pattern, a caret, the error);
+        // a status condition wants one line.
+        regex::Error::Syntax(text) => {
+            let what = text
+                .lines()
+                .rev()
+                .find_map(|l| l.trim().strip_prefix("error: "))
+                .unwrap_or("syntax error");
+            format!("not a valid regex: {what}")
+        }
+        other => format!("not a valid regex: {other}"),
+    }
+}

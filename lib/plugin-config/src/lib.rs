@@ -17,13 +17,17 @@
 //! number or boolean is expected, and numbers where a string is expected.
 #![forbid(unsafe_code)]
 
+pub mod api_breaker;
 pub mod basic_auth;
+pub mod client_control;
 pub mod common;
 pub mod consumer_restriction;
 pub mod cors;
+pub mod csrf;
 pub mod expr;
 pub mod fault_injection;
 pub mod gzip;
+pub mod hmac_auth;
 pub mod ip_restriction;
 pub mod jwt_auth;
 pub mod key_auth;
@@ -38,6 +42,8 @@ pub mod request_id;
 pub mod response_rewrite;
 pub mod rewrite;
 pub mod traffic_split;
+pub mod ua_restriction;
+pub mod uri_blocker;
 pub mod vars;
 
 use serde::de::DeserializeOwned;
@@ -49,6 +55,10 @@ pub enum ConfigError {
     /// No plugin of that name exists.
     #[error("plugin {0:?} is unknown (known plugins: {known})", known = known_names())]
     UnknownPlugin(String),
+    /// An APISIX plugin Sluice refuses by design: it carries code (Lua, or calls to an
+    /// external plugin runner) that a Rust dataplane cannot run. See [`REFUSED`].
+    #[error("plugin {0:?} {why}; Sluice cannot run it", why = refused_why(.0))]
+    Refused(String),
     /// The plugin exists but this dataplane does not run it (`sluice-dataplane --plugins`).
     #[error("plugin {0:?} is not enabled on this dataplane (its --plugins list)")]
     NotEnabled(String),
@@ -163,7 +173,57 @@ pub const REGISTRY: &[Entry] = &[
     entry::<fault_injection::FaultInjection>(),
     entry::<gzip::Gzip>(),
     entry::<traffic_split::TrafficSplit>(),
+    entry::<ua_restriction::UaRestriction>(),
+    entry::<uri_blocker::UriBlocker>(),
+    entry::<client_control::ClientControl>(),
+    entry::<csrf::Csrf>(),
+    entry_with_consumer::<hmac_auth::HmacAuth, hmac_auth::HmacAuthConsumer>(),
+    entry::<api_breaker::ApiBreaker>(),
 ];
+
+/// APISIX plugins that carry code a Rust dataplane cannot run, with why: they are refused
+/// with [`ConfigError::Refused`] rather than reported as unknown.
+pub const REFUSED: &[(&str, &str)] = &[
+    ("serverless-pre-function", "runs Lua code (its `functions`)"),
+    (
+        "serverless-post-function",
+        "runs Lua code (its `functions`)",
+    ),
+    ("exit-transformer", "runs Lua code (its `functions`)"),
+    (
+        "body-transformer",
+        "runs Lua code (its templates are lua-resty-template, which embeds Lua)",
+    ),
+    (
+        "ext-plugin-pre-req",
+        "runs code in an external APISIX plugin runner (Go/Java/Python) over APISIX's RPC",
+    ),
+    (
+        "ext-plugin-post-req",
+        "runs code in an external APISIX plugin runner (Go/Java/Python) over APISIX's RPC",
+    ),
+    (
+        "ext-plugin-post-resp",
+        "runs code in an external APISIX plugin runner (Go/Java/Python) over APISIX's RPC",
+    ),
+];
+
+fn refused_why(name: &str) -> &'static str {
+    REFUSED
+        .iter()
+        .find(|(n, _)| *n == name)
+        .map_or("runs code", |(_, why)| why)
+}
+
+/// The error for a plugin name that is not in [`REGISTRY`]: [`ConfigError::Refused`] for
+/// the plugins of [`REFUSED`], else [`ConfigError::UnknownPlugin`].
+pub fn not_found(name: &str) -> ConfigError {
+    if REFUSED.iter().any(|(n, _)| *n == name) {
+        ConfigError::Refused(name.to_owned())
+    } else {
+        ConfigError::UnknownPlugin(name.to_owned())
+    }
+}
 
 fn known_names() -> String {
     let mut names: Vec<&str> = REGISTRY.iter().map(|e| e.name).collect();
@@ -183,13 +243,13 @@ pub fn priority(name: &str) -> Option<i32> {
 
 /// Checks a route / plugin-config / global-rule configuration of plugin `name`.
 pub fn validate(name: &str, config: &Value) -> Result<(), ConfigError> {
-    let e = lookup(name).ok_or_else(|| ConfigError::UnknownPlugin(name.to_owned()))?;
+    let e = lookup(name).ok_or_else(|| not_found(name))?;
     (e.validate)(config)
 }
 
 /// Checks a consumer's configuration of plugin `name` (e.g. `key-auth: {key}`).
 pub fn validate_consumer(name: &str, config: &Value) -> Result<(), ConfigError> {
-    let e = lookup(name).ok_or_else(|| ConfigError::UnknownPlugin(name.to_owned()))?;
+    let e = lookup(name).ok_or_else(|| not_found(name))?;
     match e.validate_consumer {
         Some(f) => f(config),
         None => (e.validate)(config),
@@ -486,6 +546,43 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("rejected_code"), "{e}");
+    }
+
+    #[test]
+    fn code_carrying_plugins_are_refused_with_why() {
+        for name in [
+            "serverless-pre-function",
+            "serverless-post-function",
+            "exit-transformer",
+        ] {
+            let e = validate(name, &json!({"functions": ["return function() end"]})).unwrap_err();
+            assert_eq!(e, ConfigError::Refused(name.into()));
+            assert_eq!(
+                e.to_string(),
+                format!("plugin {name:?} runs Lua code (its `functions`); Sluice cannot run it")
+            );
+        }
+        for name in [
+            "ext-plugin-pre-req",
+            "ext-plugin-post-req",
+            "ext-plugin-post-resp",
+        ] {
+            let e = validate(name, &json!({"conf": []}))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("external APISIX plugin runner") && e.ends_with("Sluice cannot run it"),
+                "{e}"
+            );
+        }
+        // Consumers' plugin lists too; and an unknown name is still "unknown".
+        let e = validate_consumer("serverless-pre-function", &json!({})).unwrap_err();
+        assert!(matches!(e, ConfigError::Refused(_)), "{e}");
+        let e = validate("serverless-pre-functions", &json!({})).unwrap_err();
+        assert!(matches!(e, ConfigError::UnknownPlugin(_)), "{e}");
+        for (n, _) in REFUSED {
+            assert!(lookup(n).is_none(), "{n} is both refused and registered");
+        }
     }
 
     #[test]

@@ -100,7 +100,8 @@ pub(crate) fn plugin_list(
         };
         if let Err(e) = checked {
             let at = match e {
-                sluice_plugin_config::ConfigError::UnknownPlugin(_) => "name",
+                sluice_plugin_config::ConfigError::UnknownPlugin(_)
+                | sluice_plugin_config::ConfigError::Refused(_) => "name",
                 _ => "config",
             };
             problems.error(format!("{field}.{at}"), e.to_string());
@@ -181,11 +182,14 @@ pub(crate) fn authentication(
             }
             ("jwt-auth", c)
         }
+        // NB: the route's hmac-auth settings (clock_skew, signed_headers, ...) come from a
+        // `plugins` entry; `authentication` adds the plugin with APISIX's defaults.
+        AuthType::HmacAuth => ("hmac-auth", Map::new()),
         other => {
             problems.error(
                 format!("{field}.type"),
                 format!(
-                    "{other:?} is not supported (supported: keyAuth, basicAuth, jwtAuth); the rule is rejected rather than served without authentication"
+                    "{other:?} is not supported (supported: keyAuth, basicAuth, jwtAuth, hmacAuth); the rule is rejected rather than served without authentication"
                 ),
             );
             return None;
@@ -240,20 +244,23 @@ pub(crate) fn consumer(
     credential!(ap.key_auth, "keyAuth", "key-auth");
     credential!(ap.basic_auth, "basicAuth", "basic-auth");
     credential!(ap.jwt_auth, "jwtAuth", "jwt-auth");
+    credential!(ap.hmac_auth, "hmacAuth", "hmac-auth");
     for (opt, key) in [
-        (ap.hmac_auth.is_some(), "hmacAuth"),
         (ap.ldap_auth.is_some(), "ldapAuth"),
         (ap.wolf_rbac.is_some(), "wolfRBAC"),
     ] {
         if opt {
             problems.error(
                 format!("{field}.{key}"),
-                "not supported (supported: keyAuth, basicAuth, jwtAuth)",
+                "not supported (supported: keyAuth, basicAuth, jwtAuth, hmacAuth)",
             );
         }
     }
     if creds.is_empty() && problems.errors.len() == before {
-        problems.error(field, "one of keyAuth, basicAuth or jwtAuth is required");
+        problems.error(
+            field,
+            "one of keyAuth, basicAuth, jwtAuth or hmacAuth is required",
+        );
     }
     let plugins = plugin_list(
         &ac.spec.plugins,
@@ -275,17 +282,20 @@ pub(crate) fn consumer(
 }
 
 /// (plugin, identifying value) of each credential of `c`: the key-auth `key`, basic-auth
-/// `username`, jwt-auth `key`.
+/// `username`, jwt-auth `key`, hmac-auth `key_id` (or its 2.x name `access_key`).
 pub(crate) fn credential_ids(c: &v1::Consumer) -> Vec<(String, String)> {
     let mut out = Vec::new();
     for p in &c.plugins {
-        let field = match p.name.as_str() {
-            "key-auth" | "jwt-auth" => "key",
-            "basic-auth" => "username",
+        let fields: &[&str] = match p.name.as_str() {
+            "key-auth" | "jwt-auth" => &["key"],
+            "basic-auth" => &["username"],
+            "hmac-auth" => &["key_id", "access_key"],
             _ => continue,
         };
         if let Ok(Value::Object(m)) = serde_json::from_str::<Value>(&p.config_json)
-            && let Some(v) = m.get(field).and_then(Value::as_str)
+            && let Some(v) = fields
+                .iter()
+                .find_map(|f| m.get(*f).and_then(Value::as_str))
         {
             out.push((p.name.clone(), v.to_owned()));
         }

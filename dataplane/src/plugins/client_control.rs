@@ -1,0 +1,65 @@
+//! `client-control` (priority 22000, rewrite phase): `max_body_size` answers 413 to a
+//! request whose `Content-Length` exceeds it (0 = no limit), before any other plugin runs.
+//!
+//! NB: APISIX also stops a body without `Content-Length` (chunked, or HTTP/2 without the
+//! header) once it grows past the limit while it is read. Sluice's plugins do not see the
+//! request body, which streams to the upstream after them, so such a body is not limited
+//! yet (docs/plugins.md says so).
+
+use std::sync::Arc;
+
+use http::{StatusCode, request};
+use sluice_plugin_config::client_control::ClientControl as Config;
+use sluice_plugin_config::{ConfigError, PluginSchema};
+
+use super::{BuildCtx, Flow, Plugin, PluginCtx, rejection};
+
+/// The plugin.
+#[derive(Debug)]
+pub struct ClientControl {
+    max_body_size: Option<u64>,
+}
+
+/// Builds `client-control`.
+pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
+    let conf: Config = sluice_plugin_config::parse_json(json)?;
+    Ok(Arc::new(ClientControl {
+        max_body_size: conf.max_body_size.filter(|&n| n > 0),
+    }))
+}
+
+impl Plugin for ClientControl {
+    fn name(&self) -> &'static str {
+        Config::NAME
+    }
+
+    fn priority(&self) -> i32 {
+        Config::PRIORITY
+    }
+
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
+    fn has_response_phases(&self) -> bool {
+        false
+    }
+
+    fn rewrite<'a>(&'a self, req: &'a mut request::Parts, _ctx: &'a mut PluginCtx) -> Flow<'a> {
+        let Some(max) = self.max_body_size else {
+            return Flow::Continue;
+        };
+        let len = req
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok());
+        match len {
+            Some(n) if n > max => Flow::respond(rejection(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                Some("413 Request Entity Too Large"),
+            )),
+            _ => Flow::Continue,
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! `hmac-auth` (priority 2530, rewrite phase), APISIX 3.x: the consumer whose `key_id` is
+//! the `keyId` of an HTTP signature,
+//! `Authorization: Signature keyId="<id>",algorithm="hmac-sha256",headers="@request-target date",signature="<base64>"`.
+//!
+//! The signed text is the `keyId`, then per name of `headers` a line `<name>: <value>`
+//! (`@request-target` is `<METHOD> <target as sent>`; a listed header the request lacks
+//! adds nothing), each line ending in `\n`. Checks, in APISIX's order: the algorithm is in
+//! `allowed_algorithms`; `Date` is within `clock_skew` seconds of now; every name of the
+//! route's `signed_headers` is in `headers`; the signature matches (constant time).
+//!
+//! Failures are 401 with `WWW-Authenticate: hmac realm="<realm>"` and, as APISIX,
+//! `{"message":"client request can't be validated: <why>"}` when the `Authorization`
+//! header is missing or not a signature, else `{"message":"client request can't be
+//! validated"}` (the reason is only logged, at debug level).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use base64::Engine as _;
+use http::header::{AUTHORIZATION, HeaderValue, WWW_AUTHENTICATE};
+use http::{StatusCode, request};
+use ring::hmac;
+use serde_json::json;
+use sluice_plugin_config::hmac_auth::{HmacAlgorithm, HmacAuth as Config, HmacAuthConsumer};
+use sluice_plugin_config::{ConfigError, PluginSchema};
+
+use super::{BuildCtx, Consumer, Flow, Plugin, PluginCtx, json_response};
+use crate::http::path::RequestTarget;
+
+/// A consumer's keys, one per algorithm.
+struct Keys {
+    consumer: Arc<Consumer>,
+    sha1: hmac::Key,
+    sha256: hmac::Key,
+    sha512: hmac::Key,
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // NB: never the secret.
+        f.debug_struct("Keys")
+            .field("consumer", &self.consumer.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Keys {
+    fn key(&self, alg: HmacAlgorithm) -> &hmac::Key {
+        match alg {
+            HmacAlgorithm::Sha1 => &self.sha1,
+            HmacAlgorithm::Sha256 => &self.sha256,
+            HmacAlgorithm::Sha512 => &self.sha512,
+        }
+    }
+}
+
+type ById = HashMap<String, Keys>;
+
+/// The plugin on one route.
+#[derive(Debug)]
+pub struct HmacAuth {
+    allowed: Vec<HmacAlgorithm>,
+    clock_skew: u64,
+    signed_headers: Vec<String>,
+    hide_credentials: bool,
+    challenge: HeaderValue,
+    by_id: Arc<ById>,
+}
+
+/// Builds `hmac-auth`; the consumers' keys are indexed once per snapshot.
+pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
+    let conf: Config = sluice_plugin_config::parse_json(json)?;
+    let challenge =
+        HeaderValue::from_str(&format!("hmac realm=\"{}\"", conf.realm)).map_err(|_| {
+            ConfigError::Field {
+                plugin: Config::NAME.into(),
+                field: "realm".into(),
+                reason: "not a valid header value".into(),
+            }
+        })?;
+    let by_id = cx.consumers.index(Config::NAME, |consumers| {
+        let mut by_id = ById::new();
+        for c in consumers {
+            if let Some(cred) = c.credential(Config::NAME) {
+                let k: HmacAuthConsumer =
+                    sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
+                let secret = k.secret_key.as_bytes();
+                by_id.insert(
+                    k.key_id().to_owned(),
+                    Keys {
+                        consumer: Arc::clone(c),
+                        sha1: hmac::Key::new(hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, secret),
+                        sha256: hmac::Key::new(hmac::HMAC_SHA256, secret),
+                        sha512: hmac::Key::new(hmac::HMAC_SHA512, secret),
+                    },
+                );
+            }
+        }
+        Ok(by_id)
+    })?;
+    Ok(Arc::new(HmacAuth {
+        allowed: conf.allowed_algorithms,
+        clock_skew: conf.clock_skew,
+        signed_headers: conf.signed_headers,
+        hide_credentials: conf.hide_credentials,
+        challenge,
+        by_id,
+    }))
+}
+
+/// The fields of a `Signature` authorization.
+#[derive(Debug, Default)]
+struct Params<'a> {
+    key_id: Option<&'a str>,
+    algorithm: Option<&'a str>,
+    signature: Option<&'a str>,
+    headers: Vec<&'a str>,
+}
+
+/// Parses `Signature keyId="..",algorithm="..",headers="..",signature=".."` as APISIX does:
+/// comma-separated `name="value"` pairs; other names and malformed pairs are ignored.
+fn parse(auth: &str) -> Result<Params<'_>, &'static str> {
+    let Some(rest) = auth.strip_prefix("Signature") else {
+        return Err("Authorization header does not start with 'Signature'");
+    };
+    let mut p = Params::default();
+    for field in rest.split(',') {
+        let field = field.trim_start();
+        let Some((key, value)) = field.split_once('=') else {
+            continue;
+        };
+        if key.is_empty() || !key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+            continue;
+        }
+        let Some(value) = value.strip_prefix('"') else {
+            continue;
+        };
+        let Some(end) = value.find('"') else {
+            continue;
+        };
+        let value = &value[..end];
+        match key {
+            "keyId" => p.key_id = Some(value),
+            "algorithm" => p.algorithm = Some(value),
+            "signature" => p.signature = Some(value),
+            "headers" => p.headers = value.split(' ').filter(|h| !h.is_empty()).collect(),
+            _ => {}
+        }
+    }
+    Ok(p)
+}
+
+impl HmacAuth {
+    fn unauthorized(&self, msg: &str) -> Flow<'static> {
+        let mut resp = json_response(StatusCode::UNAUTHORIZED, &json!({ "message": msg }));
+        resp.headers_mut()
+            .insert(WWW_AUTHENTICATE, self.challenge.clone());
+        Flow::respond(resp)
+    }
+
+    /// The consumer the signature of `p` proves, or why not.
+    fn validate(&self, req: &request::Parts, p: &Params<'_>) -> Result<&Keys, &'static str> {
+        let (Some(key_id), Some(signature)) = (p.key_id, p.signature) else {
+            return Err("keyId or signature missing");
+        };
+        let Some(algorithm) = p.algorithm else {
+            return Err("algorithm missing");
+        };
+        let keys = self.by_id.get(key_id).ok_or("Invalid key_id")?;
+        let alg = self
+            .allowed
+            .iter()
+            .copied()
+            .find(|a| a.name() == algorithm)
+            .ok_or("Invalid algorithm")?;
+        let date = req
+            .headers
+            .get(http::header::DATE)
+            .ok_or("Date header missing. failed to validate clock skew")?;
+        let date = date
+            .to_str()
+            .ok()
+            .and_then(|d| httpdate::parse_http_date(d).ok())
+            .ok_or("Invalid GMT format time")?;
+        let now = SystemTime::now();
+        let skew = now
+            .duration_since(date)
+            .or_else(|_| date.duration_since(now))
+            .map_or(u64::MAX, |d| d.as_secs());
+        if skew > self.clock_skew {
+            return Err("Clock skew exceeded");
+        }
+        if let Some(h) = self
+            .signed_headers
+            .iter()
+            .find(|h| !p.headers.contains(&h.as_str()))
+        {
+            tracing::debug!(header = %h, "hmac-auth: expected header missing in signing");
+            return Err("expected header missing in signing");
+        }
+        let Ok(tag) = base64::engine::general_purpose::STANDARD.decode(signature) else {
+            return Err("Invalid signature");
+        };
+        let text = signing_text(req, key_id, &p.headers);
+        hmac::verify(keys.key(alg), text.as_bytes(), &tag).map_err(|_| "Invalid signature")?;
+        Ok(keys)
+    }
+}
+
+/// The text a client signs (see the module docs).
+fn signing_text(req: &request::Parts, key_id: &str, headers: &[&str]) -> String {
+    let mut text = String::with_capacity(128);
+    text.push_str(key_id);
+    text.push('\n');
+    for h in headers {
+        match req.headers.get(*h) {
+            Some(v) => {
+                text.push_str(h);
+                text.push_str(": ");
+                text.push_str(&String::from_utf8_lossy(v.as_bytes()));
+                text.push('\n');
+            }
+            None if *h == "@request-target" => {
+                let target = match req.extensions.get::<RequestTarget>() {
+                    Some(t) => t.0.as_str(),
+                    None => req.uri.path_and_query().map_or("/", |pq| pq.as_str()),
+                };
+                text.push_str(req.method.as_str());
+                text.push(' ');
+                text.push_str(target);
+                text.push('\n');
+            }
+            None => {}
+        }
+    }
+    text
+}
+
+impl Plugin for HmacAuth {
+    fn name(&self) -> &'static str {
+        Config::NAME
+    }
+
+    fn priority(&self) -> i32 {
+        Config::PRIORITY
+    }
+
+    fn phases(&self) -> super::Phases {
+        super::Phases::REWRITE
+    }
+
+    fn has_response_phases(&self) -> bool {
+        false
+    }
+
+    fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
+        let Some(auth) = req.headers.get(AUTHORIZATION) else {
+            return self
+                .unauthorized("client request can't be validated: missing Authorization header");
+        };
+        let auth = String::from_utf8_lossy(auth.as_bytes()).into_owned();
+        let params = match parse(&auth) {
+            Ok(p) => p,
+            Err(why) => {
+                return self.unauthorized(&format!("client request can't be validated: {why}"));
+            }
+        };
+        let consumer = match self.validate(req, &params) {
+            Ok(keys) => Arc::clone(&keys.consumer),
+            Err(why) => {
+                tracing::debug!(reason = why, "hmac-auth: client request can't be validated");
+                return self.unauthorized("client request can't be validated");
+            }
+        };
+        ctx.consumer = Some(consumer);
+        if self.hide_credentials {
+            req.headers.remove(AUTHORIZATION);
+        }
+        Flow::Continue
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_apisix_signature_headers() {
+        let p = parse(r#"Signature keyId="k1",algorithm="hmac-sha256",headers="@request-target date x-a",signature="c2ln""#).unwrap();
+        assert_eq!(p.key_id, Some("k1"));
+        assert_eq!(p.algorithm, Some("hmac-sha256"));
+        assert_eq!(p.signature, Some("c2ln"));
+        assert_eq!(p.headers, vec!["@request-target", "date", "x-a"]);
+        let p = parse(r#"Signature keyId=k1, algorithm="a", bogus, signature="""#).unwrap();
+        assert_eq!(p.key_id, None, "unquoted values are ignored");
+        assert_eq!(p.algorithm, Some("a"));
+        assert_eq!(p.signature, Some(""));
+        assert!(parse("Basic Zm9vOmJhcg==").is_err());
+    }
+}
