@@ -326,6 +326,22 @@ fn plugin_note(name: &str, config: &serde_json::Value) -> Option<String> {
         "jwt-auth" => {
             Some("needs a JWT of a consumer (Authorization header, jwt query or cookie)".into())
         }
+        "hmac-auth" => Some(
+            "needs an `Authorization: Signature keyId=...` of a consumer, signed with its \
+             secret_key over the signed headers"
+                .into(),
+        ),
+        "csrf" => Some(format!(
+            "POST, PUT, DELETE... need header {:?} matching the cookie of the same name \
+             (GET, HEAD, OPTIONS pass and get the cookie)",
+            field(config, "name").unwrap_or_else(|| "apisix-csrf-token".into())
+        )),
+        "client-control" => field(config, "max_body_size")
+            .map(|n| format!("413 when Content-Length is over {n} bytes")),
+        "api-breaker" => Some(format!(
+            "answers {} while the upstream is failing (circuit open)",
+            field(config, "break_response_code").unwrap_or_default()
+        )),
         "limit-count" => Some(format!(
             "{} requests per {}s, keyed by {}",
             field(config, "count").unwrap_or_default(),
@@ -350,7 +366,9 @@ fn plugin_note(name: &str, config: &serde_json::Value) -> Option<String> {
         | "proxy-rewrite"
         | "cors"
         | "response-rewrite"
-        | "consumer-restriction" => Some(masked_headers(config).to_string()),
+        | "consumer-restriction"
+        | "ua-restriction"
+        | "uri-blocker" => Some(masked_headers(config).to_string()),
         _ => None,
     }
 }

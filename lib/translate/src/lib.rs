@@ -34,7 +34,7 @@
 //! - Plugins (`src/plugins.rs`): every config is validated by `sluice-plugin-config`
 //!   (unknown plugin, wrong type or out-of-range value ⇒ `Accepted=False` naming the plugin
 //!   and field). A rule's plugins = its ApisixPluginConfig, overridden by its `plugins`, then
-//!   by the plugin `authentication` implies (keyAuth/basicAuth/jwtAuth). ApisixConsumers
+//!   by the plugin `authentication` implies (keyAuth/basicAuth/jwtAuth/hmacAuth). ApisixConsumers
 //!   become snapshot consumers `<ns>_<name>` (credentials inline or from a Secret, plus
 //!   consumer plugins); ApisixGlobalRules become global rules `<ns>/<name>`.
 //! - `traffic-split` (`src/traffic_split.rs`): each weighted upstream resolves in the
