@@ -9,7 +9,10 @@ use kube::Client;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use sluice_translate::gateway::GatewayOptions;
+
 use crate::events;
+use crate::gateway_status;
 use crate::grpc::Hub;
 use crate::ingress_status::{self, Publish};
 use crate::leader::{self, LeaseConfig};
@@ -41,6 +44,9 @@ pub struct Settings {
     /// that should serve (`--dataplane-service`); `None` = `Programmed` counts the connected
     /// dataplanes.
     pub dataplane_service: Option<(String, String)>,
+    /// Gateway API settings: our `controllerName`, the fleet's HTTP/HTTPS ports
+    /// (`--gateway-controller-name`, `--gateway-http-port`, `--gateway-https-port`).
+    pub gateway: GatewayOptions,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -126,7 +132,8 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
     )));
 
     let rebuilder = Rebuilder::new(Arc::clone(&hub), metrics.clone(), &settings.ingress_class)
-        .with_tls(settings.tls.clone());
+        .with_tls(settings.tls.clone())
+        .with_gateway(settings.gateway.clone());
     let status_rx = rebuilder.subscribe_status();
     let (for_inputs, for_sync) = (stores.clone(), stores.clone());
     let (clock_hub, clock_fleet, clock_records) =
@@ -199,6 +206,16 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
         )));
     }
 
+    tasks.push(tokio::spawn(gateway_status::run(
+        client.clone(),
+        Arc::clone(&hub),
+        fleet.clone(),
+        status_rx.clone(),
+        leader_rx.clone(),
+        stores.clone(),
+        settings.publish.clone(),
+        metrics.clone(),
+    )));
     tasks.push(tokio::spawn(status::run(
         client,
         Arc::clone(&hub),

@@ -14,14 +14,21 @@
 //! controller owns them). Services, EndpointSlices and Secrets have no class and are all
 //! kept, and so are Pods (metadata only); translation only looks at the ones our routes
 //! reference.
+//!
+//! The Gateway API kinds have no ingress class: they are all kept, and translation decides
+//! which Gateways are ours by their GatewayClass's `controllerName`
+//! (`--gateway-controller-name`).
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::Resource;
 use kube::core::PartialObjectMeta;
+use sluice_crds::gateway::{
+    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant,
+};
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
 };
@@ -61,6 +68,20 @@ pub struct Inputs {
     pub ingresses: Vec<Arc<Ingress>>,
     /// IngressClasses.
     pub ingress_classes: Vec<Arc<IngressClass>>,
+    /// Namespaces, metadata only (name, labels): for `allowedRoutes.namespaces.selector`.
+    pub namespaces: Vec<Arc<PartialObjectMeta<Namespace>>>,
+    /// GatewayClasses (empty when the Gateway API is not installed).
+    pub gateway_classes: Vec<Arc<GatewayClass>>,
+    /// Gateways.
+    pub gateways: Vec<Arc<Gateway>>,
+    /// HTTPRoutes.
+    pub http_routes: Vec<Arc<HTTPRoute>>,
+    /// GRPCRoutes.
+    pub grpc_routes: Vec<Arc<GRPCRoute>>,
+    /// ReferenceGrants.
+    pub reference_grants: Vec<Arc<ReferenceGrant>>,
+    /// BackendTLSPolicies.
+    pub backend_tls_policies: Vec<Arc<BackendTLSPolicy>>,
 }
 
 /// Decides which objects belong to this controller.
@@ -129,7 +150,8 @@ fn all<K: Clone>(list: &[Arc<K>]) -> Vec<K> {
     owned(list, |_| true)
 }
 
-/// The state translation sees: our objects only, every Service, EndpointSlice, Secret and Pod.
+/// The state translation sees: our objects only, every Service, EndpointSlice, Secret and Pod,
+/// and every Gateway API object (see the module doc).
 pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
     let filter = ClassFilter::new(class, &inputs.ingress_classes);
     let f = &filter;
@@ -160,8 +182,13 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         ingress_classes: owned(&inputs.ingress_classes, |o| {
             o.meta().name.as_deref() == Some(class)
         }),
-        // NB: the Gateway API kinds are not watched yet (issue 18, in progress).
-        ..ClusterState::default()
+        namespaces: all(&inputs.namespaces),
+        gateway_classes: all(&inputs.gateway_classes),
+        gateways: all(&inputs.gateways),
+        http_routes: all(&inputs.http_routes),
+        grpc_routes: all(&inputs.grpc_routes),
+        reference_grants: all(&inputs.reference_grants),
+        backend_tls_policies: all(&inputs.backend_tls_policies),
     }
 }
 
@@ -184,6 +211,13 @@ impl From<ClusterState> for Inputs {
             pods: arcs(s.pods),
             ingresses: arcs(s.ingresses),
             ingress_classes: arcs(s.ingress_classes),
+            namespaces: arcs(s.namespaces),
+            gateway_classes: arcs(s.gateway_classes),
+            gateways: arcs(s.gateways),
+            http_routes: arcs(s.http_routes),
+            grpc_routes: arcs(s.grpc_routes),
+            reference_grants: arcs(s.reference_grants),
+            backend_tls_policies: arcs(s.backend_tls_policies),
         }
     }
 }
@@ -308,6 +342,60 @@ metadata: {name: ing-unclassed}
         let state = assemble(&inputs(&yaml), "nginx");
         assert_eq!(names(&state.apisix_routes), ["theirs", "unclassed"]);
         assert_eq!(names(&state.apisix_upstreams), ["svc"]);
+    }
+
+    #[test]
+    fn gateway_api_objects_are_kept_whatever_the_ingress_class() {
+        let yaml = r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: sluice}
+spec: {controllerName: sluice.dev/gateway-controller}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {name: theirs}
+spec: {controllerName: example.com/other}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {name: gw, namespace: default}
+spec:
+  gatewayClassName: sluice
+  listeners: [{name: http, protocol: HTTP, port: 80}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {name: web, namespace: default}
+spec:
+  parentRefs: [{name: gw}]
+  rules: [{backendRefs: [{name: svc, port: 80}]}]
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: default, labels: {team: a}}
+"#;
+        let state = assemble(&inputs(&format!("{ROUTES}---{yaml}")), "nginx");
+        assert_eq!(names(&state.gateway_classes), ["sluice", "theirs"]);
+        assert_eq!(names(&state.gateways), ["gw"]);
+        assert_eq!(names(&state.http_routes), ["web"]);
+        assert_eq!(state.namespaces.len(), 1);
+        let t = sluice_translate::translate(&state, &sluice_translate::Options::default());
+        assert!(
+            t.snapshot
+                .routes
+                .iter()
+                .any(|r| r.id.starts_with("default/web/httproute-")),
+            "the HTTPRoute is served whatever --ingress-class says"
+        );
+        let classes: Vec<&str> = t
+            .status
+            .gateway
+            .gateway_classes
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect();
+        assert_eq!(classes, ["sluice"], "status only for our controllerName");
     }
 
     #[test]

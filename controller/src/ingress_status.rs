@@ -139,7 +139,8 @@ fn current(ing: &Ingress) -> Vec<IngressLoadBalancerIngress> {
         .unwrap_or_default()
 }
 
-async fn published(
+/// The address entries of `publish` now; `None` when the publish Service is unreadable.
+pub(crate) async fn published(
     client: &Client,
     publish: &Publish,
     stores: &Stores,

@@ -21,6 +21,8 @@
 //!   the expected set from the dataplane Service's EndpointSlices.
 //! - [`tls`]: mutual TLS from PEM files; `--insecure` only on loopback.
 //! - [`status`]: the status writer (leader only): `Accepted`, `ResolvedRefs`, `Programmed`.
+//! - [`gateway_status`]: the Gateway API status writer (leader only): GatewayClass,
+//!   Gateway (listeners, addresses) and our HTTPRoute/GRPCRoute `status.parents[]` entries.
 //! - [`leader`]: Lease-based leader election (who writes status).
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 #![forbid(unsafe_code)]
@@ -29,6 +31,7 @@ pub mod app;
 pub mod cluster;
 pub mod events;
 pub mod fleet;
+pub mod gateway_status;
 pub mod grpc;
 pub mod http;
 pub mod ingress_status;

@@ -19,9 +19,10 @@ use sluice_controller::metrics::Metrics;
 use sluice_controller::rebuild::{Debounce, TlsSettings};
 use sluice_controller::tls::{self, TlsFiles};
 use sluice_controller::watch::Scope;
+use sluice_translate::gateway::{DEFAULT_CONTROLLER_NAME, GatewayOptions};
 
-/// Sluice controller: watches ApisixRoute & co., Ingress, Services, EndpointSlices and
-/// Secrets, translates them into route snapshots and pushes those to the dataplanes over
+/// Sluice controller: watches ApisixRoute & co., Ingress, the Gateway API (when installed),
+/// Services, EndpointSlices and Secrets, translates them into route snapshots and pushes those to the dataplanes over
 /// mutually authenticated gRPC.
 #[derive(Debug, Parser)]
 #[command(version, about)]
@@ -104,6 +105,17 @@ struct Args {
     /// object. Default: `Programmed` counts the dataplanes connected to some replica.
     #[arg(long, value_name = "NS/NAME", value_parser = service_ref)]
     dataplane_service: Option<(String, String)>,
+    /// Gateway API: GatewayClasses with this `spec.controllerName` are served by Sluice.
+    #[arg(long, value_name = "NAME", default_value = DEFAULT_CONTROLLER_NAME)]
+    gateway_controller_name: String,
+    /// Gateway API: the port clients reach the dataplanes' plain-HTTP listener on (the
+    /// dataplane Service's port). Gateway HTTP listeners on other ports are
+    /// `PortUnavailable`.
+    #[arg(long, value_name = "PORT", default_value_t = 80)]
+    gateway_http_port: u16,
+    /// Gateway API: the port of the dataplanes' HTTPS listener, likewise.
+    #[arg(long, value_name = "PORT", default_value_t = 443)]
+    gateway_https_port: u16,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -206,6 +218,11 @@ async fn main() -> anyhow::Result<()> {
             fallback_sni: args.fallback_sni.clone(),
         },
         dataplane_service: args.dataplane_service.clone(),
+        gateway: GatewayOptions {
+            controller_name: args.gateway_controller_name.clone(),
+            http_port: args.gateway_http_port,
+            https_port: args.gateway_https_port,
+        },
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);
     let hub = Arc::clone(&running.hub);

@@ -18,10 +18,12 @@
 //! client sees a clear failure and the object's status says why. The wait is capped at
 //! [`MAX_CERTIFICATE_WAIT`] so a wall-clock jump cannot postpone the check for long.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
+use sluice_proto::v1;
+use sluice_translate::gateway::{GatewayOptions, GatewayStatusReport};
 use sluice_translate::status::{ConditionStatus, IngressStatus};
 use sluice_translate::{ObjectKind, ObjectStatus, Options, translate};
 use tokio::sync::watch;
@@ -70,6 +72,44 @@ pub struct Rebuilt {
     /// Every Ingress of our class, sorted (Ingress has no conditions in its status; these
     /// feed Events and `status.loadBalancer`).
     pub ingresses: Vec<IngressStatus>,
+    /// The Gateway API status side output.
+    pub gateway: GatewayRebuilt,
+}
+
+/// The Gateway API part of [`Rebuilt`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GatewayRebuilt {
+    /// Translation's Gateway API status.
+    pub report: GatewayStatusReport,
+    /// Per Gateway `(namespace, name)`: the first published version whose routes and
+    /// certificates of that Gateway are the ones in the snapshot now (a dataplane at this
+    /// version or later serves the Gateway as it is). 0 when nothing was published yet.
+    pub since: BTreeMap<(String, String), u64>,
+}
+
+/// A fingerprint of the snapshot entries a Gateway contributes (its routes, certificates).
+fn gateway_content(
+    snapshot: &v1::Snapshot,
+    routes: &[String],
+    certificates: &[String],
+    accepted: bool,
+) -> String {
+    let part = v1::Snapshot {
+        routes: snapshot
+            .routes
+            .iter()
+            .filter(|r| routes.binary_search(&r.id).is_ok())
+            .cloned()
+            .collect(),
+        tls_certificates: snapshot
+            .tls_certificates
+            .iter()
+            .filter(|c| certificates.binary_search(&c.id).is_ok())
+            .cloned()
+            .collect(),
+        ..Default::default()
+    };
+    format!("{accepted}/{}", sluice_proto::content_hash(&part))
 }
 
 /// What one rebuild did.
@@ -111,6 +151,8 @@ pub struct Rebuilder {
     tls: TlsSettings,
     certificates_change_at: Option<SystemTime>,
     settings_problems: Vec<String>,
+    gateway: GatewayOptions,
+    gateway_since: HashMap<(String, String), (String, u64)>,
 }
 
 impl Rebuilder {
@@ -127,7 +169,15 @@ impl Rebuilder {
             tls: TlsSettings::default(),
             certificates_change_at: None,
             settings_problems: Vec::new(),
+            gateway: GatewayOptions::default(),
+            gateway_since: HashMap::new(),
         }
+    }
+
+    /// Uses these Gateway API settings (controller name, fleet ports) from the next rebuild.
+    pub fn with_gateway(mut self, gateway: GatewayOptions) -> Self {
+        self.gateway = gateway;
+        self
     }
 
     /// Uses these certificate settings from the next rebuild on.
@@ -157,6 +207,7 @@ impl Rebuilder {
             now: Some(SystemTime::now()),
             default_certificate: self.tls.default_certificate.clone(),
             fallback_sni: self.tls.fallback_sni.clone(),
+            gateway: self.gateway.clone(),
             ..Options::default()
         };
         let translation = translate(&state, &opts);
@@ -168,6 +219,22 @@ impl Rebuilder {
             self.settings_problems = translation.settings.clone();
         }
         let hash = sluice_proto::content_hash(&translation.snapshot);
+        let gateway_contents: Vec<((String, String), String)> = translation
+            .status
+            .gateway
+            .gateways
+            .iter()
+            .map(|g| {
+                let accepted = g.conditions.iter().any(|c| {
+                    c.type_ == sluice_translate::gateway::PROGRAMMED
+                        && c.status == ConditionStatus::True
+                });
+                (
+                    (g.namespace.clone(), g.name.clone()),
+                    gateway_content(&translation.snapshot, &g.routes, &g.certificates, accepted),
+                )
+            })
+            .collect();
         let outcome = if self.hash.as_deref() == Some(hash.as_str()) {
             Outcome::Unchanged(self.version)
         } else {
@@ -223,10 +290,25 @@ impl Rebuilder {
             });
         }
         self.since = since;
+        let mut gateway_since = HashMap::with_capacity(gateway_contents.len());
+        let mut gateway = GatewayRebuilt {
+            report: translation.status.gateway,
+            since: BTreeMap::new(),
+        };
+        for (key, content) in gateway_contents {
+            let v = match self.gateway_since.get(&key) {
+                Some((c, v)) if *c == content => *v,
+                _ => self.version,
+            };
+            gateway.since.insert(key.clone(), v);
+            gateway_since.insert(key, (content, v));
+        }
+        self.gateway_since = gateway_since;
         self.status.send_replace(Some(Arc::new(Rebuilt {
             version: self.version,
             objects,
             ingresses: translation.ingresses,
+            gateway,
         })));
         outcome
     }

@@ -122,7 +122,17 @@ pub fn programmed(verdict: &ObjectVerdict, dataplanes: &Dataplanes) -> Desired {
             "not accepted; see the Accepted condition".into(),
         );
     }
-    let since = verdict.since_version;
+    programmed_since(verdict.since_version, dataplanes)
+}
+
+/// The `Programmed` condition of an accepted object first contained in version `since`.
+pub fn programmed_since(since: u64, dataplanes: &Dataplanes) -> Desired {
+    let cond = |status, reason: &str, message: String| Desired {
+        type_: CONDITION_PROGRAMMED.to_owned(),
+        status,
+        reason: reason.to_owned(),
+        message: truncate(message),
+    };
     let total = dataplanes.counted.len();
     if total == 0 {
         return cond(
@@ -166,21 +176,54 @@ pub fn programmed(verdict: &ObjectVerdict, dataplanes: &Dataplanes) -> Desired {
     }
 }
 
+/// A translation condition as it is written (message cut to [`MAX_MESSAGE_CHARS`]).
+pub fn from_translation(c: &sluice_translate::Condition) -> Desired {
+    Desired {
+        type_: c.type_.clone(),
+        status: match c.status {
+            ConditionStatus::True => "True",
+            ConditionStatus::False => "False",
+        },
+        reason: c.reason.clone(),
+        message: truncate(c.message.clone()),
+    }
+}
+
+/// Conditions to write: `desired` with `observedGeneration = generation` and
+/// `lastTransitionTime` kept from `existing` where the condition's status did not change.
+pub fn conditions_to_write(
+    desired: &[Desired],
+    generation: Option<i64>,
+    existing: &[Condition],
+    now: Timestamp,
+) -> Vec<Condition> {
+    desired
+        .iter()
+        .map(|d| {
+            let last_transition_time = existing
+                .iter()
+                .find(|c| c.type_ == d.type_ && c.status == d.status)
+                .map(|c| c.last_transition_time.clone())
+                .unwrap_or(Time(now));
+            Condition {
+                type_: d.type_.clone(),
+                status: d.status.to_owned(),
+                reason: d.reason.clone(),
+                message: d.message.clone(),
+                observed_generation: generation,
+                last_transition_time,
+            }
+        })
+        .collect()
+}
+
 /// Every condition of one object: translation's, then `Programmed`.
 pub fn desired(verdict: &ObjectVerdict, dataplanes: &Dataplanes) -> Vec<Desired> {
     let mut out: Vec<Desired> = verdict
         .status
         .conditions
         .iter()
-        .map(|c| Desired {
-            type_: c.type_.clone(),
-            status: match c.status {
-                ConditionStatus::True => "True",
-                ConditionStatus::False => "False",
-            },
-            reason: c.reason.clone(),
-            message: truncate(c.message.clone()),
-        })
+        .map(from_translation)
         .collect();
     out.push(programmed(verdict, dataplanes));
     out
@@ -194,24 +237,14 @@ pub fn status_to_write(
     existing: Option<&ApisixStatus>,
     now: Timestamp,
 ) -> Option<ApisixStatus> {
-    let old = |t: &str| existing.and_then(|s| s.conditions.iter().find(|c| c.type_ == t));
-    let conditions: Vec<Condition> = desired
-        .iter()
-        .map(|d| {
-            let last_transition_time = old(&d.type_)
-                .filter(|c| c.status == d.status)
-                .map(|c| c.last_transition_time.clone())
-                .unwrap_or(Time(now));
-            Condition {
-                type_: d.type_.clone(),
-                status: d.status.to_owned(),
-                reason: d.reason.clone(),
-                message: d.message.clone(),
-                observed_generation: generation,
-                last_transition_time,
-            }
-        })
-        .collect();
+    let conditions = conditions_to_write(
+        desired,
+        generation,
+        existing
+            .map(|s| s.conditions.as_slice())
+            .unwrap_or_default(),
+        now,
+    );
     let status = ApisixStatus {
         conditions,
         observed_generation: generation,

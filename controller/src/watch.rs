@@ -12,13 +12,21 @@
 //! `subsets`) are watched as metadata only (`Api<PartialObjectMeta<Pod>>`, metadata-only requests), slimmed to name, namespace
 //! and labels, and only a label change (or a Pod appearing or going away) triggers a
 //! rebuild: status and annotation churn of Pods is skipped.
+//!
+//! The Gateway API kinds (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant,
+//! BackendTLSPolicy, plus Namespaces as metadata for `allowedRoutes` selectors) are watched
+//! only when API discovery finds them: a cluster without the Gateway API CRDs logs that
+//! once at INFO and serves the Apisix kinds and Ingress as before. Discovery is repeated
+//! every [`GATEWAY_DISCOVERY_INTERVAL`] until the CRDs appear; their watches start then.
+//! They are not filtered by ingress class: a Gateway is ours by its GatewayClass's
+//! `controllerName`, which translation decides.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::core::PartialObjectMeta;
@@ -28,6 +36,9 @@ use kube::runtime::watcher::{self, Event};
 use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use sluice_crds::gateway::{
+    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant,
+};
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixStatus, ApisixTls,
     ApisixUpstream,
@@ -142,14 +153,25 @@ fn slim<K: Resource>(obj: &mut K) {
 
 /// The fingerprint of a Pod for translation: its labels only.
 pub fn pod_fingerprint(pod: &PartialObjectMeta<Pod>) -> u64 {
+    meta_fingerprint(pod)
+}
+
+/// The fingerprint of a metadata-only object (Pod, Namespace) for translation: its labels.
+fn meta_fingerprint<K>(obj: &PartialObjectMeta<K>) -> u64 {
     let mut h = DefaultHasher::new();
-    pod.metadata.labels.hash(&mut h);
+    obj.metadata.labels.hash(&mut h);
     h.finish()
 }
 
 /// Keeps only what subsets need of a Pod: name, namespace and labels.
+#[cfg(test)]
 fn slim_pod(pod: &mut PartialObjectMeta<Pod>) {
-    let m = &mut pod.metadata;
+    slim_meta(pod)
+}
+
+/// Keeps only what translation needs of a metadata-only object: name, namespace, labels.
+fn slim_meta<K>(obj: &mut PartialObjectMeta<K>) {
+    let m = &mut obj.metadata;
     *m = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         name: m.name.take(),
         namespace: m.namespace.take(),
@@ -276,13 +298,29 @@ fn spawn_pod_watch(
     trigger: Trigger,
     metrics: Metrics,
 ) -> Store<PartialObjectMeta<Pod>> {
+    spawn_meta_watch(api, config, "Pod", trigger, metrics)
+}
+
+/// Watches a kind as metadata only, keeping name, namespace and labels, and firing
+/// `trigger` only when labels change (or an object appears or goes away).
+fn spawn_meta_watch<K>(
+    api: Api<PartialObjectMeta<K>>,
+    config: watcher::Config,
+    kind: &'static str,
+    trigger: Trigger,
+    metrics: Metrics,
+) -> Store<PartialObjectMeta<K>>
+where
+    K: Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    PartialObjectMeta<K>: Resource<DynamicType = ()> + DeserializeOwned + Clone,
+{
     let (reader, writer) = reflector::store();
     // `Api<PartialObjectMeta<_>>` makes metadata-only list/watch requests.
     let stream = watcher::watcher(api, config)
         .backoff(WatchBackoff::default())
-        .modify(slim_pod)
+        .modify(slim_meta::<K>)
         .reflect(writer);
-    drive(stream, "Pod", pod_fingerprint, trigger, metrics);
+    drive(stream, kind, meta_fingerprint::<K>, trigger, metrics);
     reader
 }
 
@@ -365,6 +403,238 @@ where
     }
 }
 
+/// How often discovery looks for the Gateway API CRDs while they are not installed.
+pub const GATEWAY_DISCOVERY_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// API group of the Gateway API.
+pub const GATEWAY_API_GROUP: &str = "gateway.networking.k8s.io";
+
+/// Which Gateway API kinds the API server serves, at the versions Sluice reads
+/// (`v1`, ReferenceGrant `v1beta1`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GatewayKinds {
+    /// `gatewayclasses` (v1).
+    pub gateway_classes: bool,
+    /// `gateways` (v1).
+    pub gateways: bool,
+    /// `httproutes` (v1).
+    pub http_routes: bool,
+    /// `grpcroutes` (v1).
+    pub grpc_routes: bool,
+    /// `referencegrants` (v1beta1).
+    pub reference_grants: bool,
+    /// `backendtlspolicies` (v1).
+    pub backend_tls_policies: bool,
+}
+
+impl GatewayKinds {
+    /// From the resource names served at `v1` and `v1beta1` of the group.
+    pub fn from_served(v1: &[String], v1beta1: &[String]) -> Self {
+        let has = |list: &[String], plural: &str| list.iter().any(|r| r == plural);
+        Self {
+            gateway_classes: has(v1, "gatewayclasses"),
+            gateways: has(v1, "gateways"),
+            http_routes: has(v1, "httproutes"),
+            grpc_routes: has(v1, "grpcroutes"),
+            reference_grants: has(v1beta1, "referencegrants"),
+            backend_tls_policies: has(v1, "backendtlspolicies"),
+        }
+    }
+
+    /// Whether there is anything to serve: GatewayClasses and Gateways are both served.
+    pub fn usable(&self) -> bool {
+        self.gateway_classes && self.gateways
+    }
+
+    /// Kinds not served (not watched).
+    pub fn missing(&self) -> Vec<&'static str> {
+        [
+            (self.gateway_classes, "GatewayClass"),
+            (self.gateways, "Gateway"),
+            (self.http_routes, "HTTPRoute"),
+            (self.grpc_routes, "GRPCRoute"),
+            (self.reference_grants, "ReferenceGrant"),
+            (self.backend_tls_policies, "BackendTLSPolicy"),
+        ]
+        .into_iter()
+        .filter(|(served, _)| !served)
+        .map(|(_, kind)| kind)
+        .collect()
+    }
+}
+
+/// Resource names served at `group_version`; empty when the API server does not serve it.
+async fn served(client: &Client, group_version: &str) -> Result<Vec<String>, kube::Error> {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => Ok(list.resources.into_iter().map(|r| r.name).collect()),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Asks the API server (discovery) which Gateway API kinds it serves.
+pub async fn discover_gateway_api(client: &Client) -> Result<GatewayKinds, kube::Error> {
+    let v1 = served(client, &format!("{GATEWAY_API_GROUP}/v1")).await?;
+    let v1beta1 = served(client, &format!("{GATEWAY_API_GROUP}/v1beta1")).await?;
+    Ok(GatewayKinds::from_served(&v1, &v1beta1))
+}
+
+/// The reflector stores of the Gateway API kinds (empty for a kind that is not served).
+#[derive(Clone, Default)]
+struct GatewayStores {
+    namespaces: Vec<Store<PartialObjectMeta<Namespace>>>,
+    gateway_classes: Vec<Store<GatewayClass>>,
+    gateways: Vec<Store<Gateway>>,
+    http_routes: Vec<Store<HTTPRoute>>,
+    grpc_routes: Vec<Store<GRPCRoute>>,
+    reference_grants: Vec<Store<ReferenceGrant>>,
+    backend_tls_policies: Vec<Store<BackendTLSPolicy>>,
+}
+
+impl GatewayStores {
+    fn watch(
+        client: &Client,
+        scope: &Scope,
+        kinds: GatewayKinds,
+        trigger: &Trigger,
+        metrics: &Metrics,
+    ) -> Self {
+        let any = watcher::Config::default();
+        let (t, m) = (trigger, metrics);
+        // NB: with --watch-namespace only the watched namespaces themselves are needed
+        // (their labels, for `allowedRoutes.namespaces.selector`).
+        let namespaces = match scope {
+            Scope::All => vec![spawn_meta_watch(
+                Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                any.clone(),
+                "Namespace",
+                t.clone(),
+                m.clone(),
+            )],
+            Scope::Namespaces(list) => list
+                .iter()
+                .map(|ns| {
+                    spawn_meta_watch(
+                        Api::<PartialObjectMeta<Namespace>>::all(client.clone()),
+                        watcher::Config::default().fields(&format!("metadata.name={ns}")),
+                        "Namespace",
+                        t.clone(),
+                        m.clone(),
+                    )
+                })
+                .collect(),
+        };
+        fn when<T>(served: bool, f: impl FnOnce() -> Vec<T>) -> Vec<T> {
+            if served { f() } else { Vec::new() }
+        }
+        Self {
+            namespaces,
+            gateway_classes: when(kinds.gateway_classes, || {
+                vec![spawn_watch(
+                    Api::<GatewayClass>::all(client.clone()),
+                    any.clone(),
+                    "GatewayClass",
+                    t.clone(),
+                    m.clone(),
+                )]
+            }),
+            gateways: when(kinds.gateways, || {
+                watch_kind(client, scope, &any, "Gateway", t, m)
+            }),
+            http_routes: when(kinds.http_routes, || {
+                watch_kind(client, scope, &any, "HTTPRoute", t, m)
+            }),
+            grpc_routes: when(kinds.grpc_routes, || {
+                watch_kind(client, scope, &any, "GRPCRoute", t, m)
+            }),
+            reference_grants: when(kinds.reference_grants, || {
+                watch_kind(client, scope, &any, "ReferenceGrant", t, m)
+            }),
+            backend_tls_policies: when(kinds.backend_tls_policies, || {
+                watch_kind(client, scope, &any, "BackendTLSPolicy", t, m)
+            }),
+        }
+    }
+
+    async fn synced(&self) {
+        async fn all<K: Resource<DynamicType = ()> + Clone>(stores: &[Store<K>]) {
+            for s in stores {
+                let _ = s.wait_until_ready().await;
+            }
+        }
+        all(&self.namespaces).await;
+        all(&self.gateway_classes).await;
+        all(&self.gateways).await;
+        all(&self.http_routes).await;
+        all(&self.grpc_routes).await;
+        all(&self.reference_grants).await;
+        all(&self.backend_tls_policies).await;
+    }
+}
+
+/// Discovers the Gateway API and starts its watches once it is served (see the module doc).
+/// `done` turns true once the first discovery answered (or failed three times), so the
+/// first snapshot waits for the Gateway API stores when they exist, and never for ever.
+async fn discover_and_watch(
+    client: Client,
+    scope: Scope,
+    trigger: Trigger,
+    metrics: Metrics,
+    cell: Arc<std::sync::OnceLock<GatewayStores>>,
+    done: watch::Sender<bool>,
+) {
+    let mut told_absent = false;
+    let mut failures = 0u32;
+    loop {
+        match discover_gateway_api(&client).await {
+            Ok(kinds) if kinds.usable() => {
+                let missing = kinds.missing();
+                if missing.is_empty() {
+                    tracing::info!("Gateway API found; watching its kinds");
+                } else {
+                    tracing::info!(
+                        not_served = ?missing,
+                        "Gateway API found; watching its kinds except those not served"
+                    );
+                }
+                let stores = GatewayStores::watch(&client, &scope, kinds, &trigger, &metrics);
+                let _ = cell.set(stores);
+                done.send_replace(true);
+                return;
+            }
+            Ok(_) => {
+                if !told_absent {
+                    tracing::info!(
+                        group = GATEWAY_API_GROUP,
+                        "Gateway API CRDs not installed: Gateway API support is off (checked again every {} s)",
+                        GATEWAY_DISCOVERY_INTERVAL.as_secs()
+                    );
+                    told_absent = true;
+                }
+                failures = 0;
+                done.send_replace(true);
+                tokio::time::sleep(GATEWAY_DISCOVERY_INTERVAL).await;
+            }
+            Err(e) => {
+                failures += 1;
+                metrics
+                    .reconcile_errors
+                    .with_label_values(&["discovery"])
+                    .inc();
+                if failures == 1 {
+                    tracing::warn!(error = %e, "Gateway API discovery failed; retrying");
+                } else {
+                    tracing::debug!(error = %e, failures, "Gateway API discovery failed");
+                }
+                if failures >= 3 {
+                    done.send_replace(true);
+                }
+                tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+            }
+        }
+    }
+}
+
 /// The reflector stores of every input kind.
 #[derive(Clone)]
 pub struct Stores {
@@ -380,6 +650,10 @@ pub struct Stores {
     pods: Vec<Store<PartialObjectMeta<Pod>>>,
     ingresses: Vec<Store<Ingress>>,
     ingress_classes: Store<IngressClass>,
+    /// Set once discovery finds the Gateway API.
+    gateway: Arc<std::sync::OnceLock<GatewayStores>>,
+    /// True once the first Gateway API discovery is done.
+    gateway_discovered: watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Stores {
@@ -401,6 +675,14 @@ fn read<K: Resource<DynamicType = ()> + Clone>(stores: &[Store<K>]) -> Vec<Arc<K
     stores.iter().flat_map(Store::state).collect()
 }
 
+fn find_cluster<K: Resource<DynamicType = ()> + Clone>(
+    stores: &[Store<K>],
+    name: &str,
+) -> Option<Arc<K>> {
+    let key = reflector::ObjectRef::new(name);
+    stores.iter().find_map(|s| s.get(&key))
+}
+
 impl Stores {
     /// Starts a watcher for every kind in `scope` (IngressClasses cluster-wide), firing
     /// `trigger` on every event that may change the output.
@@ -411,6 +693,16 @@ impl Stores {
         // Helm keeps every release revision in a Secret; they are large and never ours.
         let secrets = watcher::Config::default().fields("type!=helm.sh/release.v1");
         let (t, m) = (trigger, metrics);
+        let gateway = Arc::new(std::sync::OnceLock::new());
+        let (discovered_tx, gateway_discovered) = watch::channel(false);
+        tokio::spawn(discover_and_watch(
+            client.clone(),
+            scope.clone(),
+            trigger.clone(),
+            metrics.clone(),
+            Arc::clone(&gateway),
+            discovered_tx,
+        ));
         Self {
             apisix_routes: watch_kind(client, scope, &any, "ApisixRoute", t, m),
             apisix_upstreams: watch_kind(client, scope, &any, "ApisixUpstream", t, m),
@@ -448,6 +740,8 @@ impl Stores {
                 trigger.clone(),
                 metrics.clone(),
             ),
+            gateway,
+            gateway_discovered,
         }
     }
 
@@ -471,6 +765,17 @@ impl Stores {
         all(&self.pods).await;
         all(&self.ingresses).await;
         all(std::slice::from_ref(&self.ingress_classes)).await;
+        let mut discovered = self.gateway_discovered.clone();
+        // NB: Err means the discovery task is gone; it set the stores first if it could.
+        let _ = discovered.wait_for(|d| *d).await;
+        if let Some(g) = self.gateway.get() {
+            g.synced().await;
+        }
+    }
+
+    /// Whether the Gateway API kinds are watched (discovery found them).
+    pub fn gateway_api(&self) -> bool {
+        self.gateway.get().is_some()
     }
 
     /// Everything the stores hold now.
@@ -488,7 +793,60 @@ impl Stores {
             pods: read(&self.pods),
             ingresses: read(&self.ingresses),
             ingress_classes: self.ingress_classes.state(),
+            ..self.gateway_inputs()
         }
+    }
+
+    fn gateway_inputs(&self) -> Inputs {
+        let Some(g) = self.gateway.get() else {
+            return Inputs::default();
+        };
+        Inputs {
+            namespaces: read(&g.namespaces),
+            gateway_classes: read(&g.gateway_classes),
+            gateways: read(&g.gateways),
+            http_routes: read(&g.http_routes),
+            grpc_routes: read(&g.grpc_routes),
+            reference_grants: read(&g.reference_grants),
+            backend_tls_policies: read(&g.backend_tls_policies),
+            ..Inputs::default()
+        }
+    }
+
+    /// A GatewayClass as the stores have it.
+    pub fn gateway_class(&self, name: &str) -> Option<Arc<GatewayClass>> {
+        find_cluster(&self.gateway.get()?.gateway_classes, name)
+    }
+
+    /// A Gateway as the stores have it.
+    pub fn gateway(&self, namespace: &str, name: &str) -> Option<Arc<Gateway>> {
+        find(&self.gateway.get()?.gateways, namespace, name)
+    }
+
+    /// An HTTPRoute as the stores have it.
+    pub fn http_route(&self, namespace: &str, name: &str) -> Option<Arc<HTTPRoute>> {
+        find(&self.gateway.get()?.http_routes, namespace, name)
+    }
+
+    /// Every HTTPRoute the stores hold.
+    pub fn http_routes(&self) -> Vec<Arc<HTTPRoute>> {
+        self.gateway
+            .get()
+            .map(|g| read(&g.http_routes))
+            .unwrap_or_default()
+    }
+
+    /// Every GRPCRoute the stores hold.
+    pub fn grpc_routes(&self) -> Vec<Arc<GRPCRoute>> {
+        self.gateway
+            .get()
+            .map(|g| read(&g.grpc_routes))
+            .unwrap_or_default()
+    }
+
+    /// A GRPCRoute as the stores have it.
+    pub fn grpc_route(&self, namespace: &str, name: &str) -> Option<Arc<GRPCRoute>> {
+        find(&self.gateway.get()?.grpc_routes, namespace, name)
     }
 
     /// The uid of an object by its Kubernetes kind (Apisix kinds and Ingress).

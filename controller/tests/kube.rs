@@ -63,6 +63,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
         instance: None,
         tls: TlsSettings::default(),
         dataplane_service: None,
+        gateway: Default::default(),
     }
 }
 

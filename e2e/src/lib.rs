@@ -47,8 +47,9 @@ pub use http::{HttpConnection, HttpResponse, http_get, http_get_with};
 pub use load::{Failure, Load, LoadReport};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{
-    DATAPLANE_SERVICE, FleetDataplane, Pipeline, Replica, eventually, free_port, spawn_controller,
-    spawn_dataplane, spawn_dataplane_https, spawn_dataplane_with,
+    DATAPLANE_SERVICE, FleetDataplane, GATEWAY_API_CRDS, Pipeline, Replica, eventually, free_port,
+    install_gateway_api_crds, spawn_controller, spawn_dataplane, spawn_dataplane_https,
+    spawn_dataplane_with,
 };
 pub use service::ServiceProxy;
 

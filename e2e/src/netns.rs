@@ -351,6 +351,11 @@ impl Backend {
         self.child.id()
     }
 
+    /// Whether it is still running (has not exited).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     /// Kills it now (drop does the same).
     pub fn kill(&mut self) {
         let _ = self.child.kill();

@@ -26,6 +26,36 @@ use std::time::{Duration, Instant};
 
 use crate::{Backend, Cluster, Error, Netns, RELEASE, ServiceProxy, repo_root, workspace_bin};
 
+/// The Gateway API CRDs Sluice reads, as named in the API server; their files are
+/// `crds/gateway-api/<name>.yaml`.
+pub const GATEWAY_API_CRDS: &[&str] = &[
+    "gatewayclasses.gateway.networking.k8s.io",
+    "gateways.gateway.networking.k8s.io",
+    "httproutes.gateway.networking.k8s.io",
+    "grpcroutes.gateway.networking.k8s.io",
+    "referencegrants.gateway.networking.k8s.io",
+    "backendtlspolicies.gateway.networking.k8s.io",
+];
+
+/// Installs the vendored Gateway API CRDs (standard channel, `crds/gateway-api/`) that Sluice
+/// reads into `cluster` and waits until they are Established.
+pub fn install_gateway_api_crds(cluster: &Cluster) -> Result<(), Error> {
+    let dir = repo_root().join("crds/gateway-api");
+    for name in GATEWAY_API_CRDS {
+        let (plural, group) = name.split_once('.').unwrap_or((name, ""));
+        let file = dir.join(format!("{group}_{plural}.yaml"));
+        cluster.kubectl_ok(&["apply", "--server-side", "-f", &file.to_string_lossy()])?;
+    }
+    let mut args = vec!["wait", "--for=condition=Established", "--timeout=60s"];
+    let crds: Vec<String> = GATEWAY_API_CRDS
+        .iter()
+        .map(|n| format!("crd/{n}"))
+        .collect();
+    args.extend(crds.iter().map(String::as_str));
+    cluster.kubectl_ok(&args)?;
+    Ok(())
+}
+
 /// A free loopback port for a process the test is about to start.
 ///
 /// NB: the port comes from 21000-32767, below the kernel's ephemeral range (32768-60999),
@@ -162,7 +192,14 @@ impl Pipeline {
     /// Without `--leader-elect` among them the controller elects itself leader with Lease
     /// `sluice-controller` in the pipeline's namespace, as the chart runs it.
     pub fn start_with(controller_args: &[&str]) -> Result<Pipeline, Error> {
-        Self::start_inner(controller_args, 1, 0)
+        Self::start_inner(controller_args, 1, 0, false)
+    }
+
+    /// Like [`Pipeline::start_with`], with the vendored Gateway API CRDs
+    /// (`crds/gateway-api/`, standard channel) installed and Established before the
+    /// controller starts, so it watches the Gateway API from the start.
+    pub fn start_with_gateway_api(controller_args: &[&str]) -> Result<Pipeline, Error> {
+        Self::start_inner(controller_args, 1, 0, true)
     }
 
     /// Like [`Pipeline::start_replicated`] with `dataplanes` dataplanes
@@ -172,7 +209,7 @@ impl Pipeline {
     /// whose EndpointSlice lists every fleet dataplane as ready (see the module doc for what
     /// stands in for pods); change it with [`Pipeline::set_expected_dataplanes`].
     pub fn start_fleet(controllers: usize, dataplanes: usize) -> Result<Pipeline, Error> {
-        Self::start_inner(&[], controllers.max(1), dataplanes.max(1))
+        Self::start_inner(&[], controllers.max(1), dataplanes.max(1), false)
     }
 
     /// Like [`Pipeline::start`] with `replicas` controllers (`e2e-controller-0`, ...) that
@@ -181,13 +218,14 @@ impl Pipeline {
     /// which spreads connections over all replicas as the chart's controller Service does;
     /// every replica that has built a snapshot accepts the stream, leader or not.
     pub fn start_replicated(replicas: usize) -> Result<Pipeline, Error> {
-        Self::start_inner(&[], replicas.max(1), 0)
+        Self::start_inner(&[], replicas.max(1), 0, false)
     }
 
     fn start_inner(
         controller_args: &[&str],
         replicas: usize,
         fleet: usize,
+        gateway_api: bool,
     ) -> Result<Pipeline, Error> {
         let cluster = Cluster::try_start()?;
         let crds = repo_root().join("crds/apisix-crds.yaml");
@@ -198,6 +236,9 @@ impl Pipeline {
             "--timeout=60s",
             "crd/apisixroutes.apisix.apache.org",
         ])?;
+        if gateway_api {
+            install_gateway_api_crds(&cluster)?;
+        }
         let namespace = cluster.create_namespace("pipeline")?;
         let net = Netns::try_create()?;
         let echo = net.spawn_echo("e2e-echo", net.addr(), 8080)?;
@@ -330,6 +371,13 @@ ports: [{{name: http, port: 8080}}]
             (p.http, p.https) = (http, https);
         }
         Ok(p)
+    }
+
+    /// Whether the Gateway API CRDs are installed in the pipeline's API server.
+    pub fn has_gateway_api(&self) -> bool {
+        self.cluster
+            .kubectl(&["get", "crd", GATEWAY_API_CRDS[0]])
+            .is_ok_and(|o| o.success)
     }
 
     /// Every controller replica's gRPC address (the endpoints of the controller Service).

@@ -1,0 +1,487 @@
+//! Gateway API end to end: the vendored Gateway API CRDs (`crds/gateway-api/`) in a real
+//! kube-apiserver, `kubectl apply` of GatewayClass / Gateway / HTTPRoute / GRPCRoute /
+//! ReferenceGrant → the `sluice-controller` binary (running with exactly the chart's RBAC) →
+//! gRPC → the `sluice-dataplane` binary → real backends in a network namespace. Every case
+//! checks what a user sees: the status read back from the API server and the traffic.
+//!
+//! The Gateway listens on port 80, the fleet's HTTP port (`--gateway-http-port`, default
+//! 80, the dataplane Service's port); the test reaches the dataplane's listener directly,
+//! as the Service would forward port 80 to it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use serde_json::Value;
+use sluice_e2e::{Pipeline, eventually, http_get};
+
+const CONTROLLER: &str = "sluice.dev/gateway-controller";
+const WAIT: Duration = Duration::from_secs(30);
+
+/// The object as JSON, read back with kubectl.
+fn get(p: &Pipeline, kind: &str, ns: Option<&str>, name: &str) -> Option<Value> {
+    let mut args = vec!["get", kind, name, "-o", "json"];
+    if let Some(ns) = ns {
+        args.extend(["-n", ns]);
+    }
+    let out = p.cluster.kubectl(&args).ok().filter(|o| o.success)?;
+    serde_json::from_str(&out.stdout).ok()
+}
+
+/// `(status, reason, observedGeneration)` of condition `ty` in `conditions`.
+fn cond(conditions: &Value, ty: &str) -> Option<(String, String, i64)> {
+    let c = conditions.as_array()?.iter().find(|c| c["type"] == ty)?;
+    Some((
+        c["status"].as_str()?.to_owned(),
+        c["reason"].as_str()?.to_owned(),
+        c["observedGeneration"].as_i64()?,
+    ))
+}
+
+/// Waits until `probe` on the object's JSON holds; returns the JSON.
+fn wait_object(
+    p: &Pipeline,
+    kind: &str,
+    ns: Option<&str>,
+    name: &str,
+    what: &str,
+    probe: impl Fn(&Value) -> bool,
+) -> Value {
+    let mut last = Value::Null;
+    eventually(WAIT, || {
+        let v = get(p, kind, ns, name)?;
+        let ok = probe(&v);
+        last = v.clone();
+        ok.then_some(v)
+    })
+    .unwrap_or_else(|| panic!("timed out waiting for {kind} {name}: {what}; last: {last:#}"))
+}
+
+/// Our `status.parents[]` entry of a route.
+fn our_parent(route: &Value) -> Option<&Value> {
+    route["status"]["parents"]
+        .as_array()?
+        .iter()
+        .find(|e| e["controllerName"] == CONTROLLER)
+}
+
+fn parent_cond(route: &Value, ty: &str) -> Option<(String, String, i64)> {
+    cond(&our_parent(route)?["conditions"], ty)
+}
+
+fn generation(obj: &Value) -> i64 {
+    obj["metadata"]["generation"].as_i64().unwrap()
+}
+
+fn wait_http(addr: SocketAddr, host: &str, path: &str, want: u16) -> sluice_e2e::HttpResponse {
+    let mut last = None;
+    eventually(WAIT, || {
+        let r = http_get(addr, host, path).ok();
+        last = r.as_ref().map(|r| r.status);
+        r.filter(|r| r.status == want)
+    })
+    .unwrap_or_else(|| panic!("timed out waiting for {host}{path} to answer {want}; last {last:?}"))
+}
+
+fn class_and_gateway(ns: &str, from: &str) -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: sluice}}
+spec: {{controllerName: {CONTROLLER}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: gw, namespace: {ns}}}
+spec:
+  gatewayClassName: sluice
+  listeners:
+    - name: http
+      protocol: HTTP
+      port: 80
+      allowedRoutes: {{namespaces: {{from: {from}}}}}
+"#
+    )
+}
+
+fn http_route(ns: &str, name: &str, gw_ns: &str, hosts: &[&str], backend: &str) -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: gw, namespace: {gw_ns}}}]
+  hostnames: {hosts:?}
+  rules:
+    - matches: [{{path: {{type: PathPrefix, value: /}}}}]
+      backendRefs: [{backend}]
+"#
+    )
+}
+
+#[test]
+fn http_route_serves_through_a_gateway_and_every_status_says_so() {
+    let p = Pipeline::start_with_gateway_api(&[]).unwrap();
+    let ns = p.namespace.clone();
+    p.cluster.apply(&class_and_gateway(&ns, "Same")).unwrap();
+    p.cluster
+        .apply(&http_route(
+            &ns,
+            "web",
+            &ns,
+            &["gw.e2e"],
+            "{name: echo, port: 80}",
+        ))
+        .unwrap();
+
+    // Traffic through the dataplane to the echo backend.
+    let resp = wait_http(p.http, "gw.e2e", "/hello", 200);
+    assert_eq!(resp.header("x-echo-server"), Some("e2e-echo"));
+
+    // GatewayClass: Accepted, with the features we support.
+    let class = wait_object(&p, "gatewayclass", None, "sluice", "Accepted=True", |c| {
+        cond(&c["status"]["conditions"], "Accepted").is_some_and(|(s, _, _)| s == "True")
+    });
+    let (_, _, og) = cond(&class["status"]["conditions"], "Accepted").unwrap();
+    assert_eq!(og, generation(&class));
+    let features: Vec<&str> = class["status"]["supportedFeatures"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        features.contains(&"HTTPRoute") && features.contains(&"GRPCRoute"),
+        "{features:?}"
+    );
+
+    // Gateway: Accepted and Programmed (the dataplane ACKed it), one route attached.
+    let gw = wait_object(
+        &p,
+        "gateway",
+        Some(&ns),
+        "gw",
+        "Accepted and Programmed, the route attached",
+        |g| {
+            let c = &g["status"]["conditions"];
+            // NB: the Gateway may be Programmed before the route is seen (0 attached).
+            cond(c, "Accepted").is_some_and(|(s, _, _)| s == "True")
+                && cond(c, "Programmed").is_some_and(|(s, _, _)| s == "True")
+                && g["status"]["listeners"][0]["attachedRoutes"] == 1
+        },
+    );
+    let c = &gw["status"]["conditions"];
+    assert_eq!(
+        cond(c, "Programmed").unwrap(),
+        ("True".into(), "Programmed".into(), generation(&gw))
+    );
+    let listener = &gw["status"]["listeners"][0];
+    assert_eq!(listener["name"], "http");
+    assert_eq!(listener["attachedRoutes"], 1, "{gw:#}");
+    assert_eq!(listener["supportedKinds"][0]["kind"], "HTTPRoute", "{gw:#}");
+    for ty in ["Accepted", "Programmed", "ResolvedRefs"] {
+        assert_eq!(
+            cond(&listener["conditions"], ty).map(|c| c.0),
+            Some("True".into()),
+            "listener {ty}: {gw:#}"
+        );
+    }
+    let transition = |g: &Value| -> String {
+        g["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == "Accepted")
+            .unwrap()["lastTransitionTime"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let accepted_since = transition(&gw);
+
+    // The route's parent entry: ours, Accepted and ResolvedRefs at generation 1.
+    let route = wait_object(&p, "httproute", Some(&ns), "web", "parent Accepted", |r| {
+        parent_cond(r, "Accepted").is_some_and(|(s, _, _)| s == "True")
+    });
+    assert_eq!(generation(&route), 1);
+    assert_eq!(
+        parent_cond(&route, "Accepted").unwrap(),
+        ("True".into(), "Accepted".into(), 1)
+    );
+    assert_eq!(
+        parent_cond(&route, "ResolvedRefs").unwrap(),
+        ("True".into(), "ResolvedRefs".into(), 1)
+    );
+    assert_eq!(our_parent(&route).unwrap()["parentRef"]["name"], "gw");
+
+    // Edit the route: generation 2, observedGeneration follows, the new host serves.
+    p.cluster
+        .kubectl_ok(&[
+            "patch",
+            "httproute",
+            "web",
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"hostnames":["gw.e2e","gw2.e2e"]}}"#,
+        ])
+        .unwrap();
+    let route = wait_object(
+        &p,
+        "httproute",
+        Some(&ns),
+        "web",
+        "observedGeneration 2",
+        |r| parent_cond(r, "Accepted").is_some_and(|(_, _, g)| g == 2),
+    );
+    assert_eq!(generation(&route), 2);
+    assert_eq!(
+        parent_cond(&route, "ResolvedRefs").unwrap(),
+        ("True".into(), "ResolvedRefs".into(), 2)
+    );
+    wait_http(p.http, "gw2.e2e", "/", 200);
+    // The Gateway was Programmed again for the new content; Accepted never changed.
+    let gw = wait_object(&p, "gateway", Some(&ns), "gw", "Programmed", |g| {
+        cond(&g["status"]["conditions"], "Programmed").is_some_and(|(s, _, _)| s == "True")
+    });
+    assert_eq!(transition(&gw), accepted_since, "lastTransitionTime kept");
+
+    // A route from a namespace the listener does not allow (from: Same): not accepted, not
+    // served.
+    let other = p.cluster.create_namespace("other").unwrap();
+    p.cluster
+        .apply(&http_route(
+            &other,
+            "intruder",
+            &ns,
+            &["intruder.e2e"],
+            "{name: echo, port: 80}",
+        ))
+        .unwrap();
+    let intruder = wait_object(
+        &p,
+        "httproute",
+        Some(&other),
+        "intruder",
+        "parent Accepted=False",
+        |r| parent_cond(r, "Accepted").is_some_and(|(s, _, _)| s == "False"),
+    );
+    assert_eq!(
+        parent_cond(&intruder, "Accepted").unwrap().1,
+        "NotAllowedByListeners"
+    );
+    assert_eq!(http_get(p.http, "intruder.e2e", "/").unwrap().status, 404);
+    let gw = get(&p, "gateway", Some(&ns), "gw").unwrap();
+    assert_eq!(gw["status"]["listeners"][0]["attachedRoutes"], 1, "{gw:#}");
+
+    // The route moves to a Gateway that is not ours: our parent entry goes, nothing is
+    // attached any more, the host is no longer served.
+    p.cluster
+        .kubectl_ok(&[
+            "patch",
+            "httproute",
+            "web",
+            "-n",
+            &ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"parentRefs":[{"name":"elsewhere"}]}}"#,
+        ])
+        .unwrap();
+    wait_object(
+        &p,
+        "httproute",
+        Some(&ns),
+        "web",
+        "no parent of ours",
+        |r| our_parent(r).is_none(),
+    );
+    wait_object(&p, "gateway", Some(&ns), "gw", "no attached route", |g| {
+        g["status"]["listeners"][0]["attachedRoutes"] == 0
+    });
+    wait_http(p.http, "gw.e2e", "/", 404);
+}
+
+#[test]
+fn a_cross_namespace_backend_needs_a_reference_grant() {
+    let p = Pipeline::start_with_gateway_api(&[]).unwrap();
+    let ns = p.namespace.clone();
+    p.cluster.apply(&class_and_gateway(&ns, "All")).unwrap();
+    let apps = p.cluster.create_namespace("apps").unwrap();
+    let backend = format!("{{name: echo, namespace: {ns}, port: 80}}");
+    p.cluster
+        .apply(&http_route(&apps, "app", &ns, &["app.e2e"], &backend))
+        .unwrap();
+
+    // Attached (the listener allows every namespace) but the backend is not permitted.
+    let route = wait_object(
+        &p,
+        "httproute",
+        Some(&apps),
+        "app",
+        "ResolvedRefs=False",
+        |r| parent_cond(r, "ResolvedRefs").is_some_and(|(s, _, _)| s == "False"),
+    );
+    assert_eq!(
+        parent_cond(&route, "ResolvedRefs").unwrap().1,
+        "RefNotPermitted"
+    );
+    assert_eq!(parent_cond(&route, "Accepted").unwrap().0, "True");
+    wait_http(p.http, "app.e2e", "/", 500);
+
+    // The Service's namespace grants it: resolved, served.
+    p.cluster
+        .apply(&format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1beta1
+kind: ReferenceGrant
+metadata: {{name: routes-from-apps, namespace: {ns}}}
+spec:
+  from: [{{group: gateway.networking.k8s.io, kind: HTTPRoute, namespace: {apps}}}]
+  to: [{{group: "", kind: Service}}]
+"#
+        ))
+        .unwrap();
+    let resp = wait_http(p.http, "app.e2e", "/", 200);
+    assert_eq!(resp.header("x-echo-server"), Some("e2e-echo"));
+    let route = wait_object(
+        &p,
+        "httproute",
+        Some(&apps),
+        "app",
+        "ResolvedRefs=True",
+        |r| parent_cond(r, "ResolvedRefs").is_some_and(|(s, _, _)| s == "True"),
+    );
+    assert_eq!(
+        parent_cond(&route, "ResolvedRefs").unwrap(),
+        ("True".into(), "ResolvedRefs".into(), 1)
+    );
+}
+
+/// A gRPC unary call `sluice.test.v1.Echo/Unary` with message `msg`, made with curl over
+/// h2c (prior knowledge); returns (response headers and trailers, body).
+fn grpc_unary(addr: SocketAddr, host: &str, msg: &str) -> Option<(String, Vec<u8>)> {
+    // EchoRequest { message = 1 }: field 1, wire type 2.
+    let mut pb = vec![0x0a, u8::try_from(msg.len()).ok()?];
+    pb.extend_from_slice(msg.as_bytes());
+    let mut frame = vec![0u8];
+    frame.extend_from_slice(&u32::try_from(pb.len()).ok()?.to_be_bytes());
+    frame.extend_from_slice(&pb);
+    let dir = tempfile_dir();
+    let (req, headers) = (dir.join("req.bin"), dir.join("headers.txt"));
+    std::fs::write(&req, &frame).ok()?;
+    let out = std::process::Command::new("curl")
+        .args(["-s", "--max-time", "5", "--http2-prior-knowledge"])
+        .args(["-H", "content-type: application/grpc", "-H", "te: trailers"])
+        .args(["-H", &format!("host: {host}")])
+        .arg("--data-binary")
+        .arg(format!("@{}", req.display()))
+        .arg("-D")
+        .arg(&headers)
+        .arg(format!("http://{addr}/sluice.test.v1.Echo/Unary"))
+        .output()
+        .ok()?;
+    let head = std::fs::read_to_string(&headers).unwrap_or_default();
+    let _ = std::fs::remove_dir_all(&dir);
+    out.status.success().then_some((head, out.stdout))
+}
+
+fn tempfile_dir() -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "sluice-e2e-grpc-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn grpc_route_proxies_a_real_grpc_call() {
+    let p = Pipeline::start_with_gateway_api(&[]).unwrap();
+    let ns = p.namespace.clone();
+    let bin = sluice_e2e::workspace_bin("sluice-testkit", "sluice-grpc-echo").unwrap();
+    let listen = SocketAddr::from((p.net.addr(), 50051));
+    let mut cmd = p.net.command(bin);
+    cmd.args(["--listen", &listen.to_string(), "--name", "e2e-grpc"]);
+    let _grpc = p.net.spawn(cmd, listen, Duration::from_secs(10)).unwrap();
+    p.cluster.apply(&class_and_gateway(&ns, "Same")).unwrap();
+    p.cluster
+        .apply(&format!(
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: grpc, namespace: {ns}}}
+spec:
+  ports: [{{name: grpc, port: 50051, targetPort: 50051}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: grpc-1
+  namespace: {ns}
+  labels: {{kubernetes.io/service-name: grpc}}
+addressType: IPv4
+endpoints:
+  - addresses: ["{addr}"]
+    conditions: {{ready: true}}
+ports: [{{name: grpc, port: 50051}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: GRPCRoute
+metadata: {{name: echo, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: gw}}]
+  hostnames: [grpc.e2e]
+  rules:
+    - matches: [{{method: {{service: sluice.test.v1.Echo, method: Unary}}}}]
+      backendRefs: [{{name: grpc, port: 50051}}]
+"#,
+            addr = p.net.addr()
+        ))
+        .unwrap();
+
+    let (head, body) = eventually(WAIT, || {
+        grpc_unary(p.http, "grpc.e2e", "hello-grpc").filter(|(h, _)| h.contains("grpc-status: 0"))
+    })
+    .expect("a gRPC call through the GRPCRoute");
+    assert!(
+        head.contains("x-echo-server: e2e-grpc"),
+        "served by the gRPC backend: {head}"
+    );
+    assert!(
+        String::from_utf8_lossy(&body).contains("hello-grpc"),
+        "echoed message: {body:?}"
+    );
+    let route = wait_object(&p, "grpcroute", Some(&ns), "echo", "parent Accepted", |r| {
+        parent_cond(r, "Accepted").is_some_and(|(s, _, _)| s == "True")
+    });
+    assert_eq!(
+        parent_cond(&route, "ResolvedRefs").unwrap(),
+        ("True".into(), "ResolvedRefs".into(), 1)
+    );
+    let gw = wait_object(&p, "gateway", Some(&ns), "gw", "Programmed", |g| {
+        cond(&g["status"]["conditions"], "Programmed").is_some_and(|(s, _, _)| s == "True")
+    });
+    assert_eq!(gw["status"]["listeners"][0]["attachedRoutes"], 1, "{gw:#}");
+}
+
+#[test]
+fn without_the_gateway_api_crds_the_controller_still_serves_apisix_routes() {
+    let mut p = Pipeline::start().unwrap();
+    assert!(!p.has_gateway_api(), "this API server has no Gateway API");
+    p.cluster.apply(&p.route_yaml("demo", "/hello*")).unwrap();
+    let resp = wait_http(p.http, "demo.e2e", "/hello", 200);
+    assert_eq!(resp.header("x-echo-server"), Some("e2e-echo"));
+    let ns = p.namespace.clone();
+    wait_object(&p, "ar", Some(&ns), "demo", "Programmed=True", |r| {
+        cond(&r["status"]["conditions"], "Programmed").is_some_and(|(s, _, _)| s == "True")
+    });
+    // Still running (no crash loop), still serving changes.
+    std::thread::sleep(Duration::from_secs(2));
+    let controller = p.controller.as_mut().unwrap();
+    assert!(controller.is_running(), "the controller exited");
+    p.cluster.apply(&p.route_yaml("demo", "/other*")).unwrap();
+    wait_http(p.http, "demo.e2e", "/other", 200);
+}
