@@ -1,10 +1,12 @@
 //! `client-control` (priority 22000, rewrite phase): `max_body_size` answers 413 to a
 //! request whose `Content-Length` exceeds it (0 = no limit), before any other plugin runs.
 //!
-//! NB: APISIX also stops a body without `Content-Length` (chunked, or HTTP/2 without the
-//! header) once it grows past the limit while it is read. Sluice's plugins do not see the
-//! request body, which streams to the upstream after them, so such a body is not limited
-//! yet (docs/plugins.md says so).
+//! A body without `Content-Length` (chunked HTTP/1.1, HTTP/2 without the header) is
+//! counted as it streams upstream ([`BodyLimit`] in the request's extensions): the chunk
+//! that would pass the limit is not sent, the upstream request is cut short (its
+//! connection closed) and the client gets 413, as nginx's `client_max_body_size`. NB: on
+//! the HTTP/1.1 upstream path only; to HTTP/2, gRPC and TLS upstreams such a body is not
+//! limited yet (docs/plugins.md says so).
 
 use std::sync::Arc;
 
@@ -13,6 +15,7 @@ use sluice_plugin_config::client_control::ClientControl as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
 use super::{BuildCtx, Flow, Plugin, PluginCtx, rejection};
+use crate::upstream::body::BodyLimit;
 
 /// The plugin.
 #[derive(Debug)]
@@ -59,7 +62,13 @@ impl Plugin for ClientControl {
                 StatusCode::PAYLOAD_TOO_LARGE,
                 Some("413 Request Entity Too Large"),
             )),
-            _ => Flow::Continue,
+            Some(_) => Flow::Continue,
+            None => {
+                // NB: the body's length is unknown here (chunked, HTTP/2): the upstream
+                // layer counts it as it streams.
+                req.extensions.insert(BodyLimit(max));
+                Flow::Continue
+            }
         }
     }
 }

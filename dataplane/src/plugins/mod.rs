@@ -46,6 +46,7 @@ pub mod cors;
 pub mod csrf;
 pub mod fasthash;
 pub mod fault_injection;
+pub mod forward_auth;
 pub mod gzip;
 pub mod hmac_auth;
 pub mod ip_restriction;
@@ -265,6 +266,7 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("csrf", csrf::build),
     ("hmac-auth", hmac_auth::build),
     ("api-breaker", api_breaker::build),
+    ("forward-auth", forward_auth::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.

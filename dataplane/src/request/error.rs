@@ -33,6 +33,7 @@ impl ProxyError {
             ProxyError::HeadTooLarge(_) => {
                 "{\"error_msg\":\"431 Request Header Fields Too Large\"}\n"
             }
+            ProxyError::BodyTooLarge(_) => "{\"error_msg\":\"413 Request Entity Too Large\"}\n",
         }
     }
 

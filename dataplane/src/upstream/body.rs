@@ -15,6 +15,18 @@ use crate::upstream::PooledConn;
 use crate::upstream::h1::{BodyPoll, BodyState, Framing, H1Error};
 use crate::upstream::health::InFlight;
 
+/// The most request-body bytes the upstream may receive, set by a plugin (client-control's
+/// `max_body_size`) in the request's extensions when the body's length is not announced
+/// (chunked HTTP/1.1, HTTP/2 without `content-length`). The body is counted as it streams
+/// upstream; the chunk that would pass the limit is not sent, the upstream request is cut
+/// short (its connection closed) and the client gets 413
+/// ([`crate::upstream::error::ProxyError::BodyTooLarge`]).
+///
+/// NB: read only when the request has a body; without the plugin the extensions are empty
+/// and the check is one branch, no allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BodyLimit(pub u64);
+
 /// Response body sent downstream.
 #[derive(Debug)]
 pub enum ProxyBody {

@@ -71,6 +71,11 @@ pub enum ProxyError {
     /// The request head is larger than the downstream limit.
     #[error("request head of {0} bytes is over the limit")]
     HeadTooLarge(usize),
+    /// The request body grew past the route's limit ([`crate::upstream::body::BodyLimit`],
+    /// client-control's `max_body_size`) while it streamed upstream; the upstream request
+    /// was cut short and its connection closed.
+    #[error("request body is over the limit of {0} bytes")]
+    BodyTooLarge(u64),
     /// The request cannot be turned into an upstream request.
     #[error("bad request: {0}")]
     BadRequest(&'static str),
@@ -84,6 +89,7 @@ impl ProxyError {
             | ProxyError::BadRequest(_)
             | ProxyError::RequestBody(_)
             | ProxyError::HeadTooLarge(_)
+            | ProxyError::BodyTooLarge(_)
             | ProxyError::ClientBodyTimeout => ErrorSource::Downstream,
             ProxyError::NoEndpoint(_) => ErrorSource::Internal,
             ProxyError::AllEndpointsDown(_) => ErrorSource::Upstream,
@@ -116,6 +122,7 @@ impl ProxyError {
             ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::ClientBodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ProxyError::BodyTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 

@@ -21,7 +21,7 @@ use hyper::body::Incoming;
 
 use crate::http::ConnInfo;
 use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
-use crate::upstream::body::{ProxyBody, ReadWatch, UpstreamBody};
+use crate::upstream::body::{BodyLimit, ProxyBody, ReadWatch, UpstreamBody};
 use crate::upstream::error::ProxyError;
 use crate::upstream::failover::Picked;
 use crate::upstream::h1::{Framing, H1Error, ResponseHead, encode_request_head};
@@ -71,6 +71,12 @@ impl H1Forward<'_> {
         // NB: the request path removed the client's hop-by-hop headers before the plugins ran.
         let has_body = !body.is_end_stream();
         let framing = framing(parts, body, has_body);
+        // A plugin's limit on a body of unannounced length (client-control).
+        let limit = if has_body {
+            parts.extensions.get::<BodyLimit>().map(|l| l.0)
+        } else {
+            None
+        };
         let target = parts
             .uri
             .path_and_query()
@@ -123,6 +129,7 @@ impl H1Forward<'_> {
                 endpoint,
                 &head,
                 has_body.then_some(&mut *body),
+                limit,
                 framing == Framing::Chunked,
                 &parts.method,
                 timeouts,
@@ -182,6 +189,7 @@ async fn attempt(
     endpoint: &Endpoint,
     head: &[u8],
     mut body: Option<&mut Incoming>,
+    limit: Option<u64>,
     chunked: bool,
     method: &http::Method,
     timeouts: Timeouts,
@@ -195,6 +203,7 @@ async fn attempt(
             &mut pooled,
             head,
             body.as_deref_mut(),
+            limit,
             chunked,
             method,
             timeouts,
@@ -214,10 +223,12 @@ async fn attempt(
 }
 
 /// Sends one request on `pooled` and reads the response head.
+#[allow(clippy::too_many_arguments)]
 async fn exchange(
     pooled: &mut PooledConn,
     head: &[u8],
     body: Option<&mut Incoming>,
+    limit: Option<u64>,
     chunked: bool,
     method: &http::Method,
     timeouts: Timeouts,
@@ -232,6 +243,7 @@ async fn exchange(
         return Err(upstream_err(H1Error::Io(e), pooled));
     }
     if let Some(body) = body {
+        let mut sent: u64 = 0;
         loop {
             // NB: nginx's `client_body_timeout`: between two reads, not for the whole body.
             let Ok(next) = timer.timeout(conn.client_body_timeout, body.frame()).await else {
@@ -242,6 +254,14 @@ async fn exchange(
             let Ok(data) = frame.into_data() else {
                 continue;
             };
+            if let Some(max) = limit {
+                sent += data.len() as u64;
+                if sent > max {
+                    // NB: the upstream got a request cut short; the connection is dropped
+                    // (closed), never pooled.
+                    return Err(ProxyError::BodyTooLarge(max));
+                }
+            }
             match timer
                 .timeout(timeouts.send, pooled.conn.write_body_chunk(&data, chunked))
                 .await

@@ -26,6 +26,7 @@ pub mod cors;
 pub mod csrf;
 pub mod expr;
 pub mod fault_injection;
+pub mod forward_auth;
 pub mod gzip;
 pub mod hmac_auth;
 pub mod ip_restriction;
@@ -179,6 +180,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<csrf::Csrf>(),
     entry_with_consumer::<hmac_auth::HmacAuth, hmac_auth::HmacAuthConsumer>(),
     entry::<api_breaker::ApiBreaker>(),
+    entry::<forward_auth::ForwardAuth>(),
 ];
 
 /// APISIX plugins that carry code a Rust dataplane cannot run, with why: they are refused

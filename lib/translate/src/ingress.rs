@@ -13,7 +13,10 @@
 //! - Annotations `k8s.apisix.apache.org/enable-websocket` and `upstream-{connect,send,read}-timeout`
 //!   are applied to every route of the Ingress, and so is the `redirect` plugin made from
 //!   `http-to-https: "true"` (`{"http_to_https":true}`: APISIX answers 301 for GET/HEAD and
-//!   308 otherwise) or `http-redirect` + `http-redirect-code` (see [`redirect_plugin`]). Access-control annotations that are not
+//!   308 otherwise) or `http-redirect` + `http-redirect-code` (see [`redirect_plugin`]), and
+//!   the `forward-auth` plugin made from `auth-uri` with `auth-ssl-verify`,
+//!   `auth-request-headers`, `auth-upstream-headers` and `auth-client-headers` (see
+//!   [`forward_auth_plugin`]). Access-control annotations that are not
 //!   implemented yet reject the Ingress (fail closed, like ApisixRoute `authentication`);
 //!   other unknown ones are listed in the `Accepted` message.
 
@@ -90,7 +93,7 @@ pub(crate) fn selected(ing: &Ingress, classes: &[IngressClass], opts: &Options) 
 struct Settings {
     websocket: bool,
     timeout: Option<v1::Timeouts>,
-    /// Plugins from annotations (the `redirect` plugin), sorted by name.
+    /// Plugins from annotations (`forward-auth`, `redirect`), sorted by name.
     plugins: Vec<v1::Plugin>,
 }
 
@@ -129,6 +132,62 @@ fn redirect_plugin(ing: &Ingress, problems: &mut Problems) -> Option<v1::Plugin>
     })
 }
 
+/// `forward-auth` plugin from `auth-uri` (required, else the other `auth-*` annotations
+/// do nothing), as the APISIX ingress controller translates them: `ssl_verify` is false
+/// only for `auth-ssl-verify: "false"`; the header lists are comma-separated (blanks
+/// trimmed, empty items dropped). The config is validated like any plugin's, so a bad URI
+/// or header name rejects the Ingress with the annotation named.
+fn forward_auth_plugin(ing: &Ingress, problems: &mut Problems) -> Option<v1::Plugin> {
+    let get = |name: &str| {
+        ing.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&format!("{ANNOTATION_PREFIX}{name}")))
+    };
+    let uri = get("auth-uri").filter(|u| !u.is_empty())?;
+    let list = |name: &str| -> Vec<String> {
+        get(name)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let config = serde_json::json!({
+        "uri": uri,
+        "ssl_verify": get("auth-ssl-verify").map(String::as_str) != Some("false"),
+        "request_headers": list("auth-request-headers"),
+        "upstream_headers": list("auth-upstream-headers"),
+        "client_headers": list("auth-client-headers"),
+    });
+    if let Err(e) = sluice_plugin_config::validate("forward-auth", &config) {
+        let (field, reason) = match &e {
+            sluice_plugin_config::ConfigError::Field { field, reason, .. } => {
+                let name = match field.split('[').next().unwrap_or("") {
+                    "request_headers" => "auth-request-headers",
+                    "upstream_headers" => "auth-upstream-headers",
+                    "client_headers" => "auth-client-headers",
+                    _ => "auth-uri",
+                };
+                (name, reason.clone())
+            }
+            other => ("auth-uri", other.to_string()),
+        };
+        problems.error(
+            annotation_field(&format!("{ANNOTATION_PREFIX}{field}")),
+            reason,
+        );
+        return None;
+    }
+    Some(v1::Plugin {
+        name: "forward-auth".into(),
+        config_json: crate::json::canonical(&config),
+    })
+}
+
 fn annotation_field(key: &str) -> String {
     format!("metadata.annotations[{key:?}]")
 }
@@ -154,6 +213,11 @@ fn settings(ing: &Ingress, problems: &mut Problems) -> Settings {
                 continue;
             }
             "http-to-https" | "http-redirect" | "http-redirect-code" => continue,
+            "auth-uri"
+            | "auth-ssl-verify"
+            | "auth-request-headers"
+            | "auth-upstream-headers"
+            | "auth-client-headers" => continue,
             "upstream-connect-timeout" => 0,
             "upstream-send-timeout" => 1,
             "upstream-read-timeout" => 2,
@@ -175,6 +239,7 @@ fn settings(ing: &Ingress, problems: &mut Problems) -> Settings {
         }
     }
     out.timeout = upstream::timeouts(timeouts);
+    out.plugins.extend(forward_auth_plugin(ing, problems));
     out.plugins.extend(redirect_plugin(ing, problems));
     if !unknown.is_empty() {
         problems.notes.push(format!(
