@@ -107,6 +107,10 @@ fn gateway_content(
             .filter(|c| certificates.binary_search(&c.id).is_ok())
             .cloned()
             .collect(),
+        default_certificate: snapshot
+            .default_certificate
+            .clone()
+            .filter(|c| certificates.binary_search(&c.id).is_ok()),
         ..Default::default()
     };
     format!("{accepted}/{}", sluice_proto::content_hash(&part))

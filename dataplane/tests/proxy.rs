@@ -53,6 +53,9 @@ async fn no_route_is_404_with_a_short_body() {
     let resp = get(dp.addr, "h", "/nothing").await;
     assert_eq!(resp.status, StatusCode::NOT_FOUND);
     assert_eq!(resp.text(), "{\"error_msg\":\"404 Route Not Found\"}\n");
+    // As APISIX (nginx's default_type): clients that parse application/json bodies must not
+    // choke on a body-less HEAD answer (the Gateway API suite's client does).
+    assert_eq!(h(&resp, "content-type"), Some("text/plain; charset=utf-8"));
 }
 
 #[tokio::test]

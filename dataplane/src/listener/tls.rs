@@ -98,7 +98,7 @@ fn small_response(status: StatusCode, body: &'static str) -> Response<ProxyBody>
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
+        HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
 }

@@ -1,4 +1,5 @@
-//! The one place where request-path errors become HTTP responses: a short JSON body
+//! The one place where request-path errors become HTTP responses: a short JSON body sent
+//! as `text/plain; charset=utf-8`, as APISIX sends its own (nginx's `default_type`)
 //! (APISIX's `error_msg` shape) that never carries internal addresses, or a trailers-only
 //! answer for a gRPC client.
 
@@ -68,7 +69,7 @@ impl ProxyError {
         *resp.status_mut() = self.status();
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
-            HeaderValue::from_static("application/json"),
+            HeaderValue::from_static("text/plain; charset=utf-8"),
         );
         resp
     }

@@ -506,7 +506,8 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             consumers,
             global_rules,
             tls_certificates: tls.certificates,
-            default_certificate: tls.default_certificate,
+            // NB: the operator's --default-ssl-certificate wins over a Gateway's.
+            default_certificate: tls.default_certificate.or(gw.default_certificate),
             fallback_sni: tls.fallback_sni,
         },
         status,

@@ -543,6 +543,23 @@ fn pem_error(e: &pem::Error) -> String {
 }
 
 /// Validates the kubernetes.io/tls Secret `ns/name`; returns (`tls.crt`, `tls.key`).
+/// A usable server certificate from Secret `ns/name` for no particular host (a Gateway
+/// listener without a hostname): its PEM chain and key, and the unix second its verdict
+/// changes (expiry), checked exactly as every other certificate.
+pub(crate) fn any_host_certificate(
+    idx: &Index<'_>,
+    ns: &str,
+    name: &str,
+    now: Option<std::time::SystemTime>,
+) -> Result<((String, String), Option<i64>), String> {
+    let clock = Clock {
+        now: now.map(unix_seconds),
+        next: Cell::new(None),
+    };
+    let pems = server_certificate(idx, ns, name, &clock)?;
+    Ok((pems, clock.next.get()))
+}
+
 fn server_certificate(
     idx: &Index<'_>,
     ns: &str,

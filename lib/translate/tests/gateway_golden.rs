@@ -38,6 +38,9 @@ struct Golden<'a> {
     upstreams: serde_json::Value,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     certificates: Vec<Certificate<'a>>,
+    /// The default certificate (served for hosts no certificate names), by source.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    default_certificate: Option<&'a str>,
     gateway: &'a GatewayStatusReport,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     apisix: &'a [ObjectStatus],
@@ -113,6 +116,11 @@ fn render(files: &[(String, String)]) -> String {
                 hosts: &c.hosts,
             })
             .collect(),
+        default_certificate: t
+            .snapshot
+            .default_certificate
+            .as_ref()
+            .map(|c| c.source.as_str()),
         gateway: &t.status.gateway,
         apisix: &t.status.objects,
     };

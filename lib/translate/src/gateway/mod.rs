@@ -121,6 +121,10 @@ pub(crate) struct Output {
     pub(crate) routes: Vec<v1::Route>,
     pub(crate) upstreams: Vec<v1::Upstream>,
     pub(crate) certificates: Vec<v1::TlsCertificate>,
+    /// The certificate of the first HTTPS listener without a hostname (oldest Gateway
+    /// first): served to handshakes without SNI or for a host no certificate covers, unless
+    /// `--default-ssl-certificate` names one.
+    pub(crate) default_certificate: Option<v1::TlsCertificate>,
     pub(crate) status: GatewayStatusReport,
     /// Next unix second a listener certificate verdict changes.
     pub(crate) changes_at: Option<i64>,
@@ -357,17 +361,52 @@ pub(crate) fn translate(
                 cond(ACCEPTED, false, reason::UNSUPPORTED_ADDRESS, m),
                 cond(PROGRAMMED, false, reason::INVALID, m),
             )
-        } else if !any_usable {
-            let m = "no listener is valid";
-            (
-                cond(ACCEPTED, false, reason::LISTENERS_NOT_VALID, m),
-                cond(PROGRAMMED, false, reason::INVALID, m),
-            )
         } else {
-            (
-                cond(ACCEPTED, true, reason::ACCEPTED, "Accepted"),
-                cond(PROGRAMMED, true, reason::PROGRAMMED, "Programmed"),
-            )
+            // Accepted when some listener is; reason ListenersNotValid when any listener is
+            // not accepted, conflicted or has unresolved references. Programmed when some
+            // listener can serve.
+            let has = |ls: &ListenerStatus, type_: &str, status: ConditionStatus| {
+                ls.conditions
+                    .iter()
+                    .any(|c| c.type_ == type_ && c.status == status)
+            };
+            let any_accepted = st
+                .listeners
+                .iter()
+                .any(|ls| has(ls, ACCEPTED, ConditionStatus::True));
+            let invalid: Vec<&str> = st
+                .listeners
+                .iter()
+                .filter(|ls| {
+                    has(ls, ACCEPTED, ConditionStatus::False)
+                        || has(ls, CONFLICTED, ConditionStatus::True)
+                        || has(ls, RESOLVED_REFS, ConditionStatus::False)
+                })
+                .map(|ls| ls.name.as_str())
+                .collect();
+            let accepted = if !any_accepted {
+                cond(
+                    ACCEPTED,
+                    false,
+                    reason::LISTENERS_NOT_VALID,
+                    "no listener is valid",
+                )
+            } else if invalid.is_empty() {
+                cond(ACCEPTED, true, reason::ACCEPTED, "Accepted")
+            } else {
+                cond(
+                    ACCEPTED,
+                    true,
+                    reason::LISTENERS_NOT_VALID,
+                    format!("listeners not valid: {}", invalid.join(", ")),
+                )
+            };
+            let programmed = if any_usable {
+                cond(PROGRAMMED, true, reason::PROGRAMMED, "Programmed")
+            } else {
+                cond(PROGRAMMED, false, reason::INVALID, "no listener can serve")
+            };
+            (accepted, programmed)
         };
         let ok = accepted.status == ConditionStatus::True;
         if !ok {
@@ -814,7 +853,27 @@ fn listeners_of(
         if https && usable_so_far && serve {
             match listener_certificate(gw, ns, name, i, l, state, idx, opts, out) {
                 Ok(cert) => {
-                    if let Some((h, holder)) = cert
+                    // NB: hostless listeners sharing one Secret share the default.
+                    let catch_all_holder = if l.hostname.is_none() {
+                        out.default_certificate
+                            .as_ref()
+                            .filter(|c| c.cert_chain_pem != cert.cert_chain_pem)
+                            .map(|c| c.source.clone())
+                    } else {
+                        None
+                    };
+                    if let Some(holder) = catch_all_holder {
+                        cert_ok = false;
+                        conflicted = cond(
+                            CONFLICTED,
+                            true,
+                            reason::HOSTNAME_CONFLICT,
+                            format!(
+                                "the certificate for hosts no listener names is already \
+                                 served by {holder}"
+                            ),
+                        );
+                    } else if let Some((h, holder)) = cert
                         .hosts
                         .iter()
                         .find_map(|h| claimed.get(h).map(|o| (h, o)))
@@ -831,7 +890,13 @@ fn listeners_of(
                             claimed.insert(h.clone(), cert.source.clone());
                         }
                         st.certificates.push(cert.id.clone());
-                        out.certificates.push(cert);
+                        if l.hostname.is_none() && out.default_certificate.is_none() {
+                            out.default_certificate = Some(cert.clone());
+                        }
+                        // NB: a certificate without DNS names serves only as the default.
+                        if !cert.hosts.is_empty() {
+                            out.certificates.push(cert);
+                        }
                     }
                 }
                 Err((r, m)) => {
@@ -994,11 +1059,26 @@ fn listener_certificate(
             ),
         ));
     }
-    let hosts = match l.hostname.as_deref() {
-        Some(h) => vec![h.to_ascii_lowercase()],
-        None => certificate_names(idx, secret_ns, &r.name)
-            .map_err(|m| (reason::INVALID_CERTIFICATE_REF, format!("{field}[0]: {m}")))?,
+    let Some(hostname) = l.hostname.as_deref() else {
+        // A listener without a hostname serves its certificate to every host no other
+        // listener names: the default certificate, checked like every other one. It claims
+        // no host, so listeners with hostnames keep theirs.
+        let ((cert_chain_pem, private_key_pem), at) =
+            crate::tls::any_host_certificate(idx, secret_ns, &r.name, opts.now)
+                .map_err(|m| (reason::INVALID_CERTIFICATE_REF, format!("{field}[0]: {m}")))?;
+        if let Some(at) = at {
+            out.changes_at = Some(out.changes_at.map_or(at, |n| n.min(at)));
+        }
+        return Ok(v1::TlsCertificate {
+            id: format!("{ns}/{name}/{}", l.name),
+            source: format!("Gateway {ns}/{name} listener {}", l.name),
+            hosts: Vec::new(),
+            cert_chain_pem,
+            private_key_pem,
+            client_auth: None,
+        });
     };
+    let hosts = vec![hostname.to_ascii_lowercase()];
     // NB: run the ApisixTls checks on a stand-in ApisixTls, so both kinds can never disagree
     // on what a usable certificate is.
     let stand_in = ApisixTls {
@@ -1056,55 +1136,6 @@ fn listener_certificate(
             Err((reason::INVALID_CERTIFICATE_REF, message))
         }
     }
-}
-
-/// DNS subject alternative names of the leaf certificate in Secret `ns/name` (`tls.crt`),
-/// lower-cased and sorted: the hosts of a listener without a hostname.
-fn certificate_names(idx: &Index<'_>, ns: &str, name: &str) -> Result<Vec<String>, String> {
-    let secret = idx
-        .secrets
-        .get(&(ns, name))
-        .ok_or_else(|| format!("Secret {ns}/{name} not found"))?;
-    let crt: Vec<u8> = match secret.data.as_ref().and_then(|d| d.get("tls.crt")) {
-        Some(v) => v.0.clone(),
-        None => secret
-            .string_data
-            .as_ref()
-            .and_then(|d| d.get("tls.crt"))
-            .map(|s| s.as_bytes().to_vec())
-            .ok_or_else(|| format!("Secret {ns}/{name} has no tls.crt"))?,
-    };
-    let (_, pem) = x509_parser::pem::parse_x509_pem(&crt)
-        .map_err(|_| format!("Secret {ns}/{name}: tls.crt is not PEM"))?;
-    let cert = pem
-        .parse_x509()
-        .map_err(|e| format!("Secret {ns}/{name}: tls.crt: {e}"))?;
-    let mut names: Vec<String> = cert
-        .subject_alternative_name()
-        .ok()
-        .flatten()
-        .map(|san| {
-            san.value
-                .general_names
-                .iter()
-                .filter_map(|g| match g {
-                    x509_parser::extensions::GeneralName::DNSName(d) => {
-                        Some(d.to_ascii_lowercase())
-                    }
-                    _ => None,
-                })
-                .collect()
-        })
-        .unwrap_or_default();
-    names.sort();
-    names.dedup();
-    if names.is_empty() {
-        return Err(format!(
-            "the certificate in Secret {ns}/{name} has no DNS names and the listener sets no \
-             hostname"
-        ));
-    }
-    Ok(names)
 }
 
 #[cfg(test)]
