@@ -60,8 +60,33 @@ impl Drop for LogServer {
     }
 }
 
+/// A TLS acceptor with a self-signed certificate for `127.0.0.1`.
+fn self_signed() -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    let key = rcgen::KeyPair::generate().unwrap();
+    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .self_signed(&key)
+        .unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![CertificateDer::from(cert.der().to_vec())],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+        )
+        .unwrap();
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
 impl LogServer {
     async fn start() -> Self {
+        Self::start_with(None).await
+    }
+
+    async fn start_with(tls: Option<tokio_rustls::TlsAcceptor>) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let got = Arc::new(Mutex::new(Vec::new()));
@@ -72,7 +97,7 @@ impl LogServer {
                 let Ok((stream, _)) = listener.accept().await else {
                     continue;
                 };
-                let (g, b) = (Arc::clone(&g), Arc::clone(&b));
+                let (g, b, tls) = (Arc::clone(&g), Arc::clone(&b), tls.clone());
                 tokio::spawn(async move {
                     let service = service_fn(move |req: Request<hyper::body::Incoming>| {
                         let (g, b) = (Arc::clone(&g), Arc::clone(&b));
@@ -102,9 +127,17 @@ impl LogServer {
                             )
                         }
                     });
-                    let _ = hyper::server::conn::http1::Builder::new()
-                        .serve_connection(TokioIo::new(stream), service)
-                        .await;
+                    let http = hyper::server::conn::http1::Builder::new();
+                    match tls {
+                        Some(acceptor) => {
+                            if let Ok(stream) = acceptor.accept(stream).await {
+                                let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                            }
+                        }
+                        None => {
+                            let _ = http.serve_connection(TokioIo::new(stream), service).await;
+                        }
+                    }
                 });
             }
         });
@@ -495,4 +528,76 @@ async fn file_logger_appends_json_lines_and_reopens_a_rotated_file() {
         ),
         3.0
     );
+}
+
+#[tokio::test]
+async fn https_log_servers_with_and_without_verification() {
+    let logs = LogServer::start_with(Some(self_signed())).await;
+    let uri = format!("https://{}/tls", logs.addr);
+    // ssl_verify false (APISIX's default): a self-signed server is accepted.
+    let (dp, _echo) = serve(vec![plugin(
+        "http-logger",
+        json!({"uri": uri, "batch_max_size": 1}),
+    )])
+    .await;
+    get_with(dp.addr, "/over-tls", &[]).await;
+    let b = &logs.wait_for(1).await[0];
+    assert_eq!(b.target, "/tls");
+    assert_eq!(b.json()["request"]["uri"], "/over-tls");
+
+    // ssl_verify true: the unknown certificate fails every attempt; nothing arrives.
+    let (dp, _echo) = serve(vec![plugin(
+        "http-logger",
+        json!({"uri": uri, "batch_max_size": 1, "ssl_verify": true}),
+    )])
+    .await;
+    get_with(dp.addr, "/refused", &[]).await;
+    let failed = ["plugin=\"http-logger\"", "reason=\"send_failed\""];
+    eventually(|| counter(&dp, "sluice_log_entries_dropped_total", &failed) == 1.0).await;
+    assert_eq!(logs.batches().len(), 1, "no request reached the server");
+}
+
+#[tokio::test]
+async fn the_consumer_and_requests_a_plugin_answered_are_logged() {
+    let logs = LogServer::start().await;
+    let echo = EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane().await;
+    let mut snap = snapshot(
+        1,
+        vec![route_with(
+            "default/r/k",
+            &["/*"],
+            "u",
+            vec![
+                plugin("key-auth", json!({})),
+                plugin(
+                    "http-logger",
+                    json!({"uri": logs.uri("/"), "batch_max_size": 2}),
+                ),
+            ],
+        )],
+        vec![upstream("u", &[(echo.addr, 1)])],
+    );
+    snap.consumers = vec![sluice_proto::v1::Consumer {
+        name: "alice".into(),
+        plugins: vec![plugin("key-auth", json!({"key": "k1"}))],
+    }];
+    dp.store.apply(snap, vec![]).unwrap();
+    let ok = get_with(dp.addr, "/in", &[("apikey", "k1")]).await;
+    assert_eq!(ok.status, StatusCode::OK);
+    let denied = get_with(dp.addr, "/out?x=1", &[]).await;
+    assert_eq!(denied.status, StatusCode::UNAUTHORIZED);
+    let entries = logs.wait_for(1).await[0].json();
+    let entries = entries.as_array().unwrap();
+    assert_eq!(entries[0]["consumer"], json!({"username": "alice"}));
+    assert_eq!(
+        entries[0]["request"]["headers"]["apikey"], "k1",
+        "as APISIX: headers as is"
+    );
+    // key-auth answered before the logger's turn: the entry still has the request.
+    assert!(entries[1].get("consumer").is_none());
+    assert_eq!(entries[1]["request"]["uri"], "/out?x=1");
+    assert_eq!(entries[1]["response"]["status"], 401);
+    assert!(entries[1].get("upstream").is_none());
+    assert!(entries[1].get("upstream_latency").is_none());
 }

@@ -19,6 +19,7 @@
 //! and config: a reload that keeps the config keeps the queue; a changed or removed
 //! config drops the last handle when the store prunes, which closes the queue; the task
 //! then sends what it holds (with its retries) and ends. No task outlives its config.
+//! A stopping process calls [`flush_all`] once its requests are done.
 
 use std::borrow::Cow;
 use std::future::Future;
@@ -31,7 +32,7 @@ use http::{HeaderMap, request};
 use prometheus::{IntCounterVec, Opts};
 use serde_json::{Map, Value};
 use sluice_plugin_config::logger::{LogField, LogFormat, LogVar};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use super::{BodyFilter, PluginCtx, vars};
 
@@ -180,11 +181,59 @@ impl Batcher {
             self.dropped_full.inc();
             return;
         }
+        // NB: counted before the send, so that the task never subtracts first.
+        PENDING.fetch_add(1, Ordering::Relaxed);
         if self.tx.try_send(Queued(entry)).is_err() {
+            PENDING.fetch_sub(1, Ordering::Relaxed);
             self.pending_bytes.fetch_sub(n, Ordering::Relaxed);
             self.dropped_full.inc();
         }
     }
+}
+
+/// Entries queued or being sent by every logger of the process.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+fn shutdown_signal() -> &'static watch::Sender<bool> {
+    static TX: OnceLock<watch::Sender<bool>> = OnceLock::new();
+    TX.get_or_init(|| watch::channel(false).0)
+}
+
+/// What a logger's task does next.
+enum Next {
+    Entry(String),
+    /// The batch waited long enough (`inactive_timeout`, `buffer_duration`).
+    Idle,
+    /// The process is stopping ([`flush_all`]).
+    Drain,
+    /// Every [`Batcher`] of the logger is gone.
+    Closed,
+}
+
+async fn recv(rx: &mut mpsc::Receiver<Queued>, deadline: Option<Instant>) -> Next {
+    let got = match deadline {
+        Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
+            Ok(got) => got,
+            Err(_) => return Next::Idle,
+        },
+        None => rx.recv().await,
+    };
+    got.map_or(Next::Closed, |Queued(e)| Next::Entry(e))
+}
+
+/// For a stopping process, once its requests are done: every logger sends what it holds
+/// at once, and so does it with each entry that still comes. Returns whether every entry
+/// was delivered or dropped (counted) within `timeout`.
+pub async fn flush_all(timeout: Duration) -> bool {
+    shutdown_signal().send_replace(true);
+    let deadline = tokio::time::Instant::now() + timeout;
+    while PENDING.load(Ordering::Relaxed) > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
 }
 
 /// The logger runtime: one thread of its own, started on first use, so that sending and
@@ -221,28 +270,38 @@ impl<S: Sink> Task<S> {
     async fn run(mut self) {
         let mut batch: Vec<String> = Vec::new();
         let (mut first, mut last) = (Instant::now(), Instant::now());
+        let mut shutdown = shutdown_signal().subscribe();
+        let mut draining = *shutdown.borrow_and_update();
         loop {
+            // Draining (the process is stopping): every entry goes at once.
+            let eager = draining || self.policy.inactive.is_none();
             let deadline = match self.policy.inactive {
-                Some(inactive) if !batch.is_empty() => {
+                Some(inactive) if !batch.is_empty() && !eager => {
                     Some((last + inactive).min(first + self.policy.buffer_duration))
                 }
                 _ => None,
             };
-            let next = match deadline {
-                Some(d) => match tokio::time::timeout_at(d.into(), self.rx.recv()).await {
-                    Ok(next) => next,
-                    Err(_) => {
-                        self.flush(&mut batch).await;
-                        continue;
-                    }
-                },
-                None => self.rx.recv().await,
+            let next = tokio::select! {
+                next = recv(&mut self.rx, deadline) => next,
+                _ = shutdown.changed(), if !draining => Next::Drain,
             };
-            let Some(Queued(entry)) = next else {
-                // Every handle is gone (the config changed or its route went away): send
-                // what is left, then end.
-                self.flush(&mut batch).await;
-                return;
+            let entry = match next {
+                Next::Entry(e) => e,
+                Next::Idle => {
+                    self.flush(&mut batch).await;
+                    continue;
+                }
+                Next::Drain => {
+                    draining = true;
+                    self.flush(&mut batch).await;
+                    continue;
+                }
+                Next::Closed => {
+                    // Every handle is gone (the config changed or its route went away):
+                    // send what is left, then end.
+                    self.flush(&mut batch).await;
+                    return;
+                }
             };
             let now = Instant::now();
             if batch.is_empty() {
@@ -250,8 +309,8 @@ impl<S: Sink> Task<S> {
             }
             last = now;
             batch.push(entry);
-            if self.policy.inactive.is_none() {
-                // Eager: take what else is queued, then write.
+            if eager {
+                // Take what else is queued, then send.
                 while batch.len() < self.policy.max_size {
                     match self.rx.try_recv() {
                         Ok(Queued(e)) => batch.push(e),
@@ -293,6 +352,7 @@ impl<S: Sink> Task<S> {
         }
         let bytes: usize = batch.iter().map(String::len).sum();
         self.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        PENDING.fetch_sub(batch.len(), Ordering::Relaxed);
         batch.clear();
     }
 }
@@ -591,6 +651,47 @@ fn iso8601(secs: u64) -> String {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// Records every batch.
+    struct Recorder(Arc<std::sync::Mutex<Vec<Vec<String>>>>);
+
+    impl Sink for Recorder {
+        async fn send(&mut self, batch: &[String]) -> Result<(), String> {
+            self.0.lock().unwrap().push(batch.to_vec());
+            Ok(())
+        }
+    }
+
+    // NB: the only test of this binary that starts a logger: `flush_all` drains every
+    // logger of the process.
+    #[tokio::test]
+    async fn a_stopping_process_sends_held_entries_at_once() {
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let policy = Policy {
+            max_size: 100,
+            inactive: Some(Duration::from_secs(3600)),
+            buffer_duration: Duration::from_secs(3600),
+            max_retries: 0,
+            retry_delay: Duration::ZERO,
+        };
+        let metrics = LogMetrics::default();
+        let b = Batcher::start("t", "r", policy, Recorder(Arc::clone(&got)), &metrics);
+        for i in 0..3 {
+            b.push(format!("{{\"n\":{i}}}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(got.lock().unwrap().is_empty(), "held for an hour");
+        assert!(flush_all(Duration::from_secs(30)).await);
+        assert_eq!(
+            got.lock().unwrap().concat(),
+            ["{\"n\":0}", "{\"n\":1}", "{\"n\":2}"]
+        );
+        // Entries that come later go at once.
+        b.push("{}".into());
+        assert!(flush_all(Duration::from_secs(30)).await);
+        assert_eq!(got.lock().unwrap().last().unwrap(), &["{}"]);
+        assert_eq!(metrics.sent.with_label_values(&["t", "r"]).get(), 4);
+    }
 
     #[test]
     fn iso_dates() {
