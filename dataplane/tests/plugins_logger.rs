@@ -578,10 +578,24 @@ async fn the_consumer_and_requests_a_plugin_answered_are_logged() {
         )],
         vec![upstream("u", &[(echo.addr, 1)])],
     );
-    snap.consumers = vec![sluice_proto::v1::Consumer {
-        name: "alice".into(),
-        plugins: vec![plugin("key-auth", json!({"key": "k1"}))],
-    }];
+    // bob carries his own http-logger: it replaces the route's for his requests.
+    let bobs = LogServer::start().await;
+    snap.consumers = vec![
+        sluice_proto::v1::Consumer {
+            name: "alice".into(),
+            plugins: vec![plugin("key-auth", json!({"key": "k1"}))],
+        },
+        sluice_proto::v1::Consumer {
+            name: "bob".into(),
+            plugins: vec![
+                plugin("key-auth", json!({"key": "k2"})),
+                plugin(
+                    "http-logger",
+                    json!({"uri": bobs.uri("/bob"), "batch_max_size": 1}),
+                ),
+            ],
+        },
+    ];
     dp.store.apply(snap, vec![]).unwrap();
     let ok = get_with(dp.addr, "/in", &[("apikey", "k1")]).await;
     assert_eq!(ok.status, StatusCode::OK);
@@ -600,4 +614,16 @@ async fn the_consumer_and_requests_a_plugin_answered_are_logged() {
     assert_eq!(entries[1]["response"]["status"], 401);
     assert!(entries[1].get("upstream").is_none());
     assert!(entries[1].get("upstream_latency").is_none());
+
+    let r = get_with(dp.addr, "/bob?q=1", &[("apikey", "k2")]).await;
+    assert_eq!(r.status, StatusCode::OK);
+    let e = bobs.wait_for(1).await[0].json();
+    assert_eq!(e["consumer"], json!({"username": "bob"}));
+    assert_eq!(
+        e["request"]["uri"], "/bob?q=1",
+        "the head is kept for a consumer's logger"
+    );
+    assert_eq!(e["route_id"], "default/r/k");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(logs.batches().len(), 1, "not in the route's logger");
 }

@@ -383,10 +383,11 @@ impl PluginChain {
             .iter()
             .chain(plugins.iter())
             .any(|p| p.has_response_phases());
-        let capture_head = global
-            .iter()
-            .chain(plugins.iter())
-            .any(|p| p.wants_request_head());
+        let capture_head = consumers.any_wants_request_head()
+            || global
+                .iter()
+                .chain(plugins.iter())
+                .any(|p| p.wants_request_head());
         let global_by = ByPhase::new(&global);
         let route_by = ByPhase::new(&plugins);
         Some(Arc::new(PluginChain {
@@ -453,7 +454,7 @@ pub struct PluginCtx {
     /// request's `Origin` for cors, a copy of the request head).
     pub extensions: http::Extensions,
     /// The request head as it arrived, for the log phase; only when a plugin of the chain
-    /// asks for it ([`Plugin::wants_request_head`]). NB: a consumer's plugins cannot ask.
+    /// or a consumer's asks for it ([`Plugin::wants_request_head`]).
     pub request_head: Option<Box<request::Parts>>,
 }
 
