@@ -91,6 +91,7 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
             concat: conf.concat_method,
             single: conf.batch_max_size == 1,
             conn: None,
+            name: conf.name.clone(),
         };
         Batcher::start(Config::NAME, owner, policy, sink, metrics)
     });
@@ -152,6 +153,8 @@ struct HttpSink {
     single: bool,
     /// The kept-alive connection.
     conn: Option<SendRequest<Full<Bytes>>>,
+    /// `name`, for Sluice's own log lines.
+    name: String,
 }
 
 impl HttpSink {
@@ -292,6 +295,10 @@ impl HttpSink {
 }
 
 impl Sink for HttpSink {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
     async fn send(&mut self, batch: &[String]) -> Result<(), String> {
         let (body, ct) = self.body(batch);
         match tokio::time::timeout(self.timeout, self.exchange(body, ct)).await {

@@ -109,6 +109,12 @@ pub trait Sink: Send + 'static {
         &'a mut self,
         batch: &'a [String],
     ) -> impl Future<Output = Result<(), String>> + Send + 'a;
+
+    /// The name Sluice's own log lines give the logger (http-logger's `name`). Default
+    /// none.
+    fn name(&self) -> &str {
+        ""
+    }
 }
 
 /// One entry in a queue, with its size (for the byte bound).
@@ -338,12 +344,12 @@ impl<S: Sink> Task<S> {
                 }
                 Err(error) if attempt < self.policy.max_retries => {
                     attempt += 1;
-                    tracing::warn!(plugin = self.plugin, route = %self.route, entries = batch.len(),
+                    tracing::warn!(plugin = self.plugin, route = %self.route, name = self.sink.name(), entries = batch.len(),
                         attempt, %error, "log batch failed; retrying");
                     tokio::time::sleep(self.policy.retry_delay).await;
                 }
                 Err(error) => {
-                    tracing::error!(plugin = self.plugin, route = %self.route, entries = batch.len(),
+                    tracing::error!(plugin = self.plugin, route = %self.route, name = self.sink.name(), entries = batch.len(),
                         %error, "log batch failed every attempt; dropped");
                     self.dropped.inc_by(batch.len() as u64);
                     break;
