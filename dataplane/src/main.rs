@@ -391,6 +391,14 @@ fn main() -> anyhow::Result<()> {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        // The logger plugins send what the served requests left in their queues (at least
+        // a second for it, past the drain timeout if need be).
+        let left = deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_secs(1));
+        if !sluice_dataplane::plugins::log::flush_all(left).await {
+            tracing::warn!("access-log entries still unsent at exit");
+        }
     });
     tracing::info!("shut down");
     Ok(())

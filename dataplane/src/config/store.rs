@@ -51,6 +51,8 @@ impl Store {
         let pools = PoolRegistry::with_config(pool);
         let metrics = Metrics::new()?;
         metrics.register(pools.health.metrics.collectors())?;
+        let plugin_state = PluginState::default();
+        metrics.register(plugin_state.log_metrics.collectors())?;
         Ok(Store {
             table: ArcSwap::from_pointee(RouteTable::empty()?),
             snapshot: Mutex::new(None),
@@ -58,7 +60,7 @@ impl Store {
             pools,
             metrics,
             draining: std::sync::atomic::AtomicBool::new(false),
-            plugin_state: PluginState::default(),
+            plugin_state,
         })
     }
 

@@ -48,6 +48,7 @@ pub struct ConsumerTable {
     consumers: Vec<Arc<Consumer>>,
     indexes: Mutex<HashMap<&'static str, Index>>,
     wants_log: bool,
+    wants_request_head: bool,
 }
 
 impl ConsumerTable {
@@ -59,6 +60,7 @@ impl ConsumerTable {
         let empty = Arc::new(ConsumerTable::default());
         let mut out = Vec::with_capacity(consumers.len());
         let mut wants_log = false;
+        let mut wants_request_head = false;
         for c in consumers {
             let owner = format!("consumer:{}", c.name);
             let cx = BuildCtx {
@@ -82,6 +84,7 @@ impl ConsumerTable {
                 } else {
                     let built = super::build(p, &cx).map_err(err)?;
                     wants_log |= built.wants_log();
+                    wants_request_head |= built.wants_request_head();
                     plugins.push(built);
                 }
             }
@@ -96,6 +99,7 @@ impl ConsumerTable {
             consumers: out,
             indexes: Mutex::new(HashMap::new()),
             wants_log,
+            wants_request_head,
         }))
     }
 
@@ -107,6 +111,12 @@ impl ConsumerTable {
     /// Whether some consumer plugin logs (so bodies must be wrapped).
     pub fn any_wants_log(&self) -> bool {
         self.wants_log
+    }
+
+    /// Whether some consumer plugin wants the request head as received (a logger): every
+    /// chain of the snapshot then copies it.
+    pub fn any_wants_request_head(&self) -> bool {
+        self.wants_request_head
     }
 
     /// The index `plugin` keeps over the consumers (e.g. key → consumer), built by `make`

@@ -46,15 +46,18 @@ pub mod cors;
 pub mod csrf;
 pub mod fasthash;
 pub mod fault_injection;
+pub mod file_logger;
 pub mod forward_auth;
 pub mod gzip;
 pub mod hmac_auth;
+pub mod http_logger;
 pub mod ip_restriction;
 pub mod jwt_auth;
 pub mod key_auth;
 pub mod limit_conn;
 pub mod limit_count;
 pub mod limit_req;
+pub mod log;
 pub mod prometheus;
 pub mod proxy_rewrite;
 pub mod real_ip;
@@ -157,6 +160,12 @@ pub trait BodyFilter: Send {
     fn end(&mut self, _ctx: &mut PluginCtx) -> Option<Bytes> {
         None
     }
+
+    /// Whether the filter forwards every byte unchanged (a tee): the response then keeps
+    /// its `Content-Length`. Default false.
+    fn keeps_length(&self) -> bool {
+        false
+    }
 }
 
 /// A plugin instance, built from its typed config when a snapshot compiles and shared by
@@ -218,6 +227,13 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
 
     /// Log phase: after the response body was sent (or the client went away).
     fn log(&self, _ctx: &PluginCtx) {}
+
+    /// Whether the log phase needs the request head as it arrived
+    /// ([`PluginCtx::request_head`]): a chain with such a plugin copies it before the
+    /// request phases. Default false (the copy costs an allocation per request).
+    fn wants_request_head(&self) -> bool {
+        false
+    }
 }
 
 /// What a plugin's `build` gets besides its config.
@@ -267,6 +283,8 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("hmac-auth", hmac_auth::build),
     ("api-breaker", api_breaker::build),
     ("forward-auth", forward_auth::build),
+    ("http-logger", http_logger::build),
+    ("file-logger", file_logger::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.
@@ -340,6 +358,8 @@ pub struct PluginChain {
     wrap_body: bool,
     /// Whether a plugin of `global` or `route` has response phases.
     response_phases: bool,
+    /// Whether a plugin of `global` or `route` wants [`PluginCtx::request_head`].
+    capture_head: bool,
     /// `global` by phase.
     global_by: ByPhase,
     /// `route` by phase.
@@ -363,6 +383,11 @@ impl PluginChain {
             .iter()
             .chain(plugins.iter())
             .any(|p| p.has_response_phases());
+        let capture_head = consumers.any_wants_request_head()
+            || global
+                .iter()
+                .chain(plugins.iter())
+                .any(|p| p.wants_request_head());
         let global_by = ByPhase::new(&global);
         let route_by = ByPhase::new(&plugins);
         Some(Arc::new(PluginChain {
@@ -374,6 +399,7 @@ impl PluginChain {
             consumers,
             wrap_body,
             response_phases,
+            capture_head,
             global_by,
             route_by,
         }))
@@ -427,6 +453,9 @@ pub struct PluginCtx {
     /// Typed per-request values plugins hand from request to response phases (e.g. the
     /// request's `Origin` for cors, a copy of the request head).
     pub extensions: http::Extensions,
+    /// The request head as it arrived, for the log phase; only when a plugin of the chain
+    /// or a consumer's asks for it ([`Plugin::wants_request_head`]).
+    pub request_head: Option<Box<request::Parts>>,
 }
 
 impl std::fmt::Debug for PluginCtx {
@@ -469,6 +498,7 @@ impl PluginCtx {
             merged: None,
             keep: Vec::new(),
             extensions: http::Extensions::new(),
+            request_head: None,
         }
     }
 
@@ -518,6 +548,9 @@ pub async fn request_phases(
 ) -> PhaseResult {
     debug_assert!(std::ptr::eq(chain, &*ctx.chain));
     ctx.request_bytes = approx_request_head(req);
+    if chain.capture_head {
+        ctx.request_head = Some(Box::new(log::copy_head(req)));
+    }
     for p in &chain.global_by.rewrite {
         phase!(p.rewrite(req, ctx));
     }
@@ -640,7 +673,7 @@ pub fn response_phases(
     if filters.is_empty() && !chain.wrap_body && ctx.keep.is_empty() {
         return Response::from_parts(parts, body);
     }
-    if !filters.is_empty() {
+    if filters.iter().any(|f| !f.keeps_length()) {
         // The length changes under a filter.
         parts.headers.remove(http::header::CONTENT_LENGTH);
     }
@@ -774,7 +807,7 @@ impl PluginBody {
 
     /// Size hint: the inner one unless a filter changes lengths.
     pub fn size_hint(&self) -> http_body::SizeHint {
-        if self.filters.is_empty() {
+        if self.filters.iter().all(|f| f.keeps_length()) {
             self.inner.size_hint()
         } else {
             http_body::SizeHint::default()

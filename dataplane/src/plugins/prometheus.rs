@@ -339,7 +339,7 @@ fn split_address(addr: &str) -> (&str, &str) {
     addr.rsplit_once(':').unwrap_or((addr, ""))
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_owned())
         .unwrap_or_default()

@@ -13,6 +13,8 @@ pub struct PluginState {
     shared: Mutex<HashMap<String, Shared>>,
     /// APISIX metric families (prometheus plugin, connection and request counts).
     pub apisix: Arc<super::prometheus::ApisixMetrics>,
+    /// The logger plugins' counters (registered in the store's registry).
+    pub log_metrics: super::log::LogMetrics,
     /// Plugins this dataplane runs (`--plugins`); `None` = every built-in plugin.
     enabled: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
 }

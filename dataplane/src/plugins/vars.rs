@@ -58,7 +58,7 @@ pub fn query_arg<'q>(query: &'q str, name: &str) -> Option<Cow<'q, str>> {
     None
 }
 
-fn percent_decode(s: &str) -> Cow<'_, str> {
+pub(crate) fn percent_decode(s: &str) -> Cow<'_, str> {
     if !s.bytes().any(|b| b == b'%' || b == b'+') {
         return Cow::Borrowed(s);
     }

@@ -231,3 +231,55 @@ fn regex_reason(rule: &str, e: &regex::Error) -> String {
         other => format!("not a valid regex: {other}"),
     }
 }
+
+/// An `http(s)://` URL (a side service's) split for connecting: whether TLS, `host:port` to dial, the Host
+/// header and the request target.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `https`.
+    pub tls: bool,
+    /// Host name or IP (without brackets) for TLS verification and DNS.
+    pub host: String,
+    /// Port (default 80 / 443).
+    pub port: u16,
+    /// Host header value (`host[:port]` as written in the URL).
+    pub authority: String,
+    /// Path and query (`/` when empty).
+    pub path_and_query: String,
+}
+
+/// Parses `url` (field `field`) as an `http://` or `https://` URL without user info.
+pub fn parse_http_url(field: &str, url: &str) -> Result<Target, FieldError> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| FieldError::new(field, format!("is not a URL: {e}")))?;
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => {
+            return Err(FieldError::new(
+                field,
+                "must start with http:// or https://",
+            ));
+        }
+    };
+    let Some(auth) = uri.authority() else {
+        return Err(FieldError::new(field, "has no host"));
+    };
+    if auth.as_str().contains('@') {
+        return Err(FieldError::new(field, "must not carry user info"));
+    }
+    let host = auth.host().trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(FieldError::new(field, "has no host"));
+    }
+    Ok(Target {
+        tls,
+        host: host.to_owned(),
+        port: auth.port_u16().unwrap_or(if tls { 443 } else { 80 }),
+        authority: auth.as_str().to_owned(),
+        path_and_query: uri
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
+    })
+}

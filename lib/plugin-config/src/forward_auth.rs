@@ -74,58 +74,12 @@ fn default_status_on_error() -> u16 {
     403
 }
 
-/// The service's URL split for connecting: whether TLS, `host:port` to dial, the Host
-/// header and the request target.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Target {
-    /// `https`.
-    pub tls: bool,
-    /// Host name or IP (without brackets) for TLS verification and DNS.
-    pub host: String,
-    /// Port (default 80 / 443).
-    pub port: u16,
-    /// Host header value (`host[:port]` as written in the URL).
-    pub authority: String,
-    /// Path and query (`/` when empty).
-    pub path_and_query: String,
-}
+pub use crate::common::Target;
 
 impl ForwardAuth {
     /// The parsed [`ForwardAuth::uri`].
     pub fn target(&self) -> Result<Target, FieldError> {
-        let uri: http::Uri = self
-            .uri
-            .parse()
-            .map_err(|e| FieldError::new("uri", format!("is not a URL: {e}")))?;
-        let tls = match uri.scheme_str() {
-            Some("http") => false,
-            Some("https") => true,
-            _ => {
-                return Err(FieldError::new(
-                    "uri",
-                    "must start with http:// or https://",
-                ));
-            }
-        };
-        let Some(auth) = uri.authority() else {
-            return Err(FieldError::new("uri", "has no host"));
-        };
-        if auth.as_str().contains('@') {
-            return Err(FieldError::new("uri", "must not carry user info"));
-        }
-        let host = auth.host().trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
-            return Err(FieldError::new("uri", "has no host"));
-        }
-        Ok(Target {
-            tls,
-            host: host.to_owned(),
-            port: auth.port_u16().unwrap_or(if tls { 443 } else { 80 }),
-            authority: auth.as_str().to_owned(),
-            path_and_query: uri
-                .path_and_query()
-                .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned()),
-        })
+        common::parse_http_url("uri", &self.uri)
     }
 }
 

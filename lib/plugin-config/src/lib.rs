@@ -26,15 +26,18 @@ pub mod cors;
 pub mod csrf;
 pub mod expr;
 pub mod fault_injection;
+pub mod file_logger;
 pub mod forward_auth;
 pub mod gzip;
 pub mod hmac_auth;
+pub mod http_logger;
 pub mod ip_restriction;
 pub mod jwt_auth;
 pub mod key_auth;
 pub mod limit_conn;
 pub mod limit_count;
 pub mod limit_req;
+pub mod logger;
 pub mod prometheus;
 pub mod proxy_rewrite;
 pub mod real_ip;
@@ -181,6 +184,8 @@ pub const REGISTRY: &[Entry] = &[
     entry_with_consumer::<hmac_auth::HmacAuth, hmac_auth::HmacAuthConsumer>(),
     entry::<api_breaker::ApiBreaker>(),
     entry::<forward_auth::ForwardAuth>(),
+    entry::<http_logger::HttpLogger>(),
+    entry::<file_logger::FileLogger>(),
 ];
 
 /// APISIX plugins that carry code a Rust dataplane cannot run, with why: they are refused

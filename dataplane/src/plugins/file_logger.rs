@@ -1,0 +1,161 @@
+//! `file-logger` (priority 399, log phase): APISIX's access-log entry appended to a file,
+//! one JSON object per line.
+//!
+//! The request path only queues the entry ([`super::log`]); a task writes what is queued
+//! on a blocking thread, as soon as it arrives (no batching delay), each batch with one
+//! `write` on a file opened with `O_APPEND` (created `0640` when missing). Before each
+//! write the path is checked: when the file was moved or removed (log rotation), it is
+//! opened again, so `logrotate` without `copytruncate` works. A failed write drops its
+//! entries and counts them (`sluice_log_entries_dropped_total{reason="send_failed"}`).
+
+use std::fs::File;
+use std::io::Write as _;
+use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::response;
+use sluice_plugin_config::file_logger::FileLogger as Config;
+use sluice_plugin_config::{ConfigError, PluginSchema};
+
+use super::log::{self, Batcher, EntryOptions, Policy, Sink};
+use super::{BodyFilter, BuildCtx, Phases, Plugin, PluginCtx};
+
+/// The plugin on one route.
+#[derive(Debug)]
+pub struct FileLogger {
+    opts: EntryOptions,
+    batcher: Arc<Batcher>,
+}
+
+/// Builds `file-logger`.
+pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
+    let conf: Config = sluice_plugin_config::parse_json(json)?;
+    let format = conf.format().map_err(|e| ConfigError::Field {
+        plugin: Config::NAME.into(),
+        field: e.field,
+        reason: e.reason,
+    })?;
+    let key = format!("file-logger:{}:{json}", cx.owner);
+    let (owner, metrics) = (cx.owner, &cx.state.log_metrics);
+    let batcher = cx.state.shared(&key, || {
+        let policy = Policy {
+            max_size: 1000,
+            inactive: None,
+            buffer_duration: Duration::from_secs(1),
+            max_retries: 0,
+            retry_delay: Duration::ZERO,
+        };
+        let sink = FileSink {
+            path: conf.path.clone(),
+            file: None,
+        };
+        Batcher::start(Config::NAME, owner, policy, sink, metrics)
+    });
+    Ok(Arc::new(FileLogger {
+        opts: EntryOptions {
+            format,
+            resp_body: conf
+                .include_resp_body
+                .then(|| usize::try_from(conf.max_resp_body_bytes).unwrap_or(usize::MAX)),
+        },
+        batcher,
+    }))
+}
+
+impl Plugin for FileLogger {
+    fn name(&self) -> &'static str {
+        Config::NAME
+    }
+
+    fn priority(&self) -> i32 {
+        Config::PRIORITY
+    }
+
+    fn phases(&self) -> Phases {
+        Phases::NONE
+    }
+
+    fn response_headers(&self, resp: &mut response::Parts, ctx: &mut PluginCtx) {
+        log::keep_response_head(&resp.headers, ctx);
+    }
+
+    fn body_filter(&self, ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {
+        log::tee_response_body(self.opts.resp_body?, ctx)
+    }
+
+    fn wants_log(&self) -> bool {
+        true
+    }
+
+    fn wants_request_head(&self) -> bool {
+        true
+    }
+
+    fn log(&self, ctx: &PluginCtx) {
+        self.batcher.push(log::entry(ctx, &self.opts));
+    }
+}
+
+/// An open log file with the identity (device, inode) it had when opened.
+struct Open {
+    file: File,
+    id: Option<(u64, u64)>,
+}
+
+/// Appends batches to one file.
+struct FileSink {
+    path: String,
+    file: Option<Open>,
+}
+
+fn open(path: &str) -> Result<Open, String> {
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o640)
+        .open(path)
+        .map_err(|e| format!("open {path}: {e}"))?;
+    let id = file.metadata().ok().map(|m| (m.dev(), m.ino()));
+    Ok(Open { file, id })
+}
+
+/// Writes `text` to the file of `path`, reopening it when the path now names another file
+/// (rotated) or none (removed).
+fn write(path: &str, kept: Option<Open>, text: &[u8]) -> (Option<Open>, Result<(), String>) {
+    let current = std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()));
+    let mut f = match kept {
+        // NB: character devices (/dev/stdout) keep their identity; a regular file moved
+        // away or removed does not.
+        Some(o) if current.is_some() && o.id == current => o,
+        _ => match open(path) {
+            Ok(o) => o,
+            Err(e) => return (None, Err(e)),
+        },
+    };
+    match f.file.write_all(text) {
+        Ok(()) => (Some(f), Ok(())),
+        Err(e) => (None, Err(format!("write {path}: {e}"))),
+    }
+}
+
+impl Sink for FileSink {
+    async fn send(&mut self, batch: &[String]) -> Result<(), String> {
+        let mut text = Vec::with_capacity(batch.iter().map(|e| e.len() + 1).sum());
+        for e in batch {
+            text.extend_from_slice(e.as_bytes());
+            text.push(b'\n');
+        }
+        let path = self.path.clone();
+        let kept = self.file.take();
+        // NB: file I/O blocks (a full pipe behind /dev/stdout, a slow disk): on the
+        // blocking pool, never on a runtime thread.
+        match tokio::task::spawn_blocking(move || write(&path, kept, &text)).await {
+            Ok((file, result)) => {
+                self.file = file;
+                result
+            }
+            Err(e) => Err(format!("writer: {e}")),
+        }
+    }
+}

@@ -1,0 +1,717 @@
+//! What the logger plugins (`http-logger`, `file-logger`) share: APISIX's log entry, the
+//! custom `log_format`, the response-body tee, and the batch processor that takes entries
+//! off the request path.
+//!
+//! # Never on the request path
+//!
+//! The log phase builds an entry (a JSON line) and hands it to a [`Batcher`] with
+//! `try_send`: no lock held across I/O, no await, no wait. The queue is bounded (entries
+//! and bytes); a full queue drops the entry and counts it in
+//! `sluice_log_entries_dropped_total{plugin,route,reason="queue_full"}`. One task per
+//! configured logger, on a runtime of its own thread (`sluice-logger`), groups entries in
+//! batches and sends them; a batch that still fails after `max_retry_count` retries is
+//! dropped and counted with `reason="send_failed"`. Sent entries are counted in
+//! `sluice_log_entries_sent_total{plugin,route}`.
+//!
+//! # Across snapshots
+//!
+//! A logger's queue and task live in [`super::PluginState`], keyed by its owner (route)
+//! and config: a reload that keeps the config keeps the queue; a changed or removed
+//! config drops the last handle when the store prunes, which closes the queue; the task
+//! then sends what it holds (with its retries) and ends. No task outlives its config.
+//! A stopping process calls [`flush_all`] once its requests are done.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{HeaderMap, request};
+use prometheus::{IntCounterVec, Opts};
+use serde_json::{Map, Value};
+use sluice_plugin_config::logger::{LogField, LogFormat, LogVar};
+use tokio::sync::{mpsc, watch};
+
+use super::{BodyFilter, PluginCtx, vars};
+
+/// Most entries a logger's queue holds (APISIX's default `max_pending_entries`).
+pub const MAX_PENDING_ENTRIES: usize = 8192;
+
+/// Most bytes of entries a logger holds (queued and in its current batch): entries with
+/// bodies are large, and 8192 of 512 KiB would be 4 GiB.
+pub const MAX_PENDING_BYTES: usize = 64 * 1024 * 1024;
+
+/// The counters of the loggers, registered in the dataplane's registry.
+#[derive(Debug, Clone)]
+pub struct LogMetrics {
+    /// `sluice_log_entries_dropped_total{plugin,route,reason}`.
+    pub dropped: IntCounterVec,
+    /// `sluice_log_entries_sent_total{plugin,route}`.
+    pub sent: IntCounterVec,
+}
+
+impl Default for LogMetrics {
+    fn default() -> Self {
+        // NB: constant names and labels: construction cannot fail; the fallback only
+        // satisfies the types.
+        let counter = |name: &str, help: &str, labels: &[&str]| {
+            IntCounterVec::new(Opts::new(name, help), labels).unwrap_or_else(|_| fallback())
+        };
+        LogMetrics {
+            dropped: counter(
+                "sluice_log_entries_dropped_total",
+                "Access-log entries of a logger plugin dropped: its queue was full \
+                 (queue_full) or its batch failed every retry (send_failed)",
+                &["plugin", "route", "reason"],
+            ),
+            sent: counter(
+                "sluice_log_entries_sent_total",
+                "Access-log entries a logger plugin delivered",
+                &["plugin", "route"],
+            ),
+        }
+    }
+}
+
+fn fallback() -> IntCounterVec {
+    IntCounterVec::new(Opts::new("sluice_invalid", "invalid"), &[]).unwrap_or_else(|_| fallback())
+}
+
+impl LogMetrics {
+    /// Both families, for registration.
+    pub fn collectors(&self) -> Vec<Box<dyn prometheus::core::Collector>> {
+        vec![Box::new(self.dropped.clone()), Box::new(self.sent.clone())]
+    }
+}
+
+/// When a [`Batcher`] sends.
+#[derive(Debug, Clone, Copy)]
+pub struct Policy {
+    /// Most entries per batch.
+    pub max_size: usize,
+    /// Send a partial batch after this long without a new entry; `None`: as soon as the
+    /// queue is empty (file-logger).
+    pub inactive: Option<Duration>,
+    /// Send a partial batch when its oldest entry is this old.
+    pub buffer_duration: Duration,
+    /// Retries of a failed batch.
+    pub max_retries: u64,
+    /// Wait between attempts.
+    pub retry_delay: Duration,
+}
+
+/// Where a batch goes.
+pub trait Sink: Send + 'static {
+    /// Delivers `batch` (JSON entries); `Err` is retried per the [`Policy`].
+    fn send<'a>(
+        &'a mut self,
+        batch: &'a [String],
+    ) -> impl Future<Output = Result<(), String>> + Send + 'a;
+
+    /// The name Sluice's own log lines give the logger (http-logger's `name`). Default
+    /// none.
+    fn name(&self) -> &str {
+        ""
+    }
+}
+
+/// One entry in a queue, with its size (for the byte bound).
+struct Queued(String);
+
+/// The sending side of one logger's queue; the task ends when the last one drops.
+pub struct Batcher {
+    tx: mpsc::Sender<Queued>,
+    pending_bytes: Arc<AtomicUsize>,
+    dropped_full: prometheus::IntCounter,
+}
+
+impl std::fmt::Debug for Batcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batcher")
+            .field("pending_bytes", &self.pending_bytes.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Queued {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Queued({} bytes)", self.0.len())
+    }
+}
+
+impl Batcher {
+    /// Starts the task of one logger (`plugin` on `route`) sending to `sink`.
+    pub fn start<S: Sink>(
+        plugin: &'static str,
+        route: &str,
+        policy: Policy,
+        sink: S,
+        metrics: &LogMetrics,
+    ) -> Batcher {
+        let (tx, rx) = mpsc::channel(MAX_PENDING_ENTRIES);
+        let pending_bytes = Arc::new(AtomicUsize::new(0));
+        let task = Task {
+            rx,
+            policy,
+            sink,
+            pending_bytes: Arc::clone(&pending_bytes),
+            sent: metrics.sent.with_label_values(&[plugin, route]),
+            dropped: metrics
+                .dropped
+                .with_label_values(&[plugin, route, "send_failed"]),
+            plugin,
+            route: route.to_owned(),
+        };
+        match runtime() {
+            Some(rt) => {
+                rt.spawn(task.run());
+            }
+            None => tracing::error!(plugin, route, "no logger runtime: entries are dropped"),
+        }
+        Batcher {
+            tx,
+            pending_bytes,
+            dropped_full: metrics
+                .dropped
+                .with_label_values(&[plugin, route, "queue_full"]),
+        }
+    }
+
+    /// Queues `entry` without waiting; a full queue drops it (counted).
+    pub fn push(&self, entry: String) {
+        let n = entry.len();
+        if self.pending_bytes.fetch_add(n, Ordering::Relaxed) + n > MAX_PENDING_BYTES {
+            self.pending_bytes.fetch_sub(n, Ordering::Relaxed);
+            self.dropped_full.inc();
+            return;
+        }
+        // NB: counted before the send, so that the task never subtracts first.
+        PENDING.fetch_add(1, Ordering::Relaxed);
+        if self.tx.try_send(Queued(entry)).is_err() {
+            PENDING.fetch_sub(1, Ordering::Relaxed);
+            self.pending_bytes.fetch_sub(n, Ordering::Relaxed);
+            self.dropped_full.inc();
+        }
+    }
+}
+
+/// Entries queued or being sent by every logger of the process.
+static PENDING: AtomicUsize = AtomicUsize::new(0);
+
+fn shutdown_signal() -> &'static watch::Sender<bool> {
+    static TX: OnceLock<watch::Sender<bool>> = OnceLock::new();
+    TX.get_or_init(|| watch::channel(false).0)
+}
+
+/// What a logger's task does next.
+enum Next {
+    Entry(String),
+    /// The batch waited long enough (`inactive_timeout`, `buffer_duration`).
+    Idle,
+    /// The process is stopping ([`flush_all`]).
+    Drain,
+    /// Every [`Batcher`] of the logger is gone.
+    Closed,
+}
+
+async fn recv(rx: &mut mpsc::Receiver<Queued>, deadline: Option<Instant>) -> Next {
+    let got = match deadline {
+        Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
+            Ok(got) => got,
+            Err(_) => return Next::Idle,
+        },
+        None => rx.recv().await,
+    };
+    got.map_or(Next::Closed, |Queued(e)| Next::Entry(e))
+}
+
+/// For a stopping process, once its requests are done: every logger sends what it holds
+/// at once, and so does it with each entry that still comes. Returns whether every entry
+/// was delivered or dropped (counted) within `timeout`.
+pub async fn flush_all(timeout: Duration) -> bool {
+    shutdown_signal().send_replace(true);
+    let deadline = tokio::time::Instant::now() + timeout;
+    while PENDING.load(Ordering::Relaxed) > 0 {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    true
+}
+
+/// The logger runtime: one thread of its own, started on first use, so that sending and
+/// writing never compete with a worker's requests.
+fn runtime() -> Option<&'static tokio::runtime::Handle> {
+    static RT: OnceLock<Option<tokio::runtime::Handle>> = OnceLock::new();
+    RT.get_or_init(|| {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .ok()?;
+        let handle = rt.handle().clone();
+        std::thread::Builder::new()
+            .name("sluice-logger".into())
+            .spawn(move || rt.block_on(std::future::pending::<()>()))
+            .ok()?;
+        Some(handle)
+    })
+    .as_ref()
+}
+
+struct Task<S> {
+    rx: mpsc::Receiver<Queued>,
+    policy: Policy,
+    sink: S,
+    pending_bytes: Arc<AtomicUsize>,
+    sent: prometheus::IntCounter,
+    dropped: prometheus::IntCounter,
+    plugin: &'static str,
+    route: String,
+}
+
+impl<S: Sink> Task<S> {
+    async fn run(mut self) {
+        let mut batch: Vec<String> = Vec::new();
+        let (mut first, mut last) = (Instant::now(), Instant::now());
+        let mut shutdown = shutdown_signal().subscribe();
+        let mut draining = *shutdown.borrow_and_update();
+        loop {
+            // Draining (the process is stopping): every entry goes at once.
+            let eager = draining || self.policy.inactive.is_none();
+            let deadline = match self.policy.inactive {
+                Some(inactive) if !batch.is_empty() && !eager => {
+                    Some((last + inactive).min(first + self.policy.buffer_duration))
+                }
+                _ => None,
+            };
+            let next = tokio::select! {
+                next = recv(&mut self.rx, deadline) => next,
+                _ = shutdown.changed(), if !draining => Next::Drain,
+            };
+            let entry = match next {
+                Next::Entry(e) => e,
+                Next::Idle => {
+                    self.flush(&mut batch).await;
+                    continue;
+                }
+                Next::Drain => {
+                    draining = true;
+                    self.flush(&mut batch).await;
+                    continue;
+                }
+                Next::Closed => {
+                    // Every handle is gone (the config changed or its route went away):
+                    // send what is left, then end.
+                    self.flush(&mut batch).await;
+                    return;
+                }
+            };
+            let now = Instant::now();
+            if batch.is_empty() {
+                first = now;
+            }
+            last = now;
+            batch.push(entry);
+            if eager {
+                // Take what else is queued, then send.
+                while batch.len() < self.policy.max_size {
+                    match self.rx.try_recv() {
+                        Ok(Queued(e)) => batch.push(e),
+                        Err(_) => break,
+                    }
+                }
+                self.flush(&mut batch).await;
+            } else if batch.len() >= self.policy.max_size {
+                self.flush(&mut batch).await;
+            }
+        }
+    }
+
+    /// Sends `batch` with the policy's retries, then empties it.
+    async fn flush(&mut self, batch: &mut Vec<String>) {
+        if batch.is_empty() {
+            return;
+        }
+        let mut attempt = 0;
+        loop {
+            match self.sink.send(batch).await {
+                Ok(()) => {
+                    self.sent.inc_by(batch.len() as u64);
+                    break;
+                }
+                Err(error) if attempt < self.policy.max_retries => {
+                    attempt += 1;
+                    tracing::warn!(plugin = self.plugin, route = %self.route, name = self.sink.name(), entries = batch.len(),
+                        attempt, %error, "log batch failed; retrying");
+                    tokio::time::sleep(self.policy.retry_delay).await;
+                }
+                Err(error) => {
+                    tracing::error!(plugin = self.plugin, route = %self.route, name = self.sink.name(), entries = batch.len(),
+                        %error, "log batch failed every attempt; dropped");
+                    self.dropped.inc_by(batch.len() as u64);
+                    break;
+                }
+            }
+        }
+        let bytes: usize = batch.iter().map(String::len).sum();
+        self.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
+        PENDING.fetch_sub(batch.len(), Ordering::Relaxed);
+        batch.clear();
+    }
+}
+
+/// What a logger puts in its entries, besides APISIX's fixed fields.
+#[derive(Debug, Clone)]
+pub struct EntryOptions {
+    /// A custom entry (`log_format`) instead of the full one.
+    pub format: Option<LogFormat>,
+    /// Most response-body bytes logged, when `include_resp_body`.
+    pub resp_body: Option<usize>,
+}
+
+/// A copy of the request head as it arrived (before the plugins changed it), kept for the
+/// log phase when a chain's plugin asks for it ([`super::Plugin::wants_request_head`]).
+pub fn copy_head(req: &request::Parts) -> request::Parts {
+    let mut r = http::Request::new(());
+    *r.method_mut() = req.method.clone();
+    *r.uri_mut() = req.uri.clone();
+    *r.version_mut() = req.version;
+    *r.headers_mut() = req.headers.clone();
+    r.into_parts().0
+}
+
+/// The response head as the response phases made it, kept for the log phase.
+#[derive(Debug, Clone)]
+pub struct ResponseHead(pub HeaderMap);
+
+/// Keeps a copy of the response headers for the log phase (once per request).
+pub fn keep_response_head(headers: &HeaderMap, ctx: &mut PluginCtx) {
+    if ctx.extensions.get::<ResponseHead>().is_none() {
+        ctx.extensions.insert(ResponseHead(headers.clone()));
+    }
+}
+
+/// The first bytes of the response body, copied as it streams (the longest cap of the
+/// request's loggers).
+#[derive(Debug, Clone, Default)]
+pub struct ResponseBody {
+    buf: Vec<u8>,
+    cap: usize,
+}
+
+/// A body filter copying the first `cap` bytes into [`ResponseBody`]; it forwards every
+/// chunk as it is (the length does not change).
+#[derive(Debug)]
+struct Tee;
+
+impl BodyFilter for Tee {
+    fn data(&mut self, chunk: Bytes, ctx: &mut PluginCtx) -> Bytes {
+        if let Some(b) = ctx.extensions.get_mut::<ResponseBody>() {
+            let room = b.cap.saturating_sub(b.buf.len());
+            if room > 0 {
+                b.buf.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+        }
+        chunk
+    }
+
+    fn keeps_length(&self) -> bool {
+        true
+    }
+}
+
+/// The tee of a logger with `include_resp_body` (one per request, whichever logger asks
+/// first; later ones raise its cap).
+pub fn tee_response_body(cap: usize, ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {
+    if let Some(b) = ctx.extensions.get_mut::<ResponseBody>() {
+        b.cap = b.cap.max(cap);
+        return None;
+    }
+    ctx.extensions.insert(ResponseBody {
+        buf: Vec::new(),
+        cap,
+    });
+    Some(Box::new(Tee))
+}
+
+/// The log entry of the request of `ctx`, as JSON text.
+pub fn entry(ctx: &PluginCtx, opts: &EntryOptions) -> String {
+    let end = ctx.end_time();
+    let value = match &opts.format {
+        Some(f) => {
+            let mut m = custom(f, ctx, end);
+            m.insert("route_id".into(), Value::from(&*ctx.chain.route_id));
+            m.insert("service_id".into(), Value::from(""));
+            Value::Object(m)
+        }
+        None => full(ctx, opts, end),
+    };
+    value.to_string()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_micros() as f64 / 1000.0
+}
+
+fn text(v: &http::HeaderValue) -> Value {
+    Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+/// Headers as `ngx.req.get_headers()` gives them: lower-case names, a list for a repeated
+/// header.
+fn headers(h: &HeaderMap) -> Value {
+    let mut m = Map::new();
+    for name in h.keys() {
+        let mut all = h.get_all(name).iter();
+        let v = match (all.next(), all.next()) {
+            (Some(one), None) => text(one),
+            _ => Value::Array(h.get_all(name).iter().map(text).collect()),
+        };
+        m.insert(name.as_str().to_owned(), v);
+    }
+    Value::Object(m)
+}
+
+/// Query arguments as `ngx.req.get_uri_args()`: decoded, `true` for an argument without
+/// `=`, a list for a repeated one.
+fn query(q: Option<&str>) -> Value {
+    let mut m = Map::new();
+    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = match pair.split_once('=') {
+            Some((k, v)) => (k, Value::String(vars::percent_decode(v).into_owned())),
+            None => (pair, Value::Bool(true)),
+        };
+        let k = vars::percent_decode(k).into_owned();
+        match m.get_mut(&k) {
+            Some(Value::Array(a)) => a.push(v),
+            Some(old) => *old = Value::Array(vec![old.take(), v]),
+            None => {
+                m.insert(k, v);
+            }
+        }
+    }
+    Value::Object(m)
+}
+
+fn epoch_ms(at: Instant) -> f64 {
+    let ago = Instant::now().saturating_duration_since(at);
+    let t = SystemTime::now()
+        .checked_sub(ago)
+        .unwrap_or(SystemTime::now())
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    t.as_millis() as f64
+}
+
+/// APISIX's full entry (`log-util.get_full_log`).
+fn full(ctx: &PluginCtx, opts: &EntryOptions, end: Instant) -> Value {
+    let head = ctx.request_head.as_deref();
+    let mut request = Map::new();
+    if let Some(req) = head {
+        let host = vars::get(&sluice_plugin_config::vars::Var::Host, req, ctx);
+        let target = req.uri.path_and_query().map_or("/", |p| p.as_str());
+        request.insert(
+            "url".into(),
+            Value::String(format!(
+                "{}://{}:{}{}",
+                ctx.scheme,
+                host.as_deref().unwrap_or(""),
+                ctx.local_addr.port(),
+                target
+            )),
+        );
+        request.insert("uri".into(), Value::from(target));
+        request.insert("method".into(), Value::from(req.method.as_str()));
+        request.insert("headers".into(), headers(&req.headers));
+        request.insert("querystring".into(), query(req.uri.query()));
+    }
+    request.insert("size".into(), Value::from(ctx.request_bytes));
+    let mut response = Map::new();
+    response.insert("status".into(), Value::from(ctx.status.as_u16()));
+    if let Some(h) = ctx.extensions.get::<ResponseHead>() {
+        response.insert("headers".into(), headers(&h.0));
+    }
+    response.insert(
+        "size".into(),
+        Value::from(ctx.response_head_bytes + ctx.response_body_bytes),
+    );
+    if let Some(cap) = opts.resp_body
+        && let Some(b) = ctx.extensions.get::<ResponseBody>()
+    {
+        let b = &b.buf[..b.buf.len().min(cap)];
+        response.insert(
+            "body".into(),
+            Value::String(String::from_utf8_lossy(b).into_owned()),
+        );
+    }
+    let mut m = Map::new();
+    m.insert("request".into(), Value::Object(request));
+    m.insert("response".into(), Value::Object(response));
+    m.insert(
+        "server".into(),
+        serde_json::json!({"hostname": hostname(), "version": env!("CARGO_PKG_VERSION")}),
+    );
+    if let Some(p) = &ctx.upstream {
+        m.insert("upstream".into(), Value::from(p.address()));
+    }
+    m.insert("service_id".into(), Value::from(""));
+    m.insert("route_id".into(), Value::from(&*ctx.chain.route_id));
+    if let Some(c) = ctx.consumer_name() {
+        m.insert("consumer".into(), serde_json::json!({ "username": c }));
+    }
+    m.insert(
+        "client_ip".into(),
+        Value::from(ctx.remote_addr.ip().to_canonical().to_string()),
+    );
+    m.insert("start_time".into(), Value::from(epoch_ms(ctx.started)));
+    let latency = end.saturating_duration_since(ctx.started);
+    m.insert("latency".into(), Value::from(ms(latency)));
+    let mut apisix = latency;
+    if let Some(up) = ctx.upstream_started {
+        let up = end.saturating_duration_since(up);
+        m.insert("upstream_latency".into(), Value::from(ms(up)));
+        apisix = latency.saturating_sub(up);
+    }
+    m.insert("apisix_latency".into(), Value::from(ms(apisix)));
+    Value::Object(m)
+}
+
+fn custom(f: &LogFormat, ctx: &PluginCtx, end: Instant) -> Map<String, Value> {
+    let mut m = Map::new();
+    for (k, field) in &f.fields {
+        let v = match field {
+            LogField::Literal(v) => v.clone(),
+            LogField::Nested(n) => Value::Object(custom(n, ctx, end)),
+            LogField::Var(var) => log_var(var, ctx, end),
+        };
+        m.insert(k.clone(), v);
+    }
+    m
+}
+
+fn secs(d: Duration) -> Value {
+    Value::String(format!("{:.3}", d.as_secs_f64()))
+}
+
+fn log_var(var: &LogVar, ctx: &PluginCtx, end: Instant) -> Value {
+    let s = |c: Option<Cow<'_, str>>| c.map_or(Value::Null, |c| Value::String(c.into_owned()));
+    match var {
+        LogVar::Request(v) => match ctx.request_head.as_deref() {
+            Some(req) => s(vars::get(v, req, ctx)),
+            None => Value::Null,
+        },
+        LogVar::Status => Value::from(ctx.status.as_u16()),
+        LogVar::RequestTime => secs(end.saturating_duration_since(ctx.started)),
+        LogVar::UpstreamAddr => ctx
+            .upstream
+            .as_ref()
+            .map_or(Value::Null, |p| Value::from(p.address())),
+        LogVar::UpstreamResponseTime => ctx
+            .upstream_started
+            .map_or(Value::Null, |u| secs(end.saturating_duration_since(u))),
+        LogVar::BytesSent => Value::from(ctx.response_head_bytes + ctx.response_body_bytes),
+        LogVar::BodyBytesSent => Value::from(ctx.response_body_bytes),
+        LogVar::RequestLength => Value::from(ctx.request_bytes),
+        LogVar::TimeIso8601 => Value::String(iso8601(epoch_ms(ctx.started) as u64 / 1000)),
+        LogVar::Msec => Value::String(format!("{:.3}", epoch_ms(Instant::now()) / 1000.0)),
+        LogVar::Hostname => Value::String(hostname().to_owned()),
+        LogVar::SentHeader(name) => ctx
+            .extensions
+            .get::<ResponseHead>()
+            .and_then(|h| h.0.get(name.as_str()))
+            .map_or(Value::Null, text),
+    }
+}
+
+fn hostname() -> &'static str {
+    static NAME: OnceLock<String> = OnceLock::new();
+    NAME.get_or_init(super::prometheus::hostname)
+}
+
+/// `secs` since the epoch as `YYYY-MM-DDTHH:MM:SS+00:00` (UTC).
+fn iso8601(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}+00:00",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// Records every batch.
+    struct Recorder(Arc<std::sync::Mutex<Vec<Vec<String>>>>);
+
+    impl Sink for Recorder {
+        async fn send(&mut self, batch: &[String]) -> Result<(), String> {
+            self.0.lock().unwrap().push(batch.to_vec());
+            Ok(())
+        }
+    }
+
+    // NB: the only test of this binary that starts a logger: `flush_all` drains every
+    // logger of the process.
+    #[tokio::test]
+    async fn a_stopping_process_sends_held_entries_at_once() {
+        let got = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let policy = Policy {
+            max_size: 100,
+            inactive: Some(Duration::from_secs(3600)),
+            buffer_duration: Duration::from_secs(3600),
+            max_retries: 0,
+            retry_delay: Duration::ZERO,
+        };
+        let metrics = LogMetrics::default();
+        let b = Batcher::start("t", "r", policy, Recorder(Arc::clone(&got)), &metrics);
+        for i in 0..3 {
+            b.push(format!("{{\"n\":{i}}}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(got.lock().unwrap().is_empty(), "held for an hour");
+        assert!(flush_all(Duration::from_secs(30)).await);
+        assert_eq!(
+            got.lock().unwrap().concat(),
+            ["{\"n\":0}", "{\"n\":1}", "{\"n\":2}"]
+        );
+        // Entries that come later go at once.
+        b.push("{}".into());
+        assert!(flush_all(Duration::from_secs(30)).await);
+        assert_eq!(got.lock().unwrap().last().unwrap(), &["{}"]);
+        assert_eq!(metrics.sent.with_label_values(&["t", "r"]).get(), 4);
+    }
+
+    #[test]
+    fn iso_dates() {
+        assert_eq!(iso8601(0), "1970-01-01T00:00:00+00:00");
+        assert_eq!(iso8601(1_709_251_199), "2024-02-29T23:59:59+00:00");
+        assert_eq!(iso8601(951_782_400), "2000-02-29T00:00:00+00:00");
+    }
+
+    #[test]
+    fn query_args_as_nginx() {
+        assert_eq!(
+            query(Some("a=1&b&a=x%20y&c=")),
+            serde_json::json!({"a": ["1", "x y"], "b": true, "c": ""})
+        );
+        assert_eq!(query(None), serde_json::json!({}));
+    }
+}
