@@ -48,6 +48,7 @@ pub struct ConsumerTable {
     consumers: Vec<Arc<Consumer>>,
     indexes: Mutex<HashMap<&'static str, Index>>,
     wants_log: bool,
+    reads_body: bool,
 }
 
 impl ConsumerTable {
@@ -59,6 +60,7 @@ impl ConsumerTable {
         let empty = Arc::new(ConsumerTable::default());
         let mut out = Vec::with_capacity(consumers.len());
         let mut wants_log = false;
+        let mut reads_body = false;
         for c in consumers {
             let owner = format!("consumer:{}", c.name);
             let cx = BuildCtx {
@@ -82,6 +84,7 @@ impl ConsumerTable {
                 } else {
                     let built = super::build(p, &cx).map_err(err)?;
                     wants_log |= built.wants_log();
+                    reads_body |= built.reads_body();
                     plugins.push(built);
                 }
             }
@@ -96,6 +99,7 @@ impl ConsumerTable {
             consumers: out,
             indexes: Mutex::new(HashMap::new()),
             wants_log,
+            reads_body,
         }))
     }
 
@@ -107,6 +111,11 @@ impl ConsumerTable {
     /// Whether some consumer plugin logs (so bodies must be wrapped).
     pub fn any_wants_log(&self) -> bool {
         self.wants_log
+    }
+
+    /// Whether a consumer's plugin reads the request body ([`super::Plugin::reads_body`]).
+    pub fn any_reads_body(&self) -> bool {
+        self.reads_body
     }
 
     /// The index `plugin` keeps over the consumers (e.g. key → consumer), built by `make`

@@ -13,6 +13,8 @@ pub struct PluginState {
     shared: Mutex<HashMap<String, Shared>>,
     /// APISIX metric families (prometheus plugin, connection and request counts).
     pub apisix: Arc<super::prometheus::ApisixMetrics>,
+    /// proxy-mirror's counts (`sluice_mirror_*`).
+    pub mirror: Arc<super::proxy_mirror::MirrorMetrics>,
     /// Plugins this dataplane runs (`--plugins`); `None` = every built-in plugin.
     enabled: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
 }

@@ -36,6 +36,7 @@ pub mod limit_conn;
 pub mod limit_count;
 pub mod limit_req;
 pub mod prometheus;
+pub mod proxy_mirror;
 pub mod proxy_rewrite;
 pub mod real_ip;
 pub mod redirect;
@@ -181,6 +182,7 @@ pub const REGISTRY: &[Entry] = &[
     entry_with_consumer::<hmac_auth::HmacAuth, hmac_auth::HmacAuthConsumer>(),
     entry::<api_breaker::ApiBreaker>(),
     entry::<forward_auth::ForwardAuth>(),
+    entry::<proxy_mirror::ProxyMirror>(),
 ];
 
 /// APISIX plugins that carry code a Rust dataplane cannot run, with why: they are refused
