@@ -62,6 +62,7 @@ pub mod real_ip;
 pub mod redirect;
 pub mod redis;
 pub mod request_id;
+pub mod request_validation;
 pub mod response_rewrite;
 pub mod rewrite;
 pub mod state;
@@ -277,6 +278,7 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("api-breaker", api_breaker::build),
     ("forward-auth", forward_auth::build),
     ("proxy-mirror", proxy_mirror::build),
+    ("request-validation", request_validation::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.

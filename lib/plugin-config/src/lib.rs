@@ -41,6 +41,7 @@ pub mod proxy_rewrite;
 pub mod real_ip;
 pub mod redirect;
 pub mod request_id;
+pub mod request_validation;
 pub mod response_rewrite;
 pub mod rewrite;
 pub mod traffic_split;
@@ -183,6 +184,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<api_breaker::ApiBreaker>(),
     entry::<forward_auth::ForwardAuth>(),
     entry::<proxy_mirror::ProxyMirror>(),
+    entry::<request_validation::RequestValidation>(),
 ];
 
 /// APISIX plugins that carry code a Rust dataplane cannot run, with why: they are refused

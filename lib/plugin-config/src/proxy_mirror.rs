@@ -286,7 +286,7 @@ mod tests {
             ),
             (
                 json!({"host": "http://a", "timeout": 3}),
-                "unknown field `timeout`, expected one of `host`, `path`, `path_concat_mode`, `sample_ratio`",
+                "timeout: unknown field `timeout`, expected one of `host`, `path`, `path_concat_mode`, `sample_ratio`",
             ),
         ] {
             let e = validate("proxy-mirror", &conf).unwrap_err().to_string();
