@@ -89,6 +89,7 @@ impl Store {
     pub fn render_metrics(&self) -> String {
         let mut out = self.metrics.render();
         self.plugin_state.apisix.render(&mut out);
+        self.plugin_state.mirror.render(&mut out);
         crate::plugins::prometheus::render_upstream_status(&self.table().upstreams, &mut out);
         out
     }

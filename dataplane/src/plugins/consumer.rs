@@ -49,6 +49,7 @@ pub struct ConsumerTable {
     indexes: Mutex<HashMap<&'static str, Index>>,
     wants_log: bool,
     wants_request_head: bool,
+    reads_body: bool,
 }
 
 impl ConsumerTable {
@@ -61,6 +62,7 @@ impl ConsumerTable {
         let mut out = Vec::with_capacity(consumers.len());
         let mut wants_log = false;
         let mut wants_request_head = false;
+        let mut reads_body = false;
         for c in consumers {
             let owner = format!("consumer:{}", c.name);
             let cx = BuildCtx {
@@ -85,6 +87,7 @@ impl ConsumerTable {
                     let built = super::build(p, &cx).map_err(err)?;
                     wants_log |= built.wants_log();
                     wants_request_head |= built.wants_request_head();
+                    reads_body |= built.reads_body();
                     plugins.push(built);
                 }
             }
@@ -100,6 +103,7 @@ impl ConsumerTable {
             indexes: Mutex::new(HashMap::new()),
             wants_log,
             wants_request_head,
+            reads_body,
         }))
     }
 
@@ -117,6 +121,11 @@ impl ConsumerTable {
     /// chain of the snapshot then copies it.
     pub fn any_wants_request_head(&self) -> bool {
         self.wants_request_head
+    }
+
+    /// Whether a consumer's plugin reads the request body ([`super::Plugin::reads_body`]).
+    pub fn any_reads_body(&self) -> bool {
+        self.reads_body
     }
 
     /// The index `plugin` keeps over the consumers (e.g. key → consumer), built by `make`

@@ -59,11 +59,13 @@ pub mod limit_count;
 pub mod limit_req;
 pub mod log;
 pub mod prometheus;
+pub mod proxy_mirror;
 pub mod proxy_rewrite;
 pub mod real_ip;
 pub mod redirect;
 pub mod redis;
 pub mod request_id;
+pub mod request_validation;
 pub mod response_rewrite;
 pub mod rewrite;
 pub mod state;
@@ -89,6 +91,7 @@ use sluice_proto::v1;
 
 use crate::upstream::body::ProxyBody;
 use crate::upstream::h1::H1Error;
+use crate::upstream::request_body::RequestBody;
 
 pub use consumer::{Consumer, ConsumerTable};
 pub use state::PluginState;
@@ -234,6 +237,13 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
     fn wants_request_head(&self) -> bool {
         false
     }
+
+    /// Whether a request phase reads the request body ([`PluginCtx::read_body`]): the
+    /// request path then lends the body to the phases of the routes with this plugin.
+    /// Default false: plugins see the head only and the body streams upstream.
+    fn reads_body(&self) -> bool {
+        false
+    }
 }
 
 /// What a plugin's `build` gets besides its config.
@@ -285,6 +295,8 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("forward-auth", forward_auth::build),
     ("http-logger", http_logger::build),
     ("file-logger", file_logger::build),
+    ("proxy-mirror", proxy_mirror::build),
+    ("request-validation", request_validation::build),
 ];
 
 /// Builds plugin `p` for `cx.owner`.
@@ -356,6 +368,8 @@ pub struct PluginChain {
     /// The snapshot's consumers (consumer plugins merge into `route`).
     pub consumers: Arc<ConsumerTable>,
     wrap_body: bool,
+    /// Whether a plugin of `global`, `route` or a consumer reads the request body.
+    reads_body: bool,
     /// Whether a plugin of `global` or `route` has response phases.
     response_phases: bool,
     /// Whether a plugin of `global` or `route` wants [`PluginCtx::request_head`].
@@ -388,6 +402,8 @@ impl PluginChain {
                 .iter()
                 .chain(plugins.iter())
                 .any(|p| p.wants_request_head());
+        let reads_body = consumers.any_reads_body()
+            || global.iter().chain(plugins.iter()).any(|p| p.reads_body());
         let global_by = ByPhase::new(&global);
         let route_by = ByPhase::new(&plugins);
         Some(Arc::new(PluginChain {
@@ -398,12 +414,36 @@ impl PluginChain {
             route: Arc::from(plugins),
             consumers,
             wrap_body,
+            reads_body,
             response_phases,
             capture_head,
             global_by,
             route_by,
         }))
     }
+}
+
+impl PluginChain {
+    /// Whether a plugin of the chain (or of a consumer) reads the request body: the request
+    /// path then lends it to the request phases ([`PluginCtx::read_body`]).
+    #[inline]
+    pub fn reads_body(&self) -> bool {
+        self.reads_body
+    }
+}
+
+/// Why [`PluginCtx::read_body`] has no body to give.
+#[derive(Debug)]
+pub enum ReadBodyError {
+    /// The body is larger than the cap (bytes).
+    TooLarge(u64),
+    /// The client paused longer than its body timeout between two pieces.
+    Timeout,
+    /// The client's body broke off (connection closed, bad framing).
+    Broken(hyper::Error),
+    /// The body was not lent to the phases (a bug: the plugin does not say
+    /// [`Plugin::reads_body`]), or was read already and found too large.
+    NotLent,
 }
 
 /// Per-request state shared by the plugins of one request.
@@ -456,6 +496,9 @@ pub struct PluginCtx {
     /// The request head as it arrived, for the log phase; only when a plugin of the chain
     /// or a consumer's asks for it ([`Plugin::wants_request_head`]).
     pub request_head: Option<Box<request::Parts>>,
+    /// The request body lent to the request phases (when [`PluginChain::reads_body`]),
+    /// with the client's body timeout (longest pause between two pieces).
+    lent_body: Option<Box<(RequestBody, std::time::Duration)>>,
 }
 
 impl std::fmt::Debug for PluginCtx {
@@ -499,6 +542,68 @@ impl PluginCtx {
             keep: Vec::new(),
             extensions: http::Extensions::new(),
             request_head: None,
+            lent_body: None,
+        }
+    }
+
+    /// Lends the request body to the request phases; read the whole of it with
+    /// [`PluginCtx::read_body`]. `read_timeout` bounds each pause of the client.
+    pub fn lend_body(&mut self, body: RequestBody, read_timeout: std::time::Duration) {
+        self.lent_body = Some(Box::new((body, read_timeout)));
+    }
+
+    /// The lent body back, read (whole) or not.
+    pub fn take_body(&mut self) -> Option<RequestBody> {
+        self.lent_body.take().map(|b| b.0)
+    }
+
+    /// The whole request body, at most `cap` bytes, read once and kept (the upstream then
+    /// gets these bytes, or those [`PluginCtx::replace_body`] puts instead). A body
+    /// announced larger than `cap` (`Content-Length`) is not read at all.
+    pub async fn read_body(&mut self, cap: u64) -> Result<Bytes, ReadBodyError> {
+        use http_body_util::BodyExt as _;
+        let Some(lent) = self.lent_body.as_mut() else {
+            return Err(ReadBodyError::NotLent);
+        };
+        let (body, timeout) = &mut **lent;
+        if let RequestBody::Full(data) = body {
+            let data = data.clone().unwrap_or_default();
+            if data.len() as u64 > cap {
+                return Err(ReadBodyError::TooLarge(cap));
+            }
+            return Ok(data);
+        }
+        if body.size_hint().lower() > cap {
+            return Err(ReadBodyError::TooLarge(cap));
+        }
+        let mut buf = bytes::BytesMut::new();
+        loop {
+            let next = match tokio::time::timeout(*timeout, body.frame()).await {
+                Err(_) => return Err(ReadBodyError::Timeout),
+                Ok(next) => next,
+            };
+            let Some(frame) = next else { break };
+            let frame = frame.map_err(ReadBodyError::Broken)?;
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            if (buf.len() + data.len()) as u64 > cap {
+                // NB: the rest stays unread: the request is answered (rejected) without it,
+                // and hyper then closes or drains the client connection.
+                return Err(ReadBodyError::TooLarge(cap));
+            }
+            buf.extend_from_slice(&data);
+        }
+        let data = buf.freeze();
+        *body = RequestBody::Full(Some(data.clone()));
+        Ok(data)
+    }
+
+    /// Replaces the (read) request body that goes upstream; the caller fixes
+    /// `Content-Length`.
+    pub fn replace_body(&mut self, data: Bytes) {
+        if let Some(lent) = self.lent_body.as_mut() {
+            lent.0 = RequestBody::Full(Some(data));
         }
     }
 

@@ -15,6 +15,8 @@ pub struct PluginState {
     pub apisix: Arc<super::prometheus::ApisixMetrics>,
     /// The logger plugins' counters (registered in the store's registry).
     pub log_metrics: super::log::LogMetrics,
+    /// proxy-mirror's counts (`sluice_mirror_*`).
+    pub mirror: Arc<super::proxy_mirror::MirrorMetrics>,
     /// Plugins this dataplane runs (`--plugins`); `None` = every built-in plugin.
     enabled: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
 }

@@ -32,6 +32,7 @@ use crate::upstream::balancer::request_hash;
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
 use crate::upstream::failover::Picked;
+use crate::upstream::request_body::{BodyTap, RequestBody};
 
 /// The plugin state of a request on a route with plugins, and its chain (which lives as
 /// long as the route table).
@@ -99,6 +100,7 @@ async fn proxy<'t>(
     let mut split = None;
     // NB: the head and body stay apart from here on (each join and split moves the head).
     let (mut parts, body) = req.into_parts();
+    let mut body = RequestBody::Incoming(body);
     let upgrade = route.websocket && crate::upstream::websocket::is_upgrade(&parts);
     strip_request_hop_by_hop(&mut parts.headers, upgrade);
     if parts.uri.authority().is_some()
@@ -111,11 +113,21 @@ async fn proxy<'t>(
     let (upstream, hash) = match picked {
         Some(picked) => picked,
         None => {
-            let phases = request_plugins(route, &mut parts, host_str, conn, plugin_run, &mut split);
-            match phases.await? {
+            let phases = request_plugins(
+                route, &mut parts, &mut body, host_str, conn, plugin_run, &mut split,
+            );
+            let picked = match phases.await? {
                 Ok(picked) => picked,
                 Err(answer) => return Ok(answer),
+            };
+            // A plugin wants a copy of the body as it streams (proxy-mirror); never of an
+            // upgraded session's bytes (the tap is dropped: no copy).
+            if let Some(tap) = parts.extensions.remove::<BodyTap>()
+                && !upgrade
+            {
+                body = body.tap(tap);
             }
+            picked
         }
     };
     let target = Target {
@@ -126,7 +138,6 @@ async fn proxy<'t>(
     if upgrade || upstream.protocol.is_some() {
         return forward_other(parts, body, host, conn, route, target, plugin_run).await;
     }
-    let mut body = body;
     forward_h1(
         &mut parts,
         &mut body,
@@ -207,6 +218,7 @@ fn route<'t>(
 async fn request_plugins<'a, 't: 'a>(
     route: &'t CompiledRoute,
     parts: &mut request::Parts,
+    body: &mut RequestBody,
     host: Option<&str>,
     conn: &ConnInfo,
     plugin_run: &mut PluginRun<'t>,
@@ -227,7 +239,19 @@ async fn request_plugins<'a, 't: 'a>(
         chain,
     ));
     let ctx = &mut run.ctx;
-    if let Err(answer) = plugins::request_phases(chain, parts, ctx).await {
+    // A plugin of the chain reads the body (request-validation): it is lent to the phases
+    // and comes back, read or not.
+    if chain.reads_body() {
+        ctx.lend_body(
+            std::mem::replace(body, RequestBody::empty()),
+            conn.client_body_timeout,
+        );
+    }
+    let phases = plugins::request_phases(chain, parts, ctx).await;
+    if let Some(lent) = ctx.take_body() {
+        *body = lent;
+    }
+    if let Err(answer) = phases {
         return Ok(Err(*answer));
     }
     *split = ctx.split_upstream.take();
@@ -256,7 +280,7 @@ async fn request_plugins<'a, 't: 'a>(
 /// head. The plugin state learns which endpoint answered.
 async fn forward_other(
     parts: request::Parts,
-    body: Incoming,
+    body: RequestBody,
     host: Option<HeaderValue>,
     conn: &ConnInfo,
     route: &CompiledRoute,
@@ -307,7 +331,7 @@ async fn forward_other(
 /// its size (the phase split measured 0.987x side by side before this).
 async fn forward_h1(
     parts: &mut request::Parts,
-    body: &mut Incoming,
+    body: &mut RequestBody,
     host: Option<&HeaderValue>,
     conn: &ConnInfo,
     route: &CompiledRoute,

@@ -18,18 +18,18 @@ use std::time::Instant;
 
 use http::HeaderValue;
 use http::{Request, Response};
-use hyper::body::Incoming;
 
 use crate::http::ConnInfo;
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
+use crate::upstream::request_body::RequestBody;
 use crate::upstream::retry::{Attempts, failed, succeeded};
 use crate::upstream::{Pool, Timeouts, Upstream};
 
 /// Proxies `req` to `upstream` (an upgrade when `upgrade`, else over its non-HTTP/1.1
 /// protocol); `host` is the client's Host, `hash` the request's balancer hash.
 pub async fn proxy(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     host: Option<HeaderValue>,
     conn: &ConnInfo,
     upstream: &Upstream,
@@ -110,7 +110,7 @@ pub struct Picked {
 
 /// Proxies the upgrade request `req` to an endpoint of `upstream`.
 async fn upgrade_to(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     host: Option<HeaderValue>,
     conn: &ConnInfo,
     upstream: &Upstream,

@@ -17,7 +17,6 @@ use http::header::{self, HeaderValue};
 use http::{Response, request};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
-use hyper::body::Incoming;
 
 use crate::http::ConnInfo;
 use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
@@ -25,6 +24,7 @@ use crate::upstream::body::{BodyLimit, ProxyBody, ReadWatch, UpstreamBody};
 use crate::upstream::error::ProxyError;
 use crate::upstream::failover::Picked;
 use crate::upstream::h1::{Framing, H1Error, ResponseHead, encode_request_head};
+use crate::upstream::request_body::RequestBody;
 use crate::upstream::retry::{Attempts, failed, succeeded};
 use crate::upstream::{Endpoint, PooledConn, Timeouts, Upstream};
 
@@ -57,7 +57,7 @@ impl H1Forward<'_> {
     pub async fn send(
         self,
         parts: &mut request::Parts,
-        body: &mut Incoming,
+        body: &mut RequestBody,
         real_ip: Option<&HeaderValue>,
         mut picked: Option<&mut Option<Picked>>,
     ) -> Result<(Response<ProxyBody>, usize), ProxyError> {
@@ -169,7 +169,7 @@ impl H1Forward<'_> {
 /// How the request body is delimited upstream: its exact length when known, else chunked;
 /// an explicit `Content-Length: 0` is kept.
 #[inline]
-fn framing(parts: &request::Parts, body: &Incoming, has_body: bool) -> Framing {
+fn framing(parts: &request::Parts, body: &RequestBody, has_body: bool) -> Framing {
     if has_body {
         match body.size_hint().exact() {
             Some(n) => Framing::Length(n),
@@ -188,7 +188,7 @@ fn framing(parts: &request::Parts, body: &Incoming, has_body: bool) -> Framing {
 async fn attempt(
     endpoint: &Endpoint,
     head: &[u8],
-    mut body: Option<&mut Incoming>,
+    mut body: Option<&mut RequestBody>,
     limit: Option<u64>,
     chunked: bool,
     method: &http::Method,
@@ -227,7 +227,7 @@ async fn attempt(
 async fn exchange(
     pooled: &mut PooledConn,
     head: &[u8],
-    body: Option<&mut Incoming>,
+    body: Option<&mut RequestBody>,
     limit: Option<u64>,
     chunked: bool,
     method: &http::Method,

@@ -20,7 +20,6 @@ use std::thread::ThreadId;
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
-use hyper::body::Incoming;
 use hyper::client::conn::{http1, http2};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message as _;
@@ -34,6 +33,7 @@ use crate::upstream::body::{ProxyBody, StreamBody};
 use crate::upstream::error::ProxyError;
 use crate::upstream::h1::H1Error;
 use crate::upstream::health::InFlight;
+use crate::upstream::request_body::RequestBody;
 use crate::upstream::tls::{Alpn, InvalidUpstreamTls, UpstreamTlsClient, negotiated_h2};
 
 /// Most HTTP/1.1-over-TLS connections kept per endpoint.
@@ -161,9 +161,9 @@ impl HyperRegistry {
 /// A client connection's request sender.
 #[derive(Debug)]
 enum Sender {
-    H1(http1::SendRequest<Incoming>),
+    H1(http1::SendRequest<RequestBody>),
     H2 {
-        tx: http2::SendRequest<Incoming>,
+        tx: http2::SendRequest<RequestBody>,
         worker: ThreadId,
     },
 }
@@ -225,7 +225,7 @@ impl HyperPool {
     }
 
     /// Keeps an HTTP/1.1 sender for reuse (it becomes ready once its response body ends).
-    fn put_back(&self, tx: http1::SendRequest<Incoming>) {
+    fn put_back(&self, tx: http1::SendRequest<RequestBody>) {
         if let Ok(mut conns) = self.conns.lock()
             && conns.len() < MAX_H1_CONNS
         {
@@ -364,13 +364,13 @@ pub async fn connect(
 /// forwarding headers added), so that it can be sent again elsewhere unchanged.
 #[derive(Debug)]
 pub struct Prepared {
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     path: String,
 }
 
 /// Prepares `req` from a client whose Host is `client_host`.
 pub fn prepare(
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     conn: &ConnInfo,
     client_host: Option<&HeaderValue>,
 ) -> Prepared {

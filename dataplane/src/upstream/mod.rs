@@ -22,6 +22,7 @@ pub mod forward;
 pub mod h1;
 pub mod h2;
 pub mod health;
+pub mod request_body;
 pub(crate) mod retry;
 pub mod tls;
 pub mod websocket;

@@ -21,7 +21,6 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use bytes::BytesMut;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -180,7 +179,7 @@ pub struct SessionBytes {
 /// `passHost` sets one, replaces its `Host`.
 #[allow(clippy::too_many_arguments)]
 pub async fn proxy(
-    mut req: Request<Incoming>,
+    mut req: Request<crate::upstream::request_body::RequestBody>,
     host: Option<HeaderValue>,
     upstream_host: Option<HeaderValue>,
     conn: &ConnInfo,

@@ -39,10 +39,12 @@ pub mod limit_count;
 pub mod limit_req;
 pub mod logger;
 pub mod prometheus;
+pub mod proxy_mirror;
 pub mod proxy_rewrite;
 pub mod real_ip;
 pub mod redirect;
 pub mod request_id;
+pub mod request_validation;
 pub mod response_rewrite;
 pub mod rewrite;
 pub mod traffic_split;
@@ -186,6 +188,8 @@ pub const REGISTRY: &[Entry] = &[
     entry::<forward_auth::ForwardAuth>(),
     entry::<http_logger::HttpLogger>(),
     entry::<file_logger::FileLogger>(),
+    entry::<proxy_mirror::ProxyMirror>(),
+    entry::<request_validation::RequestValidation>(),
 ];
 
 /// APISIX plugins that carry code a Rust dataplane cannot run, with why: they are refused
