@@ -5,8 +5,8 @@
 #
 #   scripts/gateway-conformance.sh run         the one command: build what is missing, start
 #                                              a node, install Sluice, run the suite, write
-#                                              conformance/report.yaml and suite.log, stop
-#                                              the node
+#                                              conformance/report.yaml and summary.txt (one
+#                                              line per test), stop the node
 #   scripts/gateway-conformance.sh build       the suite's test binary and its echo backend
 #                                              (cached in ~/.cache/sluice/bin), and the echo
 #                                              images under the names the suite's manifests use
@@ -219,7 +219,11 @@ cmd_suite() {
     log "running the suite (report: $report, log: $DIR/suite.log) ..."
     (cd "$DIR" && KUBECONFIG="$DIR/kubeconfig" "$SUITE" -test.v -test.timeout=100m \
         -test.run '^TestConformance$' "${args[@]}" "$@") >"$DIR/suite.log" 2>&1 || true
-    grep -E '^ *--- (PASS|FAIL|SKIP)' "$DIR/suite.log" | sed 's/ *(.*)$//' | sort | uniq -c | sort -rn | head -400 >&2 || true
+    # One line per test (not per subtest), and the totals.
+    grep -E '^    --- (PASS|FAIL|SKIP)' "$DIR/suite.log" | sed -e 's/^ *//' -e 's/ (.*)$//' \
+        -e 's|TestConformance/||' | sort -k2,2 -k3 >"$DIR/summary.txt" || true
+    awk '{print $2}' "$DIR/summary.txt" | sort | uniq -c >&2
+    grep -E '^--- (FAIL|PASS)' "$DIR/suite.log" >&2 || true
     [ -s "$report" ] || die "the suite wrote no report (see $DIR/suite.log)"
 }
 
@@ -229,13 +233,13 @@ cmd_down() {
 }
 
 cmd_run() {
-    local dir
-    dir="$(mktemp -d /tmp/sluice-conformance.XXXXXX)"
-    trap 'cmd_down "$dir" || true' EXIT
+    RUN_DIR="$(mktemp -d /tmp/sluice-conformance.XXXXXX)"
+    trap 'cmd_down "$RUN_DIR" || true' EXIT
+    local dir=$RUN_DIR
     SLUICE_OWNER_PID=$$ cmd_up "$dir"
     mkdir -p "$ROOT/conformance"
     SLUICE_CONFORMANCE_REPORT="$ROOT/conformance/report.yaml" cmd_suite "$dir"
-    cp "$dir/suite.log" "$ROOT/conformance/suite.log"
+    cp "$dir/summary.txt" "$ROOT/conformance/summary.txt"
     log "report: conformance/report.yaml"
 }
 

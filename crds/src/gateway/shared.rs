@@ -131,6 +131,20 @@ pub struct HttpRequestMirrorFilter {
     /// Percentage of requests mirrored (0-100); unset: all.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub percent: Option<i32>,
+    /// The share of requests mirrored as a fraction (exclusive with `percent`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<Fraction>,
+}
+
+/// `Fraction`: `numerator / denominator` (default 100).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct Fraction {
+    /// Numerator.
+    pub numerator: i32,
+    /// Denominator; unset: 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denominator: Option<i32>,
 }
 
 /// `RouteStatus.parents[]`: a route's status with respect to one parent.

@@ -13,11 +13,13 @@
 //!   set/add/remove, `host`, `uri` for `ReplaceFullPath`, `regex_uri` for
 //!   `ReplacePrefixMatch`); `ResponseHeaderModifier` → `response-rewrite` headers;
 //!   `RequestRedirect` → `redirect` (`uri` built from scheme, hostname, port and path, the
-//!   request's `$scheme`/`$host`/`$uri` where unset, query string kept; 302 by default).
+//!   request's `$scheme`/`$host`/`$uri` where unset, query string kept; 302 by default);
+//!   `RequestMirror` → `proxy-mirror` to the backend Service's ClusterIP and port, with
+//!   `percent` / `fraction` as `sample_ratio` (one mirror per rule).
 //!   Header values are literal (`$` is escaped for the plugins' templates).
 //! - Unsupported, reported with `UnsupportedValue` and the rule left out of the snapshot
-//!   (`PartiallyInvalid=True`, or `Accepted=False` when no rule is left): `RequestMirror`
-//!   (the dataplane has no mirroring), `CORS`, `ExtensionRef`, filters on a single backendRef,
+//!   (`PartiallyInvalid=True`, or `Accepted=False` when no rule is left): a second
+//!   `RequestMirror`, `CORS`, `ExtensionRef`, filters on a single backendRef,
 //!   and `timeouts` (the snapshot has connect/send/read timeouts only, no request deadline).
 //! - Backends. A `Service` (group `""`) with a port, resolved like an ApisixRoute backend
 //!   (upstream `<ns>/<svc>:<port>`, `@grpc` with scheme grpc for GRPCRoute: HTTP/2 prior
@@ -27,6 +29,8 @@
 //!   that has none, or only weight 0) answers 500 (`fault-injection` abort). NB: when only
 //!   some are invalid, their share of the traffic goes to an upstream without endpoints and
 //!   gets 503, not the 500 the spec asks for (the snapshot cannot answer 500 per backend).
+//! - A Service port with `appProtocol: kubernetes.io/h2c` is spoken to in HTTP/2 with prior
+//!   knowledge (upstream `<ns>/<svc>:<port>@h2c`).
 //! - A Service port with `appProtocol: kubernetes.io/ws` makes the rule's routes accept
 //!   WebSocket upgrades. A backend Service targeted by a BackendTLSPolicy is invalid
 //!   (`ResolvedRefs=False`, `UnsupportedProtocol`): TLS to backends is not implemented yet,
@@ -40,7 +44,8 @@ use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
 use sluice_crds::gateway::{
     BackendObjectReference, BackendTLSPolicy, GRPCRoute, GrpcRouteRule, HTTPRoute,
-    HttpHeaderFilter, HttpPathModifier, HttpRequestRedirectFilter, HttpRouteRule,
+    HttpHeaderFilter, HttpPathModifier, HttpRequestMirrorFilter, HttpRequestRedirectFilter,
+    HttpRouteRule,
     HttpUrlRewriteFilter, ParentReference, ReferenceGrant,
 };
 use sluice_proto::v1;
@@ -168,6 +173,7 @@ struct Filters<'a> {
     response_headers: Option<&'a HttpHeaderFilter>,
     redirect: Option<&'a HttpRequestRedirectFilter>,
     rewrite: Option<&'a HttpUrlRewriteFilter>,
+    mirror: Option<&'a HttpRequestMirrorFilter>,
 }
 
 fn expr(scope: v1::ExprScope, name: &str, regex: bool, value: &str) -> v1::Expr {
@@ -655,7 +661,13 @@ impl Ctx<'_, '_> {
             ));
             return None;
         }
-        *websocket |= svc_port.and_then(|p| p.app_protocol.as_deref()) == Some("kubernetes.io/ws");
+        let app_protocol = svc_port.and_then(|p| p.app_protocol.as_deref());
+        *websocket |= app_protocol == Some("kubernetes.io/ws");
+        if app_protocol == Some("kubernetes.io/h2c") && route.kind == RouteKind::HttpRoute {
+            // HTTP/2 with prior knowledge, in clear text (the scheme gRPC upstreams use).
+            up.id.push_str("@h2c");
+            up.scheme = v1::Scheme::Grpc as i32;
+        }
         if route.kind == RouteKind::GrpcRoute {
             up.id.push_str("@grpc");
             up.scheme = match v1::Scheme::try_from(up.scheme) {
@@ -664,6 +676,73 @@ impl Ctx<'_, '_> {
             };
         }
         Some(up)
+    }
+}
+
+impl Ctx<'_, '_> {
+    /// The `proxy-mirror` plugin of a `RequestMirror` filter: requests copied to the
+    /// backend Service's ClusterIP and port (kube-proxy picks the endpoint), a share
+    /// `percent` / `fraction` of them. `Ok(None)` when the share is zero or the backend is
+    /// invalid (its reason then in `unresolved`, as for backends); `Err` for what Sluice
+    /// cannot mirror to.
+    fn mirror_plugin(
+        &self,
+        mf: &HttpRequestMirrorFilter,
+        route: &RouteInput<'_>,
+        field: &str,
+        unresolved: &mut Vec<(&'static str, String)>,
+    ) -> Result<Option<v1::Plugin>, String> {
+        let mut websocket = false;
+        if self
+            .backend(&mf.backend_ref, route, field, unresolved, &mut websocket)
+            .is_none()
+        {
+            return Ok(None);
+        }
+        let b = &mf.backend_ref;
+        let ns = b.namespace.as_deref().unwrap_or(route.ns);
+        let ip = self
+            .idx
+            .services
+            .get(&(ns, b.name.as_str()))
+            .and_then(|s| s.spec.as_ref())
+            .and_then(|s| s.cluster_ip.as_deref())
+            .filter(|ip| !ip.is_empty() && *ip != "None")
+            .ok_or_else(|| {
+                format!(
+                    "{field}: Service {ns}/{} has no ClusterIP (a headless Service cannot be \
+                     mirrored to yet)",
+                    b.name
+                )
+            })?;
+        let port = b
+            .port
+            .and_then(|p| u16::try_from(p).ok())
+            .ok_or_else(|| format!("{field}.port: required"))?;
+        let share = match (&mf.percent, &mf.fraction) {
+            (Some(p), _) => Some(f64::from(*p) / 100.0),
+            (None, Some(f)) => {
+                let d = f.denominator.unwrap_or(100);
+                if d <= 0 || f.numerator < 0 || f.numerator > d {
+                    return Err(format!(
+                        "{field}: fraction {}/{d} is not a share between 0 and 1",
+                        f.numerator
+                    ));
+                }
+                Some(f64::from(f.numerator) / f64::from(d))
+            }
+            (None, None) => None,
+        };
+        let Some(m) = sluice_plugin_config::proxy_mirror::ProxyMirror::to_endpoint(ip, port, share)
+        else {
+            return Ok(None);
+        };
+        plugin(
+            "proxy-mirror",
+            &json!({"host": m.host, "sample_ratio": m.sample_ratio}),
+            field,
+        )
+        .map(Some)
     }
 }
 
@@ -750,7 +829,8 @@ pub(crate) fn translate_rules(
                         "ResponseHeaderModifier" => filters.response_headers = f.response_header_modifier.as_ref(),
                         "RequestRedirect" => filters.redirect = f.request_redirect.as_ref(),
                         "URLRewrite" => filters.rewrite = f.url_rewrite.as_ref(),
-                        "RequestMirror" => problems.push(format!("{ff}: RequestMirror is not supported (the dataplane cannot mirror requests)")),
+                        "RequestMirror" if filters.mirror.is_some() => problems.push(format!("{ff}: only one RequestMirror per rule is supported")),
+                        "RequestMirror" => filters.mirror = f.request_mirror.as_ref(),
                         other => problems.push(format!("{ff}: {other} filters are not supported")),
                     }
                 }
@@ -779,7 +859,7 @@ pub(crate) fn translate_rules(
                     match f.type_.as_str() {
                         "RequestHeaderModifier" => filters.request_headers = f.request_header_modifier.as_ref(),
                         "ResponseHeaderModifier" => filters.response_headers = f.response_header_modifier.as_ref(),
-                        "RequestMirror" => problems.push(format!("{ff}: RequestMirror is not supported (the dataplane cannot mirror requests)")),
+                        "RequestMirror" => problems.push(format!("{ff}: RequestMirror is not supported on a GRPCRoute (mirrors speak HTTP/1.1)")),
                         other => problems.push(format!("{ff}: {other} filters are not supported")),
                     }
                 }
@@ -824,6 +904,14 @@ pub(crate) fn translate_rules(
             }
         }
         let mut extra_plugins = Vec::new();
+        if let Some(mf) = filters.mirror {
+            let mfield = format!("{field}.filters.requestMirror.backendRef");
+            match ctx.mirror_plugin(mf, route, &mfield, &mut unresolved) {
+                Ok(Some(p)) => extra_plugins.push(p),
+                Ok(None) => {}
+                Err(e) => problems.push(e),
+            }
+        }
         if backends.is_empty() {
             // Nothing to proxy to: a redirect answers by itself, anything else answers 500.
             if filters.redirect.is_none() {
