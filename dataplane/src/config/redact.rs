@@ -6,7 +6,7 @@
 //! upstream client certificates), and in every plugin configuration (routes, global rules,
 //! consumers) the values of fields named as credentials: `password`, `secret`,
 //! `private_key`, `token`, `secret_key` (hmac-auth), any field ending in `_password`,
-//! `_secret` or `_token`, and the `key` of key-auth and csrf. Public keys, CA bundles and certificate chains are shown.
+//! `_secret`, `_token` or `_private_key` (openid-connect's `client_rsa_private_key`), and the `key` of key-auth and csrf. Public keys, CA bundles and certificate chains are shown.
 
 use sluice_proto::v1;
 
@@ -55,6 +55,7 @@ fn is_secret(plugin: &str, name: &str) -> bool {
     ) || name.ends_with("_password")
         || name.ends_with("_secret")
         || name.ends_with("_token")
+        || name.ends_with("_private_key")
         || ((plugin == "key-auth" || plugin == "csrf") && name == "key")
 }
 
@@ -104,6 +105,43 @@ mod tests {
         assert_eq!(v["base64_secret"], true);
         assert_eq!(v["secret"], REDACTED);
         assert!(!shown.contains("12345"), "{shown}");
+    }
+
+    #[test]
+    fn openid_connect_credentials_are_hidden() {
+        let shown = redacted_config(
+            "openid-connect",
+            &serde_json::json!({
+                "client_id": "api", "client_secret": "oidc-client-secret",
+                "discovery": "https://idp/.well-known/openid-configuration",
+                "bearer_only": true, "use_jwks": true,
+                "client_rsa_private_key": "-----BEGIN PRIVATE KEY-----x",
+                "session": {"secret": "session-secret-123", "redis": {"password": "pw-1"}},
+                "public_key": "-----BEGIN PUBLIC KEY-----y",
+            })
+            .to_string(),
+        );
+        let v: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(v["client_secret"], REDACTED);
+        assert_eq!(v["client_rsa_private_key"], REDACTED);
+        assert_eq!(v["session"]["secret"], REDACTED);
+        assert_eq!(v["session"]["redis"]["password"], REDACTED);
+        assert_eq!(
+            (v["client_id"].as_str(), v["use_jwks"].as_bool()),
+            (Some("api"), Some(true))
+        );
+        assert_eq!(
+            v["public_key"], "-----BEGIN PUBLIC KEY-----y",
+            "public keys are shown"
+        );
+        for secret in [
+            "oidc-client-secret",
+            "PRIVATE",
+            "session-secret-123",
+            "pw-1",
+        ] {
+            assert!(!shown.contains(secret), "{shown}");
+        }
     }
 
     fn plugin(name: &str, config: serde_json::Value) -> v1::Plugin {

@@ -58,6 +58,7 @@ pub mod limit_conn;
 pub mod limit_count;
 pub mod limit_req;
 pub mod log;
+pub mod openid_connect;
 pub mod prometheus;
 pub mod proxy_mirror;
 pub mod proxy_rewrite;
@@ -293,6 +294,7 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("hmac-auth", hmac_auth::build),
     ("api-breaker", api_breaker::build),
     ("forward-auth", forward_auth::build),
+    ("openid-connect", openid_connect::build),
     ("http-logger", http_logger::build),
     ("file-logger", file_logger::build),
     ("proxy-mirror", proxy_mirror::build),

@@ -38,6 +38,7 @@ pub mod limit_conn;
 pub mod limit_count;
 pub mod limit_req;
 pub mod logger;
+pub mod openid_connect;
 pub mod prometheus;
 pub mod proxy_mirror;
 pub mod proxy_rewrite;
@@ -186,6 +187,7 @@ pub const REGISTRY: &[Entry] = &[
     entry_with_consumer::<hmac_auth::HmacAuth, hmac_auth::HmacAuthConsumer>(),
     entry::<api_breaker::ApiBreaker>(),
     entry::<forward_auth::ForwardAuth>(),
+    entry::<openid_connect::OpenidConnect>(),
     entry::<http_logger::HttpLogger>(),
     entry::<file_logger::FileLogger>(),
     entry::<proxy_mirror::ProxyMirror>(),
