@@ -45,8 +45,7 @@ use serde_json::{Value, json};
 use sluice_crds::gateway::{
     BackendObjectReference, BackendTLSPolicy, GRPCRoute, GrpcRouteRule, HTTPRoute,
     HttpHeaderFilter, HttpPathModifier, HttpRequestMirrorFilter, HttpRequestRedirectFilter,
-    HttpRouteRule,
-    HttpUrlRewriteFilter, ParentReference, ReferenceGrant,
+    HttpRouteRule, HttpUrlRewriteFilter, ParentReference, ReferenceGrant,
 };
 use sluice_proto::v1;
 
@@ -825,11 +824,17 @@ pub(crate) fn translate_rules(
                 for (k, f) in rule.filters.iter().enumerate() {
                     let ff = format!("{field}.filters[{k}]");
                     match f.type_.as_str() {
-                        "RequestHeaderModifier" => filters.request_headers = f.request_header_modifier.as_ref(),
-                        "ResponseHeaderModifier" => filters.response_headers = f.response_header_modifier.as_ref(),
+                        "RequestHeaderModifier" => {
+                            filters.request_headers = f.request_header_modifier.as_ref()
+                        }
+                        "ResponseHeaderModifier" => {
+                            filters.response_headers = f.response_header_modifier.as_ref()
+                        }
                         "RequestRedirect" => filters.redirect = f.request_redirect.as_ref(),
                         "URLRewrite" => filters.rewrite = f.url_rewrite.as_ref(),
-                        "RequestMirror" if filters.mirror.is_some() => problems.push(format!("{ff}: only one RequestMirror per rule is supported")),
+                        "RequestMirror" if filters.mirror.is_some() => problems.push(format!(
+                            "{ff}: only one RequestMirror per rule is supported"
+                        )),
                         "RequestMirror" => filters.mirror = f.request_mirror.as_ref(),
                         other => problems.push(format!("{ff}: {other} filters are not supported")),
                     }
