@@ -14,19 +14,11 @@ use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::response;
 use sluice_plugin_config::file_logger::FileLogger as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::log::{self, Batcher, EntryOptions, Policy, Sink};
-use super::{BodyFilter, BuildCtx, Phases, Plugin, PluginCtx};
-
-/// The plugin on one route.
-#[derive(Debug)]
-pub struct FileLogger {
-    opts: EntryOptions,
-    batcher: Arc<Batcher>,
-}
+use super::log::{Batcher, Logger, Policy, Sink};
+use super::{BuildCtx, Plugin};
 
 /// Builds `file-logger`.
 pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
@@ -52,49 +44,13 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
         };
         Batcher::start(Config::NAME, owner, policy, sink, metrics)
     });
-    Ok(Arc::new(FileLogger {
-        opts: EntryOptions {
-            format,
-            resp_body: conf
-                .include_resp_body
-                .then(|| usize::try_from(conf.max_resp_body_bytes).unwrap_or(usize::MAX)),
-        },
+    Ok(Arc::new(Logger::new(
+        Config::NAME,
+        Config::PRIORITY,
+        format,
+        conf.include_resp_body.then_some(conf.max_resp_body_bytes),
         batcher,
-    }))
-}
-
-impl Plugin for FileLogger {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> Phases {
-        Phases::NONE
-    }
-
-    fn response_headers(&self, resp: &mut response::Parts, ctx: &mut PluginCtx) {
-        log::keep_response_head(&resp.headers, ctx);
-    }
-
-    fn body_filter(&self, ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {
-        log::tee_response_body(self.opts.resp_body?, ctx)
-    }
-
-    fn wants_log(&self) -> bool {
-        true
-    }
-
-    fn wants_request_head(&self) -> bool {
-        true
-    }
-
-    fn log(&self, ctx: &PluginCtx) {
-        self.batcher.push(log::entry(ctx, &self.opts));
-    }
+    )))
 }
 
 /// An open log file with the identity (device, inode) it had when opened.

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderValue};
-use http::{Method, Request, response};
+use http::{Method, Request};
 use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
@@ -24,19 +24,12 @@ use sluice_plugin_config::forward_auth::Target;
 use sluice_plugin_config::http_logger::{ConcatMethod, HttpLogger as Config};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::log::{self, Batcher, EntryOptions, Policy, Sink};
-use super::{BodyFilter, BuildCtx, Phases, Plugin, PluginCtx};
+use super::log::{Batcher, Logger, Policy, Sink};
+use super::{BuildCtx, Plugin};
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
 
 /// Most bytes of the log server's answer read (the rest closes the connection).
 const MAX_ANSWER: usize = 64 * 1024;
-
-/// The plugin on one route.
-#[derive(Debug)]
-pub struct HttpLogger {
-    opts: EntryOptions,
-    batcher: Arc<Batcher>,
-}
 
 /// Builds `http-logger`.
 pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
@@ -95,49 +88,13 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
         };
         Batcher::start(Config::NAME, owner, policy, sink, metrics)
     });
-    Ok(Arc::new(HttpLogger {
-        opts: EntryOptions {
-            format,
-            resp_body: conf
-                .include_resp_body
-                .then(|| usize::try_from(conf.max_resp_body_bytes).unwrap_or(usize::MAX)),
-        },
+    Ok(Arc::new(Logger::new(
+        Config::NAME,
+        Config::PRIORITY,
+        format,
+        conf.include_resp_body.then_some(conf.max_resp_body_bytes),
         batcher,
-    }))
-}
-
-impl Plugin for HttpLogger {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> Phases {
-        Phases::NONE
-    }
-
-    fn response_headers(&self, resp: &mut response::Parts, ctx: &mut PluginCtx) {
-        log::keep_response_head(&resp.headers, ctx);
-    }
-
-    fn body_filter(&self, ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {
-        log::tee_response_body(self.opts.resp_body?, ctx)
-    }
-
-    fn wants_log(&self) -> bool {
-        true
-    }
-
-    fn wants_request_head(&self) -> bool {
-        true
-    }
-
-    fn log(&self, ctx: &PluginCtx) {
-        self.batcher.push(log::entry(ctx, &self.opts));
-    }
+    )))
 }
 
 /// Sends batches to one log server.

@@ -372,6 +372,73 @@ pub struct EntryOptions {
     pub resp_body: Option<usize>,
 }
 
+/// A logger plugin on one route (http-logger, file-logger): the log phase builds the
+/// entry and queues it on the logger's [`Batcher`]; the response head and (with
+/// `include_resp_body`) a capped copy of the body are kept for it.
+#[derive(Debug)]
+pub struct Logger {
+    name: &'static str,
+    priority: i32,
+    opts: EntryOptions,
+    batcher: Arc<Batcher>,
+}
+
+impl Logger {
+    /// The plugin `name` at `priority`, logging to `batcher`. `resp_body`: the most
+    /// response-body bytes logged (`include_resp_body` with `max_resp_body_bytes`).
+    pub fn new(
+        name: &'static str,
+        priority: i32,
+        format: Option<LogFormat>,
+        resp_body: Option<u64>,
+        batcher: Arc<Batcher>,
+    ) -> Self {
+        Logger {
+            name,
+            priority,
+            opts: EntryOptions {
+                format,
+                resp_body: resp_body.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            },
+            batcher,
+        }
+    }
+}
+
+impl super::Plugin for Logger {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    fn priority(&self) -> i32 {
+        self.priority
+    }
+
+    fn phases(&self) -> super::Phases {
+        super::Phases::NONE
+    }
+
+    fn response_headers(&self, resp: &mut http::response::Parts, ctx: &mut PluginCtx) {
+        keep_response_head(&resp.headers, ctx);
+    }
+
+    fn body_filter(&self, ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {
+        tee_response_body(self.opts.resp_body?, ctx)
+    }
+
+    fn wants_log(&self) -> bool {
+        true
+    }
+
+    fn wants_request_head(&self) -> bool {
+        true
+    }
+
+    fn log(&self, ctx: &PluginCtx) {
+        self.batcher.push(entry(ctx, &self.opts));
+    }
+}
+
 /// A copy of the request head as it arrived (before the plugins changed it), kept for the
 /// log phase when a chain's plugin asks for it ([`super::Plugin::wants_request_head`]).
 pub fn copy_head(req: &request::Parts) -> request::Parts {
