@@ -47,6 +47,9 @@ pub struct Settings {
     /// Gateway API settings: our `controllerName`, the fleet's HTTP/HTTPS ports
     /// (`--gateway-controller-name`, `--gateway-http-port`, `--gateway-https-port`).
     pub gateway: GatewayOptions,
+    /// One Service per Gateway (`--gateway-service-namespace` and friends); `None`: every
+    /// Gateway shares the dataplane Service's address.
+    pub gateway_services: Option<crate::gateway_services::GatewayServices>,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -206,6 +209,15 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
         )));
     }
 
+    if let Some(cfg) = settings.gateway_services.clone() {
+        tasks.push(tokio::spawn(crate::gateway_services::run(
+            client.clone(),
+            cfg,
+            status_rx.clone(),
+            leader_rx.clone(),
+            metrics.clone(),
+        )));
+    }
     tasks.push(tokio::spawn(gateway_status::run(
         client.clone(),
         Arc::clone(&hub),
@@ -214,6 +226,7 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
         leader_rx.clone(),
         stores.clone(),
         settings.publish.clone(),
+        settings.gateway_services.clone(),
         metrics.clone(),
     )));
     tasks.push(tokio::spawn(status::run(

@@ -312,7 +312,7 @@ fn writes(
     report: &GatewayStatusReport,
     since: &std::collections::BTreeMap<(String, String), u64>,
     dataplanes: &Dataplanes,
-    addrs: &[GatewayStatusAddress],
+    addrs: &HashMap<(String, String), Vec<GatewayStatusAddress>>,
     stores: &Stores,
     now: Timestamp,
 ) -> Vec<Write> {
@@ -334,7 +334,11 @@ fn writes(
             .get(&(g.namespace.clone(), g.name.clone()))
             .copied()
             .unwrap_or_default();
-        let want = gateway_status(g, v, dataplanes, addrs, obj.status.as_ref(), now);
+        let a = addrs
+            .get(&(g.namespace.clone(), g.name.clone()))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        let want = gateway_status(g, v, dataplanes, a, obj.status.as_ref(), now);
         if obj.status.as_ref() != Some(&want) {
             out.push(Write::Gateway(g.namespace.clone(), g.name.clone(), want));
         }
@@ -426,6 +430,7 @@ pub async fn run(
     mut leader: watch::Receiver<bool>,
     stores: Stores,
     publish: Option<Publish>,
+    services: Option<crate::gateway_services::GatewayServices>,
     metrics: Metrics,
 ) {
     fleet.synced().await;
@@ -471,12 +476,26 @@ pub async fn run(
             counted: now_fleet.resolve(|hash| hub.version_of(hash)),
             why_none: now_fleet.why_none(),
         };
-        let addrs = match &publish {
-            Some(p) if !report.gateways.is_empty() => {
-                addresses(&published(&client, p, &stores).await.unwrap_or_default())
+        let mut addrs: HashMap<(String, String), Vec<GatewayStatusAddress>> = HashMap::new();
+        if let Some(cfg) = &services {
+            // Each Gateway's own Service.
+            for g in &report.gateways {
+                let svc = crate::gateway_services::service_name(&g.namespace, &g.name);
+                let p = Publish::Service {
+                    namespace: cfg.namespace.clone(),
+                    name: svc,
+                };
+                let a = addresses(&published(&client, &p, &stores).await.unwrap_or_default());
+                addrs.insert((g.namespace.clone(), g.name.clone()), a);
             }
-            _ => Vec::new(),
-        };
+        } else if let Some(p) = &publish
+            && !report.gateways.is_empty()
+        {
+            let a = addresses(&published(&client, p, &stores).await.unwrap_or_default());
+            for g in &report.gateways {
+                addrs.insert((g.namespace.clone(), g.name.clone()), a.clone());
+            }
+        }
         let todo: Vec<Write> = writes(
             report,
             &out.gateway.since,

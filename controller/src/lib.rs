@@ -31,6 +31,7 @@ pub mod app;
 pub mod cluster;
 pub mod events;
 pub mod fleet;
+pub mod gateway_services;
 pub mod gateway_status;
 pub mod grpc;
 pub mod http;

@@ -116,9 +116,43 @@ struct Args {
     /// Gateway API: the port of the dataplanes' HTTPS listener, likewise.
     #[arg(long, value_name = "PORT", default_value_t = 443)]
     gateway_https_port: u16,
+    /// Gateway API: give each Gateway its own Service, in this namespace (the dataplanes'),
+    /// so each Gateway has its own address and ports; the dataplanes open a port of their
+    /// own for each port of each Gateway (`--gateway-listener-ports`). Default: every
+    /// Gateway shares the dataplane Service (`--gateway-http-port`, `--gateway-https-port`).
+    #[arg(long, value_name = "NAMESPACE", requires = "gateway_service_selector")]
+    gateway_service_namespace: Option<String>,
+    /// Labels of the dataplane pods, the Gateway Services' selector (`k=v,k2=v2`).
+    #[arg(long, value_name = "SELECTOR", value_parser = sluice_controller::gateway_services::parse_selector)]
+    gateway_service_selector: Option<std::collections::BTreeMap<String, String>>,
+    /// Type of the Gateway Services.
+    #[arg(long, value_name = "TYPE", default_value = "ClusterIP", value_parser = ["ClusterIP", "NodePort", "LoadBalancer"])]
+    gateway_service_type: String,
+    /// The dataplane ports Gateway ports are given from (`FIRST-LAST`), with
+    /// `--gateway-service-namespace`. Keep them clear of the dataplanes' other ports.
+    #[arg(long, value_name = "FIRST-LAST", default_value = "20000-29999", value_parser = port_range)]
+    gateway_listener_ports: std::ops::RangeInclusive<u16>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
+}
+
+fn port_range(raw: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (a, b) = raw
+        .split_once('-')
+        .ok_or_else(|| format!("{raw:?}: expected FIRST-LAST"))?;
+    let parse = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p >= 1024)
+            .ok_or_else(|| format!("{p:?}: expected a port from 1024 to 65535"))
+    };
+    let (a, b) = (parse(a)?, parse(b)?);
+    if a > b {
+        return Err(format!("{raw:?}: FIRST is above LAST"));
+    }
+    Ok(a..=b)
 }
 
 fn service_ref(raw: &str) -> Result<(String, String), String> {
@@ -222,6 +256,23 @@ async fn main() -> anyhow::Result<()> {
             controller_name: args.gateway_controller_name.clone(),
             http_port: args.gateway_http_port,
             https_port: args.gateway_https_port,
+            listener_ports: args
+                .gateway_service_namespace
+                .as_ref()
+                .map(|_| args.gateway_listener_ports.clone()),
+        },
+        gateway_services: match (
+            &args.gateway_service_namespace,
+            &args.gateway_service_selector,
+        ) {
+            (Some(namespace), Some(selector)) => {
+                Some(sluice_controller::gateway_services::GatewayServices {
+                    namespace: namespace.clone(),
+                    selector: selector.clone(),
+                    type_: args.gateway_service_type.clone(),
+                })
+            }
+            _ => None,
         },
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);

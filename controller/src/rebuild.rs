@@ -85,16 +85,31 @@ pub struct GatewayRebuilt {
     /// certificates of that Gateway are the ones in the snapshot now (a dataplane at this
     /// version or later serves the Gateway as it is). 0 when nothing was published yet.
     pub since: BTreeMap<(String, String), u64>,
+    /// The per-Gateway ports of the snapshot (id, port, TLS), without certificates: what
+    /// the Gateway Services target.
+    pub listeners: Vec<(String, u16, bool)>,
 }
 
-/// A fingerprint of the snapshot entries a Gateway contributes (its routes, certificates).
+/// A fingerprint of the snapshot entries a Gateway contributes (its routes, certificates,
+/// per-Gateway ports).
 fn gateway_content(
     snapshot: &v1::Snapshot,
+    gateway: (&str, &str),
     routes: &[String],
     certificates: &[String],
     accepted: bool,
 ) -> String {
+    let prefix = format!("{}/{}/", gateway.0, gateway.1);
     let part = v1::Snapshot {
+        listeners: snapshot
+            .listeners
+            .iter()
+            .filter(|l| {
+                l.id.strip_prefix(&prefix)
+                    .is_some_and(|port| !port.contains('/'))
+            })
+            .cloned()
+            .collect(),
         routes: snapshot
             .routes
             .iter()
@@ -235,9 +250,21 @@ impl Rebuilder {
                 });
                 (
                     (g.namespace.clone(), g.name.clone()),
-                    gateway_content(&translation.snapshot, &g.routes, &g.certificates, accepted),
+                    gateway_content(
+                        &translation.snapshot,
+                        (&g.namespace, &g.name),
+                        &g.routes,
+                        &g.certificates,
+                        accepted,
+                    ),
                 )
             })
+            .collect();
+        let listener_ports: Vec<(String, u16, bool)> = translation
+            .snapshot
+            .listeners
+            .iter()
+            .filter_map(|l| Some((l.id.clone(), u16::try_from(l.port).ok()?, l.tls)))
             .collect();
         let outcome = if self.hash.as_deref() == Some(hash.as_str()) {
             Outcome::Unchanged(self.version)
@@ -298,6 +325,7 @@ impl Rebuilder {
         let mut gateway = GatewayRebuilt {
             report: translation.status.gateway,
             since: BTreeMap::new(),
+            listeners: listener_ports,
         };
         for (key, content) in gateway_contents {
             let v = match self.gateway_since.get(&key) {

@@ -64,6 +64,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
         tls: TlsSettings::default(),
         dataplane_service: None,
         gateway: Default::default(),
+        gateway_services: None,
     }
 }
 

@@ -10,7 +10,7 @@ use clap::Parser;
 use sluice_cli::{LogFormat, init_logs, shutdown_signal};
 use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::config::{standalone, store::Store};
-use sluice_dataplane::listener::{admin, server, tls};
+use sluice_dataplane::listener::{admin, gateway, server, tls};
 use sluice_dataplane::net::wbatch;
 use sluice_dataplane::upstream::PoolConfig;
 
@@ -302,6 +302,13 @@ fn main() -> anyhow::Result<()> {
     });
     server::set_idle_trim(trim_heap);
     let (drain_trigger, drain) = server::Drain::channel();
+    let gateway_listeners = Arc::new(std::sync::Mutex::new(gateway::GatewayListeners::new(
+        args.listen_http.ip(),
+        workers,
+        Arc::clone(&store),
+        limits,
+    )));
+    let gateway_drain = drain.clone();
     let mut handles = server::spawn_workers_until(
         args.listen_http,
         workers,
@@ -327,6 +334,11 @@ fn main() -> anyhow::Result<()> {
     tracing::info!(http = %args.listen_http, https = %args.listen_https, admin = %args.admin, status = ?args.status, workers, source = %source_name, "sluice-dataplane serving");
 
     control.block_on(async move {
+        tokio::spawn(gateway::run(
+            Arc::clone(&gateway_listeners),
+            Arc::clone(&store),
+            gateway_drain,
+        ));
         tokio::spawn(admin::serve(
             admin_listener,
             Arc::clone(&store),
@@ -382,7 +394,11 @@ fn main() -> anyhow::Result<()> {
         tracing::info!(timeout = ?args.drain_timeout, "draining");
         drain_trigger.drain();
         let deadline = tokio::time::Instant::now() + args.drain_timeout;
-        while !handles.iter().all(|h| h.is_finished()) {
+        let gateway_done = || match gateway_listeners.lock() {
+            Ok(g) => g.finished(),
+            Err(p) => p.into_inner().finished(),
+        };
+        while !(handles.iter().all(|h| h.is_finished()) && gateway_done()) {
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(
                     "drain timeout reached; exiting with requests or WebSocket sessions still open"

@@ -267,7 +267,12 @@ ports: [{{name: http, port: 8080}}]
         // charts/sluice/templates/rbac.yaml fails these tests.
         let controller_kubeconfig = cluster.chart_controller_kubeconfig(&namespace)?;
         let default_lease = format!("{RELEASE}-controller");
-        let mut controller_args: Vec<&str> = controller_args.to_vec();
+        // `{namespace}` in a flag stands for the pipeline's namespace (the release's).
+        let substituted: Vec<String> = controller_args
+            .iter()
+            .map(|a| a.replace("{namespace}", &namespace))
+            .collect();
+        let mut controller_args: Vec<&str> = substituted.iter().map(String::as_str).collect();
         if !controller_args.contains(&"--leader-elect") {
             controller_args.extend([
                 "--leader-elect",

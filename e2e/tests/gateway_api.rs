@@ -485,3 +485,157 @@ fn without_the_gateway_api_crds_the_controller_still_serves_apisix_routes() {
     p.cluster.apply(&p.route_yaml("demo", "/other*")).unwrap();
     wait_http(p.http, "demo.e2e", "/other", 200);
 }
+
+/// The Gateway Services the controller manages in `ns`, as JSON.
+fn gateway_services(p: &Pipeline, ns: &str) -> Vec<Value> {
+    let out = p
+        .cluster
+        .kubectl(&[
+            "get",
+            "services",
+            "-n",
+            ns,
+            "-l",
+            "app.kubernetes.io/managed-by=sluice-gateway",
+            "-o",
+            "json",
+        ])
+        .unwrap();
+    let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
+    v["items"].as_array().cloned().unwrap_or_default()
+}
+
+/// The target port of `port` in the Gateway Service of `ns/name`.
+fn target_of(services: &[Value], gateway: &str, port: i64) -> Option<u16> {
+    let svc = services
+        .iter()
+        .find(|s| s["metadata"]["annotations"]["gateway.sluice.dev/gateway"] == gateway)?;
+    let p = svc["spec"]["ports"]
+        .as_array()?
+        .iter()
+        .find(|p| p["port"] == port)?;
+    u16::try_from(p["targetPort"].as_i64()?).ok()
+}
+
+/// `--gateway-service-namespace`: each Gateway gets its own Service (its own ClusterIP,
+/// published in its status) whose ports target dataplane ports opened for that Gateway
+/// alone. Two Gateways route the same host and path to different answers, a listener may
+/// use any port (8080), and a Gateway that goes takes its Service and ports with it.
+#[test]
+fn each_gateway_gets_its_own_service_address_and_ports() {
+    let p = Pipeline::start_with_gateway_api(&[
+        "--gateway-service-namespace",
+        "{namespace}",
+        "--gateway-service-selector",
+        "app.kubernetes.io/component=dataplane",
+        "--gateway-service-type",
+        "ClusterIP",
+        "--gateway-listener-ports",
+        "41000-41999",
+    ])
+    .unwrap();
+    let ns = p.namespace.clone();
+    let gateway = |name: &str, port: u16| {
+        format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  gatewayClassName: sluice
+  listeners: [{{name: http, protocol: HTTP, port: {port}}}]
+"#
+        )
+    };
+    let route = |name: &str, gw: &str| {
+        format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: {gw}}}]
+  hostnames: [same.e2e]
+  rules:
+    - backendRefs: [{{name: echo, port: 80}}]
+      filters:
+        - type: ResponseHeaderModifier
+          responseHeaderModifier: {{set: [{{name: x-gateway, value: {gw}}}]}}
+"#
+        )
+    };
+    p.cluster
+        .apply(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: sluice}}\nspec: {{controllerName: {CONTROLLER}}}\n---\n{}---\n{}---\n{}---\n{}",
+            gateway("one", 80),
+            gateway("two", 8080),
+            route("to-one", "one"),
+            route("to-two", "two"),
+        ))
+        .unwrap();
+
+    // One Service per Gateway, its port targeting a dataplane port from the range.
+    let (one, two) = eventually(WAIT, || {
+        let s = gateway_services(&p, &ns);
+        Some((
+            target_of(&s, &format!("{ns}/one"), 80)?,
+            target_of(&s, &format!("{ns}/two"), 8080)?,
+        ))
+    })
+    .unwrap_or_else(|| panic!("no Gateway Services: {:#?}", gateway_services(&p, &ns)));
+    assert!((41000..=41999).contains(&one) && (41000..=41999).contains(&two));
+    assert_ne!(one, two);
+    let services = gateway_services(&p, &ns);
+    for s in &services {
+        assert_eq!(
+            s["spec"]["selector"]["app.kubernetes.io/component"], "dataplane",
+            "{s:#}"
+        );
+    }
+
+    // Same host and path, two Gateways, two answers; the shared port serves neither.
+    let at = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let r = wait_http(at(one), "same.e2e", "/", 200);
+    assert_eq!(r.header("x-gateway"), Some("one"));
+    let r = wait_http(at(two), "same.e2e", "/", 200);
+    assert_eq!(r.header("x-gateway"), Some("two"));
+    assert_eq!(http_get(p.http, "same.e2e", "/").unwrap().status, 404);
+
+    // Each Gateway publishes its own Service's ClusterIP.
+    for (gw, svc) in ["one", "two"].iter().map(|g| {
+        let svc = services
+            .iter()
+            .find(|s| {
+                s["metadata"]["annotations"]["gateway.sluice.dev/gateway"] == format!("{ns}/{g}")
+            })
+            .unwrap()
+            .clone();
+        (*g, svc)
+    }) {
+        let ip = svc["spec"]["clusterIP"].as_str().unwrap().to_owned();
+        wait_object(&p, "gateway", Some(&ns), gw, "its Service's address", |g| {
+            g["status"]["addresses"][0]["value"] == ip.as_str()
+                && cond(&g["status"]["conditions"], "Programmed")
+                    .is_some_and(|(s, _, _)| s == "True")
+        });
+    }
+
+    // Gateway two goes: its Service goes, its port closes; one keeps serving.
+    p.cluster
+        .kubectl_ok(&["delete", "gateway", "two", "-n", &ns])
+        .unwrap();
+    eventually(WAIT, || {
+        let s = gateway_services(&p, &ns);
+        (s.len() == 1 && target_of(&s, &format!("{ns}/one"), 80).is_some()).then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "Service of Gateway two left: {:#?}",
+            gateway_services(&p, &ns)
+        )
+    });
+    eventually(WAIT, || {
+        http_get(at(two), "same.e2e", "/").is_err().then_some(())
+    })
+    .expect("the port of Gateway two still answers");
+    let r = wait_http(at(one), "same.e2e", "/", 200);
+    assert_eq!(r.header("x-gateway"), Some("one"));
+}

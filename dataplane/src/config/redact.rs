@@ -3,6 +3,7 @@
 //! [`REDACTED`].
 //!
 //! What counts as secret: TLS private keys (server certificates, the default certificate,
+//! those of per-Gateway listeners,
 //! upstream client certificates), and in every plugin configuration (routes, global rules,
 //! consumers) the values of fields named as credentials: `password`, `secret`,
 //! `private_key`, `token`, `secret_key` (hmac-auth), any field ending in `_password`,
@@ -16,10 +17,16 @@ pub const REDACTED: &str = "<redacted>";
 /// A copy of `snapshot` without secret material.
 pub fn redacted(snapshot: &v1::Snapshot) -> v1::Snapshot {
     let mut s = snapshot.clone();
+    let listener_certs = s.listeners.iter_mut().flat_map(|l| {
+        l.tls_certificates
+            .iter_mut()
+            .chain(l.default_certificate.as_mut())
+    });
     for cert in s
         .tls_certificates
         .iter_mut()
         .chain(s.default_certificate.as_mut())
+        .chain(listener_certs)
     {
         hide(&mut cert.private_key_pem);
     }
@@ -164,6 +171,19 @@ mod tests {
                 private_key_pem: "DEFAULT-KEY".into(),
                 ..Default::default()
             }),
+            listeners: vec![v1::Listener {
+                id: "ns/gw/443".into(),
+                tls: true,
+                tls_certificates: vec![v1::TlsCertificate {
+                    private_key_pem: "GATEWAY-KEY".into(),
+                    ..Default::default()
+                }],
+                default_certificate: Some(v1::TlsCertificate {
+                    private_key_pem: "GATEWAY-DEFAULT-KEY".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }],
             upstreams: vec![v1::Upstream {
                 id: "u".into(),
                 tls: Some(v1::UpstreamTls {
@@ -208,6 +228,8 @@ mod tests {
         for secret in [
             "TOP-SECRET-KEY",
             "DEFAULT-KEY",
+            "GATEWAY-KEY",
+            "GATEWAY-DEFAULT-KEY",
             "CLIENT-KEY",
             "alice-api-key",
             "pw-1",

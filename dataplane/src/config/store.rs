@@ -38,6 +38,8 @@ pub struct Store {
     metrics: Metrics,
     plugin_state: PluginState,
     draining: std::sync::atomic::AtomicBool,
+    /// Signalled when a new table is served (the per-Gateway listener manager waits on it).
+    changed: tokio::sync::Notify,
 }
 
 impl Store {
@@ -60,6 +62,7 @@ impl Store {
             pools,
             metrics,
             draining: std::sync::atomic::AtomicBool::new(false),
+            changed: tokio::sync::Notify::new(),
             plugin_state,
         })
     }
@@ -106,6 +109,7 @@ impl Store {
                 let routes = table.routes.len();
                 let upstreams = table.upstream_count;
                 self.table.store(Arc::new(table));
+                self.changed.notify_one();
                 self.plugin_state.prune();
                 self.metrics
                     .snapshot_version
@@ -130,6 +134,11 @@ impl Store {
                 Err(e)
             }
         }
+    }
+
+    /// Resolves once a table is served after the last call (one waiter).
+    pub async fn table_changed(&self) {
+        self.changed.notified().await;
     }
 
     /// Notes that a load produced exactly the snapshot being served: clears the last error.

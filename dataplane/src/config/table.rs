@@ -63,6 +63,33 @@ pub enum InvalidSnapshot {
         /// What is wrong.
         reason: String,
     },
+    /// A per-Gateway listener is invalid, or a route names a listener the snapshot does
+    /// not carry.
+    #[error("{owner}: {field}: {reason}")]
+    Listener {
+        /// `listener <id>` or `route <id>`.
+        owner: String,
+        /// Offending field.
+        field: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// One per-Gateway port of a snapshot (`Snapshot.listeners`): its own routes and
+/// certificates.
+#[derive(Debug)]
+pub struct ListenerTable {
+    /// `<namespace>/<gateway>/<port>`.
+    pub id: String,
+    /// Port the dataplane listens on.
+    pub port: u16,
+    /// Whether TLS is terminated on it.
+    pub tls: bool,
+    /// Index of the routes served on it (indexes of [`RouteTable::routes`]).
+    pub router: Router,
+    /// Its certificates (empty unless `tls`).
+    pub certs: crate::config::certs::TlsTable,
 }
 
 /// A route ready to serve.
@@ -109,6 +136,8 @@ pub struct RouteTable {
     pub upstreams: Vec<Arc<Upstream>>,
     /// Server certificates by SNI, for the HTTPS listener.
     pub tls: crate::config::certs::TlsTable,
+    /// Per-Gateway ports, sorted by id.
+    pub listeners: Vec<ListenerTable>,
 }
 
 fn duration_or(ms: u64, default: Duration) -> Duration {
@@ -174,6 +203,7 @@ impl RouteTable {
         }
         global.sort_by_key(|p| std::cmp::Reverse(p.priority()));
         let router = Router::new(&snapshot.routes)?;
+        let listeners = compile_listeners(snapshot)?;
         let tls = crate::config::certs::TlsTable::compile_with_defaults(
             &snapshot.tls_certificates,
             snapshot.default_certificate.as_ref(),
@@ -269,6 +299,91 @@ impl RouteTable {
                 .filter_map(|u| upstreams.get(u.id.as_str()).cloned())
                 .collect(),
             tls,
+            listeners,
         })
     }
+
+    /// The per-Gateway listener `id`.
+    pub fn listener(&self, id: &str) -> Option<&ListenerTable> {
+        self.listeners
+            .binary_search_by(|l| l.id.as_str().cmp(id))
+            .ok()
+            .and_then(|i| self.listeners.get(i))
+    }
+
+    /// The routes of a connection's listener: the dataplane's own (`None`) or a
+    /// per-Gateway one; `None` when that listener is no longer in this table.
+    pub fn router_for(&self, listener: Option<&str>) -> Option<&Router> {
+        match listener {
+            None => Some(&self.router),
+            Some(id) => self.listener(id).map(|l| &l.router),
+        }
+    }
+
+    /// The certificates of a connection's listener (see [`RouteTable::router_for`]).
+    pub fn tls_for(&self, listener: Option<&str>) -> Option<&crate::config::certs::TlsTable> {
+        match listener {
+            None => Some(&self.tls),
+            Some(id) => self.listener(id).map(|l| &l.certs),
+        }
+    }
+}
+
+/// Validates and compiles `snapshot.listeners`, and checks that every route's
+/// `listeners` names one of them.
+fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, InvalidSnapshot> {
+    let mut out: Vec<ListenerTable> = Vec::with_capacity(snapshot.listeners.len());
+    for l in &snapshot.listeners {
+        let fail = |field: &str, reason: String| InvalidSnapshot::Listener {
+            owner: format!("listener {}", l.id),
+            field: field.to_owned(),
+            reason,
+        };
+        if l.id.is_empty() {
+            return Err(fail("id", "empty".into()));
+        }
+        let port = u16::try_from(l.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| fail("port", format!("{} is not a TCP port", l.port)))?;
+        if let Some(other) = out.iter().find(|o| o.id == l.id || o.port == port) {
+            return Err(fail(
+                "port",
+                format!("listener {} has the same id or port {port}", other.id),
+            ));
+        }
+        if !l.tls && (!l.tls_certificates.is_empty() || l.default_certificate.is_some()) {
+            return Err(fail(
+                "tls_certificates",
+                "certificates on a listener without TLS".into(),
+            ));
+        }
+        let id = l.id.clone();
+        let router = Router::scoped(&snapshot.routes, |r| r.listeners.contains(&id))?;
+        let certs = crate::config::certs::TlsTable::compile_with_defaults(
+            &l.tls_certificates,
+            l.default_certificate.as_ref(),
+            "",
+        )?;
+        out.push(ListenerTable {
+            id,
+            port,
+            tls: l.tls,
+            router,
+            certs,
+        });
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    for r in &snapshot.routes {
+        for (i, id) in r.listeners.iter().enumerate() {
+            if out.binary_search_by(|l| l.id.as_str().cmp(id)).is_err() {
+                return Err(InvalidSnapshot::Listener {
+                    owner: format!("route {}", r.id),
+                    field: format!("listeners[{i}]"),
+                    reason: format!("unknown listener `{id}`"),
+                });
+            }
+        }
+    }
+    Ok(out)
 }

@@ -45,6 +45,10 @@ pub struct ConnInfo {
     /// from then on an HTTP/1.x response on this connection asks the client to close it.
     /// Default: none, the connection is never asked to close.
     pub going_away: Option<Arc<AtomicBool>>,
+    /// The per-Gateway listener (`Snapshot.listeners` id) the connection came in on; `None`
+    /// for the dataplane's own listeners. Its routes and certificates are the only ones
+    /// it can reach.
+    pub listener: Option<Arc<str>>,
 }
 
 impl ConnInfo {
@@ -66,6 +70,7 @@ impl ConnInfo {
             client_body_timeout: CLIENT_BODY_TIMEOUT,
             max_header_bytes: MAX_HEADER_BYTES,
             going_away: None,
+            listener: None,
         }
     }
 

@@ -1,7 +1,9 @@
 //! Listeners: where connections come in. Accept loops and workers ([`server`]), HTTPS
-//! termination ([`tls`]), and the admin listener ([`admin`]: probes, metrics, snapshot).
+//! termination ([`tls`]), per-Gateway ports opened from the snapshot ([`gateway`]), and the
+//! admin listener ([`admin`]: probes, metrics, snapshot).
 //! Each accepted request is handed to [`crate::request::handle`].
 
 pub mod admin;
+pub mod gateway;
 pub mod server;
 pub mod tls;

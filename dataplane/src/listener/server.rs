@@ -475,6 +475,18 @@ pub(crate) fn spawn_idle_trim(permits: &Arc<Semaphore>, max_connections: usize) 
 /// asks every connection to close after its response (see `close_if_going_away` and
 /// `serve_h2`).
 pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limits, drain: Drain) {
+    serve_scoped(listener, store, limits, drain, None).await;
+}
+
+/// Like [`serve_until`], for a per-Gateway listener (`scope`: its id; `None` for the
+/// dataplane's own listener): its connections reach only its routes.
+pub async fn serve_scoped(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+    scope: Option<Arc<str>>,
+) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     spawn_idle_trim(&permits, limits.max_connections);
     crate::net::wbatch::enable_on_this_thread();
@@ -510,6 +522,7 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
         let timer = timer.clone();
         store.plugin_state().apisix.connection_opened();
         let mut drain = drain.clone();
+        let scope = scope.clone();
         tokio::spawn(async move {
             let _closed = ConnClosed(Arc::clone(&store));
             // A connection that has not sent a byte yet is idle: drain closes it.
@@ -524,6 +537,7 @@ pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limit
             conn.client_body_timeout = limits.client_body_timeout;
             conn.max_header_bytes = limits.max_header_bytes;
             conn.going_away = Some(drain.going_away_flag());
+            conn.listener = scope;
             let conn = Arc::new(conn);
             let io = TokioIo::new(SendTimeout::new(
                 crate::net::wbatch::BatchedStream::new(stream),

@@ -54,6 +54,8 @@ const MISDIRECTED_BODY: &str = "{\"error_msg\":\"421 Misdirected Request: this h
 struct TlsConn {
     entry: Arc<SniEntry>,
     has_client_cert: bool,
+    /// The per-Gateway listener it came in on (`None`: the dataplane's own).
+    listener: Option<Arc<str>>,
 }
 
 impl TlsConn {
@@ -66,7 +68,8 @@ impl TlsConn {
             return Some(small_response(StatusCode::BAD_REQUEST, NO_CLIENT_CERT_BODY));
         }
         let table = store.table();
-        if !table.tls.any_client_auth {
+        let tls = table.tls_for(self.listener.as_deref())?;
+        if !tls.any_client_auth {
             return None;
         }
         let host = req
@@ -75,7 +78,7 @@ impl TlsConn {
             .and_then(|h| h.to_str().ok())
             .or_else(|| req.uri().host())?;
         let host = strip_port(host);
-        let other = table.tls.lookup(host)?;
+        let other = tls.lookup(host)?;
         if other.id != self.entry.id && !matches!(other.client_auth, ClientAuth::None) {
             return Some(small_response(
                 StatusCode::MISDIRECTED_REQUEST,
@@ -131,6 +134,19 @@ pub async fn serve_https_until(
     limits: Limits,
     drain: Drain,
 ) {
+    serve_https_scoped(listener, store, limits, drain, None).await;
+}
+
+/// Like [`serve_https_until`], for a per-Gateway listener (`scope`: its id; `None` for the
+/// dataplane's own HTTPS listener): handshakes take its certificates and requests its
+/// routes.
+pub async fn serve_https_scoped(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+    scope: Option<Arc<str>>,
+) {
     let Some(refuse) = refusing_config() else {
         tracing::error!("cannot build the TLS configuration; HTTPS listener not serving");
         return;
@@ -169,6 +185,7 @@ pub async fn serve_https_until(
         let timer = timer.clone();
         let refuse = Arc::clone(&refuse);
         let mut drain = drain.clone();
+        let scope = scope.clone();
         tokio::spawn(async move {
             let deadline = limits.header_read_timeout;
             let handshaken = tokio::select! {
@@ -183,6 +200,7 @@ pub async fn serve_https_until(
                         remote,
                         &store,
                         refuse,
+                        scope.clone(),
                     ),
                 ) => h,
                 _ = drain.wait() => return,
@@ -195,6 +213,7 @@ pub async fn serve_https_until(
             info.client_body_timeout = limits.client_body_timeout;
             info.max_header_bytes = limits.max_header_bytes;
             info.going_away = Some(drain.going_away_flag());
+            info.listener = scope;
             let info = Arc::new(info);
             let conn = Arc::new(conn);
             let activity = Activity::new();
@@ -255,6 +274,7 @@ async fn handshake(
     remote: SocketAddr,
     store: &Store,
     refuse: Arc<ServerConfig>,
+    listener: Option<Arc<str>>,
 ) -> Option<(
     tokio_rustls::server::TlsStream<SendTimeout<crate::net::wbatch::BatchedStream>>,
     TlsConn,
@@ -267,7 +287,11 @@ async fn handshake(
         }
     };
     let sni = start.client_hello().server_name().map(str::to_owned);
-    let entry = store.table().tls.select(sni.as_deref()).cloned();
+    let entry = store
+        .table()
+        .tls_for(listener.as_deref())
+        .and_then(|tls| tls.select(sni.as_deref()))
+        .cloned();
     let Some(entry) = entry else {
         tracing::debug!(%remote, sni = ?sni, "TLS handshake refused: no certificate for this server name");
         // NB: finishing the handshake with a resolver that has no certificate sends the
@@ -283,6 +307,7 @@ async fn handshake(
                 TlsConn {
                     entry,
                     has_client_cert,
+                    listener,
                 },
             ))
         }

@@ -200,7 +200,10 @@ fn route<'t>(
         local_addr: conn.local_addr,
         scheme: conn.scheme,
     };
-    let idx = table.router.lookup(&info).ok_or(ProxyError::NoRoute)?;
+    let idx = table
+        .router_for(conn.listener.as_deref())
+        .and_then(|router| router.lookup(&info))
+        .ok_or(ProxyError::NoRoute)?;
     let route = table.routes.get(idx).ok_or(ProxyError::NoRoute)?;
     if route.plugins.is_some() {
         return Ok((route, None));

@@ -310,9 +310,19 @@ enum RoutePath {
 }
 
 impl Router {
-    /// Compiles routes; errors name the route id, the field and the reason
+    /// Compiles the routes served on the dataplane's own listeners (those without
+    /// `listeners`); errors name the route id, the field and the reason
     /// (e.g. `route default/r/rule1: match.exprs[0].value: invalid regex ...`).
     pub fn new(routes: &[Route]) -> Result<Router, InvalidRoute> {
+        Self::scoped(routes, |r| r.listeners.is_empty())
+    }
+
+    /// Compiles the routes for which `include` holds (the routes of one listener); the
+    /// others are not indexed, and indexes stay those of `routes`.
+    pub fn scoped(
+        routes: &[Route],
+        include: impl Fn(&Route) -> bool,
+    ) -> Result<Router, InvalidRoute> {
         if u32::try_from(routes.len()).is_err() {
             return Err(InvalidRoute {
                 route_id: String::new(),
@@ -332,6 +342,15 @@ impl Router {
                 field,
                 reason,
             };
+            if !include(route) {
+                // NB: never a candidate; keeps the indexes of `routes`.
+                matchers.push(Matcher {
+                    methods: 0,
+                    remote_addrs: Box::default(),
+                    exprs: Box::default(),
+                });
+                continue;
+            }
             if route.id.is_empty() {
                 return Err(fail("id".into(), InvalidReason::MissingId));
             }

@@ -509,6 +509,7 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
             // NB: the operator's --default-ssl-certificate wins over a Gateway's.
             default_certificate: tls.default_certificate.or(gw.default_certificate),
             fallback_sni: tls.fallback_sni,
+            listeners: gw.listeners,
         },
         status,
         ingresses,

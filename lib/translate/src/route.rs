@@ -180,6 +180,7 @@ impl RuleCtx<'_, '_> {
             websocket: rule.websocket,
             backends,
             plugins,
+            listeners: Vec::new(),
         };
         Some((route, upstreams))
     }

@@ -9,8 +9,9 @@
 //! SLUICE_UPDATE_GOLDEN=1 cargo test -p sluice-translate --test gateway_golden
 //! ```
 //!
-//! A first line `# options: controller_name=<name> http_port=<n> https_port=<n>` in the
-//! first input file sets the matching `Options::gateway` fields.
+//! A first line `# options: controller_name=<name> http_port=<n> https_port=<n>
+//! listener_ports=<first>-<last>` in the first input file sets the matching
+//! `Options::gateway` fields.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -30,6 +31,27 @@ struct Certificate<'a> {
     hosts: &'a [String],
 }
 
+/// A per-Gateway port without key material.
+#[derive(Serialize)]
+struct Listener<'a> {
+    id: &'a str,
+    source: &'a str,
+    port: u32,
+    tls: bool,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    certificates: Vec<Certificate<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    default_certificate: Option<&'a str>,
+}
+
+fn certificate(c: &sluice_proto::v1::TlsCertificate) -> Certificate<'_> {
+    Certificate {
+        id: &c.id,
+        source: &c.source,
+        hosts: &c.hosts,
+    }
+}
+
 #[derive(Serialize)]
 struct Golden<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -41,6 +63,9 @@ struct Golden<'a> {
     /// The default certificate (served for hosts no certificate names), by source.
     #[serde(skip_serializing_if = "Option::is_none")]
     default_certificate: Option<&'a str>,
+    /// Per-Gateway ports, their certificates without key material.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    listeners: Vec<Listener<'a>>,
     gateway: &'a GatewayStatusReport,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
     apisix: &'a [ObjectStatus],
@@ -84,6 +109,10 @@ fn options(first: &str) -> Options {
                 Some(("controller_name", v)) => opts.gateway.controller_name = v.to_owned(),
                 Some(("http_port", v)) => opts.gateway.http_port = v.parse().unwrap(),
                 Some(("https_port", v)) => opts.gateway.https_port = v.parse().unwrap(),
+                Some(("listener_ports", v)) => {
+                    let (a, b) = v.split_once('-').unwrap();
+                    opts.gateway.listener_ports = Some(a.parse().unwrap()..=b.parse().unwrap());
+                }
                 _ => panic!("unknown gateway golden option {kv:?}"),
             }
         }
@@ -121,6 +150,19 @@ fn render(files: &[(String, String)]) -> String {
             .default_certificate
             .as_ref()
             .map(|c| c.source.as_str()),
+        listeners: t
+            .snapshot
+            .listeners
+            .iter()
+            .map(|l| Listener {
+                id: &l.id,
+                source: &l.source,
+                port: l.port,
+                tls: l.tls,
+                certificates: l.tls_certificates.iter().map(certificate).collect(),
+                default_certificate: l.default_certificate.as_ref().map(|c| c.source.as_str()),
+            })
+            .collect(),
         gateway: &t.status.gateway,
         apisix: &t.status.objects,
     };

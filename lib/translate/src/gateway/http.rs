@@ -49,7 +49,7 @@ use sluice_crds::gateway::{
 };
 use sluice_proto::v1;
 
-use super::{RESOLVED_REFS, RouteKind, cond, granted, reason};
+use super::{RESOLVED_REFS, RouteKind, Slot, cond, granted, reason};
 use crate::Index;
 use crate::problems::Problems;
 use crate::status::Condition;
@@ -760,10 +760,11 @@ pub(crate) fn join_capped(items: &[String]) -> String {
     out
 }
 
-/// Translates the rules of `route` for the hosts per scheme it attached with.
+/// Translates the rules of `route` for the hosts per slot (scheme or per-Gateway port) it
+/// attached with.
 pub(crate) fn translate_rules(
     route: &RouteInput<'_>,
-    schemes: &BTreeMap<bool, Option<BTreeSet<String>>>,
+    schemes: &BTreeMap<Slot, Option<BTreeSet<String>>>,
     ctx: &Ctx<'_, '_>,
 ) -> Translated {
     let mut entries = Vec::new();
@@ -780,33 +781,7 @@ pub(crate) fn translate_rules(
         .as_ref()
         .map(|t| t.0.as_second());
 
-    // (hosts, scheme expr, id suffix) per emitted variant.
-    let variants: Vec<(Vec<String>, Option<v1::Expr>, &str)> = {
-        let host_list = |h: &Option<BTreeSet<String>>| -> Vec<String> {
-            h.as_ref()
-                .map(|s| s.iter().cloned().collect())
-                .unwrap_or_default()
-        };
-        let scheme_expr = |https: bool| {
-            let s = if https { "https" } else { "http" };
-            Some(expr(v1::ExprScope::Variable, "scheme", false, s))
-        };
-        match (schemes.get(&false), schemes.get(&true)) {
-            (Some(a), Some(b)) if a == b => vec![(host_list(a), None, "")],
-            (Some(a), None) => vec![(host_list(a), scheme_expr(false), "")],
-            (None, Some(b)) => vec![(host_list(b), scheme_expr(true), "")],
-            _ => schemes
-                .iter()
-                .map(|(https, h)| {
-                    (
-                        host_list(h),
-                        scheme_expr(*https),
-                        if *https { "-https" } else { "-http" },
-                    )
-                })
-                .collect(),
-        }
-    };
+    let variants = variants(schemes);
 
     let rule_count = match route.rules {
         Rules::Http(r) => r.len(),
@@ -958,10 +933,11 @@ pub(crate) fn translate_rules(
                 }
             };
             plugins.extend(extra_plugins.iter().cloned());
-            for (hosts, scheme, suffix) in &variants {
+            for v in &variants {
+                let (hosts, suffix) = (&v.hosts, &v.suffix);
                 let id = format!("{ns}/{name}/{}-r{i}-m{j}{suffix}", route.id_prefix());
                 let mut exprs = m.exprs.clone();
-                exprs.extend(scheme.clone());
+                exprs.extend(v.scheme.clone());
                 rule_entries.push(Entry {
                     rank: (
                         m.rank_path,
@@ -981,6 +957,7 @@ pub(crate) fn translate_rules(
                         backends: backends.clone(),
                         plugins: plugins.clone(),
                         websocket,
+                        listeners: v.listeners.clone(),
                         ..Default::default()
                     },
                 });
@@ -1026,4 +1003,74 @@ pub(crate) fn translate_rules(
         valid_rules,
         rule_count,
     }
+}
+
+/// One copy of a route's matches: the hosts, scheme and per-Gateway ports it serves.
+#[derive(Debug)]
+struct Variant {
+    hosts: Vec<String>,
+    /// On the shared ports: an expr on `scheme` when the route attached to one scheme only.
+    scheme: Option<v1::Expr>,
+    /// Per-Gateway ports (`Route.listeners`).
+    listeners: Vec<String>,
+    /// Appended to the route id when there is more than one variant.
+    suffix: String,
+}
+
+/// The copies `schemes` (hosts per slot) asks for: on the shared ports, one per scheme
+/// unless both schemes have the same hosts; on per-Gateway ports, one per distinct host
+/// set, each naming its ports.
+fn variants(schemes: &BTreeMap<Slot, Option<BTreeSet<String>>>) -> Vec<Variant> {
+    let host_list = |h: &Option<BTreeSet<String>>| -> Vec<String> {
+        h.as_ref()
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
+    };
+    let scheme_expr = |https: bool| {
+        let s = if https { "https" } else { "http" };
+        Some(expr(v1::ExprScope::Variable, "scheme", false, s))
+    };
+    let shared = |https: bool, hosts: &Option<BTreeSet<String>>, suffix: &str| Variant {
+        hosts: host_list(hosts),
+        scheme: scheme_expr(https),
+        listeners: Vec::new(),
+        suffix: suffix.to_owned(),
+    };
+    let mut out = Vec::new();
+    match (
+        schemes.get(&Slot::Scheme(false)),
+        schemes.get(&Slot::Scheme(true)),
+    ) {
+        (Some(a), Some(b)) if a == b => out.push(Variant {
+            scheme: None,
+            ..shared(false, a, "")
+        }),
+        (Some(a), None) => out.push(shared(false, a, "")),
+        (None, Some(b)) => out.push(shared(true, b, "")),
+        (Some(a), Some(b)) => {
+            out.push(shared(false, a, "-http"));
+            out.push(shared(true, b, "-https"));
+        }
+        (None, None) => {}
+    }
+    let mut by_hosts: BTreeMap<&Option<BTreeSet<String>>, Vec<String>> = BTreeMap::new();
+    for (slot, hosts) in schemes {
+        if let Slot::Listener(id) = slot {
+            by_hosts.entry(hosts).or_default().push(id.clone());
+        }
+    }
+    let many = by_hosts.len() > 1;
+    for (k, (hosts, listeners)) in by_hosts.into_iter().enumerate() {
+        out.push(Variant {
+            hosts: host_list(hosts),
+            scheme: None,
+            listeners,
+            suffix: if many {
+                format!("-l{k}")
+            } else {
+                String::new()
+            },
+        });
+    }
+    out
 }

@@ -87,6 +87,10 @@ pub struct GatewayOptions {
     pub http_port: u16,
     /// Port of the HTTPS listener, likewise. Default 443.
     pub https_port: u16,
+    /// Per-Gateway addresses: the dataplanes open a port of their own for each port of each
+    /// Gateway, taken from this range (see "Per-Gateway ports" above), and listeners may use
+    /// any port. `None` (default): every Gateway shares `http_port` and `https_port`.
+    pub listener_ports: Option<std::ops::RangeInclusive<u16>>,
 }
 
 impl Default for GatewayOptions {
@@ -95,6 +99,7 @@ impl Default for GatewayOptions {
             controller_name: DEFAULT_CONTROLLER_NAME.to_owned(),
             http_port: 80,
             https_port: 443,
+            listener_ports: None,
         }
     }
 }
@@ -134,6 +139,8 @@ pub(crate) struct Output {
     /// first): served to handshakes without SNI or for a host no certificate covers, unless
     /// `--default-ssl-certificate` names one.
     pub(crate) default_certificate: Option<v1::TlsCertificate>,
+    /// Per-Gateway ports (with `GatewayOptions::listener_ports`), sorted by id.
+    pub(crate) listeners: Vec<v1::Listener>,
     pub(crate) status: GatewayStatusReport,
     /// Next unix second a listener certificate verdict changes.
     pub(crate) changes_at: Option<i64>,
@@ -156,15 +163,37 @@ enum From {
     Selector(LabelSelector),
 }
 
+/// Where a route attached: a scheme of the shared ports, or one Gateway's own port
+/// (`Snapshot.listeners` id).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Slot {
+    /// The dataplanes' own plain-HTTP (`false`) or HTTPS (`true`) port.
+    Scheme(bool),
+    /// A per-Gateway port.
+    Listener(String),
+}
+
+/// One per-Gateway port while its listeners are read.
+#[derive(Default)]
+struct PortBuild {
+    /// Rank of its Gateway, oldest first (allocation order).
+    age: usize,
+    tls: bool,
+    certificates: Vec<v1::TlsCertificate>,
+    default_certificate: Option<v1::TlsCertificate>,
+    /// Host → the listener certificate serving it on this port.
+    claimed: BTreeMap<String, String>,
+}
+
 /// A listener as routes see it.
 pub(crate) struct ListenerInfo {
     gateway: (String, String),
+    slot: Slot,
     /// Index in `spec.listeners`.
     index: usize,
     name: String,
     hostname: Option<String>,
     port: i32,
-    https: bool,
     /// Accepted, not conflicted, certificate usable: routes may attach.
     usable: bool,
     kinds: Vec<RouteKind>,
@@ -324,7 +353,8 @@ pub(crate) fn translate(
         .iter()
         .flat_map(|c| c.hosts.iter().map(|h| (h.clone(), c.source.clone())))
         .collect();
-    for gw in gateways {
+    let mut ports: BTreeMap<String, PortBuild> = BTreeMap::new();
+    for (age, gw) in gateways.into_iter().enumerate() {
         let (ns, name) = crate::key(&gw.metadata);
         let class_ok = classes
             .get(gw.spec.gateway_class_name.as_str())
@@ -348,6 +378,8 @@ pub(crate) fn translate(
             idx,
             opts,
             &mut claimed,
+            &mut ports,
+            age,
             &mut st,
             &mut out,
             // NB: a Gateway that cannot be accepted serves no certificate (nor claims hosts).
@@ -438,7 +470,22 @@ pub(crate) fn translate(
         st.conditions = vec![accepted, programmed];
         gw_accepted.insert((ns.to_owned(), name.to_owned()), ok);
         gw_status.insert((ns.to_owned(), name.to_owned()), st);
+        if !ok {
+            let prefix = format!("{ns}/{name}/");
+            ports.retain(|id, _| !id.starts_with(&prefix) || id[prefix.len()..].contains('/'));
+        }
         listeners.extend(infos);
+    }
+    if let Some(range) = &gopts.listener_ports {
+        out.listeners = allocate_ports(range, ports);
+        // NB: a port the range had no room for serves nothing; its listeners cannot serve.
+        for l in &mut listeners {
+            if let Slot::Listener(id) = &l.slot
+                && !out.listeners.iter().any(|p| p.id == *id)
+            {
+                l.usable = false;
+            }
+        }
     }
 
     // Routes.
@@ -570,8 +617,8 @@ pub(crate) fn translate(
 struct Attachment {
     /// One `(parentRef, Accepted)` per parent Sluice owns, in spec order.
     parents: Vec<(ParentReference, Condition)>,
-    /// Hosts per scheme (false = http, true = https): `None` in the map = every host.
-    schemes: BTreeMap<bool, Option<BTreeSet<String>>>,
+    /// Hosts per slot (scheme or per-Gateway port): `None` in the map = every host.
+    schemes: BTreeMap<Slot, Option<BTreeSet<String>>>,
     any_attached: bool,
     gateways: BTreeSet<(String, String)>,
 }
@@ -694,7 +741,7 @@ fn attach(
                     .insert((input.kind, input.ns.to_owned(), input.name.to_owned()));
                 let slot = att
                     .schemes
-                    .entry(l.https)
+                    .entry(l.slot.clone())
                     .or_insert_with(|| Some(BTreeSet::new()));
                 match (slot.as_mut(), hosts) {
                     (_, None) => *slot = None,
@@ -731,10 +778,13 @@ fn listeners_of(
     idx: &Index<'_>,
     opts: &Options,
     claimed: &mut BTreeMap<String, String>,
+    ports: &mut BTreeMap<String, PortBuild>,
+    age: usize,
     st: &mut GatewayStatus,
     out: &mut Output,
     serve: bool,
 ) -> Vec<ListenerInfo> {
+    let per_gateway = gopts.listener_ports.is_some();
     let ls = &gw.spec.listeners;
     let mut infos = Vec::new();
     for (i, l) in ls.iter().enumerate() {
@@ -743,6 +793,8 @@ fn listeners_of(
         // Accepted.
         let mut accepted = cond(ACCEPTED, true, reason::ACCEPTED, "Accepted");
         let want_port = match l.protocol.as_str() {
+            // NB: with per-Gateway ports every port is the Gateway's own.
+            "HTTP" | "HTTPS" if per_gateway => u16::try_from(l.port).ok(),
             "HTTP" => Some(gopts.http_port),
             "HTTPS" => Some(gopts.https_port),
             _ => None,
@@ -858,13 +910,34 @@ fn listeners_of(
         };
         let usable_so_far =
             accepted.status == ConditionStatus::True && conflicted.status == ConditionStatus::False;
+        let port_id = format!("{ns}/{name}/{}", l.port);
+        if per_gateway && usable_so_far && serve {
+            let port = ports.entry(port_id.clone()).or_default();
+            port.age = age;
+            port.tls = https;
+        }
         let mut cert_ok = true;
         if https && usable_so_far && serve {
             match listener_certificate(gw, ns, name, i, l, state, idx, opts, out) {
                 Ok(cert) => {
+                    // Where the certificate is served: this Gateway's own port, or the
+                    // shared HTTPS port.
+                    let (claimed, default_certificate, certificates) =
+                        match ports.get_mut(&port_id).filter(|_| per_gateway) {
+                            Some(p) => (
+                                &mut p.claimed,
+                                &mut p.default_certificate,
+                                &mut p.certificates,
+                            ),
+                            None => (
+                                &mut *claimed,
+                                &mut out.default_certificate,
+                                &mut out.certificates,
+                            ),
+                        };
                     // NB: hostless listeners sharing one Secret share the default.
                     let catch_all_holder = if l.hostname.is_none() {
-                        out.default_certificate
+                        default_certificate
                             .as_ref()
                             .filter(|c| c.cert_chain_pem != cert.cert_chain_pem)
                             .map(|c| c.source.clone())
@@ -899,12 +972,12 @@ fn listeners_of(
                             claimed.insert(h.clone(), cert.source.clone());
                         }
                         st.certificates.push(cert.id.clone());
-                        if l.hostname.is_none() && out.default_certificate.is_none() {
-                            out.default_certificate = Some(cert.clone());
+                        if l.hostname.is_none() && default_certificate.is_none() {
+                            *default_certificate = Some(cert.clone());
                         }
                         // NB: a certificate without DNS names serves only as the default.
                         if !cert.hosts.is_empty() {
-                            out.certificates.push(cert);
+                            certificates.push(cert);
                         }
                     }
                 }
@@ -956,11 +1029,15 @@ fn listeners_of(
         };
         infos.push(ListenerInfo {
             gateway: (ns.to_owned(), name.to_owned()),
+            slot: if per_gateway {
+                Slot::Listener(port_id)
+            } else {
+                Slot::Scheme(https)
+            },
             index: i,
             name: l.name.clone(),
             hostname: host.and_then(Result::ok),
             port: l.port,
-            https,
             usable,
             kinds,
             from,
@@ -968,6 +1045,49 @@ fn listeners_of(
         });
     }
     infos
+}
+
+/// Gives each per-Gateway port a port of `range`: where a hash of its id points, else the
+/// next free one, oldest Gateway first, so a port keeps its number while Gateways come and
+/// go (unless two hash alike and the older one goes). Ports the range has no room for are
+/// left out.
+fn allocate_ports(
+    range: &std::ops::RangeInclusive<u16>,
+    ports: BTreeMap<String, PortBuild>,
+) -> Vec<v1::Listener> {
+    let (first, last) = (u32::from(*range.start()), u32::from(*range.end()));
+    let size = (last + 1).saturating_sub(first);
+    let mut order: Vec<(String, PortBuild)> = ports.into_iter().collect();
+    order.sort_by(|a, b| (a.1.age, &a.0).cmp(&(b.1.age, &b.0)));
+    let mut used = BTreeSet::new();
+    let mut out = Vec::new();
+    for (id, p) in order {
+        // FNV-1a: stable across Rust versions and processes, unlike std's hasher.
+        let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let start = u32::try_from(hash % u64::from(size.max(1))).unwrap_or(0);
+        let Some(port) = (0..size)
+            .map(|k| first + (start + k) % size)
+            .find(|p| !used.contains(p))
+        else {
+            continue;
+        };
+        used.insert(port);
+        let source = id.rsplit_once('/').map(|x| x.0).unwrap_or_default();
+        let mut certificates = p.certificates;
+        certificates.sort_by(|a, b| a.id.cmp(&b.id));
+        out.push(v1::Listener {
+            id: id.clone(),
+            source: format!("Gateway {source}"),
+            port,
+            tls: p.tls,
+            tls_certificates: certificates,
+            default_certificate: p.default_certificate,
+        });
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out
 }
 
 fn is_http(protocol: &str) -> bool {

@@ -1,0 +1,317 @@
+//! One Service per Gateway (leader only), with `--gateway-service-namespace`: each Gateway
+//! gets its own address, as Envoy Gateway gives each Gateway its own Service.
+//!
+//! Translation gives each port of each accepted Gateway a port of the dataplanes
+//! (`Snapshot.listeners`, from `--gateway-listener-ports`). This task keeps, in the
+//! dataplanes' namespace, one Service per such Gateway: its ports are the Gateway's
+//! listener ports, each targeting the dataplane port translation chose, its selector the
+//! dataplane pods' labels (`--gateway-service-selector`), its type
+//! `--gateway-service-type`. The Gateway's `status.addresses` are that Service's address
+//! (see [`crate::gateway_status`]).
+//!
+//! - Services are written with server-side apply under [`FIELD_MANAGER`] and labelled
+//!   [`MANAGED_BY`]; one whose Gateway no longer has ports is deleted. Services without the
+//!   label are never touched.
+//! - A Service cannot be owned by a Gateway in another namespace (owner references do not
+//!   cross namespaces), so the annotation [`GATEWAY_ANNOTATION`] names it (`ns/name`; a
+//!   label value could not hold a long name).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Client};
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+use crate::rebuild::Rebuilt;
+
+/// Field manager of the Service writes.
+pub const FIELD_MANAGER: &str = "sluice-gateway-services";
+/// Label every Gateway Service carries (`app.kubernetes.io/managed-by=<this>`).
+pub const MANAGED_BY: &str = "sluice-gateway";
+/// Annotation: `namespace/name` of the Gateway a Service serves.
+pub const GATEWAY_ANNOTATION: &str = "gateway.sluice.dev/gateway";
+/// How often Services are compared with what they should be even without a change.
+const RESYNC: Duration = Duration::from_secs(60);
+
+/// Where and how Gateway Services are made (`--gateway-service-*`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayServices {
+    /// Namespace of the dataplane pods, where the Services live.
+    pub namespace: String,
+    /// Labels of the dataplane pods.
+    pub selector: BTreeMap<String, String>,
+    /// `ClusterIP`, `NodePort` or `LoadBalancer`.
+    pub type_: String,
+}
+
+/// Parses `k=v,k2=v2` (`--gateway-service-selector`).
+pub fn parse_selector(raw: &str) -> Result<BTreeMap<String, String>, String> {
+    let mut out = BTreeMap::new();
+    for part in raw.split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            Some((k, v)) if !k.is_empty() => {
+                out.insert(k.trim().to_owned(), v.trim().to_owned());
+            }
+            _ => return Err(format!("{part:?}: expected KEY=VALUE")),
+        }
+    }
+    if out.is_empty() {
+        return Err("empty selector: it would select every pod".into());
+    }
+    Ok(out)
+}
+
+/// Name of the Service of Gateway `ns/name`: a DNS label (63 bytes at most) that starts
+/// with a letter, readable, and unique by a hash of the Gateway's key.
+pub fn service_name(ns: &str, name: &str) -> String {
+    let clean = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_lowercase()
+                } else {
+                    '-'
+                }
+            })
+            .collect()
+    };
+    let key = format!("{ns}/{name}");
+    // FNV-1a: stable across processes and Rust versions.
+    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    let mut readable = format!("gw-{}-{}", clean(ns), clean(name));
+    readable.truncate(50);
+    let readable = readable.trim_end_matches('-');
+    format!("{readable}-{:08x}", hash & 0xffff_ffff)
+}
+
+/// The Services `listeners` (id `<ns>/<gateway>/<port>`, dataplane port, TLS) ask for.
+pub fn desired(listeners: &[(String, u16, bool)], cfg: &GatewayServices) -> Vec<Service> {
+    let mut by_gateway: BTreeMap<(String, String), Vec<ServicePort>> = BTreeMap::new();
+    for (id, target, tls) in listeners {
+        let mut parts = id.rsplitn(3, '/');
+        let (Some(port), Some(name), Some(ns)) = (parts.next(), parts.next(), parts.next()) else {
+            continue;
+        };
+        let Ok(port) = port.parse::<i32>() else {
+            continue;
+        };
+        by_gateway
+            .entry((ns.to_owned(), name.to_owned()))
+            .or_default()
+            .push(ServicePort {
+                name: Some(format!("{}-{port}", if *tls { "https" } else { "http" })),
+                port,
+                target_port: Some(IntOrString::Int(i32::from(*target))),
+                protocol: Some("TCP".into()),
+                ..Default::default()
+            });
+    }
+    by_gateway
+        .into_iter()
+        .map(|((ns, name), ports)| Service {
+            metadata: ObjectMeta {
+                name: Some(service_name(&ns, &name)),
+                namespace: Some(cfg.namespace.clone()),
+                labels: Some(BTreeMap::from([(
+                    "app.kubernetes.io/managed-by".to_owned(),
+                    MANAGED_BY.to_owned(),
+                )])),
+                annotations: Some(BTreeMap::from([(
+                    GATEWAY_ANNOTATION.to_owned(),
+                    format!("{ns}/{name}"),
+                )])),
+                ..Default::default()
+            },
+            spec: Some(ServiceSpec {
+                type_: Some(cfg.type_.clone()),
+                selector: Some(cfg.selector.clone()),
+                ports: Some(ports),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .collect()
+}
+
+/// Keeps the Gateway Services in step with each rebuild while `leader` is true.
+pub async fn run(
+    client: Client,
+    cfg: GatewayServices,
+    mut rebuilt: watch::Receiver<Option<Arc<Rebuilt>>>,
+    mut leader: watch::Receiver<bool>,
+    metrics: Metrics,
+) {
+    let api: Api<Service> = Api::namespaced(client, &cfg.namespace);
+    let mut written: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+    let mut resync = tokio::time::interval(RESYNC);
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = resync.tick() => written.clear(),
+            r = rebuilt.changed() => if r.is_err() { return },
+            r = leader.changed() => {
+                if r.is_err() { return }
+                written.clear();
+            },
+        }
+        let out = rebuilt.borrow_and_update().clone();
+        if !*leader.borrow_and_update() {
+            continue;
+        }
+        let Some(out) = out else { continue };
+        if let Err(e) = sync(&api, &cfg, &out.gateway.listeners, &mut written).await {
+            metrics
+                .reconcile_errors
+                .with_label_values(&["gateway-service"])
+                .inc();
+            tracing::warn!(namespace = %cfg.namespace, error = %e, "Gateway Services not written; retrying");
+            written.clear();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            // NB: come back without waiting for the next change.
+            rebuilt.mark_changed();
+        }
+    }
+}
+
+async fn sync(
+    api: &Api<Service>,
+    cfg: &GatewayServices,
+    listeners: &[(String, u16, bool)],
+    written: &mut BTreeMap<String, serde_json::Value>,
+) -> Result<(), kube::Error> {
+    let want = desired(listeners, cfg);
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut keep = BTreeSet::new();
+    for svc in &want {
+        let name = svc.metadata.name.clone().unwrap_or_default();
+        keep.insert(name.clone());
+        let mut body = serde_json::to_value(svc).map_err(kube::Error::SerdeError)?;
+        if let Some(obj) = body.as_object_mut() {
+            obj.insert("apiVersion".into(), "v1".into());
+            obj.insert("kind".into(), "Service".into());
+        }
+        if written.get(&name) == Some(&body) {
+            continue;
+        }
+        api.patch(&name, &params, &Patch::Apply(&body)).await?;
+        tracing::info!(service = %name, namespace = %cfg.namespace, "Gateway Service written");
+        written.insert(name, body);
+    }
+    let existing = api
+        .list_metadata(
+            &ListParams::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}")),
+        )
+        .await?;
+    for svc in existing.items {
+        let Some(name) = svc.metadata.name else {
+            continue;
+        };
+        if keep.contains(&name) {
+            continue;
+        }
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(service = %name, "Gateway Service deleted: its Gateway has no ports")
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+        written.remove(&name);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn cfg() -> GatewayServices {
+        GatewayServices {
+            namespace: "sluice".into(),
+            selector: parse_selector("app=sluice,component=dataplane").unwrap(),
+            type_: "ClusterIP".into(),
+        }
+    }
+
+    #[test]
+    fn names_are_dns_labels_and_differ_per_gateway() {
+        let long = "n".repeat(63);
+        for (ns, name) in [
+            ("default", "web"),
+            ("a.b", "Web_1"),
+            (long.as_str(), long.as_str()),
+        ] {
+            let n = service_name(ns, name);
+            assert!(n.len() <= 63, "{n}");
+            assert!(n.starts_with("gw-"), "{n}");
+            assert!(
+                n.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-'),
+                "{n}"
+            );
+            assert!(
+                !n.contains("--") || ns.contains('.') || name.contains('_'),
+                "{n}"
+            );
+        }
+        assert_ne!(service_name("a-b", "c"), service_name("a", "b-c"));
+    }
+
+    #[test]
+    fn one_service_per_gateway_with_its_ports() {
+        let want = desired(
+            &[
+                ("default/web/80".into(), 20001, false),
+                ("default/web/443".into(), 20002, true),
+                ("other/api/8080".into(), 20003, false),
+            ],
+            &cfg(),
+        );
+        assert_eq!(want.len(), 2);
+        let web = want
+            .iter()
+            .find(|s| s.metadata.name.as_deref() == Some(&service_name("default", "web")))
+            .unwrap();
+        let spec = web.spec.as_ref().unwrap();
+        let ports: Vec<(i32, Option<IntOrString>)> = spec
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| (p.port, p.target_port.clone()))
+            .collect();
+        assert_eq!(
+            ports,
+            vec![
+                (80, Some(IntOrString::Int(20001))),
+                (443, Some(IntOrString::Int(20002)))
+            ]
+        );
+        assert_eq!(spec.selector.as_ref().unwrap()["component"], "dataplane");
+        assert_eq!(web.metadata.namespace.as_deref(), Some("sluice"));
+        assert_eq!(
+            web.metadata.annotations.as_ref().unwrap()[GATEWAY_ANNOTATION],
+            "default/web"
+        );
+        assert_eq!(
+            web.metadata.labels.as_ref().unwrap()["app.kubernetes.io/managed-by"],
+            MANAGED_BY
+        );
+    }
+
+    #[test]
+    fn selectors_must_name_labels() {
+        assert!(parse_selector("").is_err());
+        assert!(parse_selector("novalue").is_err());
+        assert!(parse_selector("=x").is_err());
+    }
+}
