@@ -129,6 +129,19 @@ const SUPPORTED_FEATURES: &[&str] = &[
     "ReferenceGrant",
 ];
 
+/// Features that need each Gateway on ports of its own (`GatewayOptions::listener_ports`).
+const PER_GATEWAY_FEATURES: &[&str] = &["GatewayPort8080", "HTTPRouteParentRefPort"];
+
+/// `supportedFeatures`, sorted: per-Gateway ones only with per-Gateway ports.
+fn supported_features(gopts: &GatewayOptions) -> Vec<String> {
+    let mut out: Vec<String> = SUPPORTED_FEATURES.iter().map(|s| (*s).to_owned()).collect();
+    if gopts.listener_ports.is_some() {
+        out.extend(PER_GATEWAY_FEATURES.iter().map(|s| (*s).to_owned()));
+    }
+    out.sort();
+    out
+}
+
 /// What the Gateway API adds to a translation.
 #[derive(Default)]
 pub(crate) struct Output {
@@ -332,7 +345,7 @@ pub(crate) fn translate(
             name: name.to_owned(),
             generation: gc.metadata.generation,
             conditions: vec![condition],
-            supported_features: SUPPORTED_FEATURES.iter().map(|s| (*s).to_owned()).collect(),
+            supported_features: supported_features(gopts),
         });
     }
 
