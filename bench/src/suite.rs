@@ -541,6 +541,7 @@ struct Ctx<'a> {
     files: &'a Path,
     certs: &'a Path,
     suite_yaml: String,
+    haproxy_maxconn: u32,
 }
 
 impl Ctx<'_> {
@@ -597,9 +598,7 @@ impl Ctx<'_> {
             ProxyKind::Haproxy => {
                 let mut conf = HaproxyConf::new(port, UPSTREAM_PORT);
                 conf.threads = workers;
-                if let Some(n) = clients {
-                    conf.maxconn = n.saturating_add(1024);
-                }
+                conf.maxconn = self.haproxy_maxconn;
                 if let Some(t) = client_timeout {
                     conf.client_timeout = t;
                 }
@@ -783,6 +782,13 @@ struct LoadOut {
     bytes_per_request: Option<u64>,
 }
 
+/// HAProxy's `maxconn`: `want`, or less when RLIMIT_NOFILE `nofile` cannot hold two
+/// descriptors per connection plus a margin (HAProxy refuses to start otherwise).
+pub fn haproxy_maxconn(want: u32, nofile: u64) -> u32 {
+    let fits = nofile.saturating_sub(256) / 2;
+    want.min(u32::try_from(fits).unwrap_or(u32::MAX)).max(1)
+}
+
 /// sluice-dataplane's arguments in the suite.
 pub fn sluice_args(
     yaml: &Path,
@@ -941,8 +947,26 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<(SuiteResult, Vec<PathBuf>), Ben
         opts.topologies.clone()
     };
     let workers = if unpinned { 2 } else { 1 };
-    if opts.scenario == Scenario::Idle {
-        conns::raise_nofile(u64::from(opts.idle_count) * 2 + 4096)?;
+    // NB: HAProxy sizes its descriptor table from maxconn (about 2 per connection) and
+    // refuses to start when it cannot raise RLIMIT_NOFILE that far; it, nginx and sluice
+    // inherit ours.
+    let clients = if opts.scenario == Scenario::Idle {
+        opts.idle_count.saturating_add(2 * CONNECTIONS)
+    } else {
+        10_240
+    };
+    let hard = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|s| procfs::parse_nofile_limits(&s))
+        .map_or(u64::MAX, |(_, hard)| hard);
+    let nofile = conns::raise_nofile((u64::from(clients) * 2 + 8192).min(hard))?;
+    let haproxy_maxconn = haproxy_maxconn(clients.saturating_add(1024), nofile);
+    if haproxy_maxconn < clients {
+        eprintln!(
+            "sluice-bench suite: WARNING: RLIMIT_NOFILE {nofile} lets HAProxy hold only \
+             {haproxy_maxconn} connections (it reserves two descriptors per connection); \
+             use a smaller --idle-count or raise the hard limit"
+        );
     }
     pin_self(load_cpu);
 
@@ -979,6 +1003,7 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<(SuiteResult, Vec<PathBuf>), Ben
         files: files_root.path(),
         certs: certs.path(),
         suite_yaml,
+        haproxy_maxconn,
     };
 
     let mut measurements = Vec::new();
@@ -1699,6 +1724,14 @@ mod tests {
         ] {
             assert!(a.contains(&f.to_owned()), "{f} in {a:?}");
         }
+    }
+
+    #[test]
+    fn haproxy_connections_fit_the_descriptor_limit() {
+        assert_eq!(haproxy_maxconn(11_264, 100_000), 11_264);
+        assert_eq!(haproxy_maxconn(11_264, 20_000), 9_872);
+        assert_eq!(haproxy_maxconn(11_264, u64::MAX), 11_264);
+        assert_eq!(haproxy_maxconn(5, 0), 1);
     }
 
     #[test]
