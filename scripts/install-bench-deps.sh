@@ -1,6 +1,7 @@
 #!/bin/sh
 # Installs what the bench/ harness (sluice-bench) needs on Debian/Ubuntu:
 #   nginx (nginx-light)  upstream origin and baseline proxy
+#   haproxy              second baseline proxy (sluice-bench suite, issue 21)
 #   wrk                  load generator
 #   h2load (nghttp2-client) HTTPS keep-alive load (sluice-bench tls)
 #   openssl              certificates for sluice-bench tls
@@ -34,6 +35,7 @@ need() { # need COMMAND PACKAGE
 }
 
 need nginx nginx-light
+need haproxy haproxy
 need wrk wrk
 need h2load nghttp2-client
 need openssl openssl
@@ -43,7 +45,7 @@ need getconf libc-bin
 need curl curl
 
 if [ -z "$missing" ]; then
-    echo "install-bench-deps: nginx, wrk, taskset, kill, getconf, h2load, curl and openssl are already installed"
+    echo "install-bench-deps: nginx, haproxy, wrk, taskset, kill, getconf, h2load, curl and openssl are already installed"
     exit 0
 fi
 
@@ -67,5 +69,9 @@ DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y --no-install-recommends 
 # The harness starts its own instances; the system one is not needed.
 if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet nginx 2>/dev/null; then
     echo "install-bench-deps: note: a system nginx service is running (not used by the harness)"
+fi
+# The same for haproxy (port 80/stats in Debian's default config is not used either).
+if command -v systemctl >/dev/null 2>&1 && systemctl is-active --quiet haproxy 2>/dev/null; then
+    echo "install-bench-deps: note: a system haproxy service is running (not used by the harness)"
 fi
 echo "install-bench-deps: done"

@@ -126,6 +126,115 @@ fn panel(
     }
 }
 
+/// One group of bars in [`render_series_svg`]: a label and one value per series (`None`
+/// draws `n/a`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SeriesGroup {
+    /// The label under the group.
+    pub name: String,
+    /// One value per series, in the order of the legend.
+    pub values: Vec<Option<f64>>,
+}
+
+/// Colours of up to six series (`sluice-bench suite`: nginx, haproxy, the Sluice modes).
+const SERIES_COLOURS: [&str; 6] = [
+    "#9c9c9c", "#59a14f", "#4e79a7", "#76b7b2", "#edc948", "#e15759",
+];
+
+/// A grouped bar chart of ratios against a 1.0 reference line (`sluice-bench suite`: each
+/// proxy's requests per CPU-second ÷ nginx's, per case and topology). Written by hand like
+/// [`render_compare_svg`].
+pub fn render_series_svg(title: &str, series: &[String], groups: &[SeriesGroup]) -> String {
+    let per_group = series.len().max(1) as f64;
+    let bar_w = 22.0;
+    let group_w = bar_w * per_group + 30.0;
+    let left = 50.0;
+    let width = (left + group_w * groups.len().max(1) as f64 + 20.0).max(600.0);
+    let (top, plot_h) = (60.0, 260.0);
+    let max = groups
+        .iter()
+        .flat_map(|g| g.values.iter().flatten())
+        .copied()
+        .filter(|v| v.is_finite())
+        .fold(1.0_f64, f64::max)
+        * 1.15;
+    let y_of = |v: f64| top + plot_h - v / max * plot_h;
+    let height = top + plot_h + 130.0;
+    let mut svg = String::new();
+    let _ = writeln!(
+        svg,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{width:.0}" height="{height:.0}" font-family="sans-serif">"#
+    );
+    let _ = writeln!(
+        svg,
+        r##"<rect width="100%" height="100%" fill="#fff"/><text x="{x:.1}" y="24" font-size="14" font-weight="bold" text-anchor="middle">{t}</text>"##,
+        x = width / 2.0,
+        t = escape(title)
+    );
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{left}" y1="{y:.1}" x2="{x2:.1}" y2="{y:.1}" stroke="#333"/>"##,
+        y = top + plot_h,
+        x2 = width - 10.0
+    );
+    let y1 = y_of(1.0);
+    let _ = writeln!(
+        svg,
+        r##"<line x1="{left}" y1="{y1:.1}" x2="{x2:.1}" y2="{y1:.1}" stroke="#888" stroke-dasharray="4 3"/><text x="4" y="{ty:.1}" font-size="10" fill="#666">1.0</text>"##,
+        x2 = width - 10.0,
+        ty = y1 + 3.0
+    );
+    for (i, g) in groups.iter().enumerate() {
+        let gx = left + 15.0 + group_w * i as f64;
+        for (j, v) in g.values.iter().enumerate() {
+            let bx = gx + bar_w * j as f64;
+            let colour = SERIES_COLOURS[j % SERIES_COLOURS.len()];
+            match v.filter(|v| v.is_finite()) {
+                Some(v) => {
+                    let y = y_of(v);
+                    let _ = writeln!(
+                        svg,
+                        r#"<rect x="{bx:.1}" y="{y:.1}" width="{w:.1}" height="{h:.1}" fill="{colour}"/><text x="{tx:.1}" y="{ty:.1}" font-size="9" text-anchor="middle">{v:.2}</text>"#,
+                        w = bar_w - 3.0,
+                        h = top + plot_h - y,
+                        tx = bx + (bar_w - 3.0) / 2.0,
+                        ty = y - 3.0
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        svg,
+                        r##"<text x="{tx:.1}" y="{ty:.1}" font-size="9" fill="#999" text-anchor="middle">n/a</text>"##,
+                        tx = bx + (bar_w - 3.0) / 2.0,
+                        ty = top + plot_h - 3.0
+                    );
+                }
+            }
+        }
+        let cx = gx + bar_w * per_group / 2.0;
+        let _ = writeln!(
+            svg,
+            r#"<text x="{cx:.1}" y="{y:.1}" font-size="10" text-anchor="end" transform="rotate(-30 {cx:.1} {y:.1})">{}</text>"#,
+            escape(&g.name),
+            y = top + plot_h + 14.0
+        );
+    }
+    for (j, name) in series.iter().enumerate() {
+        let x = left + 130.0 * j as f64;
+        let y = height - 14.0;
+        let _ = writeln!(
+            svg,
+            r#"<rect x="{x:.1}" y="{ry:.1}" width="10" height="10" fill="{c}"/><text x="{tx:.1}" y="{y:.1}" font-size="11">{n}</text>"#,
+            ry = y - 9.0,
+            c = SERIES_COLOURS[j % SERIES_COLOURS.len()],
+            tx = x + 14.0,
+            n = escape(name)
+        );
+    }
+    svg.push_str("</svg>\n");
+    svg
+}
+
 /// Renders A and B side by side as an SVG document (see the module doc).
 pub fn render_compare_svg(a: &BenchResult, b: &BenchResult, a_name: &str, b_name: &str) -> String {
     let both = [a, b];
@@ -222,6 +331,35 @@ mod tests {
             .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
             .join("results/1-x86_64-20261129T200007Z.json");
         BenchResult::load(&path).unwrap()
+    }
+
+    #[test]
+    fn series_chart_has_a_bar_per_value_and_a_legend() {
+        let svg = render_series_svg(
+            "t <&>",
+            &["nginx".into(), "sluice (send)".into()],
+            &[
+                SeriesGroup {
+                    name: "keep-alive (origin off)".into(),
+                    values: vec![Some(1.0), Some(1.31)],
+                },
+                SeriesGroup {
+                    name: "churn".into(),
+                    values: vec![Some(1.0), None],
+                },
+            ],
+        );
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.trim_end().ends_with("</svg>"));
+        assert_eq!(
+            svg.matches("<rect x=").count(),
+            3 + 2,
+            "3 bars, 2 legend boxes"
+        );
+        assert!(svg.contains(">1.31<"));
+        assert!(svg.contains(">n/a<"));
+        assert!(svg.contains("t &lt;&amp;&gt;"));
+        assert!(svg.contains(">sluice (send)<"));
     }
 
     #[test]

@@ -434,11 +434,11 @@ pub fn peer_state(stream: &mut impl Read) -> PeerState {
 }
 
 /// Connections that completed their opening, and what happened to the others.
-struct Opened {
-    streams: Vec<std::net::TcpStream>,
-    failed: u64,
-    first_error: Option<String>,
-    secs: f64,
+pub(crate) struct Opened {
+    pub(crate) streams: Vec<std::net::TcpStream>,
+    pub(crate) failed: u64,
+    pub(crate) first_error: Option<String>,
+    pub(crate) secs: f64,
     /// When the last one finished opening.
     done: Instant,
 }
@@ -482,7 +482,7 @@ async fn open_one(addr: SocketAddr, load: Load) -> std::io::Result<std::net::Tcp
 }
 
 /// Opens `count` connections of kind `load`, `concurrency` at a time.
-fn open_all(
+pub(crate) fn open_all(
     addr: SocketAddr,
     load: Load,
     count: u32,
@@ -835,7 +835,7 @@ pub fn sluice_flags(opts: &ConnsOptions, timeout: Duration) -> Vec<String> {
 /// Raises this process's soft RLIMIT_NOFILE (inherited by sluice) so that `need` descriptors
 /// fit: to the hard limit, or both to `need` if the hard limit is lower (root only).
 /// Returns the soft limit in force.
-fn raise_nofile(need: u64) -> Result<u64, BenchError> {
+pub(crate) fn raise_nofile(need: u64) -> Result<u64, BenchError> {
     let read = || {
         std::fs::read_to_string("/proc/self/limits")
             .ok()

@@ -15,6 +15,7 @@ pub mod chart;
 pub mod conns;
 pub mod duration;
 pub mod error;
+pub mod haproxy;
 pub mod machine;
 pub mod nginx;
 pub mod probe;
@@ -23,6 +24,7 @@ pub mod procfs;
 pub mod report;
 pub mod runner;
 pub mod sluice;
+pub mod suite;
 pub mod tls;
 pub mod wrk;
 

@@ -138,6 +138,41 @@ enum Cmd {
         #[arg(long = "sluice-arg", value_name = "ARG", allow_hyphen_values = true)]
         sluice_args: Vec<String>,
     },
+    /// Issue 21's scenarios: Sluice, nginx and HAProxy in the same run, one worker each, in
+    /// both topologies (origin on and off the proxy's core). Writes
+    /// suite-<scenario>-<arch>-<time>.{json,md,svg}.
+    Suite {
+        /// keepalive | churn | large | idle | workers2.
+        #[arg(long, value_enum)]
+        scenario: SuiteScenarioArg,
+        /// Where the origin runs: on the proxy's core, off it, or both in turn.
+        #[arg(long, value_enum, default_value = "both")]
+        topology: TopologyArg,
+        /// Length of each measured run.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Warm-up before each measured run; `0s` for none.
+        #[arg(long, default_value = "2s", value_parser = parse_duration)]
+        warmup: Duration,
+        /// Rounds; the proxies' order alternates and the report gives medians.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=20))]
+        repeat: u32,
+        /// Idle keep-alive connections in the `idle` scenario.
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        idle_count: u32,
+        /// Use this sluice-dataplane binary instead of building it with `cargo build --release`.
+        #[arg(long, value_name = "PATH")]
+        sluice_bin: Option<PathBuf>,
+        /// Sluice checkout holding bench/config (default: the one this binary was built from).
+        #[arg(long, value_name = "DIR", env = "SLUICE_WORKSPACE")]
+        workspace: Option<PathBuf>,
+        /// Where result files are written (default: bench/results in the workspace).
+        #[arg(long, value_name = "DIR")]
+        results_dir: Option<PathBuf>,
+        /// How long a proxy may take to answer its first request correctly.
+        #[arg(long, default_value = "20s", value_parser = parse_duration)]
+        ready_timeout: Duration,
+    },
     /// Print a side-by-side markdown table of two result files (B ÷ A ratios).
     Compare {
         /// First result JSON (A), e.g. bench/results/latest-1-x86_64.json.
@@ -156,6 +191,25 @@ enum UpstreamArg {
     Proxy,
     Wrk,
     Any,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum SuiteScenarioArg {
+    Keepalive,
+    Churn,
+    Large,
+    Idle,
+    Workers2,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum TopologyArg {
+    /// The origin on the proxy's core.
+    On,
+    /// The origin on the load generator's core.
+    Off,
+    /// Both, one after the other.
+    Both,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -430,6 +484,51 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             };
             let (result, written) = sluice_bench::conns::run_conns_bench(&opts)?;
             println!("{}", sluice_bench::conns::render_markdown(&result));
+            for path in written {
+                eprintln!("sluice-bench: wrote {}", path.display());
+            }
+        }
+        Cmd::Suite {
+            scenario,
+            topology,
+            duration,
+            warmup,
+            repeat,
+            idle_count,
+            sluice_bin,
+            workspace,
+            results_dir,
+            ready_timeout,
+        } => {
+            use sluice_bench::suite::{Scenario, SuiteOptions, Topology};
+            process::install_signal_handler().context("installing signal handlers")?;
+            let workspace = workspace.unwrap_or_else(workspace_root);
+            let opts = SuiteOptions {
+                scenario: match scenario {
+                    SuiteScenarioArg::Keepalive => Scenario::Keepalive,
+                    SuiteScenarioArg::Churn => Scenario::Churn,
+                    SuiteScenarioArg::Large => Scenario::Large,
+                    SuiteScenarioArg::Idle => Scenario::Idle,
+                    SuiteScenarioArg::Workers2 => Scenario::Workers2,
+                },
+                topologies: match topology {
+                    TopologyArg::On => vec![Topology::OriginOnProxyCore],
+                    TopologyArg::Off => vec![Topology::OriginOffProxyCore],
+                    TopologyArg::Both => {
+                        vec![Topology::OriginOffProxyCore, Topology::OriginOnProxyCore]
+                    }
+                },
+                duration,
+                warmup,
+                repeat,
+                idle_count,
+                sluice_bin,
+                results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
+                workspace,
+                ready_timeout,
+            };
+            let (result, written) = sluice_bench::suite::run_suite(&opts)?;
+            println!("{}", sluice_bench::suite::render_markdown(&result));
             for path in written {
                 eprintln!("sluice-bench: wrote {}", path.display());
             }

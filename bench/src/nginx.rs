@@ -138,6 +138,153 @@ http {{
     )
 }
 
+/// The origin of `sluice-bench suite`: [`upstream_conf`]'s `/hello`, plus the files under
+/// `files_root/files/` (the large-body downloads, sent with sendfile) and `POST /upload`,
+/// which reads the whole request body before it answers `200 ok` (`mirror_request_body`
+/// makes nginx read the body first; the mirror itself goes to an internal location that
+/// answers 204). With `workers` processes (1, or 2 for the scaling scenario).
+pub fn origin_conf(prefix: &Path, port: u16, workers: u32, files_root: &Path) -> String {
+    let head = head(prefix).replacen(
+        "worker_processes 1;",
+        &format!("worker_processes {};", workers.max(1)),
+        1,
+    );
+    format!(
+        "{head}
+http {{
+    access_log off;
+    sendfile on;
+{temp}
+    server {{
+        listen 127.0.0.1:{port};
+        default_type text/plain;
+        location / {{
+            return 200 \"hello world\\n\";
+        }}
+        location /files/ {{
+            root {root};
+        }}
+        location = /upload {{
+            client_max_body_size 0;
+            client_body_buffer_size 1m;
+            mirror /drain;
+            mirror_request_body on;
+            return 200 \"ok\\n\";
+        }}
+        location = /drain {{
+            internal;
+            return 204;
+        }}
+    }}
+}}
+",
+        temp = temp_paths(prefix),
+        root = files_root.display(),
+    )
+}
+
+/// The nginx baseline of `sluice-bench suite`: [`proxy_conf`]'s settings (upstream
+/// `keepalive 320`, HTTP/1.1, `Connection ""`), with the fields below.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SuiteProxy {
+    /// `worker_processes`.
+    pub workers: u32,
+    /// Port on 127.0.0.1.
+    pub listen_port: u16,
+    /// The origin's port on 127.0.0.1.
+    pub upstream_port: u16,
+    /// Client connections the worker must hold (idle scenario); `None` keeps the
+    /// benchmark's `worker_connections 10240`. With it, `worker_connections` is this + 1024
+    /// and `worker_rlimit_nofile` twice that.
+    pub clients: Option<u32>,
+    /// `keepalive_timeout` and `client_header_timeout`; `None` keeps nginx's defaults.
+    pub client_timeout: Option<Duration>,
+    /// Stream bodies both ways, as Sluice and HAProxy do: `client_max_body_size 0`,
+    /// `proxy_buffering off`, `proxy_request_buffering off` (large-body scenario).
+    pub stream_bodies: bool,
+    /// `listen ... ssl` with this certificate chain and key; session cache and tickets on
+    /// (resumption is the client's choice).
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl SuiteProxy {
+    /// One worker, the benchmark's defaults, plain HTTP.
+    pub fn new(listen_port: u16, upstream_port: u16) -> Self {
+        Self {
+            workers: 1,
+            listen_port,
+            upstream_port,
+            clients: None,
+            client_timeout: None,
+            stream_bodies: false,
+            tls: None,
+        }
+    }
+
+    /// The configuration text, with every path inside `prefix`.
+    pub fn render(&self, prefix: &Path) -> String {
+        let head = match self.clients {
+            Some(n) => {
+                let wc = n.saturating_add(1024);
+                head_with(prefix, wc, Some(wc.saturating_mul(2)))
+            }
+            None => head(prefix),
+        }
+        .replacen(
+            "worker_processes 1;",
+            &format!("worker_processes {};", self.workers.max(1)),
+            1,
+        );
+        let mut extra = String::new();
+        if let Some(t) = self.client_timeout {
+            extra.push_str(&format!(
+                "    client_header_timeout {ms}ms;\n    keepalive_timeout {ms}ms;\n",
+                ms = t.as_millis()
+            ));
+        }
+        if self.stream_bodies {
+            extra.push_str(
+                "    client_max_body_size 0;\n    proxy_buffering off;\n    proxy_request_buffering off;\n",
+            );
+        }
+        let (ssl, tls) = match &self.tls {
+            Some((cert, key)) => (
+                " ssl",
+                format!(
+                    "        ssl_certificate {};\n        ssl_certificate_key {};\n        ssl_protocols TLSv1.2 TLSv1.3;\n        ssl_session_cache shared:SSL:10m;\n        ssl_session_tickets on;\n",
+                    cert.display(),
+                    key.display()
+                ),
+            ),
+            None => ("", String::new()),
+        };
+        format!(
+            "{head}
+http {{
+    access_log off;
+{temp}{extra}
+    upstream backend {{
+        server 127.0.0.1:{upstream};
+        keepalive 320;
+    }}
+
+    server {{
+        listen 127.0.0.1:{listen}{ssl};
+{tls}        location / {{
+            proxy_pass http://backend;
+            proxy_http_version 1.1;
+            proxy_set_header Connection \"\";
+        }}
+    }}
+}}
+",
+            temp = temp_paths(prefix),
+            upstream = self.upstream_port,
+            listen = self.listen_port,
+        )
+    }
+}
+
 /// The nginx command line for a config written to `prefix/nginx.conf`.
 /// `-e` keeps even the earliest startup messages out of /var/log/nginx.
 pub fn args(prefix: &Path) -> Vec<String> {
@@ -246,6 +393,63 @@ mod tests {
         ] {
             assert_eq!(c.matches('{').count(), c.matches('}').count(), "{c}");
         }
+    }
+
+    #[test]
+    fn suite_origin_serves_files_and_reads_uploads() {
+        let c = origin_conf(
+            &PathBuf::from("/tmp/o"),
+            1980,
+            2,
+            &PathBuf::from("/tmp/o/www"),
+        );
+        for needle in [
+            "worker_processes 2;",
+            "listen 127.0.0.1:1980;",
+            "return 200 \"hello world\\n\";",
+            "root /tmp/o/www;",
+            "client_max_body_size 0;",
+            "mirror_request_body on;",
+            "internal;",
+        ] {
+            assert!(c.contains(needle), "missing {needle:?} in\n{c}");
+        }
+        assert_eq!(c.matches('{').count(), c.matches('}').count(), "{c}");
+    }
+
+    #[test]
+    fn suite_proxy_defaults_are_the_benchmark_baseline() {
+        let c = SuiteProxy::new(9081, 1980).render(&PathBuf::from("/p"));
+        let base = proxy_conf(&PathBuf::from("/p"), 9081, 1980);
+        assert_eq!(
+            c.replace(char::is_whitespace, ""),
+            base.replace(char::is_whitespace, "")
+        );
+    }
+
+    #[test]
+    fn suite_proxy_options() {
+        let mut p = SuiteProxy::new(9443, 1980);
+        p.workers = 2;
+        p.clients = Some(10_000);
+        p.client_timeout = Some(Duration::from_secs(300));
+        p.stream_bodies = true;
+        p.tls = Some(("/c/e.crt".into(), "/c/e.key".into()));
+        let c = p.render(&PathBuf::from("/p"));
+        for needle in [
+            "worker_processes 2;\nworker_rlimit_nofile 22048;",
+            "worker_connections 11024;",
+            "keepalive_timeout 300000ms;",
+            "client_max_body_size 0;",
+            "proxy_buffering off;",
+            "proxy_request_buffering off;",
+            "listen 127.0.0.1:9443 ssl;",
+            "ssl_certificate /c/e.crt;",
+            "ssl_session_tickets on;",
+        ] {
+            assert!(c.contains(needle), "missing {needle:?} in\n{c}");
+        }
+        assert_eq!(c.matches('{').count(), c.matches('}').count(), "{c}");
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::runner::{PATH, UPSTREAM_PORT, allowed_cpus, pick_cpus, pinned, requir
 use crate::{nginx, probe, procfs, sluice};
 
 /// The SNI and Host every client uses.
-const HOST: &str = "bench.test";
+pub(crate) const HOST: &str = "bench.test";
 /// Concurrent handshake clients.
 const HANDSHAKE_CLIENTS: usize = 32;
 /// h2load connections for the keep-alive run.
@@ -60,8 +60,10 @@ pub struct TlsOptions {
 
 /// Key type of the served certificate.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Key {
+pub enum Key {
+    /// ECDSA P-256.
     Ecdsa,
+    /// RSA 2048.
     Rsa,
 }
 
@@ -93,7 +95,7 @@ impl Figure {
 }
 
 /// Generates a self-signed certificate for [`HOST`] with `openssl req`.
-fn make_cert(dir: &Path, key: Key) -> Result<(PathBuf, PathBuf), BenchError> {
+pub(crate) fn make_cert(dir: &Path, key: Key) -> Result<(PathBuf, PathBuf), BenchError> {
     let cert = dir.join(format!("{}.crt", key.name()));
     let keyf = dir.join(format!("{}.key", key.name()));
     let mut cmd = Command::new("openssl");
@@ -170,7 +172,7 @@ fn indent(text: &str) -> String {
 }
 
 /// Scenario 1 plus a Secret and an ApisixTls for [`HOST`].
-fn sluice_yaml(scenario1: &str, cert: &Path, key: &Path) -> Result<String, BenchError> {
+pub(crate) fn sluice_yaml(scenario1: &str, cert: &Path, key: &Path) -> Result<String, BenchError> {
     let read = |p: &Path| std::fs::read_to_string(p).map_err(|e| BenchError::io("read", p, e));
     Ok(format!(
         "{scenario1}
@@ -238,6 +240,12 @@ impl ServerCertVerifier for NoVerify {
 }
 
 fn client_config() -> Result<Arc<ClientConfig>, BenchError> {
+    client_config_with(false)
+}
+
+/// The handshake clients' configuration; with `resume`, TLS 1.3 session tickets are kept
+/// in memory and offered on the next connection (rustls's default client cache).
+pub(crate) fn client_config_with(resume: bool) -> Result<Arc<ClientConfig>, BenchError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ClientConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
@@ -245,7 +253,9 @@ fn client_config() -> Result<Arc<ClientConfig>, BenchError> {
         .dangerous()
         .with_custom_certificate_verifier(Arc::new(NoVerify(provider)))
         .with_no_client_auth();
-    config.resumption = rustls::client::Resumption::disabled();
+    if !resume {
+        config.resumption = rustls::client::Resumption::disabled();
+    }
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))
 }
@@ -268,7 +278,7 @@ async fn one_connection(
 }
 
 /// Ready when one HTTPS request answers 200.
-fn wait_ready(addr: SocketAddr, proxy: &mut ProcessGuard) -> Result<(), BenchError> {
+pub(crate) fn wait_ready(addr: SocketAddr, proxy: &mut ProcessGuard) -> Result<(), BenchError> {
     let rt = runtime()?;
     let connector = tokio_rustls::TlsConnector::from(client_config()?);
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -295,7 +305,7 @@ fn wait_ready(addr: SocketAddr, proxy: &mut ProcessGuard) -> Result<(), BenchErr
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
+pub(crate) fn runtime() -> Result<tokio::runtime::Runtime, BenchError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -104,3 +104,28 @@ fn scenario2_adds_limit_count_and_prometheus() {
     }
     assert_eq!(without, docs(1));
 }
+
+/// `sluice-bench suite` serves scenario 1's route with the large-body paths added, on the
+/// same Service and EndpointSlice.
+#[test]
+fn suite_is_scenario_1_plus_the_large_body_paths() {
+    let manifest = manifest_dir();
+    let root = manifest.parent().unwrap();
+    let text = std::fs::read_to_string(sluice_bench::suite::suite_config(root)).unwrap();
+    let mut suite: Vec<Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .collect();
+    let route = by_kind(&suite, "apisix.apache.org/v2", "ApisixRoute");
+    assert_eq!(
+        route["spec"]["http"][0]["match"]["paths"],
+        json!([PATH, "/files/*", "/upload"])
+    );
+    // Everything but the two extra paths is identical to scenario 1.
+    for doc in &mut suite {
+        if doc["kind"] == "ApisixRoute" {
+            doc["spec"]["http"][0]["match"]["paths"] = json!([PATH]);
+        }
+    }
+    check_common(&suite);
+    assert_eq!(suite, docs(1));
+}
