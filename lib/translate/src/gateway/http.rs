@@ -448,7 +448,15 @@ fn plugin(name: &str, config: &Value, field: &str) -> Result<v1::Plugin, String>
 }
 
 /// Plugins of one match of a rule.
-fn plugins(f: &Filters<'_>, m: &Match, field: &str) -> Result<Vec<v1::Plugin>, String> {
+/// The plugins of one match's filters. `listener_port`: the Gateway listener port (and
+/// whether it is HTTPS) the copy is served on, with per-Gateway ports: a redirect without
+/// scheme and port keeps it.
+fn plugins(
+    f: &Filters<'_>,
+    m: &Match,
+    field: &str,
+    listener_port: Option<(u16, bool)>,
+) -> Result<Vec<v1::Plugin>, String> {
     let mut out = Vec::new();
     let prefix_pairs =
         |p: &HttpPathModifier, what: &str| -> Result<Option<(String, String)>, String> {
@@ -524,9 +532,15 @@ fn plugins(f: &Filters<'_>, m: &Match, field: &str) -> Result<Vec<v1::Plugin>, S
             None => "$scheme://".to_owned(),
         };
         target.push_str(&r.hostname.as_deref().map_or("$host".to_owned(), literal));
-        // The port: dropped when it is the scheme's well-known one.
-        if let Some(port) = r.port {
-            let well_known = matches!((scheme, port), (Some("http"), 80) | (Some("https"), 443));
+        // The port: dropped when it is the scheme's well-known one. Without port and scheme,
+        // the listener's port (on shared ports always the well-known one of its scheme).
+        let port = match (r.port, scheme, listener_port) {
+            (Some(p), _, _) => Some((p, scheme.map(|s| s == "https"))),
+            (None, None, Some((p, https))) => Some((i32::from(p), Some(https))),
+            _ => None,
+        };
+        if let Some((port, https)) = port {
+            let well_known = matches!((https, port), (Some(false), 80) | (Some(true), 443));
             if !well_known {
                 target.push_str(&format!(":{port}"));
             }
@@ -925,15 +939,18 @@ pub(crate) fn translate_rules(
                     continue;
                 }
             };
-            let mut plugins = match plugins(&filters, &m, &format!("{field}.filters")) {
-                Ok(p) => p,
-                Err(e) => {
-                    problems.push(e);
-                    continue;
-                }
-            };
-            plugins.extend(extra_plugins.iter().cloned());
+            // NB: checked once; the copies per Gateway port differ only in a redirect's port.
+            if let Err(e) = plugins(&filters, &m, &format!("{field}.filters"), None) {
+                problems.push(e);
+                continue;
+            }
             for v in &variants {
+                let Ok(mut plugins) =
+                    plugins(&filters, &m, &format!("{field}.filters"), v.listener_port)
+                else {
+                    continue;
+                };
+                plugins.extend(extra_plugins.iter().cloned());
                 let (hosts, suffix) = (&v.hosts, &v.suffix);
                 let id = format!("{ns}/{name}/{}-r{i}-m{j}{suffix}", route.id_prefix());
                 let mut exprs = m.exprs.clone();
@@ -955,7 +972,7 @@ pub(crate) fn translate_rules(
                         methods: m.methods.clone(),
                         exprs,
                         backends: backends.clone(),
-                        plugins: plugins.clone(),
+                        plugins,
                         websocket,
                         listeners: v.listeners.clone(),
                         ..Default::default()
@@ -1013,6 +1030,8 @@ struct Variant {
     scheme: Option<v1::Expr>,
     /// Per-Gateway ports (`Route.listeners`).
     listeners: Vec<String>,
+    /// The Gateway listener port and whether it is HTTPS, for per-Gateway ports.
+    listener_port: Option<(u16, bool)>,
     /// Appended to the route id when there is more than one variant.
     suffix: String,
 }
@@ -1034,6 +1053,7 @@ fn variants(schemes: &BTreeMap<Slot, Option<BTreeSet<String>>>) -> Vec<Variant> 
         hosts: host_list(hosts),
         scheme: scheme_expr(https),
         listeners: Vec::new(),
+        listener_port: None,
         suffix: suffix.to_owned(),
     };
     let mut out = Vec::new();
@@ -1053,18 +1073,24 @@ fn variants(schemes: &BTreeMap<Slot, Option<BTreeSet<String>>>) -> Vec<Variant> 
         }
         (None, None) => {}
     }
-    let mut by_hosts: BTreeMap<&Option<BTreeSet<String>>, Vec<String>> = BTreeMap::new();
+    // NB: one copy per host set and Gateway port (a redirect keeps the port).
+    type Key<'a> = (&'a Option<BTreeSet<String>>, u16, bool);
+    let mut by_hosts: BTreeMap<Key<'_>, Vec<String>> = BTreeMap::new();
     for (slot, hosts) in schemes {
-        if let Slot::Listener(id) = slot {
-            by_hosts.entry(hosts).or_default().push(id.clone());
+        if let Slot::Listener(id, port, https) = slot {
+            by_hosts
+                .entry((hosts, *port, *https))
+                .or_default()
+                .push(id.clone());
         }
     }
     let many = by_hosts.len() > 1;
-    for (k, (hosts, listeners)) in by_hosts.into_iter().enumerate() {
+    for (k, ((hosts, port, https), listeners)) in by_hosts.into_iter().enumerate() {
         out.push(Variant {
             hosts: host_list(hosts),
             scheme: None,
             listeners,
+            listener_port: Some((port, https)),
             suffix: if many {
                 format!("-l{k}")
             } else {

@@ -182,8 +182,8 @@ enum From {
 pub(crate) enum Slot {
     /// The dataplanes' own plain-HTTP (`false`) or HTTPS (`true`) port.
     Scheme(bool),
-    /// A per-Gateway port.
-    Listener(String),
+    /// A per-Gateway port: its id, the Gateway's port number, whether it is HTTPS.
+    Listener(String, u16, bool),
 }
 
 /// One per-Gateway port while its listeners are read.
@@ -207,7 +207,10 @@ pub(crate) struct ListenerInfo {
     name: String,
     hostname: Option<String>,
     port: i32,
-    /// Accepted, not conflicted, certificate usable: routes may attach.
+    /// Accepted and not conflicted: routes attach to it (and count in `attachedRoutes`),
+    /// even while its references do not resolve.
+    attachable: bool,
+    /// Attachable and its certificate usable: its routes are served.
     usable: bool,
     kinds: Vec<RouteKind>,
     from: From,
@@ -466,6 +469,7 @@ pub(crate) fn translate(
         if !ok {
             for l in &mut infos {
                 l.usable = false;
+                l.attachable = false;
             }
             for ls in &mut st.listeners {
                 for c in &mut ls.conditions {
@@ -493,7 +497,7 @@ pub(crate) fn translate(
         out.listeners = allocate_ports(range, ports);
         // NB: a port the range had no room for serves nothing; its listeners cannot serve.
         for l in &mut listeners {
-            if let Slot::Listener(id) = &l.slot
+            if let Slot::Listener(id, ..) = &l.slot
                 && !out.listeners.iter().any(|p| p.id == *id)
             {
                 l.usable = false;
@@ -694,8 +698,9 @@ fn attach(
                     "no listener matches the parentRef's sectionName and port",
                 );
             }
-            let (valid, invalid): (Vec<usize>, Vec<usize>) =
-                candidates.into_iter().partition(|&i| listeners[i].usable);
+            let (valid, invalid): (Vec<usize>, Vec<usize>) = candidates
+                .into_iter()
+                .partition(|&i| listeners[i].attachable);
             if valid.is_empty() {
                 let names: Vec<&str> = invalid
                     .iter()
@@ -752,6 +757,10 @@ fn attach(
                 matched = true;
                 l.attached
                     .insert((input.kind, input.ns.to_owned(), input.name.to_owned()));
+                if !l.usable {
+                    // NB: attached (and counted), but the listener serves nothing yet.
+                    continue;
+                }
                 let slot = att
                     .schemes
                     .entry(l.slot.clone())
@@ -1043,7 +1052,7 @@ fn listeners_of(
         infos.push(ListenerInfo {
             gateway: (ns.to_owned(), name.to_owned()),
             slot: if per_gateway {
-                Slot::Listener(port_id)
+                Slot::Listener(port_id, u16::try_from(l.port).unwrap_or_default(), https)
             } else {
                 Slot::Scheme(https)
             },
@@ -1051,6 +1060,7 @@ fn listeners_of(
             name: l.name.clone(),
             hostname: host.and_then(Result::ok),
             port: l.port,
+            attachable: usable_so_far,
             usable,
             kinds,
             from,
