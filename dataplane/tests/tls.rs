@@ -277,6 +277,40 @@ async fn each_sni_gets_its_certificate_and_exact_beats_wildcard() {
     }
 }
 
+/// A client that comes back resumes its TLS 1.3 session (stateless tickets), every time and
+/// after more other clients came and went than rustls's default session cache holds.
+#[tokio::test]
+async fn returning_clients_resume_their_sessions() {
+    let ca = Ca::new("test CA");
+    let leaf = ca.leaf(&["a.example.com"]);
+    let dp = Https::start(vec![leaf.cert("default/a", &["a.example.com"])]).await;
+    let kind = |cfg: Arc<ClientConfig>, sni: &'static str| {
+        let addr = dp.addr;
+        async move {
+            let tls = connect(addr, sni, cfg).await.unwrap();
+            let resumed = tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+            // NB: TLS 1.3 tickets come after the handshake; a request reads them.
+            let mut sender = h1_over(tls).await;
+            let resp = get_on(&mut sender, sni, "/").await;
+            assert_eq!(resp.status, StatusCode::OK);
+            resumed
+        }
+    };
+    let returning = client_config(&[&ca.der], &[b"http/1.1"], None);
+    assert!(!kind(Arc::clone(&returning), "a.example.com").await);
+    // 300 other clients (more than rustls's default cache holds) in between.
+    for _ in 0..300 {
+        let other = client_config(&[&ca.der], &[b"http/1.1"], None);
+        let _ = connect(dp.addr, "a.example.com", other).await.unwrap();
+    }
+    for round in 0..3 {
+        assert!(
+            kind(Arc::clone(&returning), "a.example.com").await,
+            "round {round}: not resumed"
+        );
+    }
+}
+
 #[tokio::test]
 async fn alpn_selects_http2_or_http11() {
     let ca = Ca::new("test CA");
@@ -576,9 +610,15 @@ async fn rotation_serves_new_handshakes_the_new_certificate_and_keeps_open_conne
     dp.apply(2, vec![new.cert("default/rotate", &["rotate.example.com"])])
         .unwrap();
 
+    // NB: the same client config: a session made under the old certificate must not
+    // resume under the new one.
     let tls = connect(dp.addr, "rotate.example.com", Arc::clone(&cfg))
         .await
         .unwrap();
+    assert_eq!(
+        tls.get_ref().1.handshake_kind(),
+        Some(rustls::HandshakeKind::Full)
+    );
     assert_eq!(
         served_cert(&tls),
         new.der,
