@@ -734,7 +734,9 @@ fn the_dashboard_configmap_carries_the_committed_json_for_the_grafana_sidecar() 
     let out = helm(&args).unwrap();
     assert!(out.success, "{}", out.stderr);
     let y = &out.stdout;
-    let doc = &y[y.find("# Source: sluice/templates/dashboard.yaml").expect("no dashboard")..];
+    let doc = &y[y
+        .find("# Source: sluice/templates/dashboard.yaml")
+        .expect("no dashboard")..];
     let doc = &doc[..doc.find("\n---").unwrap_or(doc.len())];
     for want in [
         "kind: ConfigMap\n",
@@ -784,7 +786,12 @@ fn the_dashboard_configmap_carries_the_committed_json_for_the_grafana_sidecar() 
 
     // A label the API server would refuse is refused with the field named.
     let mut bad = base.to_vec();
-    bad.extend(["--set", "dashboard.enabled=true", "--set", "dashboard.label=a b"]);
+    bad.extend([
+        "--set",
+        "dashboard.enabled=true",
+        "--set",
+        "dashboard.label=a b",
+    ]);
     let out = helm(&bad).unwrap();
     assert!(!out.success);
     assert!(out.stderr.contains("/dashboard/label"), "{}", out.stderr);
