@@ -714,3 +714,85 @@ fn service_monitors_scrape_both_components_and_need_the_prometheus_operator() {
         "{y}"
     );
 }
+
+#[test]
+fn the_dashboard_configmap_carries_the_committed_json_for_the_grafana_sidecar() {
+    let chart = chart_dir();
+    let base = [
+        "template",
+        "s",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "ns",
+    ];
+    let out = helm(&base).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    assert!(!out.stdout.contains("grafana_dashboard"), "off by default");
+
+    let mut args = base.to_vec();
+    args.extend(["--set", "dashboard.enabled=true"]);
+    let out = helm(&args).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    let y = &out.stdout;
+    let doc = &y[y
+        .find("# Source: sluice/templates/dashboard.yaml")
+        .expect("no dashboard")..];
+    let doc = &doc[..doc.find("\n---").unwrap_or(doc.len())];
+    for want in [
+        "kind: ConfigMap\n",
+        "  name: s-sluice-dashboard\n",
+        "  namespace: ns\n",
+        "    grafana_dashboard: \"1\"\n",
+    ] {
+        assert!(doc.contains(want), "{want:?} missing:\n{doc}");
+    }
+    // The data is the committed dashboard, byte for byte once unindented.
+    let (_, block) = doc.split_once("  sluice-apisix.json: |-\n").expect(doc);
+    let json: String = block
+        .lines()
+        .map(|l| l.strip_prefix("    ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n");
+    let shipped: Value = serde_json::from_str(&json).unwrap();
+    let committed: Value = serde_json::from_str(
+        &std::fs::read_to_string(chart.join("dashboards/sluice-apisix.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(shipped, committed);
+    assert_eq!(committed["uid"], "sluice-apisix");
+
+    // The sidecar's label, namespace and folder annotation are the user's to set.
+    args.extend([
+        "--set",
+        "dashboard.namespace=monitoring",
+        "--set",
+        "dashboard.label=grafana_dashboard_sluice",
+        "--set",
+        "dashboard.labelValue=yes",
+        "--set",
+        "dashboard.annotations.grafana_folder=Gateways",
+    ]);
+    let out = helm(&args).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    let y = &out.stdout;
+    let doc = &y[y.find("# Source: sluice/templates/dashboard.yaml").unwrap()..];
+    for want in [
+        "  namespace: monitoring\n",
+        "    grafana_dashboard_sluice: \"yes\"\n",
+        "    grafana_folder: Gateways\n",
+    ] {
+        assert!(doc.contains(want), "{want:?} missing:\n{doc}");
+    }
+
+    // A label the API server would refuse is refused with the field named.
+    let mut bad = base.to_vec();
+    bad.extend([
+        "--set",
+        "dashboard.enabled=true",
+        "--set",
+        "dashboard.label=a b",
+    ]);
+    let out = helm(&bad).unwrap();
+    assert!(!out.success);
+    assert!(out.stderr.contains("/dashboard/label"), "{}", out.stderr);
+}

@@ -415,6 +415,7 @@ async fn stream(
     let outbound = futures::stream::poll_fn(move |cx| rx.poll_recv(cx));
     let mut inbound = client.stream(outbound).await?.into_inner();
     tracing::info!(url = %config.url, "connected to the controller");
+    store.set_source_reachable(true);
 
     while let Some(msg) = inbound.message().await? {
         *received = true;
@@ -539,6 +540,7 @@ pub async fn run(config: ClientConfig, store: Arc<Store>, after_apply: fn()) {
         };
         let started = Instant::now();
         let (received, err) = run_once(config, &store, after_apply).await;
+        store.set_source_reachable(false);
         if received {
             last_working = Instant::now();
         }

@@ -15,6 +15,17 @@ pub struct Metrics {
     pub snapshot_loads: IntCounterVec,
     responses: [IntCounter; 5],
     write_batching: IntGaugeVec,
+    /// APISIX's `apisix_etcd_reachable`, standing in for the configuration source: 1 while
+    /// the controller stream is up (controller mode) or the last read of the files worked
+    /// (standalone mode), else 0.
+    source_reachable: IntGauge,
+    /// APISIX's `apisix_etcd_modify_indexes{key}`, standing in for etcd's modify indexes:
+    /// per kind of object, the version of the last snapshot that changed that kind;
+    /// `max_modify_index` is the version being served.
+    modify_indexes: IntGaugeVec,
+    /// APISIX's `apisix_nginx_metric_errors_total`: scrapes whose Sluice families could not
+    /// be encoded (the metric library's own errors, as in APISIX).
+    metric_errors: IntCounter,
 }
 
 impl Metrics {
@@ -51,6 +62,26 @@ impl Metrics {
             ),
             &["mode"],
         )?;
+        let source_reachable = IntGauge::new(
+            "apisix_etcd_reachable",
+            "Config source reachable from the dataplane, 0 is unreachable (Sluice: the \
+             controller stream in controller mode, the config files in standalone mode)",
+        )?;
+        let modify_indexes = IntGaugeVec::new(
+            Opts::new(
+                "apisix_etcd_modify_indexes",
+                "Version of the last snapshot that changed each kind of object (Sluice's \
+                 stand-in for etcd modify indexes); max_modify_index is the version served",
+            ),
+            &["key"],
+        )?;
+        let metric_errors = IntCounter::new(
+            "apisix_nginx_metric_errors_total",
+            "Number of errors encoding the metrics (Sluice: failed scrapes of its own families)",
+        )?;
+        registry.register(Box::new(source_reachable.clone()))?;
+        registry.register(Box::new(modify_indexes.clone()))?;
+        registry.register(Box::new(metric_errors.clone()))?;
         registry.register(Box::new(snapshot_version.clone()))?;
         registry.register(Box::new(write_batching.clone()))?;
         registry.register(Box::new(snapshot_loads.clone()))?;
@@ -61,7 +92,24 @@ impl Metrics {
             snapshot_loads,
             responses,
             write_batching,
+            source_reachable,
+            modify_indexes,
+            metric_errors,
         })
+    }
+
+    /// Sets `apisix_etcd_reachable`: whether the configuration source answers.
+    pub fn set_source_reachable(&self, reachable: bool) {
+        self.source_reachable.set(i64::from(reachable));
+    }
+
+    /// Sets `apisix_etcd_modify_indexes{key}` to `version`. Keys are named as APISIX's etcd
+    /// directories (`consumers`, `global_rules`, `routes`, `ssls`, `upstreams`; Sluice has
+    /// no `services`, `protos` or `stream_routes`), plus `max_modify_index`.
+    pub fn set_modify_index(&self, key: &str, version: u64) {
+        self.modify_indexes
+            .with_label_values(&[key])
+            .set(i64::try_from(version).unwrap_or(i64::MAX));
     }
 
     /// Registers more collectors (e.g. the upstream families) in this registry.
@@ -95,6 +143,7 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut buf)
             .is_err()
         {
+            self.metric_errors.inc();
             return String::new();
         }
         String::from_utf8(buf).unwrap_or_default()

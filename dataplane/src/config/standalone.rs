@@ -84,8 +84,12 @@ pub struct Reloaded {
 /// Like [`reload`], translating with `base` (its `now` is replaced by the current time).
 pub fn reload_with(path: &Path, store: &Store, next_version: &mut u64, base: &Options) -> Reloaded {
     let loaded = match load(path) {
-        Ok(l) => l,
+        Ok(l) => {
+            store.set_source_reachable(true);
+            l
+        }
         Err(e) => {
+            store.set_source_reachable(false);
             store.record_error(e.to_string());
             return Reloaded::default();
         }

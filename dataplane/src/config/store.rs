@@ -115,6 +115,7 @@ impl Store {
                     .snapshot_version
                     .set(i64::try_from(snapshot.version).unwrap_or(i64::MAX));
                 self.metrics.snapshot_loads.with_label_values(&["ok"]).inc();
+                self.record_modify_indexes(&snapshot);
                 let mut st = lock(&self.state);
                 st.version = snapshot.version;
                 st.hash = snapshot.hash.clone();
@@ -139,6 +140,43 @@ impl Store {
     /// Resolves once a table is served after the last call (one waiter).
     pub async fn table_changed(&self) {
         self.changed.notified().await;
+    }
+
+    /// Sets `apisix_etcd_modify_indexes`: each kind of object that `snapshot` changes from
+    /// the one served before (all of them for the first) gets its version.
+    fn record_modify_indexes(&self, snapshot: &v1::Snapshot) {
+        let prev = lock(&self.snapshot).clone();
+        let v = snapshot.version;
+        let changed = |same: fn(&v1::Snapshot, &v1::Snapshot) -> bool| {
+            prev.as_deref().is_none_or(|p| !same(p, snapshot))
+        };
+        for (key, same) in [
+            (
+                "consumers",
+                (|a: &v1::Snapshot, b: &v1::Snapshot| a.consumers == b.consumers)
+                    as fn(&v1::Snapshot, &v1::Snapshot) -> bool,
+            ),
+            ("global_rules", |a, b| a.global_rules == b.global_rules),
+            ("routes", |a, b| a.routes == b.routes),
+            ("ssls", |a, b| {
+                a.tls_certificates == b.tls_certificates
+                    && a.default_certificate == b.default_certificate
+                    && a.fallback_sni == b.fallback_sni
+                    && a.listeners == b.listeners
+            }),
+            ("upstreams", |a, b| a.upstreams == b.upstreams),
+        ] {
+            if changed(same) {
+                self.metrics.set_modify_index(key, v);
+            }
+        }
+        self.metrics.set_modify_index("max_modify_index", v);
+    }
+
+    /// Sets `apisix_etcd_reachable`: whether the configuration source (the controller
+    /// stream, or the files in standalone mode) answers.
+    pub fn set_source_reachable(&self, reachable: bool) {
+        self.metrics.set_source_reachable(reachable);
     }
 
     /// Notes that a load produced exactly the snapshot being served: clears the last error.
