@@ -194,10 +194,11 @@ fn parse_debug(text: &str) -> Vec<SpanRec> {
                 }
                 _ => {}
             }
-        } else if let (Some(s), Some((k, v))) = (current.as_mut(), t.split_once(':')) {
-            if mode == Mode::Other && !k.contains('{') {
-                s.fields.insert(k.trim().to_owned(), v.trim().to_owned());
-            }
+        } else if let (Some(s), Some((k, v))) = (current.as_mut(), t.split_once(':'))
+            && mode == Mode::Other
+            && !k.contains('{')
+        {
+            s.fields.insert(k.trim().to_owned(), v.trim().to_owned());
         }
     }
     out.extend(current);

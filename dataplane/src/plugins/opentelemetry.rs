@@ -316,22 +316,20 @@ struct Started {
     attributes: Vec<KeyValue>,
 }
 
-fn attr(key: &str, value: impl Into<String>) -> KeyValue {
+fn key_value(key: &str, value: any_value::Value) -> KeyValue {
     KeyValue {
         key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::StringValue(value.into())),
-        }),
+        value: Some(AnyValue { value: Some(value) }),
+        ..Default::default()
     }
 }
 
+fn attr(key: &str, value: impl Into<String>) -> KeyValue {
+    key_value(key, any_value::Value::StringValue(value.into()))
+}
+
 fn int_attr(key: &str, value: i64) -> KeyValue {
-    KeyValue {
-        key: key.to_owned(),
-        value: Some(AnyValue {
-            value: Some(any_value::Value::IntValue(value)),
-        }),
-    }
+    key_value(key, any_value::Value::IntValue(value))
 }
 
 fn capped(s: &str) -> &str {
@@ -484,10 +482,7 @@ fn resource(md: &OpentelemetryMetadata) -> Resource {
             },
             _ => continue,
         };
-        attributes.push(KeyValue {
-            key: k.clone(),
-            value: Some(AnyValue { value: Some(value) }),
-        });
+        attributes.push(key_value(k, value));
     }
     Resource {
         attributes,
