@@ -17,6 +17,7 @@ scripts/install-test-deps.sh
 # runc, CNI plugins): built once from the Go module proxy / apt, cached.
 scripts/testcluster.sh install --node
 scripts/install-helm.sh >/dev/null  # helm for the chart tests (built once from the Go module proxy, cached)
+scripts/install-otelcol.sh >/dev/null  # an OpenTelemetry Collector for the opentelemetry plugin tests (built once, cached)
 
 echo "==> cargo fmt --check"
 cargo fmt --all -- --check

@@ -110,6 +110,12 @@ struct Args {
     /// serving. Default: every built-in plugin.
     #[arg(long, value_name = "NAME,...", value_delimiter = ',')]
     plugins: Option<Vec<String>>,
+    /// Plugin metadata, APISIX's `plugin_metadata`: a YAML or JSON file mapping a plugin
+    /// name to its process-wide settings, e.g. `opentelemetry: {collector: {address:
+    /// "otel-collector:4318"}}` (docs/plugins.md). Read once at start; a bad file stops the
+    /// dataplane with the plugin and field named. Default: the plugins' default metadata.
+    #[arg(long, value_name = "FILE", env = "SLUICE_PLUGIN_METADATA")]
+    plugin_metadata: Option<PathBuf>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -246,6 +252,13 @@ fn main() -> anyhow::Result<()> {
         }
     }
     store.plugin_state().set_enabled(args.plugins.clone());
+    if let Some(path) = &args.plugin_metadata {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading --plugin-metadata {}", path.display()))?;
+        let metadata = sluice_dataplane::plugins::state::PluginMetadata::parse(&text)
+            .with_context(|| format!("--plugin-metadata {}", path.display()))?;
+        store.plugin_state().set_metadata(metadata);
+    }
 
     // One small runtime for the admin listener and the configuration source.
     let control = tokio::runtime::Builder::new_current_thread()

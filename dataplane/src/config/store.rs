@@ -55,6 +55,7 @@ impl Store {
         metrics.register(pools.health.metrics.collectors())?;
         let plugin_state = PluginState::default();
         metrics.register(plugin_state.log_metrics.collectors())?;
+        metrics.register(plugin_state.otel.collectors())?;
         Ok(Store {
             table: ArcSwap::from_pointee(RouteTable::empty()?),
             snapshot: Mutex::new(None),

@@ -102,12 +102,25 @@ pub struct Policy {
     pub retry_delay: Duration,
 }
 
+/// What a [`Batcher`] queues: a logger's JSON entry (`String`), or another plugin's record
+/// (opentelemetry's spans).
+pub trait Item: Send + 'static {
+    /// Approximate bytes it holds, for the queue's byte bound.
+    fn size(&self) -> usize;
+}
+
+impl Item for String {
+    fn size(&self) -> usize {
+        self.len()
+    }
+}
+
 /// Where a batch goes.
-pub trait Sink: Send + 'static {
+pub trait Sink<T: Item = String>: Send + 'static {
     /// Delivers `batch` (JSON entries); `Err` is retried per the [`Policy`].
     fn send<'a>(
         &'a mut self,
-        batch: &'a [String],
+        batch: &'a [T],
     ) -> impl Future<Output = Result<(), String>> + Send + 'a;
 
     /// The name Sluice's own log lines give the logger (http-logger's `name`). Default
@@ -117,17 +130,17 @@ pub trait Sink: Send + 'static {
     }
 }
 
-/// One entry in a queue, with its size (for the byte bound).
-struct Queued(String);
+/// One entry in a queue.
+struct Queued<T>(T);
 
 /// The sending side of one logger's queue; the task ends when the last one drops.
-pub struct Batcher {
-    tx: mpsc::Sender<Queued>,
+pub struct Batcher<T: Item = String> {
+    tx: mpsc::Sender<Queued<T>>,
     pending_bytes: Arc<AtomicUsize>,
     dropped_full: prometheus::IntCounter,
 }
 
-impl std::fmt::Debug for Batcher {
+impl<T: Item> std::fmt::Debug for Batcher<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Batcher")
             .field("pending_bytes", &self.pending_bytes.load(Ordering::Relaxed))
@@ -135,13 +148,24 @@ impl std::fmt::Debug for Batcher {
     }
 }
 
-impl std::fmt::Debug for Queued {
+impl<T: Item> std::fmt::Debug for Queued<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Queued({} bytes)", self.0.len())
+        write!(f, "Queued({} bytes)", self.0.size())
     }
 }
 
-impl Batcher {
+/// The counters of one [`Batcher`].
+#[derive(Debug, Clone)]
+pub struct Counters {
+    /// Items delivered.
+    pub sent: prometheus::IntCounter,
+    /// Items dropped because the queue was full.
+    pub dropped_full: prometheus::IntCounter,
+    /// Items dropped because their batch failed every attempt.
+    pub dropped_failed: prometheus::IntCounter,
+}
+
+impl Batcher<String> {
     /// Starts the task of one logger (`plugin` on `route`) sending to `sink`.
     pub fn start<S: Sink>(
         plugin: &'static str,
@@ -150,17 +174,39 @@ impl Batcher {
         sink: S,
         metrics: &LogMetrics,
     ) -> Batcher {
-        let (tx, rx) = mpsc::channel(MAX_PENDING_ENTRIES);
+        let counters = Counters {
+            sent: metrics.sent.with_label_values(&[plugin, route]),
+            dropped_full: metrics
+                .dropped
+                .with_label_values(&[plugin, route, "queue_full"]),
+            dropped_failed: metrics
+                .dropped
+                .with_label_values(&[plugin, route, "send_failed"]),
+        };
+        Batcher::start_with(plugin, route, policy, MAX_PENDING_ENTRIES, sink, counters)
+    }
+}
+
+impl<T: Item> Batcher<T> {
+    /// Starts the task of a queue of at most `capacity` items (`plugin` on `route`, in
+    /// Sluice's own log lines) sending to `sink`, counting in `counters`.
+    pub fn start_with<S: Sink<T>>(
+        plugin: &'static str,
+        route: &str,
+        policy: Policy,
+        capacity: usize,
+        sink: S,
+        counters: Counters,
+    ) -> Batcher<T> {
+        let (tx, rx) = mpsc::channel(capacity.max(1));
         let pending_bytes = Arc::new(AtomicUsize::new(0));
         let task = Task {
             rx,
             policy,
             sink,
             pending_bytes: Arc::clone(&pending_bytes),
-            sent: metrics.sent.with_label_values(&[plugin, route]),
-            dropped: metrics
-                .dropped
-                .with_label_values(&[plugin, route, "send_failed"]),
+            sent: counters.sent,
+            dropped: counters.dropped_failed,
             plugin,
             route: route.to_owned(),
         };
@@ -173,15 +219,13 @@ impl Batcher {
         Batcher {
             tx,
             pending_bytes,
-            dropped_full: metrics
-                .dropped
-                .with_label_values(&[plugin, route, "queue_full"]),
+            dropped_full: counters.dropped_full,
         }
     }
 
     /// Queues `entry` without waiting; a full queue drops it (counted).
-    pub fn push(&self, entry: String) {
-        let n = entry.len();
+    pub fn push(&self, entry: T) {
+        let n = entry.size();
         if self.pending_bytes.fetch_add(n, Ordering::Relaxed) + n > MAX_PENDING_BYTES {
             self.pending_bytes.fetch_sub(n, Ordering::Relaxed);
             self.dropped_full.inc();
@@ -206,8 +250,8 @@ fn shutdown_signal() -> &'static watch::Sender<bool> {
 }
 
 /// What a logger's task does next.
-enum Next {
-    Entry(String),
+enum Next<T> {
+    Entry(T),
     /// The batch waited long enough (`inactive_timeout`, `buffer_duration`).
     Idle,
     /// The process is stopping ([`flush_all`]).
@@ -216,7 +260,7 @@ enum Next {
     Closed,
 }
 
-async fn recv(rx: &mut mpsc::Receiver<Queued>, deadline: Option<Instant>) -> Next {
+async fn recv<T>(rx: &mut mpsc::Receiver<Queued<T>>, deadline: Option<Instant>) -> Next<T> {
     let got = match deadline {
         Some(d) => match tokio::time::timeout_at(d.into(), rx.recv()).await {
             Ok(got) => got,
@@ -261,8 +305,8 @@ fn runtime() -> Option<&'static tokio::runtime::Handle> {
     .as_ref()
 }
 
-struct Task<S> {
-    rx: mpsc::Receiver<Queued>,
+struct Task<S, T> {
+    rx: mpsc::Receiver<Queued<T>>,
     policy: Policy,
     sink: S,
     pending_bytes: Arc<AtomicUsize>,
@@ -272,9 +316,9 @@ struct Task<S> {
     route: String,
 }
 
-impl<S: Sink> Task<S> {
+impl<T: Item, S: Sink<T>> Task<S, T> {
     async fn run(mut self) {
-        let mut batch: Vec<String> = Vec::new();
+        let mut batch: Vec<T> = Vec::new();
         let (mut first, mut last) = (Instant::now(), Instant::now());
         let mut shutdown = shutdown_signal().subscribe();
         let mut draining = *shutdown.borrow_and_update();
@@ -331,7 +375,7 @@ impl<S: Sink> Task<S> {
     }
 
     /// Sends `batch` with the policy's retries, then empties it.
-    async fn flush(&mut self, batch: &mut Vec<String>) {
+    async fn flush(&mut self, batch: &mut Vec<T>) {
         if batch.is_empty() {
             return;
         }
@@ -356,7 +400,7 @@ impl<S: Sink> Task<S> {
                 }
             }
         }
-        let bytes: usize = batch.iter().map(String::len).sum();
+        let bytes: usize = batch.iter().map(Item::size).sum();
         self.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
         PENDING.fetch_sub(batch.len(), Ordering::Relaxed);
         batch.clear();
@@ -690,7 +734,17 @@ fn log_var(var: &LogVar, ctx: &PluginCtx, end: Instant) -> Value {
             .get::<ResponseHead>()
             .and_then(|h| h.0.get(name.as_str()))
             .map_or(Value::Null, text),
+        LogVar::OpentelemetryTraceId => trace(ctx, |t| t.trace_id_hex()),
+        LogVar::OpentelemetrySpanId => trace(ctx, |t| t.span_id_hex()),
+        LogVar::OpentelemetryTraceparent => trace(ctx, |t| t.traceparent()),
     }
+}
+
+/// A value of the request's trace context (opentelemetry plugin), `null` without one.
+fn trace(ctx: &PluginCtx, f: impl Fn(&super::opentelemetry::TraceContext) -> String) -> Value {
+    ctx.extensions
+        .get::<super::opentelemetry::TraceContext>()
+        .map_or(Value::Null, |t| Value::String(f(t)))
 }
 
 fn hostname() -> &'static str {

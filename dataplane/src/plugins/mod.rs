@@ -59,6 +59,8 @@ pub mod limit_count;
 pub mod limit_req;
 pub mod log;
 pub mod openid_connect;
+pub mod opentelemetry;
+pub mod post;
 pub mod prometheus;
 pub mod proxy_mirror;
 pub mod proxy_rewrite;
@@ -295,6 +297,7 @@ pub const BUILDERS: &[(&str, BuildFn)] = &[
     ("api-breaker", api_breaker::build),
     ("forward-auth", forward_auth::build),
     ("openid-connect", openid_connect::build),
+    ("opentelemetry", opentelemetry::build),
     ("http-logger", http_logger::build),
     ("file-logger", file_logger::build),
     ("proxy-mirror", proxy_mirror::build),

@@ -2,8 +2,12 @@
 //! hand out a fresh budget, and anything else a plugin shares across routes.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+
+use serde_json::Value;
+use sluice_plugin_config::ConfigError;
+use sluice_plugin_config::opentelemetry::OpentelemetryMetadata;
 
 type Shared = Arc<dyn Any + Send + Sync>;
 
@@ -17,8 +21,58 @@ pub struct PluginState {
     pub log_metrics: super::log::LogMetrics,
     /// proxy-mirror's counts (`sluice_mirror_*`).
     pub mirror: Arc<super::proxy_mirror::MirrorMetrics>,
+    /// opentelemetry's counts (`sluice_opentelemetry_spans_*`).
+    pub otel: super::opentelemetry::OtelMetrics,
     /// Plugins this dataplane runs (`--plugins`); `None` = every built-in plugin.
     enabled: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
+    /// The plugin metadata (`--plugin-metadata`), checked.
+    metadata: std::sync::RwLock<PluginMetadata>,
+}
+
+/// Plugin metadata: APISIX's `plugin_metadata`, process-wide settings of a plugin shared by
+/// every route that uses it (for opentelemetry: the collector). Sluice reads it from the
+/// dataplane's `--plugin-metadata` file, a YAML or JSON mapping of plugin name to its
+/// metadata object.
+#[derive(Debug, Clone, Default)]
+pub struct PluginMetadata {
+    /// `opentelemetry`'s; `None` = its defaults.
+    pub opentelemetry: Option<Arc<OpentelemetryMetadata>>,
+}
+
+impl PluginMetadata {
+    /// Parses and checks the text of a `--plugin-metadata` file: a mapping of plugin name to
+    /// metadata. A plugin without metadata in Sluice, or a bad field, is an error naming
+    /// the plugin and field.
+    pub fn parse(text: &str) -> Result<Self, ConfigError> {
+        let whole = |reason: String| ConfigError::Field {
+            plugin: "plugin metadata".into(),
+            field: String::new(),
+            reason,
+        };
+        let map: BTreeMap<String, Value> = if text.trim().is_empty() {
+            BTreeMap::new()
+        } else {
+            serde_yaml::from_str(text)
+                .map_err(|e| whole(format!("not a mapping of plugin name to metadata: {e}")))?
+        };
+        let mut out = PluginMetadata::default();
+        for (name, value) in map {
+            match name.as_str() {
+                "opentelemetry" => {
+                    out.opentelemetry = Some(Arc::new(OpentelemetryMetadata::parse(&value)?));
+                }
+                _ if sluice_plugin_config::lookup(&name).is_some() => {
+                    return Err(ConfigError::Field {
+                        plugin: name,
+                        field: "metadata".into(),
+                        reason: "Sluice takes no plugin metadata for this plugin".into(),
+                    });
+                }
+                _ => return Err(sluice_plugin_config::not_found(&name)),
+            }
+        }
+        Ok(out)
+    }
 }
 
 impl PluginState {
@@ -29,6 +83,22 @@ impl PluginState {
         match self.enabled.write() {
             Ok(mut g) => *g = set,
             Err(poisoned) => *poisoned.into_inner() = set,
+        }
+    }
+
+    /// Sets the plugin metadata (`--plugin-metadata`); plugins built afterwards use it.
+    pub fn set_metadata(&self, metadata: PluginMetadata) {
+        match self.metadata.write() {
+            Ok(mut g) => *g = metadata,
+            Err(poisoned) => *poisoned.into_inner() = metadata,
+        }
+    }
+
+    /// The plugin metadata.
+    pub fn metadata(&self) -> PluginMetadata {
+        match self.metadata.read() {
+            Ok(g) => g.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 

@@ -39,6 +39,7 @@ pub mod limit_count;
 pub mod limit_req;
 pub mod logger;
 pub mod openid_connect;
+pub mod opentelemetry;
 pub mod prometheus;
 pub mod proxy_mirror;
 pub mod proxy_rewrite;
@@ -188,6 +189,7 @@ pub const REGISTRY: &[Entry] = &[
     entry::<api_breaker::ApiBreaker>(),
     entry::<forward_auth::ForwardAuth>(),
     entry::<openid_connect::OpenidConnect>(),
+    entry::<opentelemetry::Opentelemetry>(),
     entry::<http_logger::HttpLogger>(),
     entry::<file_logger::FileLogger>(),
     entry::<proxy_mirror::ProxyMirror>(),

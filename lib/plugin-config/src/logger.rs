@@ -43,6 +43,13 @@ pub enum LogVar {
     Hostname,
     /// `sent_http_<name>`: a response header (name lower-case, `_` as `-`).
     SentHeader(String),
+    /// `opentelemetry_trace_id`: the trace id of the request's span (opentelemetry plugin),
+    /// 32 hex digits; none without that plugin.
+    OpentelemetryTraceId,
+    /// `opentelemetry_span_id`: the id of the request's span, 16 hex digits.
+    OpentelemetrySpanId,
+    /// `opentelemetry_context_traceparent`: the `traceparent` sent upstream.
+    OpentelemetryTraceparent,
 }
 
 impl LogVar {
@@ -59,6 +66,9 @@ impl LogVar {
             "time_iso8601" => LogVar::TimeIso8601,
             "msec" => LogVar::Msec,
             "hostname" => LogVar::Hostname,
+            "opentelemetry_trace_id" => LogVar::OpentelemetryTraceId,
+            "opentelemetry_span_id" => LogVar::OpentelemetrySpanId,
+            "opentelemetry_context_traceparent" => LogVar::OpentelemetryTraceparent,
             _ => match name.strip_prefix("sent_http_").filter(|h| !h.is_empty()) {
                 Some(h) => LogVar::SentHeader(h.to_ascii_lowercase().replace('_', "-")),
                 None => LogVar::Request(Var::parse(name)?),
