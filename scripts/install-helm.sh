@@ -17,6 +17,8 @@ BIN="$SLUICE_CACHE/bin"
 
 log() { echo "install-helm: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=scripts/lib/go.sh
+. "$HERE/lib/go.sh"
 
 grep -qE "^\s*helm.sh/helm/v3 $HELM_VERSION( |\$)" "$MODDIR/go.mod" ||
     die "HELM_VERSION=$HELM_VERSION does not match $MODDIR/go.mod"
@@ -25,15 +27,9 @@ mkdir -p "$BIN"
 exec 9>"$BIN/.install-helm.lock"
 flock 9
 if ! [ -x "$BIN/helm-$HELM_VERSION" ]; then
-    go=$(command -v go 2>/dev/null || true)
-    [ -n "$go" ] || { [ -x /usr/local/go/bin/go ] && go=/usr/local/go/bin/go; }
-    [ -n "$go" ] || die "no Go toolchain (need go >= 1.26 on PATH or in /usr/local/go) to build helm"
-    v=$(GOTOOLCHAIN=local "$go" env GOVERSION)
-    v=${v#go}
-    minor=$(echo "$v" | cut -d. -f2)
-    { [ "${v%%.*}" -gt 1 ] || [ "$minor" -ge 26 ]; } || die "go $v is too old to build helm $HELM_VERSION (need >= 1.26)"
+    go=$(go_toolchain 26 "helm $HELM_VERSION")
     src="$SLUICE_CACHE/helm-src-$HELM_VERSION"
-    mkdir -p "$src" "$SLUICE_CACHE/go/mod" "$SLUICE_CACHE/go/build"
+    mkdir -p "$src"
     # NB: the module directory must not contain the module cache (see testcluster.sh).
     cp "$MODDIR/go.mod" "$MODDIR/go.sum" "$src/"
     # As helm's Makefile does: the Kubernetes version `helm template` and `helm lint` assume
@@ -47,14 +43,7 @@ if ! [ -x "$BIN/helm-$HELM_VERSION" ]; then
     out="$BIN/.helm-$HELM_VERSION.tmp.$$"
     log "building helm $HELM_VERSION from the Go module proxy ..."
     t0=$SECONDS
-    (
-        cd "$src"
-        env GOMODCACHE="$SLUICE_CACHE/go/mod" GOCACHE="$SLUICE_CACHE/go/build" \
-            GOTOOLCHAIN=local GOFLAGS="-trimpath -buildvcs=false -mod=readonly" \
-            CGO_ENABLED=0 GOWORK=off \
-            "$go" build -ldflags "$ldflags" \
-            -o "$out" helm.sh/helm/v3/cmd/helm
-    )
+    go_build "$go" "$src" "$out" helm.sh/helm/v3/cmd/helm -ldflags "$ldflags"
     # NB: lands under its final name by `mv`, so an executable file is complete.
     mv -f "$out" "$BIN/helm-$HELM_VERSION"
     log "built helm $HELM_VERSION in $((SECONDS - t0))s"

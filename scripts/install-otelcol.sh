@@ -19,6 +19,8 @@ BIN="$SLUICE_CACHE/bin"
 
 log() { echo "install-otelcol: $*" >&2; }
 die() { log "error: $*"; exit 1; }
+# shellcheck source=scripts/lib/go.sh
+. "$HERE/lib/go.sh"
 
 grep -qE "^\s*go.opentelemetry.io/collector/otelcol $OTELCOL_VERSION( |\$)" "$MODDIR/go.mod" ||
     die "OTELCOL_VERSION=$OTELCOL_VERSION does not match $MODDIR/go.mod"
@@ -27,27 +29,15 @@ mkdir -p "$BIN"
 exec 9>"$BIN/.install-otelcol.lock"
 flock 9
 if ! [ -x "$BIN/otelcol-sluice-$OTELCOL_VERSION" ]; then
-    go=$(command -v go 2>/dev/null || true)
-    [ -n "$go" ] || { [ -x /usr/local/go/bin/go ] && go=/usr/local/go/bin/go; }
-    [ -n "$go" ] || die "no Go toolchain (need go >= 1.26 on PATH or in /usr/local/go) to build the collector"
-    v=$(GOTOOLCHAIN=local "$go" env GOVERSION)
-    v=${v#go}
-    minor=$(echo "$v" | cut -d. -f2)
-    { [ "${v%%.*}" -gt 1 ] || [ "$minor" -ge 26 ]; } || die "go $v is too old to build the collector (need >= 1.26)"
+    go=$(go_toolchain 26 "the collector")
     src="$SLUICE_CACHE/otelcol-src-$OTELCOL_VERSION"
-    mkdir -p "$src" "$SLUICE_CACHE/go/mod" "$SLUICE_CACHE/go/build"
+    mkdir -p "$src"
     # NB: the module directory must not contain the module cache (see testcluster.sh).
     cp "$MODDIR/go.mod" "$MODDIR/go.sum" "$MODDIR/main.go" "$src/"
     out="$BIN/.otelcol-sluice-$OTELCOL_VERSION.tmp.$$"
     log "building the OpenTelemetry Collector $OTELCOL_VERSION (otlp receiver, debug exporter) from the Go module proxy ..."
     t0=$SECONDS
-    (
-        cd "$src"
-        env GOMODCACHE="$SLUICE_CACHE/go/mod" GOCACHE="$SLUICE_CACHE/go/build" \
-            GOTOOLCHAIN=local GOFLAGS="-trimpath -buildvcs=false -mod=readonly" \
-            CGO_ENABLED=0 GOWORK=off \
-            "$go" build -ldflags "-s -w" -o "$out" .
-    )
+    go_build "$go" "$src" "$out" . -ldflags "-s -w"
     # NB: lands under its final name by `mv`, so an executable file is complete.
     mv -f "$out" "$BIN/otelcol-sluice-$OTELCOL_VERSION"
     log "built the collector $OTELCOL_VERSION in $((SECONDS - t0))s"
