@@ -796,3 +796,65 @@ fn the_dashboard_configmap_carries_the_committed_json_for_the_grafana_sidecar() 
     assert!(!out.success);
     assert!(out.stderr.contains("/dashboard/label"), "{}", out.stderr);
 }
+
+/// `dataplane.pluginMetadata` reaches the dataplane as a file in a Secret, named by
+/// `--plugin-metadata`; without it the flag, the mount and the Secret are absent.
+#[test]
+fn plugin_metadata_reaches_the_dataplane_as_a_secret_file() {
+    let chart = chart_dir();
+    let render = |extra: &[&str]| {
+        let mut args = vec![
+            "template",
+            "s",
+            chart.to_str().unwrap(),
+            "--namespace",
+            "ns",
+        ];
+        args.extend_from_slice(extra);
+        let out = helm(&args).unwrap();
+        assert!(out.success, "{extra:?}: {}", out.stderr);
+        out.stdout
+    };
+    let plain = render(&[]);
+    assert!(!plain.contains("plugin-metadata"), "{plain}");
+
+    let meta = r#"dataplane.pluginMetadata={"opentelemetry":{"collector":{"address":"otel-collector.observability:4318","request_headers":{"authorization":"Bearer t0ken"}}}}"#;
+    let out = render(&["--set-json", meta]);
+    let deployment = out
+        .split("\n---\n")
+        .find(|d| d.contains("\nkind: Deployment\n") && d.contains("name: s-sluice-dataplane\n"))
+        .unwrap();
+    assert!(
+        deployment.contains("- --plugin-metadata=/etc/sluice/plugin-metadata/metadata.yaml"),
+        "{deployment}"
+    );
+    assert!(
+        deployment.contains(
+            "{name: plugin-metadata, mountPath: /etc/sluice/plugin-metadata, readOnly: true}"
+        ),
+        "{deployment}"
+    );
+    let secret = out
+        .split("\n---\n")
+        .find(|d| {
+            d.contains("name: s-sluice-dataplane-plugin-metadata") && d.contains("kind: Secret")
+        })
+        .unwrap_or_else(|| panic!("no plugin-metadata Secret in {out}"));
+    // The credential is not in the rendered text in the clear.
+    assert!(!secret.contains("t0ken"), "{secret}");
+    let b64 = secret
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("metadata.yaml: "))
+        .unwrap();
+    let text = String::from_utf8(
+        base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(
+        text.contains("address: otel-collector.observability:4318"),
+        "{text}"
+    );
+    assert!(text.contains("authorization: Bearer t0ken"), "{text}");
+}
