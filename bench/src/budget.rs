@@ -799,6 +799,13 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
         None => sluice::build_release(&opts.workspace)?,
     };
     require("taskset")?;
+    // NB: before this process pins itself, which would make nproc say 1.
+    let machine_info = machine::collect(
+        &opts.workspace,
+        nginx::version(&nginx_bin).unwrap_or_else(|| "unknown".into()),
+        machine::wrk_version(&wrk_bin),
+        None,
+    );
     let cpus = pick_cpus(&allowed_cpus());
     let (proxy_cpu, load_cpu) = (cpus.map(|c| c.0), cpus.map(|c| c.1));
     pin_self(load_cpu);
@@ -971,12 +978,7 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
         schema_version: SCHEMA_VERSION,
         scenario: opts.scenario,
         timestamp: machine::timestamp_utc(started),
-        machine: machine::collect(
-            &opts.workspace,
-            nginx::version(&ctx.nginx).unwrap_or_else(|| "unknown".into()),
-            machine::wrk_version(&ctx.wrk),
-            None,
-        ),
+        machine: machine_info,
         loadavg_start,
         loadavg_end: loadavg().0,
         duration_s: opts.duration.as_secs_f64().ceil(),
