@@ -11,6 +11,7 @@
 //! benchmark itself is run by hand: see `bench/README.md`.
 #![forbid(unsafe_code)]
 
+pub mod budget;
 pub mod chart;
 pub mod conns;
 pub mod duration;

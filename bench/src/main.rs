@@ -142,7 +142,8 @@ enum Cmd {
     /// both topologies (origin on and off the proxy's core). Writes
     /// suite-<scenario>-<arch>-<time>.{json,md,svg}.
     Suite {
-        /// keepalive | churn | large | idle | workers2.
+        /// keepalive | churn | large | idle | workers2 (issue 21); logger | forward-auth (issue
+        /// 19's plugin budgets, side by side; `--topology` and `--idle-count` do not apply).
         #[arg(long, value_enum)]
         scenario: SuiteScenarioArg,
         /// Where the origin runs: on the proxy's core, off it, or both in turn.
@@ -200,6 +201,10 @@ enum SuiteScenarioArg {
     Large,
     Idle,
     Workers2,
+    /// Issue 19: http-logger (plugin list in bench/config/budget.yaml) with and without.
+    Logger,
+    /// Issue 19: forward-auth against nginx's auth_request, each with and without.
+    ForwardAuth,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -503,6 +508,32 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             use sluice_bench::suite::{Scenario, SuiteOptions, Topology};
             process::install_signal_handler().context("installing signal handlers")?;
             let workspace = workspace.unwrap_or_else(workspace_root);
+            let budget = match scenario {
+                SuiteScenarioArg::Logger => Some(sluice_bench::budget::BudgetScenario::Logger),
+                SuiteScenarioArg::ForwardAuth => {
+                    Some(sluice_bench::budget::BudgetScenario::ForwardAuth)
+                }
+                _ => None,
+            };
+            if let Some(scenario) = budget {
+                let opts = sluice_bench::budget::BudgetOptions {
+                    scenario,
+                    duration,
+                    warmup,
+                    repeat,
+                    sluice_bin,
+                    results_dir: results_dir
+                        .unwrap_or_else(|| workspace.join("bench").join("results")),
+                    workspace,
+                    ready_timeout,
+                };
+                let (result, written) = sluice_bench::budget::run_budget(&opts)?;
+                println!("{}", sluice_bench::budget::render_markdown(&result));
+                for path in written {
+                    eprintln!("sluice-bench: wrote {}", path.display());
+                }
+                return Ok(());
+            }
             let opts = SuiteOptions {
                 scenario: match scenario {
                     SuiteScenarioArg::Keepalive => Scenario::Keepalive,
@@ -510,6 +541,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     SuiteScenarioArg::Large => Scenario::Large,
                     SuiteScenarioArg::Idle => Scenario::Idle,
                     SuiteScenarioArg::Workers2 => Scenario::Workers2,
+                    SuiteScenarioArg::Logger | SuiteScenarioArg::ForwardAuth => {
+                        anyhow::bail!("{scenario:?} is a plugin-budget scenario")
+                    }
                 },
                 topologies: match topology {
                     TopologyArg::On => vec![Topology::OriginOnProxyCore],
