@@ -212,7 +212,7 @@ async fn a_full_batch_goes_at_once_in_apisixs_entry_shape() {
         let r = get_with(
             dp.addr,
             &format!("/items/{i}?a=1&a=2&flag"),
-            &[("user-agent", "curl/8"), ("x-multi", "1")],
+            &[("user-agent", "curl/8"), ("x-multi", "1"), ("x-multi", "2")],
         )
         .await;
         assert_eq!(r.status, StatusCode::OK);
@@ -243,6 +243,11 @@ async fn a_full_batch_goes_at_once_in_apisixs_entry_shape() {
     );
     assert_eq!(req["headers"]["user-agent"], "curl/8");
     assert_eq!(req["headers"]["host"], "example.com");
+    assert_eq!(
+        req["headers"]["x-multi"],
+        json!(["1", "2"]),
+        "a repeated header is a list"
+    );
     assert_eq!(req["querystring"], json!({"a": ["1", "2"], "flag": true}));
     assert!(req["size"].as_u64().unwrap() > 0);
     let resp = &e["response"];

@@ -551,6 +551,11 @@ pub fn tee_response_body(cap: usize, ctx: &mut PluginCtx) -> Option<Box<dyn Body
 /// The log entry of the request of `ctx`, as JSON text.
 pub fn entry(ctx: &PluginCtx, opts: &EntryOptions) -> String {
     let end = ctx.end_time();
+    if opts.format.is_none() {
+        // NB: written straight from the request's own data, without a `Value` tree (whose
+        // map of every header cost more than the rest of the request: issue 19's budget).
+        return serde_json::to_string(&full(ctx, opts, end)).unwrap_or_default();
+    }
     let value = match &opts.format {
         Some(f) => {
             let mut m = custom(f, ctx, end);
@@ -558,7 +563,7 @@ pub fn entry(ctx: &PluginCtx, opts: &EntryOptions) -> String {
             m.insert("service_id".into(), Value::from(""));
             Value::Object(m)
         }
-        None => full(ctx, opts, end),
+        None => Value::Null,
     };
     value.to_string()
 }
@@ -571,19 +576,38 @@ fn text(v: &http::HeaderValue) -> Value {
     Value::String(String::from_utf8_lossy(v.as_bytes()).into_owned())
 }
 
-/// Headers as `ngx.req.get_headers()` gives them: lower-case names, a list for a repeated
-/// header.
-fn headers(h: &HeaderMap) -> Value {
-    let mut m = Map::new();
-    for name in h.keys() {
-        let mut all = h.get_all(name).iter();
-        let v = match (all.next(), all.next()) {
-            (Some(one), None) => text(one),
-            _ => Value::Array(h.get_all(name).iter().map(text).collect()),
-        };
-        m.insert(name.as_str().to_owned(), v);
+/// Headers as `ngx.req.get_headers()` gives them: lower-case names in order, a list for
+/// a repeated header; serialised from the map itself.
+struct Headers<'a>(&'a HeaderMap);
+
+impl serde::Serialize for Headers<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeMap;
+        let mut names: Vec<&http::HeaderName> = self.0.keys().collect();
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut m = s.serialize_map(Some(names.len()))?;
+        for name in names {
+            let all = self.0.get_all(name);
+            let mut it = all.iter();
+            match (it.next(), it.next()) {
+                (Some(one), None) => m.serialize_entry(name.as_str(), &Lossy(one.as_bytes()))?,
+                _ => m.serialize_entry(
+                    name.as_str(),
+                    &all.iter().map(|v| Lossy(v.as_bytes())).collect::<Vec<_>>(),
+                )?,
+            }
+        }
+        m.end()
     }
-    Value::Object(m)
+}
+
+/// Bytes as a JSON string, invalid UTF-8 replaced.
+struct Lossy<'a>(&'a [u8]);
+
+impl serde::Serialize for Lossy<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&String::from_utf8_lossy(self.0))
+    }
 }
 
 /// Query arguments as `ngx.req.get_uri_args()`: decoded, `true` for an argument without
@@ -617,77 +641,114 @@ fn epoch_ms(at: Instant) -> f64 {
     t.as_millis() as f64
 }
 
-/// APISIX's full entry (`log-util.get_full_log`).
-fn full(ctx: &PluginCtx, opts: &EntryOptions, end: Instant) -> Value {
+/// APISIX's full entry (`log-util.get_full_log`). Fields in name order, as a JSON object
+/// map writes them.
+#[derive(serde::Serialize)]
+struct Full<'a> {
+    apisix_latency: f64,
+    client_ip: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    consumer: Option<Consumer<'a>>,
+    latency: f64,
+    request: Req<'a>,
+    response: Resp<'a>,
+    route_id: &'a str,
+    server: Server,
+    service_id: &'static str,
+    start_time: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    upstream_latency: Option<f64>,
+}
+
+#[derive(serde::Serialize)]
+struct Consumer<'a> {
+    username: &'a str,
+}
+
+#[derive(serde::Serialize)]
+struct Req<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    headers: Option<Headers<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    method: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    querystring: Option<Value>,
+    size: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    uri: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+}
+
+#[derive(serde::Serialize)]
+struct Resp<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<Lossy<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    headers: Option<Headers<'a>>,
+    size: u64,
+    status: u16,
+}
+
+#[derive(serde::Serialize)]
+struct Server {
+    hostname: &'static str,
+    version: &'static str,
+}
+
+fn full<'a>(ctx: &'a PluginCtx, opts: &EntryOptions, end: Instant) -> Full<'a> {
     let head = ctx.request_head.as_deref();
-    let mut request = Map::new();
-    if let Some(req) = head {
+    let target = head.map(|req| req.uri.path_and_query().map_or("/", |p| p.as_str()));
+    let url = head.map(|req| {
         let host = vars::get(&sluice_plugin_config::vars::Var::Host, req, ctx);
-        let target = req.uri.path_and_query().map_or("/", |p| p.as_str());
-        request.insert(
-            "url".into(),
-            Value::String(format!(
-                "{}://{}:{}{}",
-                ctx.scheme,
-                host.as_deref().unwrap_or(""),
-                ctx.local_addr.port(),
-                target
-            )),
-        );
-        request.insert("uri".into(), Value::from(target));
-        request.insert("method".into(), Value::from(req.method.as_str()));
-        request.insert("headers".into(), headers(&req.headers));
-        request.insert("querystring".into(), query(req.uri.query()));
-    }
-    request.insert("size".into(), Value::from(ctx.request_bytes));
-    let mut response = Map::new();
-    response.insert("status".into(), Value::from(ctx.status.as_u16()));
-    if let Some(h) = ctx.extensions.get::<ResponseHead>() {
-        response.insert("headers".into(), headers(&h.0));
-    }
-    response.insert(
-        "size".into(),
-        Value::from(ctx.response_head_bytes + ctx.response_body_bytes),
-    );
-    if let Some(cap) = opts.resp_body
-        && let Some(b) = ctx.extensions.get::<ResponseBody>()
-    {
-        let b = &b.buf[..b.buf.len().min(cap)];
-        response.insert(
-            "body".into(),
-            Value::String(String::from_utf8_lossy(b).into_owned()),
-        );
-    }
-    let mut m = Map::new();
-    m.insert("request".into(), Value::Object(request));
-    m.insert("response".into(), Value::Object(response));
-    m.insert(
-        "server".into(),
-        serde_json::json!({"hostname": hostname(), "version": env!("CARGO_PKG_VERSION")}),
-    );
-    if let Some(p) = &ctx.upstream {
-        m.insert("upstream".into(), Value::from(p.address()));
-    }
-    m.insert("service_id".into(), Value::from(""));
-    m.insert("route_id".into(), Value::from(&*ctx.chain.route_id));
-    if let Some(c) = ctx.consumer_name() {
-        m.insert("consumer".into(), serde_json::json!({ "username": c }));
-    }
-    m.insert(
-        "client_ip".into(),
-        Value::from(ctx.remote_addr.ip().to_canonical().to_string()),
-    );
-    m.insert("start_time".into(), Value::from(epoch_ms(ctx.started)));
+        format!(
+            "{}://{}:{}{}",
+            ctx.scheme,
+            host.as_deref().unwrap_or(""),
+            ctx.local_addr.port(),
+            target.unwrap_or("/")
+        )
+    });
+    let body = match (opts.resp_body, ctx.extensions.get::<ResponseBody>()) {
+        (Some(cap), Some(b)) => Some(Lossy(&b.buf[..b.buf.len().min(cap)])),
+        _ => None,
+    };
     let latency = end.saturating_duration_since(ctx.started);
-    m.insert("latency".into(), Value::from(ms(latency)));
-    let mut apisix = latency;
-    if let Some(up) = ctx.upstream_started {
-        let up = end.saturating_duration_since(up);
-        m.insert("upstream_latency".into(), Value::from(ms(up)));
-        apisix = latency.saturating_sub(up);
+    let upstream_latency = ctx
+        .upstream_started
+        .map(|up| end.saturating_duration_since(up));
+    let apisix = upstream_latency.map_or(latency, |up| latency.saturating_sub(up));
+    Full {
+        apisix_latency: ms(apisix),
+        client_ip: ctx.remote_addr.ip().to_canonical().to_string(),
+        consumer: ctx.consumer_name().map(|username| Consumer { username }),
+        latency: ms(latency),
+        request: Req {
+            headers: head.map(|req| Headers(&req.headers)),
+            method: head.map(|req| req.method.as_str()),
+            querystring: head.map(|req| query(req.uri.query())),
+            size: ctx.request_bytes,
+            uri: target,
+            url,
+        },
+        response: Resp {
+            body,
+            headers: ctx.extensions.get::<ResponseHead>().map(|h| Headers(&h.0)),
+            size: ctx.response_head_bytes + ctx.response_body_bytes,
+            status: ctx.status.as_u16(),
+        },
+        route_id: &ctx.chain.route_id,
+        server: Server {
+            hostname: hostname(),
+            version: env!("CARGO_PKG_VERSION"),
+        },
+        service_id: "",
+        start_time: epoch_ms(ctx.started),
+        upstream: ctx.upstream.as_ref().map(|p| p.address().to_string()),
+        upstream_latency: upstream_latency.map(ms),
     }
-    m.insert("apisix_latency".into(), Value::from(ms(apisix)));
-    Value::Object(m)
 }
 
 fn custom(f: &LogFormat, ctx: &PluginCtx, end: Instant) -> Map<String, Value> {
