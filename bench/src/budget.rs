@@ -1022,18 +1022,9 @@ fn deny_checks(family: &str, with: &Proxy, without: &Proxy) -> Vec<Check> {
     out
 }
 
-fn median(v: &mut Vec<f64>) -> f64 {
-    v.retain(|x| x.is_finite());
-    if v.is_empty() {
-        return f64::NAN;
-    }
-    v.sort_by(f64::total_cmp);
-    let n = v.len();
-    if n % 2 == 1 {
-        v[n / 2]
-    } else {
-        (v[n / 2 - 1] + v[n / 2]) / 2.0
-    }
+/// The median of the finite values (the suite's).
+fn median(v: &mut [f64]) -> f64 {
+    crate::suite::median(v.iter().copied())
 }
 
 /// Medians of one proxy family over rounds.
