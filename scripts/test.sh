@@ -10,22 +10,27 @@ mkdir -p "$SLUICE_CACHE"
 # Build outputs live outside the clone so a fresh clone reuses them; still correct when empty.
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$SLUICE_CACHE/target}"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+# Each stage is announced with the wall time so far, so a slow stage shows in the CI log.
+step() { echo "==> [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 
+step "installing the test dependencies (cached under $SLUICE_CACHE)"
 scripts/install-test-deps.sh
 # kube-apiserver + etcd for e2e; with --node also the real node's parts (kubelet,
 # kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, metrics-server, containerd,
 # runc, CNI plugins): built once from the Go module proxy / apt, cached.
+step "kube-apiserver, etcd and the real node's parts"
 scripts/testcluster.sh install --node
+step "helm and the OpenTelemetry Collector"
 scripts/install-helm.sh >/dev/null  # helm for the chart tests (built once from the Go module proxy, cached)
 scripts/install-otelcol.sh >/dev/null  # an OpenTelemetry Collector for the opentelemetry plugin tests (built once, cached)
 
-echo "==> cargo fmt --check"
+step "cargo fmt --check"
 cargo fmt --all -- --check
 
-echo "==> cargo clippy (unwrap/expect are denied outside tests)"
+step "cargo clippy (unwrap/expect are denied outside tests)"
 cargo clippy --workspace --all-targets --locked --quiet
 
-echo "==> cargo build --workspace --bins (the e2e tests run these binaries)"
+step "cargo build --workspace --bins (the e2e tests run these binaries)"
 # NB: one build with the workspace's unified features; letting each e2e test build its
 # binary with `cargo build -p <crate>` compiles the dependency tree again per crate.
 cargo build --workspace --bins --locked --quiet
@@ -34,14 +39,17 @@ export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 # The image the real-node tests (e2e/tests/realnode.rs) install with helm: the project's own
 # multi-arch build, amd64 from the binaries just built, arm64 cross-built (dev profile,
 # cached in $SLUICE_CACHE/target-image-arm64).
-echo "==> scripts/build-images.sh (amd64 from this build, arm64 cross-built)"
+step "scripts/build-images.sh (amd64 from this build, arm64 cross-built)"
 scripts/build-images.sh --profile dev --arches "amd64 arm64" --amd64-bins "$SLUICE_BIN_DIR" \
     --out "$SLUICE_CACHE/test-images"
 export SLUICE_TEST_IMAGE="$SLUICE_CACHE/test-images/sluice-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1).oci.tar"
 
 # Coverage-guided fuzzing of the dataplane's parsers (libFuzzer on stable; a fixed seed,
 # 20 s a target; see scripts/fuzz.sh). A crash fails the run.
+step "fuzzing"
 scripts/fuzz.sh --ci 20
 
-echo "==> cargo test"
-cargo test --workspace --locked --no-fail-fast
+step "cargo test"
+cargo test --workspace --locked --no-fail-fast || status=$?
+step "done"
+exit "${status:-0}"

@@ -359,6 +359,34 @@ fn ready_pods(cluster: &Cluster, ns: &str, selector: &str) -> Vec<(String, Strin
     out
 }
 
+/// The HPA's current and desired replicas, its CPU reading and the dataplane pods' phases.
+fn hpa_state(cluster: &Cluster) -> String {
+    let h = json(cluster, &["-n", NS, "get", "hpa", "sluice-dataplane"]);
+    let cpu = h["status"]["currentMetrics"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["resource"]["current"]["averageUtilization"].as_i64())
+        .map(|u| format!("{u}%"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pods = json(cluster, &["-n", NS, "get", "pods", "-l", DATAPLANES]);
+    let terminating = pods["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|p| !p["metadata"]["deletionTimestamp"].is_null())
+        .count();
+    format!(
+        "replicas {} desired {} cpu {cpu} (target {}%), last scale {}, pods {} ({terminating} terminating)",
+        h["status"]["currentReplicas"],
+        h["status"]["desiredReplicas"],
+        h["spec"]["metrics"][0]["resource"]["target"]["averageUtilization"],
+        h["status"]["lastScaleTime"].as_str().unwrap_or("-"),
+        pods["items"].as_array().map_or(0, Vec::len),
+    )
+}
+
 fn pod_count(cluster: &Cluster, ns: &str, selector: &str) -> usize {
     json(cluster, &["-n", ns, "get", "pods", "-l", selector])["items"]
         .as_array()
@@ -728,6 +756,7 @@ fn the_hpa_scales_the_dataplane_up_under_load_and_down_after_it_without_a_failed
         )
     });
     eprintln!("HPA: third dataplane Ready {scale_up} s after the load started");
+    eprintln!("HPA at scale-up: {}", hpa_state(c));
     // The new pod got the snapshot and serves, asked directly.
     let (new_pod, ip) = scaled
         .iter()
@@ -738,8 +767,19 @@ fn the_hpa_scales_the_dataplane_up_under_load_and_down_after_it_without_a_failed
     let r = http_get(direct, HOST, "/").unwrap();
     assert_eq!(r.status, 200, "new pod {new_pod} does not serve the route");
     // After the load, back to two, with the light traffic still flowing.
+    // The HPA's view is printed every 15 s, so a slow scale-down shows whether the decision
+    // (CPU still above what two pods may carry) or the pod's termination took the time.
     let t = Instant::now();
+    let mut next_report = Duration::ZERO;
     let down = wait(HPA_LIMIT, "back to two dataplanes", || {
+        if t.elapsed() >= next_report {
+            eprintln!(
+                "HPA at {:.0} s: {}",
+                t.elapsed().as_secs_f64(),
+                hpa_state(c)
+            );
+            next_report += Duration::from_secs(15);
+        }
         (pod_count(c, NS, DATAPLANES) == 2 && ready_pods(c, NS, DATAPLANES).len() == 2)
             .then_some(())
     });
