@@ -349,6 +349,12 @@ async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
     let b_url = serve(&b).await;
 
     // The follower serves its dataplane as the leader serves its own.
+    // NB: a replica refuses dataplanes until it has its first snapshot; dp-a, given both
+    // replicas, would then go to b. Both have one before the dataplanes dial.
+    eventually("both replicas have a snapshot", || {
+        a.metrics.snapshot_version.get() > 0 && b.metrics.snapshot_version.get() > 0
+    })
+    .await;
     let dp_b = dataplane(client_config(b_url.clone(), "dp-b", None, None));
     let dp_a = dataplane(client_config(
         format!("{a_url},{b_url}"),

@@ -1015,3 +1015,39 @@ async fn standalone_default_certificate_from_the_files() {
         known.der
     );
 }
+
+#[tokio::test]
+async fn an_idle_https_connection_is_parked_and_keeps_its_session() {
+    let ca = Ca::new("test CA");
+    let leaf = ca.leaf(&["park.example.com"]);
+    let dp = Https::start(vec![leaf.cert("default/park", &["park.example.com"])]).await;
+    let cfg = client_config(&[&ca.der], &[b"http/1.1"], None);
+    let tls = connect(dp.addr, "park.example.com", cfg).await.unwrap();
+    let mut conn = h1_over(tls).await;
+    let parked = || {
+        dp.store
+            .metrics()
+            .render()
+            .lines()
+            .find_map(|l| l.strip_prefix("sluice_dataplane_parked_connections "))
+            .and_then(|v| v.parse::<f64>().ok())
+    };
+    for round in 0..2 {
+        assert_eq!(
+            get_on(&mut conn, "park.example.com", "/").await.status,
+            StatusCode::OK,
+            "round {round}"
+        );
+        // Quiet past the 2 s grace: parked, with the TLS session kept.
+        let mut waited = 0;
+        while parked() != Some(1.0) && waited < 60 {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            waited += 1;
+        }
+        assert_eq!(parked(), Some(1.0), "round {round}");
+    }
+    assert_eq!(
+        get_on(&mut conn, "park.example.com", "/after").await.status,
+        StatusCode::OK
+    );
+}

@@ -141,6 +141,35 @@ async fn websocket_session_stays_open_across_three_snapshot_swaps() {
 }
 
 #[tokio::test]
+async fn a_session_quiet_past_the_keepalive_parking_grace_stays_open() {
+    // Idle HTTP/1.1 connections are parked after 2 s without a request; an upgraded one
+    // belongs to its session and must never be.
+    let backend = ws_server("ws1").await;
+    let dp = dataplane().await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![ws_route(true, "u")],
+                vec![upstream("u", &[(backend, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let (mut ws, _) = tokio_tungstenite::connect_async(format!("ws://{}/ws/quiet", dp.addr))
+        .await
+        .unwrap();
+    assert_eq!(next_text(&mut ws).await, "hello from ws1 /ws/quiet");
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert_eq!(
+        metric_of(&dp, "sluice_dataplane_parked_connections", &[]),
+        Some(0.0)
+    );
+    ws.send(Message::text("still there")).await.unwrap();
+    assert_eq!(next_text(&mut ws).await, "ws1: still there");
+}
+
+#[tokio::test]
 async fn upgrade_headers_are_dropped_on_routes_without_websocket() {
     let backend = ws_server("ws1").await;
     let dp = dataplane_to("/ws*", backend).await;

@@ -26,6 +26,9 @@ pub struct Metrics {
     /// APISIX's `apisix_nginx_metric_errors_total`: scrapes whose Sluice families could not
     /// be encoded (the metric library's own errors, as in APISIX).
     metric_errors: IntCounter,
+    /// Idle HTTP/1.1 keep-alive connections parked without their buffers
+    /// (`crate::listener::idle`).
+    pub parked_connections: IntGauge,
 }
 
 impl Metrics {
@@ -79,6 +82,12 @@ impl Metrics {
             "apisix_nginx_metric_errors_total",
             "Number of errors encoding the metrics (Sluice: failed scrapes of its own families)",
         )?;
+        let parked_connections = IntGauge::new(
+            "sluice_dataplane_parked_connections",
+            "Idle HTTP/1.1 keep-alive connections waiting for their next request with their \
+             buffers released",
+        )?;
+        registry.register(Box::new(parked_connections.clone()))?;
         registry.register(Box::new(source_reachable.clone()))?;
         registry.register(Box::new(modify_indexes.clone()))?;
         registry.register(Box::new(metric_errors.clone()))?;
@@ -95,6 +104,7 @@ impl Metrics {
             source_reachable,
             modify_indexes,
             metric_errors,
+            parked_connections,
         })
     }
 

@@ -1,9 +1,11 @@
 //! Listeners: where connections come in. Accept loops and workers ([`server`]), HTTPS
-//! termination ([`tls`]), per-Gateway ports opened from the snapshot ([`gateway`]), and the
+//! termination ([`tls`]), idle HTTP/1.1 connections parked without their buffers
+//! ([`idle`]), per-Gateway ports opened from the snapshot ([`gateway`]), and the
 //! admin listener ([`admin`]: probes, metrics, snapshot).
 //! Each accepted request is handed to [`crate::request::handle`].
 
 pub mod admin;
 pub mod gateway;
+pub(crate) mod idle;
 pub mod server;
 pub mod tls;

@@ -539,11 +539,11 @@ pub async fn serve_scoped(
             conn.going_away = Some(drain.going_away_flag());
             conn.listener = scope;
             let conn = Arc::new(conn);
-            let io = TokioIo::new(SendTimeout::new(
+            let io = SendTimeout::new(
                 crate::net::wbatch::BatchedStream::new(stream),
                 conn.timer.clone(),
                 limits.send_timeout,
-            ));
+            );
             // NB: on drain, hyper closes an idle connection at once and a busy one after its
             // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
             let result = if is_h2 {
@@ -559,21 +559,24 @@ pub async fn serve_scoped(
                         Ok::<_, std::convert::Infallible>(resp)
                     }
                 });
-                let conn = h2.serve_connection(io, service);
-                serve_h2(conn, activity, limits, drain, |c| c.graceful_shutdown()).await
+                let conn = h2.serve_connection(TokioIo::new(io), service);
+                // NB: boxed, so that HTTP/1.1 connections' tasks do not keep room for it.
+                Box::pin(serve_h2(conn, activity, limits, drain, |c| {
+                    c.graceful_shutdown()
+                }))
+                .await
             } else {
-                let service = service_fn(move |req| {
+                let (timer, metrics) = (conn.timer.clone(), Arc::clone(&store));
+                let answer = move |req| {
                     let store = Arc::clone(&store);
                     let conn = Arc::clone(&conn);
                     async move {
                         let mut resp = handle(req, &conn, &store).await;
                         close_if_going_away(&mut resp, &conn);
-                        Ok::<_, std::convert::Infallible>(resp)
+                        resp
                     }
-                });
-                let conn = h1.serve_connection(io, service).with_upgrades();
-                tokio::pin!(conn);
-                until_drained(conn, drain, |c| c.graceful_shutdown()).await
+                };
+                crate::listener::idle::serve_h1(io, timer, metrics, h1, limits, drain, answer).await
             };
             if let Err(e) = result {
                 tracing::debug!(error = %e, "downstream connection ended");

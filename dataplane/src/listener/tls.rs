@@ -216,41 +216,45 @@ pub async fn serve_https_scoped(
             info.listener = scope;
             let info = Arc::new(info);
             let conn = Arc::new(conn);
-            let activity = Activity::new();
-            // NB: only HTTP/2 needs it (HTTP/1.1 has hyper's header timeout).
-            let counted = is_h2.then(|| activity.clone());
-            let service = service_fn(move |req: Request<Incoming>| {
+            let timer = info.timer.clone();
+            let metrics = Arc::clone(&store);
+            let answer = move |req: Request<Incoming>| {
                 let store = Arc::clone(&store);
                 let info = Arc::clone(&info);
                 let conn = Arc::clone(&conn);
-                let request = counted.as_ref().map(Activity::begin);
                 async move {
                     if let Some(resp) = conn.refuse(&req, &store) {
                         store.metrics().observe_status(resp.status());
-                        return Ok::<_, std::convert::Infallible>(resp);
+                        return resp;
                     }
                     let mut resp = handle(req, &info, &store).await;
-                    drop(request);
                     if !is_h2 {
                         close_if_going_away(&mut resp, &info);
                     }
-                    Ok(resp)
+                    resp
                 }
-            });
-            let io = TokioIo::new(tls);
+            };
             let result = if is_h2 {
-                let conn = h2.serve_connection(io, service);
-                serve_h2(conn, activity, limits, drain, |c| c.graceful_shutdown()).await
-            } else {
-                let conn = h1.serve_connection(io, service).with_upgrades();
-                tokio::pin!(conn);
-                tokio::select! {
-                    r = conn.as_mut() => r,
-                    _ = drain.wait() => {
-                        conn.as_mut().graceful_shutdown();
-                        conn.await
+                let activity = Activity::new();
+                let counted = activity.clone();
+                let service = service_fn(move |req: Request<Incoming>| {
+                    let request = counted.begin();
+                    let answer = answer(req);
+                    async move {
+                        let resp = answer.await;
+                        drop(request);
+                        Ok::<_, std::convert::Infallible>(resp)
                     }
-                }
+                });
+                let conn = h2.serve_connection(TokioIo::new(tls), service);
+                // NB: boxed, so that HTTP/1.1 connections' tasks do not keep room for it.
+                Box::pin(serve_h2(conn, activity, limits, drain, |c| {
+                    c.graceful_shutdown()
+                }))
+                .await
+            } else {
+                crate::listener::idle::serve_h1(tls, timer, metrics, h1, limits, drain, answer)
+                    .await
             };
             if let Err(e) = result {
                 tracing::debug!(error = %e, "downstream TLS connection ended");

@@ -41,6 +41,16 @@ impl<T> SendTimeout<T> {
         &self.io
     }
 
+    /// The wrapped stream, mutably.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.io
+    }
+
+    /// Whether a write is waiting (its stall timer armed).
+    pub fn is_stalled(&self) -> bool {
+        self.sleep.is_some()
+    }
+
     /// `polled` from the wrapped stream, with the stall bound applied.
     #[inline]
     fn bounded<R>(

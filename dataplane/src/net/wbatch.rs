@@ -321,6 +321,26 @@ impl BatchedStream {
     pub fn is_batched(&self) -> bool {
         self.shared.is_some()
     }
+
+    /// Whether written bytes still wait to be sent (queued for the batch, or left by a full
+    /// socket) or a send error waits to be returned.
+    pub fn has_pending(&self) -> bool {
+        self.shared.as_ref().is_some_and(|shared| {
+            let st = lock(shared);
+            st.queued || !st.pending.is_empty() || st.error.is_some()
+        })
+    }
+
+    /// Frees the send buffer kept between writes (up to 4 KiB) when nothing is pending: for
+    /// a connection that goes idle.
+    pub fn release_buffer(&mut self) {
+        if let Some(shared) = &self.shared {
+            let mut st = lock(shared);
+            if st.pending.is_empty() {
+                st.pending = Vec::new();
+            }
+        }
+    }
 }
 
 /// Writes `st.pending` to `io` through the reactor until it is empty (`Ready(Ok)`), the

@@ -1,0 +1,291 @@
+//! Idle HTTP/1.1 keep-alive connections are parked without their buffers
+//! (`listener/idle.rs`): what a client sees must not change. A connection quiet between
+//! requests is parked after 2 s; its next request, pipelined requests, slow heads, slow
+//! response bodies, the keep-alive limit and drain all behave as on an unparked one.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use sluice_dataplane::config::store::Store;
+use sluice_dataplane::listener::server::{self, Drain, Limits};
+use sluice_testkit::EchoServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// Longer than the parking grace (2 s) plus the coarse timer's resolution.
+const PARKED_AFTER: Duration = Duration::from_millis(2600);
+
+fn parked(dp: &Dataplane) -> f64 {
+    metric_of(dp, "sluice_dataplane_parked_connections", &[]).unwrap_or(-1.0)
+}
+
+async fn until_parked(dp: &Dataplane, want: f64) {
+    for _ in 0..80 {
+        if parked(dp) == want {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("parked connections: {} (want {want})", parked(dp));
+}
+
+/// Reads one response with a `Content-Length` or chunked body; returns the status and the
+/// body.
+async fn read_response(s: &mut TcpStream, buf: &mut Vec<u8>) -> (u16, Vec<u8>) {
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut resp = httparse::Response::new(&mut headers);
+        if let httparse::Status::Complete(head) = resp.parse(buf).unwrap() {
+            let status = resp.code.unwrap();
+            let len = resp
+                .headers
+                .iter()
+                .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                .map(|h| {
+                    std::str::from_utf8(h.value)
+                        .unwrap()
+                        .parse::<usize>()
+                        .unwrap()
+                });
+            let chunked = resp
+                .headers
+                .iter()
+                .any(|h| h.name.eq_ignore_ascii_case("transfer-encoding") && h.value == b"chunked");
+            if let Some(len) = len
+                && buf.len() >= head + len
+            {
+                let body = buf[head..head + len].to_vec();
+                buf.drain(..head + len);
+                return (status, body);
+            }
+            if chunked && let Some((body, used)) = dechunk(&buf[head..]) {
+                buf.drain(..head + used);
+                return (status, body);
+            }
+        }
+        let mut more = [0u8; 4096];
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut more))
+            .await
+            .expect("no response within 10 s")
+            .unwrap();
+        assert!(
+            n > 0,
+            "connection closed mid-response: {:?}",
+            String::from_utf8_lossy(buf)
+        );
+        buf.extend_from_slice(&more[..n]);
+    }
+}
+
+/// A complete chunked body at the start of `b`: the data and the bytes it took.
+fn dechunk(b: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let mut at = 0;
+    let mut out = Vec::new();
+    loop {
+        let line = b[at..].windows(2).position(|w| w == b"\r\n")?;
+        let size = usize::from_str_radix(std::str::from_utf8(&b[at..at + line]).ok()?, 16).ok()?;
+        at += line + 2;
+        if size == 0 {
+            return (b.len() >= at + 2).then_some((out, at + 2));
+        }
+        if b.len() < at + size + 2 {
+            return None;
+        }
+        out.extend_from_slice(&b[at..at + size]);
+        at += size + 2;
+    }
+}
+
+const GET: &[u8] = b"GET /x HTTP/1.1\r\nHost: h\r\n\r\n";
+
+async fn echo_dataplane() -> (EchoServer, Dataplane) {
+    let echo = EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane_to("/*", echo.addr).await;
+    (echo, dp)
+}
+
+#[tokio::test]
+async fn a_quiet_keepalive_connection_is_parked_and_its_next_request_is_served() {
+    let (_echo, dp) = echo_dataplane().await;
+    let mut s = TcpStream::connect(dp.addr).await.unwrap();
+    let mut buf = Vec::new();
+    s.write_all(GET).await.unwrap();
+    assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
+    assert_eq!(parked(&dp), 0.0, "parked before its grace");
+    until_parked(&dp, 1.0).await;
+    // Same socket: the next request gets a new hyper connection.
+    for _ in 0..3 {
+        s.write_all(GET).await.unwrap();
+        assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
+    }
+    assert_eq!(parked(&dp), 0.0);
+    // And parks again.
+    until_parked(&dp, 1.0).await;
+    drop(s);
+    until_parked(&dp, 0.0).await;
+}
+
+#[tokio::test]
+async fn pipelined_requests_are_all_answered_before_and_after_parking() {
+    let (_echo, dp) = echo_dataplane().await;
+    let mut s = TcpStream::connect(dp.addr).await.unwrap();
+    let mut buf = Vec::new();
+    for round in 0..2 {
+        s.write_all(&GET.repeat(3)).await.unwrap();
+        for i in 0..3 {
+            let (status, _) = read_response(&mut s, &mut buf).await;
+            assert_eq!(status, 200, "round {round}, response {i}");
+        }
+        assert!(buf.is_empty(), "bytes after the third response: {buf:?}");
+        until_parked(&dp, 1.0).await;
+    }
+}
+
+#[tokio::test]
+async fn a_head_sent_slowly_after_a_request_is_not_cut_off() {
+    let (_echo, dp) = echo_dataplane().await;
+    let mut s = TcpStream::connect(dp.addr).await.unwrap();
+    let mut buf = Vec::new();
+    s.write_all(GET).await.unwrap();
+    assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
+    // Half a head, then a pause longer than the grace: the connection has read bytes since
+    // its last request, so it is not parked and the head completes.
+    s.write_all(b"GET /x HTTP/1.1\r\nHo").await.unwrap();
+    tokio::time::sleep(PARKED_AFTER).await;
+    assert_eq!(parked(&dp), 0.0);
+    s.write_all(b"st: h\r\n\r\n").await.unwrap();
+    assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
+}
+
+/// An upstream that sends its response head and first chunk, pauses `pause`, then sends the
+/// rest (a long poll, server-sent events).
+async fn pausing_upstream(pause: Duration) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut b).await.unwrap();
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&b[..n]);
+                }
+                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+                    .await
+                    .unwrap();
+                tokio::time::sleep(pause).await;
+                let _ = s.write_all(b"6\r\n world\r\n0\r\n\r\n").await;
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn a_response_body_that_pauses_past_the_grace_is_delivered_whole() {
+    let upstream = pausing_upstream(PARKED_AFTER + Duration::from_millis(500)).await;
+    let dp = dataplane_to("/*", upstream).await;
+    let mut s = TcpStream::connect(dp.addr).await.unwrap();
+    let mut buf = Vec::new();
+    s.write_all(GET).await.unwrap();
+    let (status, body) = read_response(&mut s, &mut buf).await;
+    assert_eq!((status, body.as_slice()), (200, &b"hello world"[..]));
+    // Then idle, and parked.
+    until_parked(&dp, 1.0).await;
+}
+
+#[tokio::test]
+async fn a_parked_connection_is_closed_at_the_keepalive_limit() {
+    let echo = EchoServer::start("a", any()).await.unwrap();
+    let limits = Limits {
+        header_read_timeout: Duration::from_secs(4),
+        ..Limits::default()
+    };
+    let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
+    dp.store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let mut s = TcpStream::connect(dp.addr).await.unwrap();
+    let mut buf = Vec::new();
+    s.write_all(GET).await.unwrap();
+    assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
+    let idle = tokio::time::Instant::now();
+    until_parked(&dp, 1.0).await;
+    let mut b = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(8), s.read(&mut b))
+        .await
+        .expect("a parked connection outlived the keep-alive limit")
+        .unwrap_or(0);
+    assert_eq!(n, 0, "closed without a response");
+    let waited = idle.elapsed();
+    assert!(
+        waited >= Duration::from_millis(3500),
+        "closed after {waited:?}, before the 4 s limit"
+    );
+    until_parked(&dp, 0.0).await;
+}
+
+#[tokio::test]
+async fn drain_closes_parked_connections_and_the_worker_finishes() {
+    let echo = EchoServer::start("a", any()).await.unwrap();
+    let store = Arc::new(Store::new().unwrap());
+    store
+        .apply(
+            snapshot(
+                1,
+                vec![route("default/r/r1", &["/*"], "u")],
+                vec![upstream("u", &[(echo.addr, 1)])],
+            ),
+            vec![],
+        )
+        .unwrap();
+    let std_listener = server::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
+    let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (trigger, drain) = Drain::channel();
+    let worker = tokio::spawn(server::serve_until(
+        listener,
+        Arc::clone(&store),
+        Limits::default(),
+        drain,
+    ));
+    let mut s = TcpStream::connect(addr).await.unwrap();
+    let mut buf = Vec::new();
+    s.write_all(GET).await.unwrap();
+    assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
+    for _ in 0..80 {
+        if store.metrics().parked_connections.get() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(store.metrics().parked_connections.get(), 1);
+    trigger.drain();
+    let mut b = [0u8; 64];
+    let n = tokio::time::timeout(Duration::from_secs(3), s.read(&mut b))
+        .await
+        .expect("drain left a parked connection open")
+        .unwrap_or(0);
+    assert_eq!(n, 0);
+    tokio::time::timeout(Duration::from_secs(3), worker)
+        .await
+        .expect("the worker did not finish after drain")
+        .unwrap();
+}
