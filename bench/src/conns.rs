@@ -716,8 +716,9 @@ impl Ctx<'_> {
                 load.title()
             );
             let mut opened = open_all(addr, load, opts.count, opts.concurrency)?;
-            // Let the proxy read what was sent last.
-            std::thread::sleep(Duration::from_millis(300));
+            // Let the proxy read what was sent last, and Sluice park the idle connections
+            // (2 s quiet after their request) and trim its heap (checked once a second).
+            std::thread::sleep(Duration::from_millis(3500));
             let loaded = proxy.sample();
             let (open_at_sample, _, _) = census(&mut opened.streams);
             eprintln!(

@@ -1139,7 +1139,9 @@ fn measure_proxy(
             );
         }
         let held = opened.streams.len() as u64;
-        std::thread::sleep(Duration::from_millis(500));
+        // Sluice parks an idle connection 2 s after its request and trims its heap within a
+        // second of that (the same wait for every proxy).
+        std::thread::sleep(Duration::from_millis(3500));
         let m = ctx.run(
             &p,
             origin,

@@ -398,12 +398,25 @@ where
     }
 }
 
-/// Counts a parked connection in `sluice_dataplane_parked_connections` while it lives.
+thread_local! {
+    /// Connections parked on this worker thread (a worker's connections all run on it).
+    static PARKED_HERE: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// Connections parked on the calling worker thread: they hold no buffers, so the worker's
+/// heap trim counts them as closed (`server::spawn_idle_trim`).
+pub(crate) fn parked_on_this_thread() -> usize {
+    PARKED_HERE.with(std::cell::Cell::get)
+}
+
+/// Counts a parked connection in `sluice_dataplane_parked_connections` and in its worker's
+/// [`parked_on_this_thread`] while it lives.
 struct Parked<'a>(&'a Store);
 
 impl<'a> Parked<'a> {
     fn new(store: &'a Store) -> Self {
         store.metrics().parked_connections.inc();
+        PARKED_HERE.with(|p| p.set(p.get() + 1));
         Parked(store)
     }
 }
@@ -411,5 +424,6 @@ impl<'a> Parked<'a> {
 impl Drop for Parked<'_> {
     fn drop(&mut self) {
         self.0.metrics().parked_connections.dec();
+        PARKED_HERE.with(|p| p.set(p.get().saturating_sub(1)));
     }
 }

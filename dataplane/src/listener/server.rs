@@ -437,8 +437,9 @@ pub fn set_idle_trim(trim: fn()) {
 }
 
 /// On this worker's runtime: once a second, compares the connections counted by
-/// `permits` with their peak and calls the trim of [`set_idle_trim`] when they fell (an
-/// atomic load a second when nothing changed).
+/// `permits`, less those parked (`idle::parked_on_this_thread`), with their peak and calls
+/// the trim of [`set_idle_trim`] when they fell (an atomic load a second when nothing
+/// changed).
 pub(crate) fn spawn_idle_trim(permits: &Arc<Semaphore>, max_connections: usize) {
     let Some(trim) = IDLE_TRIM.get().copied() else {
         return;
@@ -452,7 +453,11 @@ pub(crate) fn spawn_idle_trim(permits: &Arc<Semaphore>, max_connections: usize) 
             let Some(permits) = permits.upgrade() else {
                 return;
             };
-            let open = max_connections.saturating_sub(permits.available_permits());
+            // NB: a parked connection holds no buffers: what it held is freed like a
+            // closed connection's.
+            let open = max_connections
+                .saturating_sub(permits.available_permits())
+                .saturating_sub(crate::listener::idle::parked_on_this_thread());
             peak = peak.max(open);
             if peak - open >= TRIM_DROP && last.elapsed() >= TRIM_EVERY {
                 tracing::debug!(
