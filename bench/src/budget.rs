@@ -91,6 +91,10 @@ pub struct ScenarioConf {
     pub budget_note: Option<String>,
     /// The plugins put on the route.
     pub plugins: Vec<PluginSpec>,
+    /// Plugin metadata (`--plugin-metadata`) given to both instances, placeholders
+    /// allowed; none when absent.
+    #[serde(default)]
+    pub plugin_metadata: Option<serde_json::Value>,
 }
 
 /// `bench/config/budget.yaml`.
@@ -130,6 +134,20 @@ pub fn substitute(
         return Err(format!("budget.yaml: unknown placeholder at {rest:?}"));
     }
     serde_json::from_str(&text).map_err(|e| e.to_string())
+}
+
+/// `value` with `${NAME}` placeholders replaced by `vars`; an unknown one left in is an
+/// error.
+pub fn substitute_value(
+    value: &serde_json::Value,
+    vars: &[(&str, String)],
+) -> Result<serde_json::Value, String> {
+    let spec = PluginSpec {
+        name: String::new(),
+        config: value.clone(),
+    };
+    let mut out = substitute(&[spec], vars)?;
+    Ok(out.pop().map(|p| p.config).unwrap_or_default())
 }
 
 /// Scenario 1's Sluice config (`base`, multi-document YAML) with `plugins` on the first rule
@@ -450,6 +468,13 @@ pub struct SinkRound {
     pub entries_sent: u64,
     /// `sluice_log_entries_dropped_total` of the instance.
     pub entries_dropped: u64,
+    /// `sluice_opentelemetry_spans_exported_total` of the instance (spans the OTLP sink
+    /// answered 200).
+    #[serde(default)]
+    pub spans_exported: u64,
+    /// OTLP export requests the OTLP sink received in the round.
+    #[serde(default)]
+    pub otlp_exports: u64,
 }
 
 /// A check that the plugins really ran.
@@ -556,18 +581,25 @@ impl Ctx<'_> {
         })
     }
 
-    fn start_sluice(&self, label: &str, yaml: &str) -> Result<Proxy, BenchError> {
+    fn start_sluice(
+        &self,
+        label: &str,
+        yaml: &str,
+        metadata: Option<&serde_json::Value>,
+    ) -> Result<Proxy, BenchError> {
         let dir = TempDir::new(&format!("budget-{label}"))?;
         let path = dir.path().join("sluice.yaml");
         std::fs::write(&path, yaml).map_err(io("write", &path))?;
         let (port, admin) = (free_port()?, free_port()?);
+        let mut args = sluice_args(&path, port, admin);
+        if let Some(md) = metadata {
+            let mpath = dir.path().join("plugin-metadata.json");
+            std::fs::write(&mpath, md.to_string()).map_err(io("write", &mpath))?;
+            args.push(format!("--plugin-metadata={}", mpath.display()));
+        }
         let mut guard = ProcessGuard::spawn(
             label,
-            pinned(
-                self.proxy_cpu,
-                &self.sluice,
-                &sluice_args(&path, port, admin),
-            ),
+            pinned(self.proxy_cpu, &self.sluice, &args),
             &dir.path().join("stdout.log"),
         )?;
         self.wait_ready(label, &mut guard, port)?;
@@ -843,25 +875,36 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
     match opts.scenario {
         BudgetScenario::Logger => {
             let sink = LogSink::start()?;
-            plugins = substitute(
-                &conf.plugins,
-                &[("LOG_SINK", format!("127.0.0.1:{}", sink.port))],
-            )
-            .map_err(BenchError::Usage)?;
+            // NB: the opentelemetry plugin's collector: a second sink, which answers every
+            // OTLP export 200 (its bodies are protobuf, counted as unreadable batches).
+            let otlp = LogSink::start()?;
+            let vars = [
+                ("LOG_SINK", format!("127.0.0.1:{}", sink.port)),
+                ("OTLP_SINK", format!("127.0.0.1:{}", otlp.port)),
+            ];
+            plugins = substitute(&conf.plugins, &vars).map_err(BenchError::Usage)?;
+            let metadata = conf
+                .plugin_metadata
+                .as_ref()
+                .map(|m| substitute_value(m, &vars))
+                .transpose()
+                .map_err(BenchError::Usage)?;
             let with_yaml = route_yaml(&base, &plugins).map_err(BenchError::Usage)?;
             let without_yaml = route_yaml(&base, &[]).map_err(BenchError::Usage)?;
             let wait = flush_wait(&plugins);
             for round in 1..=opts.repeat {
                 eprintln!("sluice-bench suite logger: round {round}");
                 let with_first = round % 2 == 1;
+                let md = metadata.as_ref();
                 let (with, without) = if with_first {
-                    let w = ctx.start_sluice("sluice-plugins", &with_yaml)?;
-                    (w, ctx.start_sluice("sluice-plain", &without_yaml)?)
+                    let w = ctx.start_sluice("sluice-plugins", &with_yaml, md)?;
+                    (w, ctx.start_sluice("sluice-plain", &without_yaml, md)?)
                 } else {
-                    let wo = ctx.start_sluice("sluice-plain", &without_yaml)?;
-                    (ctx.start_sluice("sluice-plugins", &with_yaml)?, wo)
+                    let wo = ctx.start_sluice("sluice-plain", &without_yaml, md)?;
+                    (ctx.start_sluice("sluice-plugins", &with_yaml, md)?, wo)
                 };
                 let before = sink.entries();
+                let otlp_before = otlp.stats.bad.load(Ordering::Relaxed);
                 let (first, second) = if with_first {
                     ((&with, true), (&without, false))
                 } else {
@@ -883,10 +926,24 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
                     entries_received: sink.entries().saturating_sub(before),
                     entries_sent: counter_sum(&metrics, "sluice_log_entries_sent_total"),
                     entries_dropped: counter_sum(&metrics, "sluice_log_entries_dropped_total"),
+                    spans_exported: counter_sum(
+                        &metrics,
+                        "sluice_opentelemetry_spans_exported_total",
+                    ),
+                    otlp_exports: otlp
+                        .stats
+                        .bad
+                        .load(Ordering::Relaxed)
+                        .saturating_sub(otlp_before),
                 };
                 eprintln!(
-                    "  log sink: {} entries for {} requests (sent {}, dropped {})",
-                    s.entries_received, s.requests, s.entries_sent, s.entries_dropped
+                    "  log sink: {} entries for {} requests (sent {}, dropped {}); OTLP sink: {} exports, {} spans exported",
+                    s.entries_received,
+                    s.requests,
+                    s.entries_sent,
+                    s.entries_dropped,
+                    s.otlp_exports,
+                    s.spans_exported
                 );
                 sink_rounds.push(s);
                 measurements.extend([a, b]);
@@ -932,8 +989,10 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
                     let with_first = round % 2 == 1;
                     let start = |with: bool| -> Result<Proxy, BenchError> {
                         match (family, with) {
-                            ("sluice", true) => ctx.start_sluice("sluice-auth", &with_yaml),
-                            ("sluice", false) => ctx.start_sluice("sluice-plain", &without_yaml),
+                            ("sluice", true) => ctx.start_sluice("sluice-auth", &with_yaml, None),
+                            ("sluice", false) => {
+                                ctx.start_sluice("sluice-plain", &without_yaml, None)
+                            }
                             (_, true) => ctx.start_nginx("nginx auth_request", |p, port| {
                                 auth_proxy_conf(p, port, UPSTREAM_PORT, auth_port)
                             }),
@@ -1194,7 +1253,7 @@ pub fn render_markdown(r: &BudgetResult) -> String {
             if s.ratio >= b { "met" } else { "**not met**" },
             if invalid { " (INVALID run)" } else { "" },
             r.budget_note.as_ref().map_or_else(String::new, |n| format!(
-                " NB: {n}; this run measures {} only.",
+                " NB: {n}; this run measures {}.",
                 names.join(" + ")
             ))
         ));
@@ -1213,11 +1272,17 @@ pub fn render_markdown(r: &BudgetResult) -> String {
         ));
     }
     if !r.sink.is_empty() {
-        out.push_str("\n## Log sink\n\n| round | requests answered | entries received | sent (metric) | dropped (metric) |\n|---:|---:|---:|---:|---:|\n");
+        out.push_str("\n## Log sink\n\n| round | requests answered | entries received | sent (metric) | dropped (metric) | OTLP exports received | spans exported (metric) |\n|---:|---:|---:|---:|---:|---:|---:|\n");
         for s in &r.sink {
             out.push_str(&format!(
-                "| {} | {} | {} | {} | {} |\n",
-                s.round, s.requests, s.entries_received, s.entries_sent, s.entries_dropped
+                "| {} | {} | {} | {} | {} | {} | {} |\n",
+                s.round,
+                s.requests,
+                s.entries_received,
+                s.entries_sent,
+                s.entries_dropped,
+                s.otlp_exports,
+                s.spans_exported
             ));
         }
     }
@@ -1306,6 +1371,18 @@ mod tests {
         let l = conf(BudgetScenario::Logger);
         let p = substitute(&l.plugins, &[("LOG_SINK", "127.0.0.1:4242".into())]).unwrap();
         assert_eq!(p[0].config["uri"], "http://127.0.0.1:4242/log");
+        assert_eq!(p[1].name, "opentelemetry");
+        assert_eq!(p[1].config["sampler"]["name"], "always_on");
+        let md = substitute_value(
+            l.plugin_metadata.as_ref().unwrap(),
+            &[("OTLP_SINK", "127.0.0.1:4318".into())],
+        )
+        .unwrap();
+        assert_eq!(
+            md["opentelemetry"]["collector"]["address"],
+            "127.0.0.1:4318"
+        );
+        assert!(substitute_value(l.plugin_metadata.as_ref().unwrap(), &[]).is_err());
         let e = substitute(&l.plugins, &[("AUTH_SERVICE", "x".into())]).unwrap_err();
         assert!(e.contains("${LOG_SINK}"), "{e}");
         assert_eq!(flush_wait(&p), Duration::from_millis(6500));
@@ -1330,6 +1407,7 @@ mod tests {
                 &[
                     ("LOG_SINK", "127.0.0.1:1".into()),
                     ("AUTH_SERVICE", "127.0.0.1:2".into()),
+                    ("OTLP_SINK", "127.0.0.1:3".into()),
                 ],
             )
             .unwrap();
@@ -1566,7 +1644,10 @@ mod tests {
             md.contains("≥ 0.90× → measured 0.925×: met (INVALID run)"),
             "{md}"
         );
-        assert!(md.contains("this run measures http-logger only"), "{md}");
+        assert!(
+            md.contains("this run measures http-logger + opentelemetry."),
+            "{md}"
+        );
         assert!(md.contains("**INVALID**"), "{md}");
     }
 }
