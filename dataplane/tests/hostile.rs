@@ -544,16 +544,7 @@ async fn silent_http2_connections_cannot_hold_the_connection_limit() {
         ..Limits::default()
     };
     let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/*"], "u")],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    apply_one_route(&dp.store, "/*", echo.addr);
     // Three h2c clients that send the whole preface and then nothing take every slot...
     let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00";
     let mut silent = Vec::new();

@@ -212,16 +212,7 @@ async fn a_parked_connection_is_closed_at_the_keepalive_limit() {
         ..Limits::default()
     };
     let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
-    dp.store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/*"], "u")],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    apply_one_route(&dp.store, "/*", echo.addr);
     let mut s = TcpStream::connect(dp.addr).await.unwrap();
     let mut buf = Vec::new();
     s.write_all(GET).await.unwrap();
@@ -246,16 +237,7 @@ async fn a_parked_connection_is_closed_at_the_keepalive_limit() {
 async fn drain_closes_parked_connections_and_the_worker_finishes() {
     let echo = EchoServer::start("a", any()).await.unwrap();
     let store = Arc::new(Store::new().unwrap());
-    store
-        .apply(
-            snapshot(
-                1,
-                vec![route("default/r/r1", &["/*"], "u")],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap();
+    apply_one_route(&store, "/*", echo.addr);
     let std_listener = server::bind_reuseport("127.0.0.1:0".parse().unwrap()).unwrap();
     let listener = tokio::net::TcpListener::from_std(std_listener).unwrap();
     let addr = listener.local_addr().unwrap();

@@ -46,7 +46,13 @@ pub async fn dataplane_limited(store: Arc<Store>, limits: Limits) -> Dataplane {
 /// A dataplane serving one route, `default/r/r1` for `path`, to the single endpoint `backend`.
 pub async fn dataplane_to(path: &str, backend: SocketAddr) -> Dataplane {
     let dp = dataplane().await;
-    dp.store
+    apply_one_route(&dp.store, path, backend);
+    dp
+}
+
+/// Applies snapshot 1: one route, `default/r/r1` for `path`, to the single endpoint `backend`.
+pub fn apply_one_route(store: &Store, path: &str, backend: SocketAddr) {
+    store
         .apply(
             snapshot(
                 1,
@@ -56,7 +62,6 @@ pub async fn dataplane_to(path: &str, backend: SocketAddr) -> Dataplane {
             vec![],
         )
         .unwrap();
-    dp
 }
 
 /// A response as a client sees it.
