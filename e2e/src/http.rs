@@ -41,6 +41,20 @@ pub fn http_get_with(
     path: &str,
     headers: &[(&str, &str)],
 ) -> Result<HttpResponse, Error> {
+    http_request(addr, "GET", host, path, headers, b"")
+}
+
+/// `method path` with `Host: host`, extra `headers` and `body` (sent with a
+/// `Content-Length` unless empty) to `addr` over a fresh connection (`Connection: close`),
+/// with a 10 s timeout on each step. `User-Agent: sluice-e2e` unless `headers` has one.
+pub fn http_request(
+    addr: SocketAddr,
+    method: &str,
+    host: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<HttpResponse, Error> {
     let err = |why: String| Error::Http { addr, why };
     let timeout = Duration::from_secs(10);
     let mut stream =
@@ -49,15 +63,24 @@ pub fn http_get_with(
         .set_read_timeout(Some(timeout))
         .and_then(|()| stream.set_write_timeout(Some(timeout)))
         .map_err(|e| err(e.to_string()))?;
-    let mut request = format!(
-        "GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\nUser-Agent: sluice-e2e\r\n"
-    );
+    let mut request = format!("{method} {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|(n, _)| n.eq_ignore_ascii_case("user-agent"))
+    {
+        request.push_str("User-Agent: sluice-e2e\r\n");
+    }
     for (name, value) in headers {
         request.push_str(&format!("{name}: {value}\r\n"));
     }
+    if !body.is_empty() {
+        request.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
     request.push_str("\r\n");
+    let mut bytes = request.into_bytes();
+    bytes.extend_from_slice(body);
     stream
-        .write_all(request.as_bytes())
+        .write_all(&bytes)
         .map_err(|e| err(format!("write: {e}")))?;
     let mut raw = Vec::new();
     stream

@@ -17,6 +17,8 @@
 //!   runs several controllers behind one [`ServiceProxy`], [`Pipeline::start_fleet`] several
 //!   dataplanes as well, each with a path to the controllers that can be cut; a [`Load`] keeps requests flowing
 //!   over keep-alive connections ([`HttpConnection`]) and counts every failure.
+//! - [`HttpRecorder`]: a loopback HTTP server that records requests and answers as the test
+//!   says (an authorization service, OpenID provider, log receiver or mirror host).
 //! - [`workspace_bin`]: builds (if stale) and locates a binary of another workspace crate,
 //!   e.g. `sluice-echo`, `sluice-dataplane` or `sluice-controller`.
 //!
@@ -34,6 +36,7 @@ mod load;
 mod netns;
 mod pipeline;
 mod process;
+mod recorder;
 mod service;
 
 pub use bins::workspace_bin;
@@ -43,7 +46,7 @@ pub use helm::{
     HelmOutput, RELEASE, chart_dir, helm, helm_command, helm_ok, helm_path, render_chart,
     render_release,
 };
-pub use http::{HttpConnection, HttpResponse, http_get, http_get_with};
+pub use http::{HttpConnection, HttpResponse, http_get, http_get_with, http_request};
 pub use load::{Failure, Load, LoadReport};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{
@@ -51,6 +54,7 @@ pub use pipeline::{
     install_gateway_api_crds, spawn_controller, spawn_dataplane, spawn_dataplane_https,
     spawn_dataplane_with,
 };
+pub use recorder::{HttpRecorder, Recorded, Reply};
 pub use service::ServiceProxy;
 
 /// The repository root: the nearest ancestor of the running test's package (cargo sets

@@ -526,15 +526,22 @@ ports: [{{name: http, port: 9080}}]
     /// Stops the dataplane and starts a new one (same controller and state directory) on a
     /// new port, which becomes `self.http`.
     pub fn restart_dataplane(&mut self) -> Result<(), Error> {
+        self.restart_dataplane_with(&[])
+    }
+
+    /// Like [`Pipeline::restart_dataplane`], with `extra` flags for the new dataplane (e.g.
+    /// `--plugin-metadata FILE`, read once at start).
+    pub fn restart_dataplane_with(&mut self, extra: &[&str]) -> Result<(), Error> {
         self.dataplane = None;
         self.http = free_port()?;
         self.https = free_port()?;
         let url = self.controller_url();
-        self.dataplane = Some(spawn_dataplane_https(
+        self.dataplane = Some(spawn_dataplane_with(
             &url,
             &self.state_dir,
             self.http,
             self.https,
+            extra,
         )?);
         Ok(())
     }
