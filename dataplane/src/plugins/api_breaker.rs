@@ -168,7 +168,7 @@ impl Plugin for ApiBreaker {
         }
     }
 
-    fn log(&self, ctx: &PluginCtx) {
+    fn log(&self, ctx: &mut PluginCtx) {
         // Only an upstream's answer counts (not the breaker's own, nor another plugin's).
         if ctx.upstream.is_none() {
             return;

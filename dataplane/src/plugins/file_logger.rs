@@ -14,6 +14,7 @@ use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use sluice_plugin_config::file_logger::FileLogger as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
@@ -96,12 +97,19 @@ fn write(path: &str, kept: Option<Open>, text: &[u8]) -> (Option<Open>, Result<(
 }
 
 impl Sink for FileSink {
-    async fn send(&mut self, batch: &[String]) -> Result<(), String> {
+    type Payload = Bytes;
+
+    fn encode(&mut self, batch: Vec<String>) -> Bytes {
         let mut text = Vec::with_capacity(batch.iter().map(|e| e.len() + 1).sum());
         for e in batch {
             text.extend_from_slice(e.as_bytes());
             text.push(b'\n');
         }
+        Bytes::from(text)
+    }
+
+    async fn send(&mut self, text: &Bytes) -> Result<(), String> {
+        let text = text.clone();
         let path = self.path.clone();
         let kept = self.file.take();
         // NB: file I/O blocks (a full pipe behind /dev/stdout, a slow disk): on the

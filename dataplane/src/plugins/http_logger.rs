@@ -137,8 +137,13 @@ impl Sink for HttpSink {
         &self.name
     }
 
-    async fn send(&mut self, batch: &[String]) -> Result<(), String> {
-        let (body, ct) = self.body(batch);
-        self.post.post(body, ct).await
+    type Payload = (Bytes, &'static str);
+
+    fn encode(&mut self, batch: Vec<String>) -> Self::Payload {
+        self.body(&batch)
+    }
+
+    async fn send(&mut self, (body, ct): &Self::Payload) -> Result<(), String> {
+        self.post.post(body.clone(), ct).await
     }
 }

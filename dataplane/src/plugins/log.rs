@@ -117,10 +117,16 @@ impl Item for String {
 
 /// Where a batch goes.
 pub trait Sink<T: Item = String>: Send + 'static {
-    /// Delivers `batch` (JSON entries); `Err` is retried per the [`Policy`].
+    /// What a batch becomes once, before its first attempt; retries send it again.
+    type Payload: Send + Sync + 'static;
+
+    /// Turns `batch` into what is sent, consuming it (its entries are moved, not copied).
+    fn encode(&mut self, batch: Vec<T>) -> Self::Payload;
+
+    /// Delivers `payload`; `Err` is retried per the [`Policy`].
     fn send<'a>(
         &'a mut self,
-        batch: &'a [T],
+        payload: &'a Self::Payload,
     ) -> impl Future<Output = Result<(), String>> + Send + 'a;
 
     /// The name Sluice's own log lines give the logger (http-logger's `name`). Default
@@ -271,6 +277,15 @@ async fn recv<T>(rx: &mut mpsc::Receiver<Queued<T>>, deadline: Option<Instant>) 
     got.map_or(Next::Closed, |Queued(e)| Next::Entry(e))
 }
 
+/// How often a busy logger's task looks at its queue. While entries keep coming, the task
+/// sleeps this long and then takes every entry queued, instead of waiting on the queue:
+/// a task waiting on its queue is woken by each entry, and that wake (a write to the
+/// logger thread's eventfd, a context switch there and back) cost the request path more
+/// than building the entry (issue 19's budget, profiled). An idle task waits on the queue
+/// and is woken by the first entry of the next burst. At 20 ms and the queue's 8,192
+/// entries, a worker would have to log 400,000 requests a second to fill it between looks.
+pub const BUSY_TICK: Duration = Duration::from_millis(20);
+
 /// For a stopping process, once its requests are done: every logger sends what it holds
 /// at once, and so does it with each entry that still comes. Returns whether every entry
 /// was delivered or dropped (counted) within `timeout`.
@@ -322,55 +337,97 @@ impl<T: Item, S: Sink<T>> Task<S, T> {
         let (mut first, mut last) = (Instant::now(), Instant::now());
         let mut shutdown = shutdown_signal().subscribe();
         let mut draining = *shutdown.borrow_and_update();
+        // Whether the last look found entries: then the next look is a tick away, and no
+        // entry wakes the task.
+        let mut busy = false;
         loop {
             // Draining (the process is stopping): every entry goes at once.
             let eager = draining || self.policy.inactive.is_none();
-            let deadline = match self.policy.inactive {
-                Some(inactive) if !batch.is_empty() && !eager => {
-                    Some((last + inactive).min(first + self.policy.buffer_duration))
+            let deadline = self.deadline(&batch, first, last, eager);
+            let mut took = 0;
+            let mut closed = false;
+            if busy {
+                let until = deadline.map_or(Instant::now() + BUSY_TICK, |d| {
+                    d.min(Instant::now() + BUSY_TICK)
+                });
+                tokio::select! {
+                    () = tokio::time::sleep_until(until.into()) => {}
+                    _ = shutdown.changed(), if !draining => draining = true,
                 }
-                _ => None,
-            };
-            let next = tokio::select! {
-                next = recv(&mut self.rx, deadline) => next,
-                _ = shutdown.changed(), if !draining => Next::Drain,
-            };
-            let entry = match next {
-                Next::Entry(e) => e,
-                Next::Idle => {
-                    self.flush(&mut batch).await;
-                    continue;
-                }
-                Next::Drain => {
-                    draining = true;
-                    self.flush(&mut batch).await;
-                    continue;
-                }
-                Next::Closed => {
-                    // Every handle is gone (the config changed or its route went away):
-                    // send what is left, then end.
-                    self.flush(&mut batch).await;
-                    return;
-                }
-            };
-            let now = Instant::now();
-            if batch.is_empty() {
-                first = now;
-            }
-            last = now;
-            batch.push(entry);
-            if eager {
-                // Take what else is queued, then send.
-                while batch.len() < self.policy.max_size {
-                    match self.rx.try_recv() {
-                        Ok(Queued(e)) => batch.push(e),
-                        Err(_) => break,
+            } else {
+                let next = tokio::select! {
+                    next = recv(&mut self.rx, deadline) => next,
+                    _ = shutdown.changed(), if !draining => Next::Drain,
+                };
+                match next {
+                    Next::Entry(e) => {
+                        took += 1;
+                        self.take(e, &mut batch, &mut first, &mut last).await;
                     }
+                    Next::Idle => {}
+                    Next::Drain => draining = true,
+                    Next::Closed => closed = true,
                 }
+            }
+            // Everything else queued, without waiting.
+            while !closed {
+                match self.rx.try_recv() {
+                    Ok(Queued(e)) => {
+                        took += 1;
+                        self.take(e, &mut batch, &mut first, &mut last).await;
+                    }
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => closed = true,
+                }
+            }
+            busy = took > 0;
+            if closed {
+                // Every handle is gone (the config changed or its route went away): send
+                // what is left, then end.
                 self.flush(&mut batch).await;
-            } else if batch.len() >= self.policy.max_size {
+                return;
+            }
+            let eager = draining || self.policy.inactive.is_none();
+            let due = self
+                .deadline(&batch, first, last, eager)
+                .is_some_and(|d| d <= Instant::now());
+            if due {
                 self.flush(&mut batch).await;
             }
+        }
+    }
+
+    /// When the current batch is due: now when `eager`, else `inactive_timeout` after its
+    /// last entry or `buffer_duration` after its first, whichever comes first; `None` for
+    /// an empty batch.
+    fn deadline(&self, batch: &[T], first: Instant, last: Instant, eager: bool) -> Option<Instant> {
+        if batch.is_empty() {
+            return None;
+        }
+        match self.policy.inactive {
+            Some(inactive) if !eager => {
+                Some((last + inactive).min(first + self.policy.buffer_duration))
+            }
+            _ => Some(Instant::now()),
+        }
+    }
+
+    /// Adds `entry` to `batch`, sending the batch once it is full.
+    async fn take(
+        &mut self,
+        entry: T,
+        batch: &mut Vec<T>,
+        first: &mut Instant,
+        last: &mut Instant,
+    ) {
+        let now = Instant::now();
+        if batch.is_empty() {
+            *first = now;
+        }
+        *last = now;
+        batch.push(entry);
+        if batch.len() >= self.policy.max_size {
+            self.flush(batch).await;
         }
     }
 
@@ -379,31 +436,32 @@ impl<T: Item, S: Sink<T>> Task<S, T> {
         if batch.is_empty() {
             return;
         }
+        let count = batch.len();
+        let bytes: usize = batch.iter().map(Item::size).sum();
+        let payload = self.sink.encode(std::mem::take(batch));
         let mut attempt = 0;
         loop {
-            match self.sink.send(batch).await {
+            match self.sink.send(&payload).await {
                 Ok(()) => {
-                    self.sent.inc_by(batch.len() as u64);
+                    self.sent.inc_by(count as u64);
                     break;
                 }
                 Err(error) if attempt < self.policy.max_retries => {
                     attempt += 1;
-                    tracing::warn!(plugin = self.plugin, route = %self.route, name = self.sink.name(), entries = batch.len(),
+                    tracing::warn!(plugin = self.plugin, route = %self.route, name = self.sink.name(), entries = count,
                         attempt, %error, "log batch failed; retrying");
                     tokio::time::sleep(self.policy.retry_delay).await;
                 }
                 Err(error) => {
-                    tracing::error!(plugin = self.plugin, route = %self.route, name = self.sink.name(), entries = batch.len(),
+                    tracing::error!(plugin = self.plugin, route = %self.route, name = self.sink.name(), entries = count,
                         %error, "log batch failed every attempt; dropped");
-                    self.dropped.inc_by(batch.len() as u64);
+                    self.dropped.inc_by(count as u64);
                     break;
                 }
             }
         }
-        let bytes: usize = batch.iter().map(Item::size).sum();
         self.pending_bytes.fetch_sub(bytes, Ordering::Relaxed);
-        PENDING.fetch_sub(batch.len(), Ordering::Relaxed);
-        batch.clear();
+        PENDING.fetch_sub(count, Ordering::Relaxed);
     }
 }
 
@@ -478,7 +536,7 @@ impl super::Plugin for Logger {
         true
     }
 
-    fn log(&self, ctx: &PluginCtx) {
+    fn log(&self, ctx: &mut PluginCtx) {
         self.batcher.push(entry(ctx, &self.opts));
     }
 }
@@ -554,7 +612,13 @@ pub fn entry(ctx: &PluginCtx, opts: &EntryOptions) -> String {
     if opts.format.is_none() {
         // NB: written straight from the request's own data, without a `Value` tree (whose
         // map of every header cost more than the rest of the request: issue 19's budget).
-        return serde_json::to_string(&full(ctx, opts, end)).unwrap_or_default();
+        // NB: sized for a typical entry at once, instead of growing from 128 bytes.
+        let mut out = Vec::with_capacity(1024);
+        if serde_json::to_writer(&mut out, &full(ctx, opts, end)).is_err() {
+            return String::new();
+        }
+        // NB: serde_json writes valid UTF-8 only.
+        return String::from_utf8(out).unwrap_or_default();
     }
     let value = match &opts.format {
         Some(f) => {
@@ -646,7 +710,7 @@ fn epoch_ms(at: Instant) -> f64 {
 #[derive(serde::Serialize)]
 struct Full<'a> {
     apisix_latency: f64,
-    client_ip: String,
+    client_ip: Text<std::net::IpAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     consumer: Option<Consumer<'a>>,
     latency: f64,
@@ -657,7 +721,7 @@ struct Full<'a> {
     service_id: &'static str,
     start_time: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
-    upstream: Option<String>,
+    upstream: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     upstream_latency: Option<f64>,
 }
@@ -679,7 +743,37 @@ struct Req<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     uri: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    url: Option<String>,
+    url: Option<Url<'a>>,
+}
+
+/// A value written as its `Display` text, straight into the entry.
+struct Text<T>(T);
+
+impl<T: std::fmt::Display> serde::Serialize for Text<T> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(&self.0)
+    }
+}
+
+/// `request.url` as APISIX writes it: `<scheme>://<host>:<port><target>`.
+struct Url<'a> {
+    scheme: &'a str,
+    host: Option<Cow<'a, str>>,
+    port: u16,
+    target: &'a str,
+}
+
+impl std::fmt::Display for Url<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let host = self.host.as_deref().unwrap_or("");
+        write!(f, "{}://{host}:{}{}", self.scheme, self.port, self.target)
+    }
+}
+
+impl serde::Serialize for Url<'_> {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -701,15 +795,11 @@ struct Server {
 fn full<'a>(ctx: &'a PluginCtx, opts: &EntryOptions, end: Instant) -> Full<'a> {
     let head = ctx.request_head.as_deref();
     let target = head.map(|req| req.uri.path_and_query().map_or("/", |p| p.as_str()));
-    let url = head.map(|req| {
-        let host = vars::get(&sluice_plugin_config::vars::Var::Host, req, ctx);
-        format!(
-            "{}://{}:{}{}",
-            ctx.scheme,
-            host.as_deref().unwrap_or(""),
-            ctx.local_addr.port(),
-            target.unwrap_or("/")
-        )
+    let url = head.map(|req| Url {
+        scheme: ctx.scheme,
+        host: vars::get(&sluice_plugin_config::vars::Var::Host, req, ctx),
+        port: ctx.local_addr.port(),
+        target: target.unwrap_or("/"),
     });
     let body = match (opts.resp_body, ctx.extensions.get::<ResponseBody>()) {
         (Some(cap), Some(b)) => Some(Lossy(&b.buf[..b.buf.len().min(cap)])),
@@ -722,7 +812,7 @@ fn full<'a>(ctx: &'a PluginCtx, opts: &EntryOptions, end: Instant) -> Full<'a> {
     let apisix = upstream_latency.map_or(latency, |up| latency.saturating_sub(up));
     Full {
         apisix_latency: ms(apisix),
-        client_ip: ctx.remote_addr.ip().to_canonical().to_string(),
+        client_ip: Text(ctx.remote_addr.ip().to_canonical()),
         consumer: ctx.consumer_name().map(|username| Consumer { username }),
         latency: ms(latency),
         request: Req {
@@ -746,7 +836,7 @@ fn full<'a>(ctx: &'a PluginCtx, opts: &EntryOptions, end: Instant) -> Full<'a> {
         },
         service_id: "",
         start_time: epoch_ms(ctx.started),
-        upstream: ctx.upstream.as_ref().map(|p| p.address().to_string()),
+        upstream: ctx.upstream.as_ref().map(|p| p.address()),
         upstream_latency: upstream_latency.map(ms),
     }
 }
@@ -844,8 +934,14 @@ mod tests {
     struct Recorder(Arc<std::sync::Mutex<Vec<Vec<String>>>>);
 
     impl Sink for Recorder {
-        async fn send(&mut self, batch: &[String]) -> Result<(), String> {
-            self.0.lock().unwrap().push(batch.to_vec());
+        type Payload = Vec<String>;
+
+        fn encode(&mut self, batch: Vec<String>) -> Vec<String> {
+            batch
+        }
+
+        async fn send(&mut self, batch: &Vec<String>) -> Result<(), String> {
+            self.0.lock().unwrap().push(batch.clone());
             Ok(())
         }
     }

@@ -232,7 +232,7 @@ pub trait Plugin: Send + Sync + std::fmt::Debug {
     }
 
     /// Log phase: after the response body was sent (or the client went away).
-    fn log(&self, _ctx: &PluginCtx) {}
+    fn log(&self, _ctx: &mut PluginCtx) {}
 
     /// Whether the log phase needs the request head as it arrived
     /// ([`PluginCtx::request_head`]): a chain with such a plugin copies it before the
@@ -893,9 +893,10 @@ impl PluginBody {
             if self.ctx.ended.is_none() {
                 self.ctx.ended = self.inner.ended();
             }
-            let ctx = &self.ctx;
-            let chain = &*ctx.chain;
-            match ctx.merged.as_deref() {
+            let chain = Arc::clone(&self.ctx.chain);
+            let merged = self.ctx.merged.clone();
+            let ctx = &mut self.ctx;
+            match merged.as_deref() {
                 Some(merged) => {
                     for p in merged.iter().chain(chain.global.iter()) {
                         p.log(ctx);
@@ -1113,7 +1114,7 @@ mod tests {
             true
         }
 
-        fn log(&self, ctx: &PluginCtx) {
+        fn log(&self, ctx: &mut PluginCtx) {
             self.0.lock().unwrap().push(ctx.response_body_bytes);
         }
     }

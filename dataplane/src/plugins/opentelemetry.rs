@@ -137,22 +137,27 @@ impl TraceContext {
 
     /// The `traceparent` sent upstream.
     pub fn traceparent(&self) -> String {
-        format!(
-            "00-{}-{}-{:02x}",
-            self.trace_id_hex(),
-            self.span_id_hex(),
-            u8::from(self.sampled)
-        )
+        let mut s = String::with_capacity(55);
+        s.push_str("00-");
+        push_hex(&mut s, &self.trace_id);
+        s.push('-');
+        push_hex(&mut s, &self.span_id);
+        s.push_str(if self.sampled { "-01" } else { "-00" });
+        s
     }
 }
 
-fn hex(b: &[u8]) -> String {
+fn push_hex(s: &mut String, b: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(b.len() * 2);
     for &x in b {
         s.push(DIGITS[usize::from(x >> 4)] as char);
         s.push(DIGITS[usize::from(x & 15)] as char);
     }
+}
+
+fn hex(b: &[u8]) -> String {
+    let mut s = String::with_capacity(b.len() * 2);
+    push_hex(&mut s, b);
     s
 }
 
@@ -311,9 +316,61 @@ fn trace_id_from_request_id(headers: &http::HeaderMap) -> Option<[u8; 16]> {
 struct Started {
     /// Wall-clock time the request arrived, in nanoseconds since the epoch.
     start_unix_nano: u64,
-    /// `<method> <route path>`.
-    name: String,
-    attributes: Vec<KeyValue>,
+    /// Its name (`<method> <route path>`) and string attributes.
+    attrs: Attrs,
+}
+
+/// A span's name and string attributes, as text in one buffer: the request path makes two
+/// allocations for them, not two per attribute, and the exporter's thread (which frees
+/// them) builds the OTLP structures.
+#[derive(Debug, Clone, Default)]
+struct Attrs {
+    text: String,
+    /// Each attribute's key and value: `text[a..b]` and `text[b..c]`.
+    items: Vec<(u32, u32, u32)>,
+    /// The span's name: `text[..name]`.
+    name: u32,
+}
+
+impl Attrs {
+    fn with_name(name: &[&str], items: usize) -> Self {
+        let mut text = String::with_capacity(256);
+        for part in name {
+            text.push_str(part);
+        }
+        Attrs {
+            name: offset(&text),
+            text,
+            items: Vec::with_capacity(items),
+        }
+    }
+
+    fn push(&mut self, key: &str, value: &str) {
+        let a = offset(&self.text);
+        self.text.push_str(key);
+        let b = offset(&self.text);
+        self.text.push_str(value);
+        self.items.push((a, b, offset(&self.text)));
+    }
+
+    fn name(&self) -> &str {
+        self.text.get(..self.name as usize).unwrap_or("")
+    }
+
+    fn key_values(&self) -> impl Iterator<Item = KeyValue> + '_ {
+        self.items.iter().map(|&(a, b, c)| {
+            let (a, b, c) = (a as usize, b as usize, c as usize);
+            attr(
+                self.text.get(a..b).unwrap_or(""),
+                self.text.get(b..c).unwrap_or(""),
+            )
+        })
+    }
+}
+
+/// A length as the `u32` offsets of [`Attrs`] (every value is capped well below 4 GiB).
+fn offset(s: &str) -> u32 {
+    u32::try_from(s.len()).unwrap_or(u32::MAX)
 }
 
 fn key_value(key: &str, value: any_value::Value) -> KeyValue {
@@ -348,26 +405,65 @@ fn unix_nanos(t: SystemTime) -> u64 {
         .map_or(0, |d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
 }
 
-/// One exported span and its approximate size (for the queue's byte bound).
+/// One span as the request path hands it to the exporter.
 #[derive(Debug)]
-pub struct QueuedSpan(Span);
+pub struct QueuedSpan {
+    tc: TraceContext,
+    start_unix_nano: u64,
+    end_unix_nano: u64,
+    status: u16,
+    attrs: Attrs,
+}
 
 impl Item for QueuedSpan {
     fn size(&self) -> usize {
-        let attrs: usize = self
-            .0
-            .attributes
-            .iter()
-            .map(|a| a.key.len() + 16 + approx_value(a.value.as_ref()))
-            .sum();
-        64 + self.0.name.len() + attrs
+        96 + self.attrs.text.len() + 12 * self.attrs.items.len()
     }
 }
 
-fn approx_value(v: Option<&AnyValue>) -> usize {
-    match v.and_then(|v| v.value.as_ref()) {
-        Some(any_value::Value::StringValue(s)) => s.len(),
-        _ => 8,
+impl QueuedSpan {
+    /// The OTLP span.
+    fn into_span(self) -> Span {
+        let QueuedSpan {
+            tc,
+            start_unix_nano,
+            end_unix_nano,
+            status: code,
+            attrs,
+        } = self;
+        let mut attributes = Vec::with_capacity(attrs.items.len() + 2);
+        attributes.extend(attrs.key_values());
+        attributes.push(int_attr("http.status_code", i64::from(code)));
+        attributes.push(int_attr("http.response.status_code", i64::from(code)));
+        let status = if code >= 500 {
+            Status {
+                code: status::StatusCode::Error as i32,
+                message: format!("upstream response status: {code}"),
+            }
+        } else {
+            Status::default()
+        };
+        Span {
+            trace_id: tc.trace_id.to_vec(),
+            span_id: tc.span_id.to_vec(),
+            parent_span_id: tc.parent_span_id.map_or_else(Vec::new, |p| p.to_vec()),
+            // Sampled; and whether the parent is remote is known (0x100): it is when the
+            // client sent one (0x200).
+            flags: 1
+                | 0x100
+                | if tc.parent_span_id.is_some() {
+                    0x200
+                } else {
+                    0
+                },
+            name: attrs.name().to_owned(),
+            kind: span::SpanKind::Server as i32,
+            start_time_unix_nano: start_unix_nano,
+            end_time_unix_nano: end_unix_nano,
+            attributes,
+            status: Some(status),
+            ..Default::default()
+        }
     }
 }
 
@@ -382,7 +478,9 @@ impl Sink<QueuedSpan> for OtlpSink {
         "opentelemetry"
     }
 
-    async fn send(&mut self, batch: &[QueuedSpan]) -> Result<(), String> {
+    type Payload = Bytes;
+
+    fn encode(&mut self, batch: Vec<QueuedSpan>) -> Bytes {
         let req = ExportTraceServiceRequest {
             resource_spans: vec![ResourceSpans {
                 resource: Some(self.resource.clone()),
@@ -392,14 +490,17 @@ impl Sink<QueuedSpan> for OtlpSink {
                         version: env!("CARGO_PKG_VERSION").into(),
                         ..Default::default()
                     }),
-                    spans: batch.iter().map(|s| s.0.clone()).collect(),
+                    spans: batch.into_iter().map(QueuedSpan::into_span).collect(),
                     schema_url: String::new(),
                 }],
                 schema_url: String::new(),
             }],
         };
-        let body = Bytes::from(req.encode_to_vec());
-        self.post.post(body, "application/x-protobuf").await
+        Bytes::from(req.encode_to_vec())
+    }
+
+    async fn send(&mut self, body: &Bytes) -> Result<(), String> {
+        self.post.post(body.clone(), "application/x-protobuf").await
     }
 }
 
@@ -567,33 +668,38 @@ impl Opentelemetry {
         (*self.exporter).as_ref()
     }
 
-    /// The attributes APISIX sets when the span starts, read from the request as it
-    /// arrived.
-    fn attributes(&self, req: &request::Parts, ctx: &PluginCtx) -> Vec<KeyValue> {
-        let mut out = Vec::with_capacity(8 + self.vars.len());
+    /// The name and attributes APISIX sets when the span starts, read from the request as
+    /// it arrived.
+    fn attributes(&self, req: &request::Parts, ctx: &PluginCtx) -> Attrs {
+        let route = &*ctx.chain.matched_uri;
+        let mut out = if route.is_empty() {
+            Attrs::with_name(&[req.method.as_str()], 8 + self.vars.len())
+        } else {
+            Attrs::with_name(&[req.method.as_str(), " ", route], 8 + self.vars.len())
+        };
         if let Some(host) = vars::get(&Var::Host, req, ctx) {
-            out.push(attr("net.host.name", capped(&host)));
+            out.push("net.host.name", capped(&host));
         }
-        out.push(attr("http.method", req.method.as_str()));
-        out.push(attr("http.scheme", ctx.scheme));
-        out.push(attr(
+        out.push("http.method", req.method.as_str());
+        out.push("http.scheme", ctx.scheme);
+        out.push(
             "http.target",
             capped(req.uri.path_and_query().map_or("/", |p| p.as_str())),
-        ));
+        );
         if let Some(ua) = req
             .headers
             .get(http::header::USER_AGENT)
             .and_then(|v| v.to_str().ok())
         {
-            out.push(attr("http.user_agent", capped(ua)));
+            out.push("http.user_agent", capped(ua));
         }
-        out.push(attr("apisix.route_id", &*ctx.chain.route_id));
+        out.push("apisix.route_id", &ctx.chain.route_id);
         // NB: Sluice's routes have no name apart from their id (namespace/name/rule).
-        out.push(attr("apisix.route_name", &*ctx.chain.route_id));
-        out.push(attr("http.route", &*ctx.chain.matched_uri));
+        out.push("apisix.route_name", &ctx.chain.route_id);
+        out.push("http.route", route);
         for (name, var) in &self.vars {
             if let Some(v) = vars::get(var, req, ctx) {
-                out.push(attr(name, capped(&v)));
+                out.push(name, capped(&v));
             }
         }
         if !self.headers.is_empty() {
@@ -607,10 +713,10 @@ impl Opentelemetry {
                     HeaderAttr::Prefix(p) => name.as_str().starts_with(p.as_str()),
                 });
                 if wanted {
-                    out.push(attr(
+                    out.push(
                         name.as_str(),
                         capped(&String::from_utf8_lossy(value.as_bytes())),
-                    ));
+                    );
                     added += 1;
                 }
             }
@@ -664,16 +770,10 @@ impl Plugin for Opentelemetry {
             let start = SystemTime::now()
                 .checked_sub(started_ago)
                 .unwrap_or_else(SystemTime::now);
-            let name = if ctx.chain.matched_uri.is_empty() {
-                req.method.as_str().to_owned()
-            } else {
-                format!("{} {}", req.method, ctx.chain.matched_uri)
-            };
-            let attributes = self.attributes(req, ctx);
+            let attrs = self.attributes(req, ctx);
             ctx.extensions.insert(Started {
                 start_unix_nano: unix_nanos(start),
-                name,
-                attributes,
+                attrs,
             });
         }
         // The upstream continues the trace; a client's malformed context is not passed on.
@@ -692,51 +792,26 @@ impl Plugin for Opentelemetry {
         Flow::Continue
     }
 
-    fn log(&self, ctx: &PluginCtx) {
-        let (Some(tc), Some(started), Some(exporter)) = (
-            ctx.extensions.get::<TraceContext>(),
-            ctx.extensions.get::<Started>(),
-            self.exporter(),
-        ) else {
+    fn log(&self, ctx: &mut PluginCtx) {
+        // NB: the span's start is taken, not copied: this is its last use.
+        let Some(started) = ctx.extensions.remove::<Started>() else {
+            return;
+        };
+        let (Some(tc), Some(exporter)) = (ctx.extensions.get::<TraceContext>(), self.exporter())
+        else {
             return;
         };
         let took = ctx.end_time().saturating_duration_since(ctx.started);
         let end = started
             .start_unix_nano
             .saturating_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
-        let code = ctx.status.as_u16();
-        let mut attributes = started.attributes.clone();
-        attributes.push(int_attr("http.status_code", i64::from(code)));
-        attributes.push(int_attr("http.response.status_code", i64::from(code)));
-        let status = if code >= 500 {
-            Status {
-                code: status::StatusCode::Error as i32,
-                message: format!("upstream response status: {code}"),
-            }
-        } else {
-            Status::default()
-        };
-        exporter.batcher.push(QueuedSpan(Span {
-            trace_id: tc.trace_id.to_vec(),
-            span_id: tc.span_id.to_vec(),
-            parent_span_id: tc.parent_span_id.map_or_else(Vec::new, |p| p.to_vec()),
-            // Sampled; and whether the parent is remote is known (0x100): it is when the
-            // client sent one (0x200).
-            flags: 1
-                | 0x100
-                | if tc.parent_span_id.is_some() {
-                    0x200
-                } else {
-                    0
-                },
-            name: started.name.clone(),
-            kind: span::SpanKind::Server as i32,
-            start_time_unix_nano: started.start_unix_nano,
-            end_time_unix_nano: end,
-            attributes,
-            status: Some(status),
-            ..Default::default()
-        }));
+        exporter.batcher.push(QueuedSpan {
+            tc: tc.clone(),
+            start_unix_nano: started.start_unix_nano,
+            end_unix_nano: end,
+            status: ctx.status.as_u16(),
+            attrs: started.attrs,
+        });
     }
 }
 

@@ -486,7 +486,7 @@ impl Plugin for Prometheus {
         true
     }
 
-    fn log(&self, ctx: &PluginCtx) {
+    fn log(&self, ctx: &mut PluginCtx) {
         // NB: the thread's own series, from its cache: no lock, no `Arc` clone, and plain
         // stores into counters only this thread writes.
         let key = (
