@@ -947,14 +947,15 @@ fn signed_post<B>(target: &str, secret: &str, digest: Option<&str>, body: B) -> 
     b.body(body).unwrap()
 }
 
-/// A body of unannounced length (sent chunked) made of `pieces`.
-fn chunked(
-    pieces: Vec<Bytes>,
-) -> http_body_util::StreamBody<
+/// A body of unannounced length (sent chunked).
+type Chunked = http_body_util::StreamBody<
     futures::stream::Iter<
         std::vec::IntoIter<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
     >,
-> {
+>;
+
+/// A body of unannounced length (sent chunked) made of `pieces`.
+fn chunked(pieces: Vec<Bytes>) -> Chunked {
     let frames: Vec<_> = pieces
         .into_iter()
         .map(|p| Ok(http_body::Frame::data(p)))
