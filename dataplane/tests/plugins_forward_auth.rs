@@ -379,10 +379,12 @@ where
     }
 }
 
+/// A body of unannounced length (sent chunked).
+type Chunked =
+    StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+
 /// A body of unannounced length (sent chunked) made of `pieces`.
-fn chunked(
-    pieces: &[&'static str],
-) -> StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>> {
+fn chunked(pieces: &[&'static str]) -> Chunked {
     let frames: Vec<_> = pieces
         .iter()
         .map(|p| Ok(Frame::data(Bytes::from_static(p.as_bytes()))))
