@@ -13,7 +13,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body::Frame;
+use http_body_util::{BodyExt, Full, StreamBody};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use serde_json::json;
@@ -25,12 +26,13 @@ struct Seen {
     method: String,
     target: String,
     headers: HeaderMap,
+    body: Bytes,
 }
 
-/// An authorization service: `Authorization: Bearer good` → 200 with `X-User-ID: alice`
-/// and `X-Internal: yes`; `Bearer slow` → the same after 2 s; `Bearer big` → 403 with a
-/// 100 KiB body; anything else → 401 `denied` with `Location`, `WWW-Authenticate` and
-/// `X-Internal`.
+/// An authorization service: a body naming `"tenant":"blocked"` → 403 `tenant blocked`;
+/// else `Authorization: Bearer good` → 200 with `X-User-ID: alice` and `X-Internal:
+/// yes`; `Bearer slow` → the same after 2 s; `Bearer big` → 403 with a 100 KiB body;
+/// anything else → 401 `denied` with `Location`, `WWW-Authenticate` and `X-Internal`.
 struct AuthServer {
     addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -105,11 +107,27 @@ async fn answer(
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
         .to_owned();
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let blocked = body
+        .windows(br#""tenant":"blocked""#.len())
+        .any(|w| w == br#""tenant":"blocked""#);
     seen.lock().unwrap().push(Seen {
-        method: req.method().to_string(),
-        target: req.uri().to_string(),
-        headers: req.headers().clone(),
+        method: parts.method.to_string(),
+        target: parts.uri.to_string(),
+        headers: parts.headers,
+        body,
     });
+    if blocked {
+        return Response::builder()
+            .status(403)
+            .body(Full::new(Bytes::from_static(b"tenant blocked")))
+            .unwrap();
+    }
     let allow = || {
         Response::builder()
             .status(200)
@@ -339,22 +357,269 @@ async fn connections_to_the_service_are_kept_alive() {
     assert_eq!(auth.connections.load(Ordering::SeqCst), 3);
 }
 
+// ------------------------------------------------------------ request_method: POST
+
+/// Sends `req` (any body: a chunked one has no `content-length`) over HTTP/1.1 on a new
+/// connection.
+async fn send_any<B>(addr: SocketAddr, req: Request<B>) -> Resp
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut tx, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let (parts, body) = tx.send_request(req).await.unwrap().into_parts();
+    Resp {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// A body of unannounced length (sent chunked).
+type Chunked =
+    StreamBody<futures::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+
+/// A body of unannounced length (sent chunked) made of `pieces`.
+fn chunked(pieces: &[&'static str]) -> Chunked {
+    let frames: Vec<_> = pieces
+        .iter()
+        .map(|p| Ok(Frame::data(Bytes::from_static(p.as_bytes()))))
+        .collect();
+    StreamBody::new(futures::stream::iter(frames))
+}
+
+fn post_req<B>(path: &str, headers: &[(&str, &str)], body: B) -> Request<B> {
+    let mut b = Request::post(path).header("host", "example.com");
+    for (k, v) in headers {
+        b = b.header(*k, *v);
+    }
+    b.body(body).unwrap()
+}
+
 #[tokio::test]
-async fn post_to_the_service_is_refused_when_the_snapshot_compiles() {
-    let dp = dataplane().await;
-    let snap = snapshot(
-        1,
-        vec![route_with(
-            "default/r/p",
-            &["/*"],
-            "u",
-            vec![plugin(
-                "forward-auth",
-                json!({"uri": "http://127.0.0.1:1/", "request_method": "POST"}),
-            )],
-        )],
-        vec![upstream("u", &[("127.0.0.1:9".parse().unwrap(), 1)])],
+async fn post_sends_the_clients_body_to_the_service_and_the_same_body_upstream() {
+    let auth = AuthServer::start().await;
+    let (dp, _echo) = serve(json!({
+        "uri": auth.uri("/verify"),
+        "request_method": "POST",
+        "request_headers": ["Authorization", "Content-Type", "Content-Length"],
+        "upstream_headers": ["X-User-ID"],
+    }))
+    .await;
+    let body = r#"{"tenant":"acme","items":[1,2,3]}"#;
+    let headers = [
+        ("authorization", "Bearer good"),
+        ("content-type", "application/json"),
+        ("content-encoding", "identity"),
+    ];
+    let r = send_any(
+        dp.addr,
+        post_req(
+            "/orders?x=1",
+            &headers,
+            Full::new(Bytes::from_static(body.as_bytes())),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let origin = r.json();
+    assert_eq!(origin["method"], "POST");
+    assert_eq!(origin["body"], body, "the upstream gets the body unchanged");
+    assert_eq!(origin["headers"]["content-length"], body.len().to_string());
+    assert_eq!(origin["headers"]["x-user-id"], "alice");
+
+    let seen = auth.last();
+    assert_eq!(seen.method, "POST");
+    assert_eq!(seen.target, "/verify");
+    assert_eq!(
+        seen.body,
+        body.as_bytes(),
+        "the service gets the client's body"
     );
-    let e = dp.store.apply(snap, vec![]).unwrap_err().to_string();
-    assert!(e.contains("request_method: POST"), "{e}");
+    let s = &seen.headers;
+    assert_eq!(
+        hv(s, "content-length"),
+        Some(body.len().to_string().as_str())
+    );
+    assert_eq!(hv(s, "content-type"), Some("application/json"));
+    assert_eq!(hv(s, "content-encoding"), Some("identity"));
+    assert_eq!(hv(s, "x-forwarded-method"), Some("POST"));
+    assert_eq!(hv(s, "x-forwarded-uri"), Some("/orders?x=1"));
+    assert_eq!(hv(s, "authorization"), Some("Bearer good"));
+
+    // A chunked body (no content-length) reaches the service re-framed with its length,
+    // and the upstream whole.
+    let r = send_any(
+        dp.addr,
+        post_req(
+            "/orders",
+            &[("authorization", "Bearer good")],
+            chunked(&[r#"{"tenant":"#, r#""acme","#, r#""n":2}"#]),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["body"], r#"{"tenant":"acme","n":2}"#);
+    let seen = auth.last();
+    assert_eq!(seen.body, r#"{"tenant":"acme","n":2}"#.as_bytes());
+    assert_eq!(hv(&seen.headers, "content-length"), Some("23"));
+    assert_eq!(hv(&seen.headers, "transfer-encoding"), None);
+
+    // The service decides on the body: its denial goes to the client, the upstream is not
+    // reached.
+    let r = send_any(
+        dp.addr,
+        post_req(
+            "/orders",
+            &[("authorization", "Bearer good")],
+            Full::new(Bytes::from_static(br#"{"tenant":"blocked"}"#)),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::FORBIDDEN);
+    assert_eq!(r.text(), "tenant blocked");
+
+    // A request without a body: the service still gets a POST, without one.
+    let r = get_with(dp.addr, "/orders", &[("authorization", "Bearer good")]).await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let seen = auth.last();
+    assert_eq!(seen.method, "POST");
+    assert!(seen.body.is_empty());
+    assert_eq!(auth.asked(), 4);
+}
+
+#[tokio::test]
+async fn post_body_over_the_cap_is_413_and_the_service_is_not_asked() {
+    let auth = AuthServer::start().await;
+    let (dp, _echo) = serve(json!({
+        "uri": auth.uri("/verify"),
+        "request_method": "POST",
+        "request_headers": ["Authorization"],
+        "max_req_body_size": 16,
+    }))
+    .await;
+    let too_large = |r: &Resp| {
+        assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
+        assert_eq!(
+            r.json(),
+            json!({"error_msg": "413 Request Entity Too Large"})
+        );
+    };
+    let good = [("authorization", "Bearer good")];
+    // Announced (content-length) and unannounced (chunked) lengths.
+    let r = send_any(
+        dp.addr,
+        post_req("/x", &good, Full::new(Bytes::from_static(&[b'a'; 17]))),
+    )
+    .await;
+    too_large(&r);
+    let r = send_any(
+        dp.addr,
+        post_req("/x", &good, chunked(&["0123456789", "0123456789"])),
+    )
+    .await;
+    too_large(&r);
+    assert_eq!(auth.asked(), 0);
+    // At the cap, it goes through.
+    let r = send_any(
+        dp.addr,
+        post_req("/x", &good, chunked(&["01234567", "89abcdef"])),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["body"], "0123456789abcdef");
+    assert_eq!(auth.last().body, "0123456789abcdef".as_bytes());
+}
+
+/// A body whose pieces the test releases one by one (chunked).
+fn gated() -> (
+    futures::channel::mpsc::UnboundedSender<Bytes>,
+    impl http_body::Body<Data = Bytes, Error = Infallible> + Send + 'static,
+) {
+    use futures::StreamExt as _;
+    let (tx, rx) = futures::channel::mpsc::unbounded::<Bytes>();
+    (
+        tx,
+        StreamBody::new(rx.map(|b| Ok::<_, Infallible>(Frame::data(b)))),
+    )
+}
+
+/// Waits until the service has been asked `n` times (at most 5 s).
+async fn asked(auth: &AuthServer, n: usize) {
+    for _ in 0..500 {
+        if auth.asked() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the service was asked {} times, not {n}", auth.asked());
+}
+
+#[tokio::test]
+async fn get_neither_reads_nor_forwards_the_body_but_post_waits_for_it() {
+    // GET (with a cap that would refuse this body if it applied): the service is asked while
+    // the client's body is still coming, gets no body, and the upstream gets all of it.
+    let auth = AuthServer::start().await;
+    let (dp, _echo) = serve(json!({
+        "uri": auth.uri("/verify"),
+        "request_headers": ["Authorization"],
+        "max_req_body_size": 4,
+    }))
+    .await;
+    let (tx, body) = gated();
+    let addr = dp.addr;
+    let client = tokio::spawn(async move {
+        send_any(
+            addr,
+            post_req("/up", &[("authorization", "Bearer good")], body),
+        )
+        .await
+    });
+    tx.unbounded_send(Bytes::from_static(b"first piece, "))
+        .unwrap();
+    asked(&auth, 1).await;
+    let seen = auth.last();
+    assert_eq!(seen.method, "GET");
+    assert!(seen.body.is_empty(), "{:?}", seen.body);
+    assert_eq!(hv(&seen.headers, "content-length"), None);
+    assert_eq!(hv(&seen.headers, "transfer-encoding"), None);
+    tx.unbounded_send(Bytes::from_static(b"second piece"))
+        .unwrap();
+    drop(tx);
+    let r = client.await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["body"], "first piece, second piece");
+
+    // POST: the service is asked only once the whole body is in.
+    let auth = AuthServer::start().await;
+    let (dp, _echo) = serve(json!({
+        "uri": auth.uri("/verify"),
+        "request_method": "POST",
+        "request_headers": ["Authorization"],
+    }))
+    .await;
+    let (tx, body) = gated();
+    let addr = dp.addr;
+    let client = tokio::spawn(async move {
+        send_any(
+            addr,
+            post_req("/up", &[("authorization", "Bearer good")], body),
+        )
+        .await
+    });
+    tx.unbounded_send(Bytes::from_static(b"first piece, "))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(auth.asked(), 0, "asked before the body was in");
+    tx.unbounded_send(Bytes::from_static(b"second piece"))
+        .unwrap();
+    drop(tx);
+    let r = client.await.unwrap();
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["body"], "first piece, second piece");
+    assert_eq!(auth.last().body, "first piece, second piece".as_bytes());
 }

@@ -893,32 +893,296 @@ async fn hmac_auth_signatures() {
     assert_eq!(r.status, StatusCode::FORBIDDEN);
 }
 
-#[tokio::test]
-async fn hmac_auth_body_validation_is_refused_not_skipped() {
-    let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    let err = dp
-        .store
-        .apply(
-            snapshot(
-                1,
-                vec![route_with(
-                    "default/r/body",
-                    &["/*"],
-                    "u",
-                    vec![plugin("hmac-auth", json!({"validate_request_body": true}))],
-                )],
-                vec![upstream("u", &[(echo.addr, 1)])],
-            ),
-            vec![],
-        )
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("route default/r/body"), "{err}");
-    assert!(
-        err.contains("plugin \"hmac-auth\": validate_request_body: not supported yet"),
-        "{err}"
+/// `SHA-256=<base64>` of `body`: the `Digest` a client sends.
+fn digest_of(body: &[u8]) -> String {
+    let sum = ring::digest::digest(&ring::digest::SHA256, body);
+    format!(
+        "SHA-256={}",
+        base64::engine::general_purpose::STANDARD.encode(sum.as_ref())
+    )
+}
+
+/// Sends `req` (any body: a chunked one has no `content-length`) over HTTP/1.1.
+async fn send_any<B>(addr: std::net::SocketAddr, req: Request<B>) -> Resp
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use http_body_util::BodyExt as _;
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut tx, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let (parts, body) = tx.send_request(req).await.unwrap().into_parts();
+    Resp {
+        status: parts.status,
+        headers: parts.headers,
+        body: body.collect().await.unwrap().to_bytes(),
+    }
+}
+
+/// A POST of `target` signed by jack over `@request-target date`, with `digest` (if any)
+/// and `body`.
+fn signed_post<B>(target: &str, secret: &str, digest: Option<&str>, body: B) -> Request<B> {
+    let date = now_date(0);
+    let headers = [("date", date.as_str())];
+    let auth = signature(
+        "jack-key",
+        secret,
+        "hmac-sha256",
+        "POST",
+        target,
+        &["@request-target", "date"],
+        &headers,
     );
+    let mut b = Request::post(target)
+        .header("host", "example.com")
+        .header("date", &date)
+        .header("authorization", auth);
+    if let Some(d) = digest {
+        b = b.header("digest", d);
+    }
+    b.body(body).unwrap()
+}
+
+/// A body of unannounced length (sent chunked).
+type Chunked = http_body_util::StreamBody<
+    futures::stream::Iter<
+        std::vec::IntoIter<Result<http_body::Frame<Bytes>, std::convert::Infallible>>,
+    >,
+>;
+
+/// A body of unannounced length (sent chunked) made of `pieces`.
+fn chunked(pieces: Vec<Bytes>) -> Chunked {
+    let frames: Vec<_> = pieces
+        .into_iter()
+        .map(|p| Ok(http_body::Frame::data(p)))
+        .collect();
+    http_body_util::StreamBody::new(futures::stream::iter(frames))
+}
+
+#[tokio::test]
+async fn hmac_auth_validates_the_body_digest() {
+    let (dp, _echo) = serve(
+        vec![
+            route_with(
+                "default/r/body",
+                &["/body*"],
+                "u",
+                vec![plugin(
+                    "hmac-auth",
+                    json!({"validate_request_body": true, "max_req_body_size": 64}),
+                )],
+            ),
+            route_with(
+                "default/r/small",
+                &["/small*"],
+                "u",
+                vec![
+                    plugin(
+                        "hmac-auth",
+                        json!({"validate_request_body": true, "max_req_body_size": 64}),
+                    ),
+                    plugin("client-control", json!({"max_body_size": 16})),
+                ],
+            ),
+            route_with(
+                "default/r/nobody",
+                &["/nobody*"],
+                "u",
+                vec![plugin("hmac-auth", json!({}))],
+            ),
+        ],
+        vec![hmac_consumer("default_jack", "jack-key", "jack-secret")],
+    )
+    .await;
+    let full = |b: &'static [u8]| Full::new(Bytes::from_static(b));
+    let fail = |r: &Resp, why: &str| {
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{why}: {}", r.text());
+        assert_eq!(
+            r.json(),
+            json!({"message": "client request can't be validated"}),
+            "{why}"
+        );
+        assert_eq!(
+            h(r, "www-authenticate"),
+            Some("hmac realm=\"hmac\""),
+            "{why}"
+        );
+        assert!(!from_origin(r), "{why}");
+    };
+    let body: &'static [u8] = br#"{"name": "world"}"#;
+    let good = digest_of(body);
+
+    // A good digest: the upstream gets the body unchanged, Digest included.
+    let r = send_any(
+        dp.addr,
+        signed_post("/body", "jack-secret", Some(&good), full(body)),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    let origin = r.json();
+    assert_eq!(origin["body"], r#"{"name": "world"}"#);
+    assert_eq!(origin["headers"]["content-length"], "17");
+    assert_eq!(origin["headers"]["digest"], good.as_str());
+    // ... chunked too (the digest of all the pieces).
+    let pieces = vec![
+        Bytes::from_static(br#"{"name": "#),
+        Bytes::from_static(br#""world"}"#),
+    ];
+    let r = send_any(
+        dp.addr,
+        signed_post("/body", "jack-secret", Some(&good), chunked(pieces)),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["body"], r#"{"name": "world"}"#);
+    // ... and no body: the digest of nothing.
+    let r = send_any(
+        dp.addr,
+        signed_post("/body", "jack-secret", Some(&digest_of(b"")), full(b"")),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+
+    // A wrong digest; the body changed on the way; another digest syntax; no digest.
+    fail(
+        &send_any(
+            dp.addr,
+            signed_post(
+                "/body",
+                "jack-secret",
+                Some(&digest_of(b"other")),
+                full(body),
+            ),
+        )
+        .await,
+        "wrong digest",
+    );
+    fail(
+        &send_any(
+            dp.addr,
+            signed_post(
+                "/body",
+                "jack-secret",
+                Some(&good),
+                full(br#"{"name": "mallory"}"#),
+            ),
+        )
+        .await,
+        "tampered body",
+    );
+    let lower = good.replace("SHA-256=", "sha-256=");
+    fail(
+        &send_any(
+            dp.addr,
+            signed_post("/body", "jack-secret", Some(&lower), full(body)),
+        )
+        .await,
+        "digest compared as APISIX writes it",
+    );
+    fail(
+        &send_any(
+            dp.addr,
+            signed_post("/body", "jack-secret", None, full(body)),
+        )
+        .await,
+        "missing digest",
+    );
+    // A bad signature fails as such, whatever the body.
+    fail(
+        &send_any(
+            dp.addr,
+            signed_post("/body", "wrong", Some(&good), full(body)),
+        )
+        .await,
+        "bad signature",
+    );
+
+    // Over max_req_body_size (64): 413 with APISIX's message, no challenge; announced
+    // (content-length) or not (chunked).
+    let big = Bytes::from(vec![b'x'; 100]);
+    let big_digest = digest_of(&big);
+    let r = send_any(
+        dp.addr,
+        signed_post(
+            "/body",
+            "jack-secret",
+            Some(&big_digest),
+            Full::new(big.clone()),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"message": "request size 100 is greater than the maximum size 64 allowed"})
+    );
+    assert_eq!(h(&r, "www-authenticate"), None);
+    assert!(!from_origin(&r));
+    let r = send_any(
+        dp.addr,
+        signed_post(
+            "/body",
+            "jack-secret",
+            Some(&big_digest),
+            chunked(vec![big.slice(..50), big.slice(50..)]),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"message": "request size is greater than the maximum size 64 allowed"})
+    );
+    // At the cap, it passes.
+    let at_cap = Bytes::from(vec![b'y'; 64]);
+    let r = send_any(
+        dp.addr,
+        signed_post(
+            "/body",
+            "jack-secret",
+            Some(&digest_of(&at_cap)),
+            Full::new(at_cap),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["body_len"], 64);
+
+    // client-control's smaller limit on a chunked body: client-control's 413.
+    let mid = Bytes::from(vec![b'z'; 32]);
+    let r = send_any(
+        dp.addr,
+        signed_post(
+            "/small",
+            "jack-secret",
+            Some(&digest_of(&mid)),
+            chunked(vec![mid.slice(..16), mid.slice(16..)]),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::PAYLOAD_TOO_LARGE, "{}", r.text());
+    assert_eq!(
+        r.json(),
+        json!({"error_msg": "413 Request Entity Too Large"})
+    );
+
+    // Without validate_request_body, the digest is not looked at.
+    let r = send_any(
+        dp.addr,
+        signed_post(
+            "/nobody",
+            "jack-secret",
+            Some(&digest_of(b"other")),
+            full(body),
+        ),
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK, "{}", r.text());
+    assert_eq!(r.json()["body"], r#"{"name": "world"}"#);
 }
 
 // ---------------------------------------------------------------- api-breaker

@@ -8,6 +8,15 @@
 //! `X-Forwarded-*` ones; hop-by-hop and framing headers are not copied). No other client
 //! header reaches it.
 //!
+//! With `request_method: POST` it gets a `POST` instead, whose body is the client's body,
+//! read whole first (before the service is asked; the upstream then gets the same bytes),
+//! with the client's `Content-Encoding` and a `Content-Length` of its own, as APISIX 3.18
+//! re-frames it. A body over `max_req_body_size` (64 MiB), or over client-control's
+//! smaller `max_body_size`, is answered 413 `{"error_msg":"413 Request Entity Too
+//! Large"}` (client-control's answer) without asking the service; a client that stalls
+//! longer than its body timeout gets 408. With `GET` the body is never read: it streams
+//! to the upstream after the answer.
+//!
 //! - A 2xx answer lets the request go on; each header of `upstream_headers` is set on the
 //!   upstream request from the answer (removed when the answer lacks it, so that a client
 //!   cannot inject it).
@@ -28,14 +37,16 @@ use std::time::{Duration, Instant};
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderName, HeaderValue};
 use http::{HeaderMap, Method, Request, Response, StatusCode, request};
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
-use sluice_plugin_config::forward_auth::{ForwardAuth as Config, Target};
+use sluice_plugin_config::forward_auth::{ForwardAuth as Config, RequestMethod, Target};
 use sluice_plugin_config::vars::Var;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Phases, Plugin, PluginCtx, rejection, vars};
+use super::{
+    BodyRefusal, BuildCtx, Flow, Phases, Plugin, PluginCtx, read_whole_body, rejection, vars,
+};
 use crate::upstream::body::ProxyBody;
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
 
@@ -70,6 +81,8 @@ pub struct ForwardAuth {
     request_headers: Vec<HeaderName>,
     upstream_headers: Vec<HeaderName>,
     client_headers: Vec<HeaderName>,
+    /// `request_method: POST`: the client's body goes along, at most this many bytes.
+    post_body_cap: Option<u64>,
     timeout: Duration,
     allow_degradation: bool,
     status_on_error: StatusCode,
@@ -125,6 +138,8 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
         request_headers: names(&conf.request_headers),
         upstream_headers: names(&conf.upstream_headers),
         client_headers: names(&conf.client_headers),
+        post_body_cap: (conf.request_method == RequestMethod::Post)
+            .then_some(conf.max_req_body_size),
         timeout: Duration::from_millis(conf.timeout),
         allow_degradation: conf.allow_degradation,
         status_on_error: super::status(conf.status_on_error),
@@ -138,11 +153,15 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
 struct Processed;
 
 impl ForwardAuth {
-    /// The request to the service for the client's request `req`.
-    fn auth_request(&self, req: &request::Parts, ctx: &PluginCtx) -> Request<Empty<Bytes>> {
+    /// The head of the request to the service for the client's request `req`.
+    fn auth_request(&self, req: &request::Parts, ctx: &PluginCtx) -> Request<()> {
         let t = &self.client.target;
-        let mut out = Request::new(Empty::new());
-        *out.method_mut() = Method::GET;
+        let mut out = Request::new(());
+        *out.method_mut() = if self.post_body_cap.is_some() {
+            Method::POST
+        } else {
+            Method::GET
+        };
         if let Ok(uri) = t.path_and_query.parse() {
             *out.uri_mut() = uri;
         }
@@ -176,14 +195,34 @@ impl ForwardAuth {
             text(req.uri.path_and_query().map_or("/", |p| p.as_str())),
         );
         set(h, 4, text(&ctx.remote_addr.ip().to_canonical().to_string()));
+        if self.post_body_cap.is_some() {
+            // NB: the body is sent as read, still encoded: the service must know how.
+            h.remove(header::CONTENT_ENCODING);
+            for v in req.headers.get_all(header::CONTENT_ENCODING) {
+                h.append(header::CONTENT_ENCODING, v.clone());
+            }
+        }
         out
     }
 
     fn check<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         ctx.extensions.insert(Processed);
-        let auth = self.auth_request(req, ctx);
         Flow::Pending(Box::pin(async move {
-            let answer = tokio::time::timeout(self.timeout, self.client.call(auth)).await;
+            let body = match self.post_body_cap {
+                None => Bytes::new(),
+                Some(cap) => match read_whole_body(req, ctx, cap, Config::NAME).await {
+                    Ok(body) => body,
+                    Err(BodyRefusal::Answer(resp)) => return Err(resp),
+                    Err(BodyRefusal::TooLarge) => {
+                        return Err(Box::new(rejection(
+                            StatusCode::PAYLOAD_TOO_LARGE,
+                            Some("413 Request Entity Too Large"),
+                        )));
+                    }
+                },
+            };
+            let auth = self.auth_request(req, ctx);
+            let answer = tokio::time::timeout(self.timeout, self.client.call(auth, body)).await;
             let answer = match answer {
                 Ok(Ok(a)) => a,
                 Ok(Err(e)) => return self.unreachable(ctx, &e),
@@ -246,6 +285,10 @@ impl Plugin for ForwardAuth {
         false
     }
 
+    fn reads_body(&self) -> bool {
+        self.post_body_cap.is_some()
+    }
+
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         self.check(req, ctx)
     }
@@ -277,7 +320,7 @@ struct AuthClient {
     keepalive_timeout: Duration,
     pool_max: usize,
     /// Idle connections, most recently used last, with when they went idle.
-    idle: Mutex<Vec<(SendRequest<Empty<Bytes>>, Instant)>>,
+    idle: Mutex<Vec<(SendRequest<Full<Bytes>>, Instant)>>,
 }
 
 impl std::fmt::Debug for AuthClient {
@@ -290,12 +333,12 @@ impl std::fmt::Debug for AuthClient {
 }
 
 impl AuthClient {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SendRequest<Empty<Bytes>>, Instant)>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(SendRequest<Full<Bytes>>, Instant)>> {
         self.idle.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// An idle connection that is still open and fresh, if any.
-    fn checkout(&self) -> Option<SendRequest<Empty<Bytes>>> {
+    fn checkout(&self) -> Option<SendRequest<Full<Bytes>>> {
         let now = Instant::now();
         let mut idle = self.lock();
         while let Some((tx, since)) = idle.pop() {
@@ -306,7 +349,7 @@ impl AuthClient {
         None
     }
 
-    fn checkin(&self, tx: SendRequest<Empty<Bytes>>) {
+    fn checkin(&self, tx: SendRequest<Full<Bytes>>) {
         if !self.keepalive || tx.is_closed() {
             return;
         }
@@ -318,7 +361,7 @@ impl AuthClient {
         idle.push((tx, Instant::now()));
     }
 
-    async fn connect(&self) -> Result<SendRequest<Empty<Bytes>>, String> {
+    async fn connect(&self) -> Result<SendRequest<Full<Bytes>>, String> {
         let tcp = tokio::net::TcpStream::connect(self.dial.as_str())
             .await
             .map_err(|e| format!("connect: {e}"))?;
@@ -345,16 +388,20 @@ impl AuthClient {
         Ok(tx)
     }
 
-    /// Sends `req` on a kept connection, or a new one; a kept connection that fails before
-    /// an answer (the service closed it meanwhile) is retried once on a new connection.
-    async fn call(&self, req: Request<Empty<Bytes>>) -> Result<Answer, String> {
+    /// Sends `head` with `body` on a kept connection, or a new one; a kept connection that
+    /// fails before an answer (the service closed it meanwhile) is retried once on a new
+    /// connection.
+    async fn call(&self, head: Request<()>, body: Bytes) -> Result<Answer, String> {
+        let (parts, ()) = head.into_parts();
         if self.keepalive
             && let Some(mut tx) = self.checkout()
         {
-            let (parts, body) = req.into_parts();
-            let retry = Request::from_parts(parts.clone(), Empty::new());
+            let retry = Request::from_parts(parts.clone(), Full::new(body.clone()));
             if tx.ready().await.is_ok() {
-                match tx.send_request(Request::from_parts(parts, body)).await {
+                match tx
+                    .send_request(Request::from_parts(parts, Full::new(body)))
+                    .await
+                {
                     Ok(resp) => return self.read(tx, resp).await,
                     Err(e) if !e.is_canceled() && !e.is_incomplete_message() => {
                         return Err(format!("request: {e}"));
@@ -364,10 +411,11 @@ impl AuthClient {
             }
             return self.call_new(retry).await;
         }
-        self.call_new(req).await
+        self.call_new(Request::from_parts(parts, Full::new(body)))
+            .await
     }
 
-    async fn call_new(&self, req: Request<Empty<Bytes>>) -> Result<Answer, String> {
+    async fn call_new(&self, req: Request<Full<Bytes>>) -> Result<Answer, String> {
         let mut tx = self.connect().await?;
         tx.ready().await.map_err(|e| format!("connection: {e}"))?;
         let resp = tx
@@ -381,7 +429,7 @@ impl AuthClient {
     /// back to the pool only when the body was read to its end.
     async fn read(
         &self,
-        tx: SendRequest<Empty<Bytes>>,
+        tx: SendRequest<Full<Bytes>>,
         resp: Response<hyper::body::Incoming>,
     ) -> Result<Answer, String> {
         let (parts, mut body) = resp.into_parts();

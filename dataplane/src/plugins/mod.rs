@@ -1047,6 +1047,52 @@ pub fn rejection(code: StatusCode, msg: Option<&str>) -> Response<ProxyBody> {
     }
 }
 
+/// Why [`read_whole_body`] gives no body.
+#[derive(Debug)]
+pub enum BodyRefusal {
+    /// Larger than the plugin's own cap: the plugin answers in its own words (APISIX's
+    /// plugins differ).
+    TooLarge,
+    /// The answer is decided already: client-control's 413 when its smaller
+    /// `max_body_size` was crossed, 408 when the client paused longer than its body
+    /// timeout, 400 when the body broke off, 500 when it was not lent (a bug).
+    Answer(Box<Response<ProxyBody>>),
+}
+
+/// The whole request body for a plugin that reads at most `cap` bytes of it
+/// ([`PluginCtx::read_body`]; the upstream then gets the same bytes). client-control's
+/// limit on a body of unannounced length applies when smaller, answered as client-control
+/// answers it (413). `plugin` names the plugin in the log.
+pub async fn read_whole_body(
+    req: &request::Parts,
+    ctx: &mut PluginCtx,
+    cap: u64,
+    plugin: &'static str,
+) -> Result<Bytes, BodyRefusal> {
+    let outer = req
+        .extensions
+        .get::<crate::upstream::body::BodyLimit>()
+        .map(|l| l.0);
+    let answer = |r: Response<ProxyBody>| Err(BodyRefusal::Answer(Box::new(r)));
+    match ctx.read_body(outer.map_or(cap, |o| o.min(cap))).await {
+        Ok(body) => Ok(body),
+        Err(ReadBodyError::TooLarge(_)) if outer.is_some_and(|o| o <= cap) => answer(rejection(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            Some("413 Request Entity Too Large"),
+        )),
+        Err(ReadBodyError::TooLarge(_)) => Err(BodyRefusal::TooLarge),
+        Err(ReadBodyError::Timeout) => answer(rejection(StatusCode::REQUEST_TIMEOUT, None)),
+        Err(ReadBodyError::Broken(e)) => {
+            tracing::debug!(plugin, error = %e, "the request body broke off");
+            answer(rejection(StatusCode::BAD_REQUEST, None))
+        }
+        Err(ReadBodyError::NotLent) => {
+            tracing::error!(plugin, "bug: the request body was not lent to the plugin");
+            answer(rejection(StatusCode::INTERNAL_SERVER_ERROR, None))
+        }
+    }
+}
+
 /// Removes query argument `name` from the request URI (for `hide_credentials`).
 pub fn remove_query_arg(req: &mut request::Parts, name: &str) {
     let Some(q) = req.uri.query() else {

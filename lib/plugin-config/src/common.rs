@@ -156,6 +156,28 @@ pub fn check_host(host: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Largest request body a plugin may be configured to read (`max_req_body_size` of
+/// request-validation, hmac-auth and forward-auth): Sluice holds the body in memory while
+/// the plugin uses it. 64 MiB, APISIX's default for these plugins.
+pub const MAX_BODY_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// APISIX's default `max_req_body_size` of hmac-auth and forward-auth: 64 MiB.
+pub fn default_max_req_body_size() -> u64 {
+    MAX_BODY_LIMIT
+}
+
+/// Checks a `max_req_body_size`: 1..=[`MAX_BODY_LIMIT`].
+pub fn check_body_size(field: &str, n: u64) -> Result<(), FieldError> {
+    if (1..=MAX_BODY_LIMIT).contains(&n) {
+        Ok(())
+    } else {
+        Err(FieldError::new(
+            field,
+            format!("{n} is out of range 1..={MAX_BODY_LIMIT} (Sluice holds the body in memory)"),
+        ))
+    }
+}
+
 /// Checks an HTTP status code for a rejection (`rejected_code`): 200–599 as APISIX.
 pub fn check_status(field: &str, code: u16) -> Result<(), FieldError> {
     if (200..=599).contains(&code) {

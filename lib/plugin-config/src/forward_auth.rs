@@ -11,8 +11,8 @@ pub enum RequestMethod {
     #[default]
     #[serde(rename = "GET")]
     Get,
-    /// `POST`: APISIX sends the client's body along. Refused by [`ForwardAuth::check`]:
-    /// Sluice's plugins do not see the request body.
+    /// `POST`: the client's body (at most [`ForwardAuth::max_req_body_size`] bytes) goes
+    /// along, with the client's `Content-Encoding`.
     #[serde(rename = "POST")]
     Post,
 }
@@ -26,9 +26,13 @@ pub struct ForwardAuth {
     /// Verify the service's TLS certificate; default true.
     #[serde(default = "common::yes")]
     pub ssl_verify: bool,
-    /// `GET` (default) or `POST` (refused: see [`RequestMethod::Post`]).
+    /// `GET` (default) or `POST` (the client's body goes along).
     #[serde(default)]
     pub request_method: RequestMethod,
+    /// With `POST`, the largest client body read and sent to the service, bytes,
+    /// 1..=64 MiB; a larger one is answered 413. Default 64 MiB (APISIX's).
+    #[serde(default = "common::default_max_req_body_size")]
+    pub max_req_body_size: u64,
     /// Client request headers sent to the service; default none (only the
     /// `X-Forwarded-*` headers Sluice sets).
     #[serde(default)]
@@ -102,11 +106,10 @@ impl PluginSchema for ForwardAuth {
     fn check(&self) -> Result<(), FieldError> {
         self.target()?;
         if self.request_method == RequestMethod::Post {
-            return Err(FieldError::new(
-                "request_method",
-                "POST (which sends the request body to the authorization service) is not \
-                 supported by Sluice yet: its plugins do not see the request body; use GET",
-            ));
+            common::check_body_size("max_req_body_size", self.max_req_body_size)?;
+        } else if self.max_req_body_size == 0 {
+            // NB: unused with GET; only APISIX's minimum applies.
+            return Err(FieldError::new("max_req_body_size", "must be at least 1"));
         }
         check_names("request_headers", &self.request_headers)?;
         check_names("upstream_headers", &self.upstream_headers)?;
@@ -131,6 +134,7 @@ impl PluginSchema for ForwardAuth {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::common::MAX_BODY_LIMIT;
     use crate::{parse, validate};
     use serde_json::json;
 
@@ -139,6 +143,7 @@ mod tests {
         let c: ForwardAuth = parse(&json!({"uri": "http://auth.default:8080/verify?x=1"})).unwrap();
         assert!(c.ssl_verify && c.keepalive && !c.allow_degradation);
         assert_eq!(c.request_method, RequestMethod::Get);
+        assert_eq!(c.max_req_body_size, 64 << 20);
         assert_eq!(
             (
                 c.timeout,
@@ -210,16 +215,34 @@ mod tests {
                 "{conf}"
             );
         }
-        let e = validate(
-            "forward-auth",
-            &json!({"uri": "http://a/", "request_method": "POST"}),
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(
-            e.contains("request_method: POST") && e.ends_with("use GET"),
-            "{e}"
+        let c: ForwardAuth =
+            parse(&json!({"uri": "http://a/", "request_method": "POST", "max_req_body_size": 10}))
+                .unwrap();
+        assert_eq!(
+            (c.request_method, c.max_req_body_size),
+            (RequestMethod::Post, 10)
         );
+        for n in [0, MAX_BODY_LIMIT + 1] {
+            let e = validate(
+                "forward-auth",
+                &json!({"uri": "http://a/", "request_method": "POST", "max_req_body_size": n}),
+            )
+            .unwrap_err()
+            .to_string();
+            assert_eq!(
+                e,
+                format!(
+                    "plugin \"forward-auth\": max_req_body_size: {n} is out of range \
+                     1..=67108864 (Sluice holds the body in memory)"
+                )
+            );
+        }
+        // With GET the body is not read: only APISIX's minimum applies.
+        validate(
+            "forward-auth",
+            &json!({"uri": "http://a/", "max_req_body_size": MAX_BODY_LIMIT + 1}),
+        )
+        .unwrap();
         let e = validate(
             "forward-auth",
             &json!({"uri": "http://a/", "request_method": "PUT"}),

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use crate::key_auth::http_token;
-use crate::{ConsumerSchema, FieldError, PluginSchema};
+use crate::{ConsumerSchema, FieldError, PluginSchema, common};
 
 /// An HMAC algorithm of `hmac-auth`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
@@ -43,12 +43,13 @@ pub struct HmacAuth {
     /// Headers every signature must cover; default `["date"]`.
     #[serde(default = "default_signed_headers")]
     pub signed_headers: Vec<String>,
-    /// Check the `Digest` header against the body (rejected: Sluice's plugins do not
-    /// read request bodies yet); default false.
+    /// Check the `Digest: SHA-256=<base64>` header against the request body (after the
+    /// signature); default false.
     #[serde(default)]
     pub validate_request_body: bool,
-    /// Largest body read for `validate_request_body`; default 64 MiB.
-    #[serde(default = "default_max_req_body_size")]
+    /// Largest body read for `validate_request_body`, bytes, 1..=64 MiB; a larger one is
+    /// answered 413. Default 64 MiB (APISIX's).
+    #[serde(default = "common::default_max_req_body_size")]
     pub max_req_body_size: u64,
     /// Remove `Authorization` before proxying; default false.
     #[serde(default)]
@@ -74,9 +75,6 @@ fn default_clock_skew() -> u64 {
 fn default_signed_headers() -> Vec<String> {
     vec!["date".into()]
 }
-fn default_max_req_body_size() -> u64 {
-    64 << 20
-}
 fn default_realm() -> String {
     "hmac".into()
 }
@@ -101,15 +99,11 @@ impl PluginSchema for HmacAuth {
                 ));
             }
         }
-        if self.max_req_body_size == 0 {
-            return Err(FieldError::new("max_req_body_size", "must be at least 1"));
-        }
         if self.validate_request_body {
-            return Err(FieldError::new(
-                "validate_request_body",
-                "not supported yet (Sluice's plugins cannot read the request body); the \
-                 route is rejected rather than served without checking the Digest",
-            ));
+            common::check_body_size("max_req_body_size", self.max_req_body_size)?;
+        } else if self.max_req_body_size == 0 {
+            // NB: unused without validate_request_body; only APISIX's minimum applies.
+            return Err(FieldError::new("max_req_body_size", "must be at least 1"));
         }
         if self.anonymous_consumer.is_some() {
             return Err(FieldError::new("anonymous_consumer", "not supported yet"));
@@ -215,11 +209,25 @@ mod tests {
             ),
             "{e}"
         );
-        let e = validate("hmac-auth", &json!({"validate_request_body": true})).unwrap_err();
-        assert!(
-            e.to_string()
-                .starts_with("plugin \"hmac-auth\": validate_request_body: not supported yet"),
-            "{e}"
+        validate(
+            "hmac-auth",
+            &json!({"validate_request_body": true, "max_req_body_size": 1024}),
+        )
+        .unwrap();
+        let e = validate(
+            "hmac-auth",
+            &json!({"validate_request_body": true, "max_req_body_size": (64 << 20) + 1}),
+        )
+        .unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "plugin \"hmac-auth\": max_req_body_size: 67108865 is out of range 1..=67108864 \
+             (Sluice holds the body in memory)"
+        );
+        let e = validate("hmac-auth", &json!({"max_req_body_size": 0})).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "plugin \"hmac-auth\": max_req_body_size: must be at least 1"
         );
     }
 

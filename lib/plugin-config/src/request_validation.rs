@@ -10,7 +10,7 @@ use crate::{FieldError, PluginSchema, common};
 pub const DEFAULT_MAX_BODY: u64 = 1024 * 1024;
 
 /// Largest `max_req_body_size` accepted: the body is held in memory while it is checked.
-pub const MAX_BODY_LIMIT: u64 = 64 * 1024 * 1024;
+pub use crate::common::MAX_BODY_LIMIT;
 
 /// Largest compiled program of one `pattern` (`regex` crate size limit).
 const PATTERN_SIZE_LIMIT: usize = 1 << 20;
@@ -135,15 +135,8 @@ impl PluginSchema for RequestValidation {
         }
         self.compiled_header_schema()?;
         self.compiled_body_schema()?;
-        if let Some(n) = self.max_req_body_size
-            && !(1..=MAX_BODY_LIMIT).contains(&n)
-        {
-            return Err(FieldError::new(
-                "max_req_body_size",
-                format!(
-                    "{n} is out of range 1..={MAX_BODY_LIMIT} (Sluice holds the body in memory)"
-                ),
-            ));
+        if let Some(n) = self.max_req_body_size {
+            common::check_body_size("max_req_body_size", n)?;
         }
         common::check_status("rejected_code", self.rejected_code)?;
         common::check_msg("rejected_msg", self.rejected_msg.as_ref())?;
