@@ -632,3 +632,108 @@ async fn the_consumer_and_requests_a_plugin_answered_are_logged() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(logs.batches().len(), 1, "not in the route's logger");
 }
+
+/// Sends `body` chunked (no `Content-Length`) on a new connection; returns the response's
+/// status line.
+async fn post_chunked(addr: SocketAddr, path: &str, body: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = format!(
+        "POST {path} HTTP/1.1\r\nhost: example.com\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n"
+    )
+    .into_bytes();
+    for chunk in body.chunks(5) {
+        req.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        req.extend_from_slice(chunk);
+        req.extend_from_slice(b"\r\n");
+    }
+    req.extend_from_slice(b"0\r\n\r\n");
+    s.write_all(&req).await.unwrap();
+    let mut out = Vec::new();
+    s.read_to_end(&mut out).await.unwrap();
+    String::from_utf8_lossy(&out)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn include_req_body_logs_the_first_bytes_and_the_upstream_and_a_mirror_get_all() {
+    let logs = LogServer::start().await;
+    let mirror = LogServer::start().await;
+    let (dp, _echo) = serve(vec![
+        plugin(
+            "http-logger",
+            json!({"uri": logs.uri("/"), "batch_max_size": 1,
+                   "include_req_body": true, "max_req_body_bytes": 8}),
+        ),
+        plugin(
+            "proxy-mirror",
+            json!({"host": format!("http://{}", mirror.addr)}),
+        ),
+    ])
+    .await;
+    // A sized body longer than the cap: cut in the log, whole upstream and at the mirror.
+    let body = "hello world, whole upstream";
+    let req = Request::post("/upload")
+        .header("host", "example.com")
+        .body(Full::new(Bytes::from_static(body.as_bytes())))
+        .unwrap();
+    let r = send(dp.addr, req).await;
+    assert_eq!(r.status, StatusCode::OK);
+    assert_eq!(r.json()["body"], body, "the upstream got every byte");
+    let e = logs.wait_for(1).await[0].json();
+    assert_eq!(
+        e["request"]["body"], "hello wo",
+        "cut at max_req_body_bytes"
+    );
+    let m = mirror.wait_for(1).await;
+    assert_eq!(
+        m[0].body, body,
+        "the mirror's copy is whole, beside the log's"
+    );
+
+    // Chunked, shorter than the cap: the whole body is logged.
+    assert!(
+        post_chunked(dp.addr, "/small", b"tiny")
+            .await
+            .contains("200")
+    );
+    let e = logs.wait_for(2).await[1].json();
+    assert_eq!(e["request"]["uri"], "/small");
+    assert_eq!(e["request"]["body"], "tiny");
+
+    // Chunked and longer than the cap: cut, and the upstream still gets it all.
+    assert!(
+        post_chunked(dp.addr, "/big", b"0123456789abcdef0123")
+            .await
+            .contains("200")
+    );
+    let e = logs.wait_for(3).await[2].json();
+    assert_eq!(e["request"]["body"], "01234567");
+
+    // Without a body there is no `request.body`, as in APISIX.
+    let r = get(dp.addr, "example.com", "/nobody").await;
+    assert_eq!(r.status, StatusCode::OK);
+    let e = logs.wait_for(4).await[3].json();
+    assert_eq!(e["request"]["uri"], "/nobody");
+    assert!(e["request"].get("body").is_none(), "{e}");
+}
+
+#[tokio::test]
+async fn without_include_req_body_no_body_is_logged() {
+    let logs = LogServer::start().await;
+    let (dp, _echo) = serve(vec![plugin(
+        "http-logger",
+        json!({"uri": logs.uri("/"), "batch_max_size": 1}),
+    )])
+    .await;
+    let req = Request::post("/upload")
+        .header("host", "example.com")
+        .body(Full::new(Bytes::from_static(b"secret form")))
+        .unwrap();
+    assert_eq!(send(dp.addr, req).await.status, StatusCode::OK);
+    let e = logs.wait_for(1).await[0].json();
+    assert!(e["request"].get("body").is_none(), "{e}");
+}

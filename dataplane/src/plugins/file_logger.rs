@@ -49,7 +49,10 @@ pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigErr
         Config::NAME,
         Config::PRIORITY,
         format,
-        conf.include_resp_body.then_some(conf.max_resp_body_bytes),
+        (
+            conf.include_req_body.then_some(conf.max_req_body_bytes),
+            conf.include_resp_body.then_some(conf.max_resp_body_bytes),
+        ),
         batcher,
     )))
 }

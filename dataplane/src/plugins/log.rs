@@ -472,6 +472,8 @@ pub struct EntryOptions {
     pub format: Option<LogFormat>,
     /// Most response-body bytes logged, when `include_resp_body`.
     pub resp_body: Option<usize>,
+    /// Most request-body bytes logged, when `include_req_body`.
+    pub req_body: Option<usize>,
 }
 
 /// A logger plugin on one route (http-logger, file-logger): the log phase builds the
@@ -486,21 +488,24 @@ pub struct Logger {
 }
 
 impl Logger {
-    /// The plugin `name` at `priority`, logging to `batcher`. `resp_body`: the most
-    /// response-body bytes logged (`include_resp_body` with `max_resp_body_bytes`).
+    /// The plugin `name` at `priority`, logging to `batcher`. `bodies`: the most
+    /// request- and response-body bytes logged (`include_req_body` with
+    /// `max_req_body_bytes`, `include_resp_body` with `max_resp_body_bytes`).
     pub fn new(
         name: &'static str,
         priority: i32,
         format: Option<LogFormat>,
-        resp_body: Option<u64>,
+        bodies: (Option<u64>, Option<u64>),
         batcher: Arc<Batcher>,
     ) -> Self {
+        let size = |n: u64| usize::try_from(n).unwrap_or(usize::MAX);
         Logger {
             name,
             priority,
             opts: EntryOptions {
                 format,
-                resp_body: resp_body.map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                req_body: bodies.0.map(size),
+                resp_body: bodies.1.map(size),
             },
             batcher,
         }
@@ -517,7 +522,17 @@ impl super::Plugin for Logger {
     }
 
     fn phases(&self) -> super::Phases {
-        super::Phases::NONE
+        if self.opts.req_body.is_some() {
+            super::Phases::BEFORE_PROXY
+        } else {
+            super::Phases::NONE
+        }
+    }
+
+    fn before_proxy(&self, req: &mut request::Parts, ctx: &mut PluginCtx) {
+        if let Some(cap) = self.opts.req_body {
+            tee_request_body(cap, req, ctx);
+        }
     }
 
     fn response_headers(&self, resp: &mut http::response::Parts, ctx: &mut PluginCtx) {
@@ -537,6 +552,9 @@ impl super::Plugin for Logger {
     }
 
     fn log(&self, ctx: &mut PluginCtx) {
+        if self.opts.req_body.is_some() {
+            resolve_request_body(ctx);
+        }
         self.batcher.push(entry(ctx, &self.opts));
     }
 }
@@ -604,6 +622,48 @@ pub fn tee_response_body(cap: usize, ctx: &mut PluginCtx) -> Option<Box<dyn Body
         cap,
     });
     Some(Box::new(Tee))
+}
+
+/// The copy of the request body the loggers of a request share (the first logger with
+/// `include_req_body` asks for it, with its cap): waiting for the body to end, then its
+/// first bytes, or none (the body did not end, or the request never went upstream).
+#[derive(Debug, Clone)]
+enum RequestBodyCopy {
+    Waiting(Arc<std::sync::Mutex<Option<TapReceiver>>>),
+    Done(Option<Bytes>),
+}
+
+type TapReceiver = tokio::sync::oneshot::Receiver<crate::upstream::request_body::TapResult>;
+
+/// Asks for the first `cap` bytes of the request body as it streams upstream (once per
+/// request).
+fn tee_request_body(cap: usize, req: &mut request::Parts, ctx: &mut PluginCtx) {
+    if ctx.extensions.get::<RequestBodyCopy>().is_some() {
+        return;
+    }
+    let (tap, rx) = crate::upstream::request_body::BodyTap::truncating(cap);
+    tap.attach(&mut req.extensions);
+    ctx.extensions
+        .insert(RequestBodyCopy::Waiting(Arc::new(std::sync::Mutex::new(
+            Some(rx),
+        ))));
+}
+
+/// The log phase: the body's copy, if the body has ended (an empty body is none, as
+/// APISIX logs no `request.body` without one).
+fn resolve_request_body(ctx: &mut PluginCtx) {
+    let Some(RequestBodyCopy::Waiting(rx)) = ctx.extensions.get::<RequestBodyCopy>() else {
+        return;
+    };
+    let rx = match rx.lock() {
+        Ok(mut g) => g.take(),
+        Err(p) => p.into_inner().take(),
+    };
+    let body = rx
+        .and_then(|mut rx| rx.try_recv().ok())
+        .and_then(Result::ok)
+        .filter(|b| !b.is_empty());
+    ctx.extensions.insert(RequestBodyCopy::Done(body));
 }
 
 /// The log entry of the request of `ctx`, as JSON text.
@@ -734,6 +794,8 @@ struct Consumer<'a> {
 #[derive(serde::Serialize)]
 struct Req<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<Lossy<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
     headers: Option<Headers<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     method: Option<&'a str>,
@@ -816,6 +878,12 @@ fn full<'a>(ctx: &'a PluginCtx, opts: &EntryOptions, end: Instant) -> Full<'a> {
         consumer: ctx.consumer_name().map(|username| Consumer { username }),
         latency: ms(latency),
         request: Req {
+            body: match (opts.req_body, ctx.extensions.get::<RequestBodyCopy>()) {
+                (Some(cap), Some(RequestBodyCopy::Done(Some(b)))) => {
+                    Some(Lossy(&b[..b.len().min(cap)]))
+                }
+                _ => None,
+            },
             headers: head.map(|req| Headers(&req.headers)),
             method: head.map(|req| req.method.as_str()),
             querystring: head.map(|req| query(req.uri.query())),

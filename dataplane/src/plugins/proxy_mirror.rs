@@ -237,7 +237,7 @@ impl Plugin for ProxyMirror {
             return;
         };
         let (tap, body) = BodyTap::new(MAX_MIRROR_BODY);
-        req.extensions.insert(tap);
+        tap.attach(&mut req.extensions);
         let client = Arc::clone(&self.client);
         let metrics = Arc::clone(&self.metrics);
         tokio::spawn(async move {

@@ -32,7 +32,7 @@ use crate::upstream::balancer::request_hash;
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
 use crate::upstream::failover::Picked;
-use crate::upstream::request_body::{BodyTap, RequestBody};
+use crate::upstream::request_body::{BodyTaps, RequestBody};
 
 /// The plugin state of a request on a route with plugins, and its chain (which lives as
 /// long as the route table).
@@ -120,12 +120,14 @@ async fn proxy<'t>(
                 Ok(picked) => picked,
                 Err(answer) => return Ok(answer),
             };
-            // A plugin wants a copy of the body as it streams (proxy-mirror); never of an
+            // Plugins want copies of the body as it streams (proxy-mirror, loggers); never of an
             // upgraded session's bytes (the tap is dropped: no copy).
-            if let Some(tap) = parts.extensions.remove::<BodyTap>()
+            if let Some(BodyTaps(taps)) = parts.extensions.remove::<BodyTaps>()
                 && !upgrade
             {
-                body = body.tap(tap);
+                for tap in taps {
+                    body = body.tap(tap);
+                }
             }
             picked
         }

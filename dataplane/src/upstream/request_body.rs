@@ -1,6 +1,7 @@
 //! The request body sent upstream: the client's, streamed as it arrives; or one a plugin
-//! read whole during the request phases (request-validation); or the client's with a
-//! bounded copy taken as it streams past ([`BodyTap`], proxy-mirror).
+//! read whole during the request phases (request-validation); or the client's with
+//! bounded copies taken as it streams past ([`BodyTap`]: proxy-mirror's whole body, a
+//! logger's first bytes).
 //!
 //! Every form streams to the upstream unchanged; none buffers more than its cap.
 
@@ -36,8 +37,9 @@ impl RequestBody {
         RequestBody::Full(None)
     }
 
-    /// `self` with a copy of its bytes handed to `tap` when it ends; the copy is given up
-    /// (and the tap told so) as soon as it would grow past the tap's cap.
+    /// `self` with a copy of its bytes handed to `tap` when it ends. A whole-body tap
+    /// gives the copy up (and is told so) as soon as it would grow past its cap; a
+    /// truncating one gets the first `cap` bytes.
     pub fn tap(self, tap: BodyTap) -> Self {
         match self {
             RequestBody::Incoming(inner) => {
@@ -45,7 +47,7 @@ impl RequestBody {
                     tap.finish(Bytes::new());
                     return RequestBody::Incoming(inner);
                 }
-                if inner.size_hint().lower() > tap.cap as u64 {
+                if !tap.truncate && inner.size_hint().lower() > tap.cap as u64 {
                     // NB: announced too large: no copy at all.
                     tap.give_up(TapLoss::TooLarge);
                     return RequestBody::Incoming(inner);
@@ -53,23 +55,26 @@ impl RequestBody {
                 RequestBody::Tee(Box::new(Tee {
                     inner,
                     copy: BytesMut::new(),
-                    tap: Some(tap),
+                    seen: 0,
+                    taps: vec![tap],
                 }))
             }
             RequestBody::Full(data) => {
                 let bytes = data.clone().unwrap_or_default();
-                if bytes.len() > tap.cap {
-                    tap.give_up(TapLoss::TooLarge);
-                } else {
+                if bytes.len() <= tap.cap {
                     tap.finish(bytes);
+                } else if tap.truncate {
+                    tap.finish(bytes.slice(..tap.cap));
+                } else {
+                    tap.give_up(TapLoss::TooLarge);
                 }
                 RequestBody::Full(data)
             }
             RequestBody::Tee(mut tee) => {
-                // A second tap on one body: not made by any plugin; the first one wins.
-                if tee.tap.is_none() {
-                    tee.tap = Some(tap);
+                if tee.seen == 0 {
+                    tee.taps.push(tap);
                 } else {
+                    // NB: taps are all set before the body streams; never reached.
                     tap.give_up(TapLoss::Incomplete);
                 }
                 RequestBody::Tee(tee)
@@ -78,20 +83,55 @@ impl RequestBody {
     }
 }
 
-/// The client's body with a bounded copy.
+/// The client's body with bounded copies.
 #[derive(Debug)]
 pub struct Tee {
     inner: Incoming,
+    /// The first bytes, as many as the largest cap of the taps still waiting.
     copy: BytesMut,
-    tap: Option<BodyTap>,
+    /// Bytes that streamed past.
+    seen: usize,
+    taps: Vec<BodyTap>,
+}
+
+impl Tee {
+    fn data(&mut self, data: &[u8]) {
+        self.seen = self.seen.saturating_add(data.len());
+        let seen = self.seen;
+        self.taps.retain(|tap| {
+            let keep = tap.truncate || seen <= tap.cap;
+            if !keep {
+                tap.give_up(TapLoss::TooLarge);
+            }
+            keep
+        });
+        let limit = self.taps.iter().map(|t| t.cap).max().unwrap_or(0);
+        let room = limit.saturating_sub(self.copy.len());
+        self.copy.extend_from_slice(&data[..data.len().min(room)]);
+        if self.copy.len() > limit {
+            self.copy.truncate(limit);
+        }
+    }
+
+    fn end(&mut self) {
+        let copy = std::mem::take(&mut self.copy).freeze();
+        for tap in self.taps.drain(..) {
+            tap.finish(copy.slice(..copy.len().min(tap.cap)));
+        }
+    }
+
+    fn fail(&mut self) {
+        self.copy = BytesMut::new();
+        for tap in self.taps.drain(..) {
+            tap.give_up(TapLoss::Incomplete);
+        }
+    }
 }
 
 impl Drop for Tee {
     fn drop(&mut self) {
-        if let Some(tap) = self.tap.take() {
-            // The body did not end (the client went away, the upstream failed mid-body).
-            tap.give_up(TapLoss::Incomplete);
-        }
+        // The body did not end (the client went away, the upstream failed mid-body).
+        self.fail();
     }
 }
 
@@ -110,28 +150,14 @@ impl Body for RequestBody {
                 let polled = Pin::new(&mut tee.inner).poll_frame(cx);
                 match &polled {
                     Poll::Ready(Some(Ok(frame))) => {
-                        if let (Some(data), Some(tap)) = (frame.data_ref(), tee.tap.as_ref()) {
-                            if tee.copy.len() + data.len() > tap.cap {
-                                tee.copy = BytesMut::new();
-                                if let Some(tap) = tee.tap.take() {
-                                    tap.give_up(TapLoss::TooLarge);
-                                }
-                            } else {
-                                tee.copy.extend_from_slice(data);
-                            }
+                        if let Some(data) = frame.data_ref()
+                            && !tee.taps.is_empty()
+                        {
+                            tee.data(data);
                         }
                     }
-                    Poll::Ready(None) => {
-                        if let Some(tap) = tee.tap.take() {
-                            tap.finish(std::mem::take(&mut tee.copy).freeze());
-                        }
-                    }
-                    Poll::Ready(Some(Err(_))) => {
-                        tee.copy = BytesMut::new();
-                        if let Some(tap) = tee.tap.take() {
-                            tap.give_up(TapLoss::Incomplete);
-                        }
-                    }
+                    Poll::Ready(None) => tee.end(),
+                    Poll::Ready(Some(Err(_))) => tee.fail(),
                     Poll::Pending => {}
                 }
                 polled
@@ -168,6 +194,11 @@ pub enum TapLoss {
     Incomplete,
 }
 
+/// The taps the request phases asked for ([`BodyTap::attach`]), in the request's
+/// extensions.
+#[derive(Debug, Clone, Default)]
+pub struct BodyTaps(pub Vec<BodyTap>);
+
 /// What a tap's owner receives: the whole body, or why there is none.
 pub type TapResult = Result<Bytes, TapLoss>;
 
@@ -177,10 +208,13 @@ pub type TapResult = Result<Bytes, TapLoss>;
 /// been read to its end by the upstream exchange, never earlier, so that the client's body
 /// streams upstream without waiting for the copy.
 ///
-/// NB: the request path honours one tap per request.
+/// Several taps may share one body (a mirror and a logger): it is copied once, up to the
+/// largest cap.
 #[derive(Debug, Clone)]
 pub struct BodyTap {
     cap: usize,
+    /// The first `cap` bytes of any body (a logger), instead of none of a larger one.
+    truncate: bool,
     tx: Arc<Mutex<Option<tokio::sync::oneshot::Sender<TapResult>>>>,
 }
 
@@ -192,10 +226,30 @@ impl BodyTap {
         (
             BodyTap {
                 cap,
+                truncate: false,
                 tx: Arc::new(Mutex::new(Some(tx))),
             },
             rx,
         )
+    }
+
+    /// A tap of the first `cap` bytes of the body, whatever its length (a logger's
+    /// `include_req_body` with `max_req_body_bytes`), and the receiver of its result.
+    pub fn truncating(cap: usize) -> (Self, tokio::sync::oneshot::Receiver<TapResult>) {
+        let (mut tap, rx) = BodyTap::new(cap);
+        tap.truncate = true;
+        (tap, rx)
+    }
+
+    /// Asks the request path for this copy of the request body of `req`: taps are kept
+    /// in its extensions until the body goes upstream.
+    pub fn attach(self, req: &mut http::Extensions) {
+        match req.get_mut::<BodyTaps>() {
+            Some(taps) => taps.0.push(self),
+            None => {
+                req.insert(BodyTaps(vec![self]));
+            }
+        }
     }
 
     fn send(&self, result: TapResult) {
@@ -236,5 +290,14 @@ mod tests {
         let (tap, rx) = BodyTap::new(4);
         let _ = RequestBody::Full(Some(Bytes::from_static(b"hello"))).tap(tap);
         assert_eq!(rx.await.unwrap(), Err(TapLoss::TooLarge));
+
+        // A truncating tap (a logger) gets the first bytes instead, beside a whole one.
+        let (cut, cut_rx) = BodyTap::truncating(4);
+        let (whole, whole_rx) = BodyTap::new(5);
+        let _ = RequestBody::Full(Some(Bytes::from_static(b"hello")))
+            .tap(cut)
+            .tap(whole);
+        assert_eq!(cut_rx.await.unwrap(), Ok(Bytes::from_static(b"hell")));
+        assert_eq!(whole_rx.await.unwrap(), Ok(Bytes::from_static(b"hello")));
     }
 }

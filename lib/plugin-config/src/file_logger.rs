@@ -16,10 +16,11 @@ pub struct FileLogger {
     /// A custom entry instead of APISIX's full one; default none.
     #[serde(default)]
     pub log_format: Option<Value>,
-    /// Refused (Sluice's plugins do not see the request body); default false.
+    /// Log the request body, its first `max_req_body_bytes` (copied as it streams
+    /// upstream); default false.
     #[serde(default)]
     pub include_req_body: bool,
-    /// Refused (see `include_req_body`).
+    /// Refused: not supported yet.
     #[serde(default)]
     pub include_req_body_expr: Option<Value>,
     /// Log the response body, at most `max_resp_body_bytes` of it; default false.
@@ -97,7 +98,6 @@ impl PluginSchema for FileLogger {
             return Err(FieldError::new("match", "is not supported by Sluice yet"));
         }
         check_bodies(
-            self.include_req_body,
             self.include_req_body_expr.as_ref(),
             self.include_resp_body_expr.as_ref(),
             self.max_req_body_bytes,

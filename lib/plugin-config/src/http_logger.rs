@@ -35,10 +35,11 @@ pub struct HttpLogger {
     /// A custom entry instead of APISIX's full one (see [`LogFormat`]); default none.
     #[serde(default)]
     pub log_format: Option<Value>,
-    /// Log the request body: refused (Sluice's plugins do not see it); default false.
+    /// Log the request body, its first `max_req_body_bytes` (copied as it streams
+    /// upstream); default false.
     #[serde(default)]
     pub include_req_body: bool,
-    /// Refused (see `include_req_body`).
+    /// Refused: not supported yet.
     #[serde(default)]
     pub include_req_body_expr: Option<Value>,
     /// Log the response body, at most `max_resp_body_bytes` of it; default false.
@@ -135,7 +136,6 @@ impl PluginSchema for HttpLogger {
         }
         self.format()?;
         check_bodies(
-            self.include_req_body,
             self.include_req_body_expr.as_ref(),
             self.include_resp_body_expr.as_ref(),
             self.max_req_body_bytes,
@@ -257,13 +257,21 @@ mod tests {
                 "{conf}"
             );
         }
+        validate(
+            "http-logger",
+            &json!({"uri": "http://a/", "include_req_body": true, "max_req_body_bytes": 16}),
+        )
+        .unwrap();
         let e = validate(
             "http-logger",
-            &json!({"uri": "http://a/", "include_req_body": true}),
+            &json!({"uri": "http://a/", "include_req_body": true, "include_req_body_expr": [["arg_a", "==", "1"]]}),
         )
         .unwrap_err()
         .to_string();
-        assert!(e.starts_with("plugin \"http-logger\": include_req_body: is not supported"));
+        assert!(
+            e.starts_with("plugin \"http-logger\": include_req_body_expr: is not supported"),
+            "{e}"
+        );
         let e = validate("http-logger", &json!({"uri": "http://a/", "bogus": 1}))
             .unwrap_err()
             .to_string();

@@ -135,23 +135,15 @@ fn compile_at(field: &str, value: &Value, depth: usize) -> Result<LogFormat, Fie
 
 /// Checks the body options shared by the loggers.
 pub fn check_bodies(
-    include_req_body: bool,
     include_req_body_expr: Option<&Value>,
     include_resp_body_expr: Option<&Value>,
     max_req_body_bytes: u64,
     max_resp_body_bytes: u64,
 ) -> Result<(), FieldError> {
-    if include_req_body {
-        return Err(FieldError::new(
-            "include_req_body",
-            "is not supported by Sluice yet: the request body streams to the upstream \
-             untouched and plugins do not see it",
-        ));
-    }
     if include_req_body_expr.is_some() {
         return Err(FieldError::new(
             "include_req_body_expr",
-            "is not supported by Sluice yet (nor is include_req_body)",
+            "is not supported by Sluice yet; include_req_body logs every request's body",
         ));
     }
     if include_resp_body_expr.is_some() {
