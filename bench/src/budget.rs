@@ -54,8 +54,10 @@ const SINK_MAX_BODY: usize = 256 * 1024 * 1024;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum BudgetScenario {
-    /// http-logger (and later opentelemetry) on the route, with and without.
+    /// http-logger and opentelemetry (always_on) on the route, with and without.
     Logger,
+    /// opentelemetry with sampling off on the route, with and without.
+    TracingOff,
     /// forward-auth against nginx's auth_request.
     ForwardAuth,
 }
@@ -65,6 +67,7 @@ impl BudgetScenario {
     pub fn name(self) -> &'static str {
         match self {
             BudgetScenario::Logger => "logger",
+            BudgetScenario::TracingOff => "tracing-off",
             BudgetScenario::ForwardAuth => "forward-auth",
         }
     }
@@ -873,7 +876,7 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
     let mut measurements = Vec::new();
     let plugins;
     match opts.scenario {
-        BudgetScenario::Logger => {
+        BudgetScenario::Logger | BudgetScenario::TracingOff => {
             let sink = LogSink::start()?;
             // NB: the opentelemetry plugin's collector: a second sink, which answers every
             // OTLP export 200 (its bodies are protobuf, counted as unreadable batches).
@@ -893,7 +896,7 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
             let without_yaml = route_yaml(&base, &[]).map_err(BenchError::Usage)?;
             let wait = flush_wait(&plugins);
             for round in 1..=opts.repeat {
-                eprintln!("sluice-bench suite logger: round {round}");
+                eprintln!("sluice-bench suite {}: round {round}", opts.scenario.name());
                 let with_first = round % 2 == 1;
                 let md = metadata.as_ref();
                 let (with, without) = if with_first {
@@ -951,7 +954,33 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
             let total: u64 = sink_rounds.iter().map(|s| s.entries_received).sum();
             let served: u64 = sink_rounds.iter().map(|s| s.requests).sum();
             let dropped: u64 = sink_rounds.iter().map(|s| s.entries_dropped).sum();
-            checks.push(Check {
+            let spans: u64 = sink_rounds.iter().map(|s| s.spans_exported).sum();
+            let exports: u64 = sink_rounds.iter().map(|s| s.otlp_exports).sum();
+            if let Some(sampler) = plugins
+                .iter()
+                .find(|p| p.name == "opentelemetry")
+                .map(|p| p.config["sampler"]["name"].as_str().unwrap_or("always_off"))
+            {
+                let (ok, want) = match sampler {
+                    "always_on" => (
+                        spans as f64 >= 0.99 * served as f64 && exports > 0,
+                        "a span per request",
+                    ),
+                    "always_off" => (spans == 0 && exports == 0, "no span (sampling off)"),
+                    _ => (true, "spans as sampled"),
+                };
+                checks.push(Check {
+                    what: format!("the collector received {want}"),
+                    ok,
+                    detail: format!(
+                        "{spans} spans exported in {exports} OTLP exports for {served} requests (sampler {sampler})"
+                    ),
+                });
+            }
+            if !plugins.iter().any(|p| p.name.ends_with("-logger")) {
+                // NB: no logger on the route (tracing-off): nothing for the log sink.
+            } else {
+                checks.push(Check {
                 what: "the log sink received the entries".into(),
                 ok: total > 0 && total as f64 >= 0.99 * served as f64 && dropped == 0,
                 detail: format!(
@@ -959,6 +988,7 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
                     sink.stats.bad.load(Ordering::Relaxed)
                 ),
             });
+            }
         }
         BudgetScenario::ForwardAuth => {
             let adir = TempDir::new("budget-auth")?;
@@ -1216,7 +1246,7 @@ pub fn render_markdown(r: &BudgetResult) -> String {
         }
     }
     let with_label = match r.scenario {
-        BudgetScenario::Logger => "with the plugins",
+        BudgetScenario::Logger | BudgetScenario::TracingOff => "with the plugins",
         BudgetScenario::ForwardAuth => "with auth",
     };
     out.push_str(
@@ -1401,7 +1431,11 @@ mod tests {
         };
         let plain = route_yaml(&base, &[]).unwrap();
         assert_eq!(docs(&plain), docs(&base));
-        for s in [BudgetScenario::Logger, BudgetScenario::ForwardAuth] {
+        for s in [
+            BudgetScenario::Logger,
+            BudgetScenario::TracingOff,
+            BudgetScenario::ForwardAuth,
+        ] {
             let p = substitute(
                 &conf(s).plugins,
                 &[

@@ -142,7 +142,7 @@ enum Cmd {
     /// both topologies (origin on and off the proxy's core). Writes
     /// suite-<scenario>-<arch>-<time>.{json,md,svg}.
     Suite {
-        /// keepalive | churn | large | idle | workers2 (issue 21); logger | forward-auth (issue
+        /// keepalive | churn | large | idle | workers2 (issue 21); logger | tracing-off | forward-auth (issue
         /// 19's plugin budgets, side by side; `--topology` and `--idle-count` do not apply).
         #[arg(long, value_enum)]
         scenario: SuiteScenarioArg,
@@ -201,8 +201,11 @@ enum SuiteScenarioArg {
     Large,
     Idle,
     Workers2,
-    /// Issue 19: http-logger (plugin list in bench/config/budget.yaml) with and without.
+    /// Issue 19: http-logger and opentelemetry, always_on (plugin list in
+    /// bench/config/budget.yaml), with and without.
     Logger,
+    /// Issue 19: opentelemetry with sampling off, with and without.
+    TracingOff,
     /// Issue 19: forward-auth against nginx's auth_request, each with and without.
     ForwardAuth,
 }
@@ -510,6 +513,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let workspace = workspace.unwrap_or_else(workspace_root);
             let budget = match scenario {
                 SuiteScenarioArg::Logger => Some(sluice_bench::budget::BudgetScenario::Logger),
+                SuiteScenarioArg::TracingOff => {
+                    Some(sluice_bench::budget::BudgetScenario::TracingOff)
+                }
                 SuiteScenarioArg::ForwardAuth => {
                     Some(sluice_bench::budget::BudgetScenario::ForwardAuth)
                 }
@@ -541,7 +547,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     SuiteScenarioArg::Large => Scenario::Large,
                     SuiteScenarioArg::Idle => Scenario::Idle,
                     SuiteScenarioArg::Workers2 => Scenario::Workers2,
-                    SuiteScenarioArg::Logger | SuiteScenarioArg::ForwardAuth => {
+                    SuiteScenarioArg::Logger
+                    | SuiteScenarioArg::TracingOff
+                    | SuiteScenarioArg::ForwardAuth => {
                         anyhow::bail!("{scenario:?} is a plugin-budget scenario")
                     }
                 },
