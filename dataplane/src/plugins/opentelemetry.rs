@@ -137,13 +137,25 @@ impl TraceContext {
 
     /// The `traceparent` sent upstream.
     pub fn traceparent(&self) -> String {
-        let mut s = String::with_capacity(55);
-        s.push_str("00-");
-        push_hex(&mut s, &self.trace_id);
-        s.push('-');
-        push_hex(&mut s, &self.span_id);
-        s.push_str(if self.sampled { "-01" } else { "-00" });
-        s
+        String::from_utf8_lossy(&self.traceparent_bytes()).into_owned()
+    }
+
+    /// The `traceparent`, on the stack: `00-<trace id>-<span id>-<flags>`.
+    fn traceparent_bytes(&self) -> [u8; 55] {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
+        for (i, &x) in self.trace_id.iter().enumerate() {
+            out[3 + 2 * i] = DIGITS[usize::from(x >> 4)];
+            out[4 + 2 * i] = DIGITS[usize::from(x & 15)];
+        }
+        for (i, &x) in self.span_id.iter().enumerate() {
+            out[36 + 2 * i] = DIGITS[usize::from(x >> 4)];
+            out[37 + 2 * i] = DIGITS[usize::from(x & 15)];
+        }
+        if self.sampled {
+            out[54] = b'1';
+        }
+        out
     }
 }
 
@@ -743,7 +755,9 @@ impl Plugin for Opentelemetry {
     }
 
     fn wants_log(&self) -> bool {
-        true
+        // NB: a sampler that never samples exports nothing: no log phase (and no wrapped
+        // response body) for it, which is most of what tracing costs with sampling off.
+        !matches!(self.sampler.name, SamplerName::AlwaysOff)
     }
 
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
@@ -777,7 +791,7 @@ impl Plugin for Opentelemetry {
             });
         }
         // The upstream continues the trace; a client's malformed context is not passed on.
-        if let Ok(v) = HeaderValue::from_str(&tc.traceparent()) {
+        if let Ok(v) = HeaderValue::from_bytes(&tc.traceparent_bytes()) {
             req.headers.insert(TRACEPARENT, v);
         }
         match incoming.and_then(|(_, state)| state) {
@@ -942,5 +956,17 @@ mod tests {
             tc.traceparent(),
             "00-abababababababababababababababab-0101010101010101-00"
         );
+        let tc = TraceContext {
+            trace_id: std::array::from_fn(|i| i as u8),
+            span_id: std::array::from_fn(|i| 0xf0 + i as u8),
+            parent_span_id: None,
+            sampled: true,
+        };
+        assert_eq!(
+            tc.traceparent(),
+            "00-000102030405060708090a0b0c0d0e0f-f0f1f2f3f4f5f6f7-01"
+        );
+        assert_eq!(tc.trace_id_hex(), "000102030405060708090a0b0c0d0e0f");
+        assert_eq!(tc.span_id_hex(), "f0f1f2f3f4f5f6f7");
     }
 }
