@@ -961,8 +961,8 @@ fn log_var(var: &LogVar, ctx: &PluginCtx, end: Instant) -> Value {
 
 /// A value of the request's trace context (opentelemetry plugin), `null` without one.
 fn trace(ctx: &PluginCtx, f: impl Fn(&super::opentelemetry::TraceContext) -> String) -> Value {
-    ctx.extensions
-        .get::<super::opentelemetry::TraceContext>()
+    ctx.trace
+        .as_ref()
         .map_or(Value::Null, |t| Value::String(f(t)))
 }
 

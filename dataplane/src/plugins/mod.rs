@@ -491,6 +491,9 @@ pub struct PluginCtx {
     pub response_headers: Vec<(HeaderName, HeaderValue)>,
     /// The `X-RateLimit-*` headers limit-count wants on the response.
     pub quota: Option<limit_count::Quota>,
+    /// The request's trace context, set by opentelemetry's rewrite (a field, not an
+    /// extension: no allocation per traced request).
+    pub trace: Option<opentelemetry::TraceContext>,
     /// The route's plugins merged with the consumer's, when the consumer has plugins.
     merged: Option<Arc<[Arc<dyn Plugin>]>>,
     /// Values kept until the request ends (e.g. a limit-conn slot released on drop).
@@ -543,6 +546,7 @@ impl PluginCtx {
             response_head_bytes: 0,
             response_headers: Vec::new(),
             quota: None,
+            trace: None,
             merged: None,
             keep: Vec::new(),
             extensions: http::Extensions::new(),

@@ -112,7 +112,7 @@ impl OtelMetrics {
 }
 
 /// The trace context of one request: the span the dataplane made for it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TraceContext {
     /// Trace id (the client's, or new).
     pub trace_id: [u8; 16],
@@ -802,7 +802,7 @@ impl Plugin for Opentelemetry {
                 req.headers.remove(TRACESTATE);
             }
         }
-        ctx.extensions.insert(tc);
+        ctx.trace = Some(tc);
         Flow::Continue
     }
 
@@ -811,8 +811,7 @@ impl Plugin for Opentelemetry {
         let Some(started) = ctx.extensions.remove::<Started>() else {
             return;
         };
-        let (Some(tc), Some(exporter)) = (ctx.extensions.get::<TraceContext>(), self.exporter())
-        else {
+        let (Some(tc), Some(exporter)) = (ctx.trace.as_ref(), self.exporter()) else {
             return;
         };
         let took = ctx.end_time().saturating_duration_since(ctx.started);
@@ -820,7 +819,7 @@ impl Plugin for Opentelemetry {
             .start_unix_nano
             .saturating_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
         exporter.batcher.push(QueuedSpan {
-            tc: tc.clone(),
+            tc: *tc,
             start_unix_nano: started.start_unix_nano,
             end_unix_nano: end,
             status: ctx.status.as_u16(),
