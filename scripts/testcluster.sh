@@ -396,6 +396,12 @@ stop_pid() {
         sleep 0.1
     done
     kill -KILL "$pid" 2>/dev/null || true
+    # NB: a killed process with many threads takes a moment to go; callers (and tests)
+    # expect it gone when stop returns.
+    for _ in $(seq 1 50); do
+        pid_is "$pid" "$name" || return 0
+        sleep 0.1
+    done
 }
 
 cmd_stop() {

@@ -571,14 +571,7 @@ async fn get_neither_reads_nor_forwards_the_body_but_post_waits_for_it() {
     }))
     .await;
     let (tx, body) = gated();
-    let addr = dp.addr;
-    let client = tokio::spawn(async move {
-        send_any(
-            addr,
-            post_req("/up", &[("authorization", "Bearer good")], body),
-        )
-        .await
-    });
+    let client = spawn_post_up(dp.addr, body);
     tx.unbounded_send(Bytes::from_static(b"first piece, "))
         .unwrap();
     asked(&auth, 1).await;
@@ -603,14 +596,7 @@ async fn get_neither_reads_nor_forwards_the_body_but_post_waits_for_it() {
     }))
     .await;
     let (tx, body) = gated();
-    let addr = dp.addr;
-    let client = tokio::spawn(async move {
-        send_any(
-            addr,
-            post_req("/up", &[("authorization", "Bearer good")], body),
-        )
-        .await
-    });
+    let client = spawn_post_up(dp.addr, body);
     tx.unbounded_send(Bytes::from_static(b"first piece, "))
         .unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -622,4 +608,20 @@ async fn get_neither_reads_nor_forwards_the_body_but_post_waits_for_it() {
     assert_eq!(r.status, StatusCode::OK, "{}", r.text());
     assert_eq!(r.json()["body"], "first piece, second piece");
     assert_eq!(auth.last().body, "first piece, second piece".as_bytes());
+}
+
+/// An authorized `POST /up` with `body`, sent from a task of its own (the test feeds the
+/// body piece by piece meanwhile).
+fn spawn_post_up<B>(addr: SocketAddr, body: B) -> tokio::task::JoinHandle<Resp>
+where
+    B: http_body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    tokio::spawn(async move {
+        send_any(
+            addr,
+            post_req("/up", &[("authorization", "Bearer good")], body),
+        )
+        .await
+    })
 }

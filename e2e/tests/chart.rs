@@ -257,6 +257,9 @@ fn committed_manifests_match_the_chart() {
 #[test]
 fn rendered_chart_passes_a_server_side_dry_run() {
     let cluster = cluster();
+    // NB: the dry run reads the cluster-wide IngressClass that the install tests create
+    // and delete; without the lock it can be found, then gone before the patch.
+    let _guard = install_lock();
     let ns = cluster.create_namespace("dryrun").unwrap();
     for extra in [vec![], vec!["-f".to_owned(), graviton_values()]] {
         let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
