@@ -19,6 +19,7 @@ pub mod error;
 pub mod haproxy;
 pub mod machine;
 pub mod nginx;
+pub mod perf;
 pub mod probe;
 pub mod process;
 pub mod procfs;

@@ -173,6 +173,14 @@ enum Cmd {
         /// How long a proxy may take to answer its first request correctly.
         #[arg(long, default_value = "20s", value_parser = parse_duration)]
         ready_timeout: Duration,
+        /// Only the cases whose name contains this text (e.g. `upload`, `plain`, `RSA`).
+        #[arg(long = "case", value_name = "TEXT")]
+        case_filter: Option<String>,
+        /// Record a `perf` profile (call graphs) of every proxy's measured runs into DIR,
+        /// with a summary per run (`<scenario>-<topology>-<case>-<proxy>.txt`). Sampling
+        /// perturbs the figures: a profiled run is not a figure of record.
+        #[arg(long = "perf", value_name = "DIR")]
+        perf_dir: Option<PathBuf>,
     },
     /// Print a side-by-side markdown table of two result files (B ÷ A ratios).
     Compare {
@@ -507,6 +515,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             workspace,
             results_dir,
             ready_timeout,
+            case_filter,
+            perf_dir,
         } => {
             use sluice_bench::suite::{Scenario, SuiteOptions, Topology};
             process::install_signal_handler().context("installing signal handlers")?;
@@ -522,6 +532,9 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 _ => None,
             };
             if let Some(scenario) = budget {
+                if case_filter.is_some() || perf_dir.is_some() {
+                    anyhow::bail!("--case and --perf apply to issue 21's scenarios only");
+                }
                 let opts = sluice_bench::budget::BudgetOptions {
                     scenario,
                     duration,
@@ -568,6 +581,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
                 workspace,
                 ready_timeout,
+                case_filter,
+                perf_dir,
             };
             let (result, written) = sluice_bench::suite::run_suite(&opts)?;
             println!("{}", sluice_bench::suite::render_markdown(&result));

@@ -280,6 +280,12 @@ impl ProcessGuard {
         lines[lines.len().saturating_sub(n)..].join("\n")
     }
 
+    /// Sends SIGINT to the process group (a program that finishes its work on Ctrl-C, such
+    /// as `perf record`); returns whether the signal was delivered.
+    pub fn interrupt(&self) -> bool {
+        signal_group(self.child.id(), "INT")
+    }
+
     /// Stops the process group (TERM, then KILL after 3 s) and reaps the child.
     pub fn stop(&mut self) {
         let pgid = self.child.id();

@@ -39,7 +39,7 @@ use crate::machine::{self, MachineInfo};
 use crate::nginx::{self, SuiteProxy};
 use crate::process::{ProcessGuard, TempDir};
 use crate::runner::{PATH, UPSTREAM_PORT, allowed_cpus, pick_cpus, pinned, require};
-use crate::{conns, probe, procfs, sluice, tls, wrk};
+use crate::{conns, perf, probe, procfs, sluice, tls, wrk};
 
 /// Version of the suite's JSON layout.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -204,6 +204,23 @@ fn wrk_case(name: &'static str, path: &'static str) -> Case {
     }
 }
 
+/// The cases of `scenario` whose name contains `filter` (all without one); an error names
+/// the cases when none matches.
+pub fn selected_cases(scenario: Scenario, filter: Option<&str>) -> Result<Vec<Case>, BenchError> {
+    let all = cases(scenario);
+    let Some(f) = filter else { return Ok(all) };
+    let names: Vec<&str> = all.iter().map(|c| c.name).collect();
+    let picked: Vec<Case> = all.iter().filter(|c| c.name.contains(f)).cloned().collect();
+    if picked.is_empty() {
+        return Err(BenchError::Usage(format!(
+            "--case {f:?} matches no case of {}; its cases: {}",
+            scenario.name(),
+            names.join(", ")
+        )));
+    }
+    Ok(picked)
+}
+
 /// The cases of a scenario, in run order.
 pub fn cases(scenario: Scenario) -> Vec<Case> {
     const MIB: u64 = 1024 * 1024;
@@ -316,6 +333,11 @@ pub struct SuiteOptions {
     pub results_dir: PathBuf,
     /// How long a proxy may take to serve.
     pub ready_timeout: Duration,
+    /// Only the cases whose name contains this (`None`: every case).
+    pub case_filter: Option<String>,
+    /// Record a `perf` profile of each proxy's measured runs into this directory (the
+    /// figures of a profiled run are perturbed by the sampling; not figures of record).
+    pub perf_dir: Option<PathBuf>,
 }
 
 /// One measured run of one proxy.
@@ -413,6 +435,9 @@ pub struct SuiteResult {
     pub measurements: Vec<Measurement>,
     /// Issue 21's targets against the medians.
     pub targets: Vec<Target>,
+    /// The proxies ran under `perf record` (`--perf`): the figures are perturbed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub profiled: bool,
 }
 
 fn io<'a>(what: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -> BenchError + 'a {
@@ -674,7 +699,22 @@ impl Ctx<'_> {
         topology: Topology,
         proxy: &str,
         idle_connections: u64,
+        measured: bool,
     ) -> Result<Measurement, BenchError> {
+        let perf = match (&self.opts.perf_dir, measured) {
+            (Some(dir), true) => Some(perf::Recording::start(
+                dir,
+                &perf::file_stem(
+                    self.opts.scenario.name(),
+                    topology,
+                    case.name,
+                    proxy,
+                    idle_connections,
+                ),
+                p.guard.pid(),
+            )?),
+            _ => None,
+        };
         let (_, load1) = loadavg();
         let rss_before = tree_rss_kib(p.guard.pid());
         let sampler = RssSampler::start(p.guard.pid());
@@ -734,6 +774,10 @@ impl Ctx<'_> {
         let wrk_after = procfs::own_reaped_children_ticks();
         let machine_after = procfs::system_cpu();
         let rss_max = sampler.finish();
+        if let Some(rec) = perf {
+            let written = rec.finish()?;
+            eprintln!("  perf: {}", written.display());
+        }
         let d = |a: u64, b: u64| self.cpu_s(b.saturating_sub(a));
         let proxy_cpu_s = d(proxy_before, proxy_after);
         let origin_cpu_s = d(origin_before, origin_after);
@@ -922,6 +966,10 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<(SuiteResult, Vec<PathBuf>), Ben
     let haproxy_bin = require("haproxy")?;
     let wrk_bin = require("wrk")?;
     require("kill")?;
+    if opts.perf_dir.is_some() {
+        require("perf")?;
+    }
+    let selected = selected_cases(opts.scenario, opts.case_filter.as_deref())?;
     if probe::port_in_use(UPSTREAM_PORT) {
         return Err(BenchError::PortInUse {
             port: UPSTREAM_PORT,
@@ -1029,7 +1077,7 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<(SuiteResult, Vec<PathBuf>), Ben
             },
         )?;
         for round in 1..=opts.repeat {
-            for case in cases(opts.scenario) {
+            for case in selected.iter().cloned() {
                 let mut order = proxies(opts.scenario);
                 if round % 2 == 0 {
                     order.reverse();
@@ -1087,6 +1135,7 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<(SuiteResult, Vec<PathBuf>), Ben
         load_cpu,
         measurements,
         targets: Vec::new(),
+        profiled: opts.perf_dir.is_some(),
     };
     result.targets = targets(&result);
     let written = write_results(&result, &opts.results_dir)?;
@@ -1116,6 +1165,7 @@ fn measure_proxy(
             topology,
             &label,
             0,
+            false,
         )?;
     }
     let mut out = vec![ctx.run(
@@ -1127,6 +1177,7 @@ fn measure_proxy(
         topology,
         &label,
         0,
+        true,
     )?];
     if ctx.opts.scenario == Scenario::Idle {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], p.port));
@@ -1151,6 +1202,7 @@ fn measure_proxy(
             topology,
             &label,
             held,
+            true,
         )?;
         // NB: still open at the end? The proxy must not have dropped them under load.
         drop(opened);
@@ -1440,6 +1492,12 @@ pub fn render_markdown(r: &SuiteResult) -> String {
             .load_cpu
             .map_or_else(|| "unpinned".into(), |c| c.to_string()),
     );
+    if r.profiled {
+        out.push_str(
+            "**Profiled run** (`--perf`): every proxy ran under `perf record`; the sampling \
+             perturbs these figures, which are not figures of record.\n\n",
+        );
+    }
     let large = r.scenario == Scenario::Large;
     for g in groups(&r.measurements) {
         out.push_str(&format!(
@@ -1805,7 +1863,23 @@ mod tests {
             load_cpu: Some(1),
             measurements,
             targets: Vec::new(),
+            profiled: false,
         }
+    }
+
+    #[test]
+    fn a_case_filter_picks_by_name_and_names_the_cases_when_none_matches() {
+        let picked = selected_cases(Scenario::Large, Some("upload")).unwrap();
+        assert_eq!(
+            picked.iter().map(|c| c.name).collect::<Vec<_>>(),
+            ["upload 10 MiB"]
+        );
+        assert_eq!(
+            selected_cases(Scenario::Churn, None).unwrap().len(),
+            cases(Scenario::Churn).len()
+        );
+        let err = selected_cases(Scenario::Large, Some("nothing")).unwrap_err();
+        assert!(err.to_string().contains("download 1 MiB"), "{err}");
     }
 
     #[test]

@@ -54,6 +54,33 @@ fn condition(p: &Pipeline, name: &str, type_: &str) -> Option<Value> {
         .cloned()
 }
 
+/// Waits up to `limit` for `name`'s condition `type_` to satisfy `want`, reading it every
+/// 200 ms (each read runs kubectl; a tighter loop starves the processes under test on two
+/// cores). On timeout, panics with `what` and the condition last seen.
+fn wait_condition(
+    p: &Pipeline,
+    name: &str,
+    type_: &str,
+    limit: Duration,
+    what: &str,
+    want: impl Fn(&Value) -> bool,
+) -> Value {
+    let deadline = Instant::now() + limit;
+    let mut last = None;
+    loop {
+        if let Some(c) = condition(p, name, type_) {
+            if want(&c) {
+                return c;
+            }
+            last = Some(c);
+        }
+        if Instant::now() >= deadline {
+            panic!("timed out after {limit:?} waiting for {what}; last seen: {last:?}");
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn set_endpoints(p: &Pipeline, addrs: &[std::net::Ipv4Addr]) {
     let endpoints: Vec<String> = addrs
         .iter()
@@ -124,17 +151,25 @@ fn an_invalid_route_is_rejected_with_its_field_and_the_others_keep_serving() {
         "        paths: [\"/bad*\"]\n        exprs:\n          - subject: {scope: Header, name: x-v}\n            op: RegexMatch\n            value: \"(\"\n",
     );
     p.cluster.apply(&bad).unwrap();
-    let accepted = eventually(Duration::from_secs(30), || {
-        condition(&p, "bad", "Accepted").filter(|c| c["status"] == "False")
-    })
-    .expect("bad: Accepted=False");
+    let accepted = wait_condition(
+        &p,
+        "bad",
+        "Accepted",
+        Duration::from_secs(60),
+        "bad: Accepted=False",
+        |c| c["status"] == "False",
+    );
     assert_eq!(accepted["reason"], "InvalidSpec");
     let msg = accepted["message"].as_str().unwrap();
     assert!(msg.contains("spec.http[0].match.exprs[0].value"), "{msg}");
-    let programmed = eventually(Duration::from_secs(30), || {
-        condition(&p, "bad", "Programmed").filter(|c| c["reason"] == "Invalid")
-    })
-    .expect("bad: Programmed=False Invalid");
+    let programmed = wait_condition(
+        &p,
+        "bad",
+        "Programmed",
+        Duration::from_secs(60),
+        "bad: Programmed=False Invalid",
+        |c| c["reason"] == "Invalid",
+    );
     assert_eq!(programmed["status"], "False");
 
     // The same verdict as a Warning event, for `kubectl describe`.
@@ -154,7 +189,12 @@ fn an_invalid_route_is_rejected_with_its_field_and_the_others_keep_serving() {
             ])
             .ok()?;
         let v: Value = serde_json::from_str(&out).ok()?;
-        v["items"].as_array()?.first().cloned()
+        let first = v["items"].as_array()?.first().cloned();
+        if first.is_none() {
+            // NB: each read runs kubectl; see `wait_condition`.
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        first
     })
     .expect("a Warning event for bad");
     assert_eq!(event["reason"], "InvalidSpec");
@@ -233,15 +273,14 @@ fn two_replicas_elect_one_status_writer_and_every_dataplane_converges() {
                 .as_str()
                 .is_some_and(|m| m.starts_with("2/2 dataplanes"))
     };
-    eventually(Duration::from_secs(30), || {
-        condition(&p, "demo", "Programmed").filter(two_of_two)
-    })
-    .unwrap_or_else(|| {
-        panic!(
-            "Programmed never said 2/2: {:?}",
-            condition(&p, "demo", "Programmed")
-        )
-    });
+    wait_condition(
+        &p,
+        "demo",
+        "Programmed",
+        Duration::from_secs(60),
+        "demo Programmed 2/2",
+        two_of_two,
+    );
     let (leader_metrics, follower_metrics) = if leader_a == 1.0 {
         (p.metrics, metrics_b)
     } else {
@@ -300,12 +339,14 @@ fn a_snapshot_a_dataplane_cannot_compile_is_nacked_and_shown_in_programmed() {
     wait_served_by(&p, "/hello", "e2e-echo");
     eventually(Duration::from_secs(30), || serving(http_strict, "/hello"))
         .expect("the strict dataplane serves demo");
-    eventually(Duration::from_secs(30), || {
-        condition(&p, "demo", "Programmed").filter(|c| {
-            c["status"] == "True" && c["message"].as_str().is_some_and(|m| m.starts_with("2/2"))
-        })
-    })
-    .expect("demo Programmed 2/2");
+    wait_condition(
+        &p,
+        "demo",
+        "Programmed",
+        Duration::from_secs(60),
+        "demo Programmed 2/2",
+        |c| c["status"] == "True" && c["message"].as_str().is_some_and(|m| m.starts_with("2/2")),
+    );
 
     // A route with limit-count: translation accepts it, the strict dataplane cannot run it.
     let limited = p.route_yaml("limited", "/limited*").replace(
@@ -314,17 +355,21 @@ fn a_snapshot_a_dataplane_cannot_compile_is_nacked_and_shown_in_programmed() {
     );
     p.cluster.apply(&limited).unwrap();
     wait_served_by(&p, "/limited", "e2e-echo");
-    let programmed = eventually(Duration::from_secs(30), || {
-        // Waits for both verdicts: a write made between the NACK and the other dataplane's
-        // ACK says 0/2.
-        condition(&p, "limited", "Programmed").filter(|c| {
+    // Waits for both verdicts: a write made between the NACK and the other dataplane's
+    // ACK says 0/2.
+    let programmed = wait_condition(
+        &p,
+        "limited",
+        "Programmed",
+        Duration::from_secs(60),
+        "limited: Programmed=False Rejected, 1/2",
+        |c| {
             c["reason"] == "Rejected"
                 && c["message"]
                     .as_str()
                     .is_some_and(|m| m.contains("1/2 dataplanes"))
-        })
-    })
-    .expect("limited: Programmed=False Rejected");
+        },
+    );
     assert_eq!(programmed["status"], "False");
     let msg = programmed["message"].as_str().unwrap();
     assert!(msg.contains("1/2 dataplanes"), "{msg}");
