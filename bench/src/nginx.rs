@@ -140,9 +140,12 @@ http {{
 
 /// The origin of `sluice-bench suite`: [`upstream_conf`]'s `/hello`, plus the files under
 /// `files_root/files/` (the large-body downloads, sent with sendfile) and `POST /upload`,
-/// which reads the whole request body before it answers `200 ok` (`mirror_request_body`
-/// makes nginx read the body first; the mirror itself goes to an internal location that
-/// answers 204). With `workers` processes (1, or 2 for the scaling scenario).
+/// which reads the whole request body (in memory) before it answers: the proxy module
+/// reads it first (request buffering), then fetches `/hello` from this origin without it.
+/// NB: not `return` (the rewrite phase answers before any body is read, so a proxy that
+/// stops sending on an early response and discards the rest does less work than one that
+/// forwards it all), and not `mirror_request_body` with `return` (same phase problem).
+/// With `workers` processes (1, or 2 for the scaling scenario).
 pub fn origin_conf(prefix: &Path, port: u16, workers: u32, files_root: &Path) -> String {
     let head = head(prefix).replacen(
         "worker_processes 1;",
@@ -166,14 +169,12 @@ http {{
         }}
         location = /upload {{
             client_max_body_size 0;
-            client_body_buffer_size 1m;
-            mirror /drain;
-            mirror_request_body on;
-            return 200 \"ok\\n\";
-        }}
-        location = /drain {{
-            internal;
-            return 204;
+            client_body_buffer_size 16m;
+            proxy_http_version 1.1;
+            proxy_method GET;
+            proxy_pass_request_body off;
+            proxy_set_header Content-Length \"\";
+            proxy_pass http://127.0.0.1:{port}/hello;
         }}
     }}
 }}
@@ -409,8 +410,9 @@ mod tests {
             "return 200 \"hello world\\n\";",
             "root /tmp/o/www;",
             "client_max_body_size 0;",
-            "mirror_request_body on;",
-            "internal;",
+            "client_body_buffer_size 16m;",
+            "proxy_pass_request_body off;",
+            "proxy_pass http://127.0.0.1:1980/hello;",
         ] {
             assert!(c.contains(needle), "missing {needle:?} in\n{c}");
         }

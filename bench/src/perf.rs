@@ -69,11 +69,18 @@ impl Recording {
             .collect();
         let data = dir.join(format!("{stem}.perf.data"));
         let mut cmd = Command::new("perf");
-        cmd.args(["record", "-q", "-F", FREQUENCY, "--call-graph", "dwarf,16384"])
-            .arg("-p")
-            .arg(pids.join(","))
-            .arg("-o")
-            .arg(&data);
+        cmd.args([
+            "record",
+            "-q",
+            "-F",
+            FREQUENCY,
+            "--call-graph",
+            "dwarf,16384",
+        ])
+        .arg("-p")
+        .arg(pids.join(","))
+        .arg("-o")
+        .arg(&data);
         let guard = ProcessGuard::spawn("perf record", cmd, &dir.join(format!("{stem}.perf.log")))?;
         // NB: perf attaches within milliseconds; the run's warm-up already passed.
         std::thread::sleep(Duration::from_millis(200));
@@ -101,7 +108,13 @@ impl Recording {
             ),
             (
                 "top symbols by self time",
-                &["--no-children", "--sort", "dso,sym", "--percent-limit", "0.7"][..],
+                &[
+                    "--no-children",
+                    "--sort",
+                    "dso,sym",
+                    "--percent-limit",
+                    "0.7",
+                ][..],
             ),
             (
                 "top symbols by inclusive time (the symbol and what it calls)",
