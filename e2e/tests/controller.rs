@@ -54,18 +54,20 @@ fn condition(p: &Pipeline, name: &str, type_: &str) -> Option<Value> {
         .cloned()
 }
 
-/// Waits up to `limit` for `name`'s condition `type_` to satisfy `want`, reading it every
+/// How long a status condition may take to say what a test waits for.
+const STATUS_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits up to [`STATUS_WAIT`] for `name`'s condition `type_` to satisfy `want`, reading it every
 /// 200 ms (each read runs kubectl; a tighter loop starves the processes under test on two
 /// cores). On timeout, panics with `what` and the condition last seen.
 fn wait_condition(
     p: &Pipeline,
     name: &str,
     type_: &str,
-    limit: Duration,
     what: &str,
     want: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + limit;
+    let deadline = Instant::now() + STATUS_WAIT;
     let mut last = None;
     loop {
         if let Some(c) = condition(p, name, type_) {
@@ -75,7 +77,7 @@ fn wait_condition(
             last = Some(c);
         }
         if Instant::now() >= deadline {
-            panic!("timed out after {limit:?} waiting for {what}; last seen: {last:?}");
+            panic!("timed out after {STATUS_WAIT:?} waiting for {what}; last seen: {last:?}");
         }
         std::thread::sleep(Duration::from_millis(200));
     }
@@ -151,14 +153,9 @@ fn an_invalid_route_is_rejected_with_its_field_and_the_others_keep_serving() {
         "        paths: [\"/bad*\"]\n        exprs:\n          - subject: {scope: Header, name: x-v}\n            op: RegexMatch\n            value: \"(\"\n",
     );
     p.cluster.apply(&bad).unwrap();
-    let accepted = wait_condition(
-        &p,
-        "bad",
-        "Accepted",
-        Duration::from_secs(60),
-        "bad: Accepted=False",
-        |c| c["status"] == "False",
-    );
+    let accepted = wait_condition(&p, "bad", "Accepted", "bad: Accepted=False", |c| {
+        c["status"] == "False"
+    });
     assert_eq!(accepted["reason"], "InvalidSpec");
     let msg = accepted["message"].as_str().unwrap();
     assert!(msg.contains("spec.http[0].match.exprs[0].value"), "{msg}");
@@ -166,7 +163,6 @@ fn an_invalid_route_is_rejected_with_its_field_and_the_others_keep_serving() {
         &p,
         "bad",
         "Programmed",
-        Duration::from_secs(60),
         "bad: Programmed=False Invalid",
         |c| c["reason"] == "Invalid",
     );
@@ -273,14 +269,7 @@ fn two_replicas_elect_one_status_writer_and_every_dataplane_converges() {
                 .as_str()
                 .is_some_and(|m| m.starts_with("2/2 dataplanes"))
     };
-    wait_condition(
-        &p,
-        "demo",
-        "Programmed",
-        Duration::from_secs(60),
-        "demo Programmed 2/2",
-        two_of_two,
-    );
+    wait_condition(&p, "demo", "Programmed", "demo Programmed 2/2", two_of_two);
     let (leader_metrics, follower_metrics) = if leader_a == 1.0 {
         (p.metrics, metrics_b)
     } else {
@@ -339,14 +328,9 @@ fn a_snapshot_a_dataplane_cannot_compile_is_nacked_and_shown_in_programmed() {
     wait_served_by(&p, "/hello", "e2e-echo");
     eventually(Duration::from_secs(30), || serving(http_strict, "/hello"))
         .expect("the strict dataplane serves demo");
-    wait_condition(
-        &p,
-        "demo",
-        "Programmed",
-        Duration::from_secs(60),
-        "demo Programmed 2/2",
-        |c| c["status"] == "True" && c["message"].as_str().is_some_and(|m| m.starts_with("2/2")),
-    );
+    wait_condition(&p, "demo", "Programmed", "demo Programmed 2/2", |c| {
+        c["status"] == "True" && c["message"].as_str().is_some_and(|m| m.starts_with("2/2"))
+    });
 
     // A route with limit-count: translation accepts it, the strict dataplane cannot run it.
     let limited = p.route_yaml("limited", "/limited*").replace(
@@ -361,7 +345,6 @@ fn a_snapshot_a_dataplane_cannot_compile_is_nacked_and_shown_in_programmed() {
         &p,
         "limited",
         "Programmed",
-        Duration::from_secs(60),
         "limited: Programmed=False Rejected, 1/2",
         |c| {
             c["reason"] == "Rejected"
