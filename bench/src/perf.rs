@@ -4,7 +4,7 @@
 //! Per measured run: `perf record -F 499 --call-graph dwarf` on the proxy's process tree
 //! for the length of the run, then `perf report` into `<stem>.txt`: the share of samples
 //! per binary (kernel against user space), the top symbols by self time, and the top
-//! symbols by inclusive time (callers). The sampling perturbs the run's figures; a
+//! symbols by inclusive time (each with what it calls). The sampling perturbs the figures; a
 //! profiled run is not a figure of record.
 
 use std::path::{Path, PathBuf};
