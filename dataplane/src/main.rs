@@ -14,6 +14,9 @@ use sluice_dataplane::listener::{admin, gateway, server, tls};
 use sluice_dataplane::net::wbatch;
 use sluice_dataplane::upstream::PoolConfig;
 
+/// mimalloc, unless built with `--features system-allocator`: glibc's malloc, which heap
+/// profilers (heaptrack, massif) can see (`bench/idle-heap.sh`).
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -437,9 +440,22 @@ fn main() -> anyhow::Result<()> {
 /// reload's transient parse trees until the thread allocates again, which an idle reload
 /// thread never does: measured with 10k routes, 96 MiB resident instead of about 30 MiB.
 /// Workers call it too once connections closed (`server::set_idle_trim`).
+#[cfg(not(feature = "system-allocator"))]
 #[allow(unsafe_code)]
 fn trim_heap() {
     // SAFETY: `mi_collect` has no preconditions; it only releases memory mimalloc owns and
     // that no live allocation uses.
     unsafe { libmimalloc_sys::mi_collect(true) }
+}
+
+/// With glibc's malloc (`system-allocator`): gives the free memory at the top of the heap and
+/// in whole free pages back to the OS.
+#[cfg(feature = "system-allocator")]
+#[allow(unsafe_code)]
+fn trim_heap() {
+    // SAFETY: `malloc_trim` has no preconditions; it only releases memory malloc owns and
+    // that no live allocation uses.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
