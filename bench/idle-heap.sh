@@ -45,13 +45,14 @@ fi
 mkdir -p "$out"
 work=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; rm -rf "$work"; }
+cleanup() { for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done; [ -n "${keep_work:-}" ] || rm -rf "$work"; }
 trap cleanup EXIT
 ulimit -n "$(ulimit -Hn)"
 
 # The origin: nginx answering GET /hello on 127.0.0.1:1980.
 cat > "$work/origin.conf" <<CONF
 worker_processes 1;
+master_process off;
 daemon off;
 pid $work/origin.pid;
 error_log $work/origin.err warn;
@@ -100,15 +101,16 @@ def pid_of():
     sys.exit("dataplane pid not found")
 pid = pid_of()
 held = []
+# NB: one at a time, as a client that connects, asks and then idles: the dataplane keeps
+# one upstream connection, not one per client.
 for i in range(n):
-    s = socket.create_connection(("127.0.0.1", port)); s.sendall(req)
-    held.append(s)
-for s in held:
+    s = socket.create_connection(("127.0.0.1", port), timeout=30); s.sendall(req)
     got = b""
     while b"hello world" not in got:
         b = s.recv(4096)
-        if not b: sys.exit("connection closed")
+        if not b: sys.exit(f"connection {i} closed before its answer: {got[:200]!r}")
         got += b
+    held.append(s)
 time.sleep(5)  # parked after 2 s, heap trimmed after that
 rss = [l for l in open(f"/proc/{pid}/status") if l.startswith("VmRSS")][0].split()[1]
 open(f"{work}/{label}.rss", "w").write(rss)
@@ -118,6 +120,7 @@ PY
         # The client failed: end the dataplane so that heaptrack ends too.
         pkill -9 -f -- "--listen-http 127.0.0.1:$http" || true
         wait "$ht" || true
+        keep_work=1
         echo "idle-heap: the $label run failed; see $work/$label.log" >&2
         return 1
     fi

@@ -44,7 +44,7 @@ use http::{Request, Response};
 use hyper::body::Incoming;
 
 use crate::config::store::Store;
-use crate::listener::server::{Drain, Limits, until_drained};
+use crate::listener::server::{Drain, until_drained};
 use crate::net::send_timeout::SendTimeout;
 use crate::net::timer::{CoarseSleep, CoarseTimer};
 use crate::net::wbatch::BatchedStream;
@@ -344,14 +344,19 @@ impl<S: Parkable> AsyncWrite for Watched<S> {
 /// Serves an HTTP/1.1 connection until it ends or `drain` fires (see [`until_drained`]),
 /// parking it whenever it is quiet for [`GRACE`] between requests: `handle` answers each
 /// request. A parked connection is closed when `drain` fires or when it has waited
-/// `limits.header_read_timeout` in all for its next request (the bound hyper's header timer
-/// puts on an idle connection).
+/// `header_read_timeout` in all for its next request (the bound hyper's header timer puts on
+/// an idle connection).
+///
+/// NB: what a parked connection's task keeps is this future's state, so it holds only the
+/// socket and a few handles: the hyper connection and what serves it live in a box that is
+/// freed when the connection parks (issue 21: the task of a parked connection took
+/// 1.5 KB, measured with `bench/idle-heap.sh`).
 pub(crate) async fn serve_h1<S, H, F>(
     mut io: S,
     timer: CoarseTimer,
     store: Arc<Store>,
     h1: Arc<hyper::server::conn::http1::Builder>,
-    limits: Limits,
+    header_read_timeout: Duration,
     mut drain: Drain,
     handle: H,
 ) -> Result<(), hyper::Error>
@@ -361,30 +366,13 @@ where
     F: std::future::Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     loop {
-        let watch = Watch::new();
-        let service = {
-            let (watch, handle) = (Arc::clone(&watch), handle.clone());
-            service_fn(move |req| {
-                let request = watch.begin();
-                let answer = handle(req);
-                async move { Ok::<_, std::convert::Infallible>(request.attach(answer.await)) }
-            })
-        };
-        let watched = Watched::new(io, Arc::clone(&watch), timer.clone());
-        // NB: boxed, so that a parked connection's task does not keep room for it.
-        let mut served = Box::pin(
-            h1.serve_connection(TokioIo::new(watched), service)
-                .with_upgrades(),
-        );
-        let result = until_drained(served.as_mut(), drain.clone(), |c| c.graceful_shutdown()).await;
-        drop(served);
-        io = match (result, watch.take_parked()) {
+        io = match boxed_until_parked(io, &timer, &h1, &drain, handle.clone()).await {
             (Ok(()), Some(io)) => io,
             (result, _) => return result,
         };
         io.release_buffers();
         let _parked = Parked::new(&store);
-        let idle = timer.sleep(limits.header_read_timeout.saturating_sub(GRACE));
+        let idle = timer.sleep(header_read_timeout.saturating_sub(GRACE));
         tokio::select! {
             biased;
             _ = drain.wait() => return Ok(()),
@@ -396,6 +384,61 @@ where
             _ = idle => return Ok(()),
         }
     }
+}
+
+/// What [`serve_until_parked`] returns.
+type Served<S> = (Result<(), hyper::Error>, Option<S>);
+
+/// [`serve_until_parked`], boxed. NB: a plain function, so that no unboxed copy of the
+/// future takes room in the caller's state.
+fn boxed_until_parked<'a, S, H, F>(
+    io: S,
+    timer: &'a CoarseTimer,
+    h1: &'a hyper::server::conn::http1::Builder,
+    drain: &'a Drain,
+    handle: H,
+) -> Pin<Box<impl std::future::Future<Output = Served<S>> + Send + 'a>>
+where
+    S: Parkable + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    Box::pin(serve_until_parked(io, timer, h1, drain, handle))
+}
+
+/// One hyper connection on `io`, until it ends or parks: its result, and the stream when it
+/// parked.
+async fn serve_until_parked<S, H, F>(
+    io: S,
+    timer: &CoarseTimer,
+    h1: &hyper::server::conn::http1::Builder,
+    drain: &Drain,
+    handle: H,
+) -> Served<S>
+where
+    S: Parkable + Send + 'static,
+    H: Fn(Request<Incoming>) -> F + Clone + Send + Sync + 'static,
+    F: std::future::Future<Output = Response<ProxyBody>> + Send + 'static,
+{
+    let watch = Watch::new();
+    let service = {
+        let watch = Arc::clone(&watch);
+        service_fn(move |req| {
+            let request = watch.begin();
+            let answer = handle(req);
+            async move { Ok::<_, std::convert::Infallible>(request.attach(answer.await)) }
+        })
+    };
+    let watched = Watched::new(io, Arc::clone(&watch), timer.clone());
+    let result = {
+        let served = h1
+            .serve_connection(TokioIo::new(watched), service)
+            .with_upgrades();
+        tokio::pin!(served);
+        until_drained(served, drain.clone(), |c| c.graceful_shutdown()).await
+        // `served` is dropped here: a parked stream is in `watch` from then on.
+    };
+    (result, watch.take_parked())
 }
 
 thread_local! {

@@ -498,7 +498,16 @@ pub async fn serve_scoped(
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
-    let mut stop = drain.clone();
+    let worker = Arc::new(Worker {
+        store,
+        h1,
+        h2,
+        timer,
+        drain: drain.clone(),
+        scope,
+        limits,
+    });
+    let mut stop = drain;
     loop {
         let accepted = tokio::select! {
             biased;
@@ -521,73 +530,13 @@ pub async fn serve_scoped(
             }
         };
         let _ = stream.set_nodelay(true);
-        let local = stream.local_addr().unwrap_or(remote);
-        let store = Arc::clone(&store);
-        let (h1, h2) = (Arc::clone(&h1), Arc::clone(&h2));
-        let timer = timer.clone();
-        store.plugin_state().apisix.connection_opened();
-        let mut drain = drain.clone();
-        let scope = scope.clone();
-        tokio::spawn(async move {
-            let _closed = ConnClosed(Arc::clone(&store));
-            // A connection that has not sent a byte yet is idle: drain closes it.
-            let sniffed = tokio::select! {
-                s = sniff_h2(&stream, limits.header_read_timeout) => s,
-                _ = drain.wait() => None,
-            };
-            let Some(is_h2) = sniffed else {
-                return;
-            };
-            let mut conn = ConnInfo::new(remote, local, "http", timer);
-            conn.client_body_timeout = limits.client_body_timeout;
-            conn.max_header_bytes = limits.max_header_bytes;
-            conn.going_away = Some(drain.going_away_flag());
-            conn.listener = scope;
-            let conn = Arc::new(conn);
-            let io = SendTimeout::new(
-                crate::net::wbatch::BatchedStream::new(stream),
-                conn.timer.clone(),
-                limits.send_timeout,
-            );
-            // NB: on drain, hyper closes an idle connection at once and a busy one after its
-            // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
-            let result = if is_h2 {
-                let activity = Activity::new();
-                let counted = activity.clone();
-                let service = service_fn(move |req| {
-                    let store = Arc::clone(&store);
-                    let conn = Arc::clone(&conn);
-                    let request = counted.begin();
-                    async move {
-                        let resp = handle(req, &conn, &store).await;
-                        drop(request);
-                        Ok::<_, std::convert::Infallible>(resp)
-                    }
-                });
-                let conn = h2.serve_connection(TokioIo::new(io), service);
-                // NB: boxed, so that HTTP/1.1 connections' tasks do not keep room for it.
-                Box::pin(serve_h2(conn, activity, limits, drain, |c| {
-                    c.graceful_shutdown()
-                }))
-                .await
-            } else {
-                let (timer, metrics) = (conn.timer.clone(), Arc::clone(&store));
-                let answer = move |req| {
-                    let store = Arc::clone(&store);
-                    let conn = Arc::clone(&conn);
-                    async move {
-                        let mut resp = handle(req, &conn, &store).await;
-                        close_if_going_away(&mut resp, &conn);
-                        resp
-                    }
-                };
-                crate::listener::idle::serve_h1(io, timer, metrics, h1, limits, drain, answer).await
-            };
-            if let Err(e) = result {
-                tracing::debug!(error = %e, "downstream connection ended");
-            }
-            drop(permit);
-        });
+        worker.store.plugin_state().apisix.connection_opened();
+        tokio::spawn(plain_connection(
+            stream,
+            remote,
+            permit,
+            Arc::clone(&worker),
+        ));
     }
     drop(listener);
     // Every connection holds a permit: having them all back means none is left.
@@ -596,6 +545,145 @@ pub async fn serve_scoped(
     // Upgraded (WebSocket) sessions outlive their connection: serve them until they close
     // (the process's --drain-timeout bounds the wait).
     crate::upstream::websocket::sessions_closed().await;
+}
+
+/// What the connections of one worker's plain-HTTP listener share.
+struct Worker {
+    store: Arc<Store>,
+    h1: Arc<hyper::server::conn::http1::Builder>,
+    h2: Arc<hyper::server::conn::http2::Builder<TokioExecutor>>,
+    timer: CoarseTimer,
+    drain: Drain,
+    scope: Option<Arc<str>>,
+    limits: Limits,
+}
+
+/// Serves one accepted plain-HTTP connection (h2c with prior knowledge, or HTTP/1.1).
+///
+/// NB: a connection's task keeps room for the largest state of this future for as long as
+/// the connection lives, parked or not. So what is needed once (the sniff, the HTTP/2
+/// connection) is boxed or built in plain functions, and what remains while an HTTP/1.1
+/// connection is parked is `serve_h1`'s small state (issue 21: 1.5 KB a parked connection
+/// before; `tests::a_parked_connections_task_is_small`).
+async fn plain_connection(
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+    permit: tokio::sync::OwnedSemaphorePermit,
+    worker: Arc<Worker>,
+) {
+    let _closed = ConnClosed(Arc::clone(&worker.store));
+    let _permit = permit;
+    // A connection that has not sent a byte yet is idle: drain closes it.
+    let Some(is_h2) = sniff_or_drain(&stream, &worker).await else {
+        return;
+    };
+    // NB: on drain, hyper closes an idle connection at once and a busy one after its
+    // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
+    let result = if is_h2 {
+        serve_plain_h2(stream, remote, &worker).await
+    } else {
+        serve_plain_h1(stream, remote, &worker).await
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, "downstream connection ended");
+    }
+}
+
+/// [`sniff_h2`], or `None` once `worker` drains; boxed (its sleep is needed once).
+fn sniff_or_drain<'a>(
+    stream: &'a tokio::net::TcpStream,
+    worker: &'a Worker,
+) -> Pin<Box<impl Future<Output = Option<bool>> + Send + 'a>> {
+    let mut drain = worker.drain.clone();
+    Box::pin(async move {
+        tokio::select! {
+            s = sniff_h2(stream, worker.limits.header_read_timeout) => s,
+            _ = drain.wait() => None,
+        }
+    })
+}
+
+/// The [`ConnInfo`] of a plain-HTTP connection from `remote`, and its stream.
+fn plain_conn(
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+    worker: &Worker,
+) -> (
+    SendTimeout<crate::net::wbatch::BatchedStream>,
+    Arc<ConnInfo>,
+) {
+    let local = stream.local_addr().unwrap_or(remote);
+    let mut conn = ConnInfo::new(remote, local, "http", worker.timer.clone());
+    conn.client_body_timeout = worker.limits.client_body_timeout;
+    conn.max_header_bytes = worker.limits.max_header_bytes;
+    conn.going_away = Some(worker.drain.going_away_flag());
+    conn.listener = worker.scope.clone();
+    let io = SendTimeout::new(
+        crate::net::wbatch::BatchedStream::new(stream),
+        worker.timer.clone(),
+        worker.limits.send_timeout,
+    );
+    (io, Arc::new(conn))
+}
+
+/// An HTTP/1.1 connection, served to its end. NB: a plain function, so that its locals take
+/// no room in the connection's task.
+fn serve_plain_h1(
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+    worker: &Worker,
+) -> impl Future<Output = Result<(), hyper::Error>> + Send + 'static {
+    let (io, conn) = plain_conn(stream, remote, worker);
+    let store = Arc::clone(&worker.store);
+    let answer = move |req| {
+        let store = Arc::clone(&store);
+        let conn = Arc::clone(&conn);
+        async move {
+            let mut resp = handle(req, &conn, &store).await;
+            close_if_going_away(&mut resp, &conn);
+            resp
+        }
+    };
+    crate::listener::idle::serve_h1(
+        io,
+        worker.timer.clone(),
+        Arc::clone(&worker.store),
+        Arc::clone(&worker.h1),
+        worker.limits.header_read_timeout,
+        worker.drain.clone(),
+        answer,
+    )
+}
+
+/// An h2c connection, served to its end; boxed, so that HTTP/1.1 connections' tasks do not
+/// keep room for it.
+fn serve_plain_h2(
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+    worker: &Worker,
+) -> Pin<Box<dyn Future<Output = Result<(), hyper::Error>> + Send>> {
+    let (io, conn) = plain_conn(stream, remote, worker);
+    let activity = Activity::new();
+    let counted = activity.clone();
+    let store = Arc::clone(&worker.store);
+    let service = service_fn(move |req| {
+        let store = Arc::clone(&store);
+        let conn = Arc::clone(&conn);
+        let request = counted.begin();
+        async move {
+            let resp = handle(req, &conn, &store).await;
+            drop(request);
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    let served = worker.h2.serve_connection(TokioIo::new(io), service);
+    Box::pin(serve_h2(
+        served,
+        activity,
+        worker.limits,
+        worker.drain.clone(),
+        |c| c.graceful_shutdown(),
+    ))
 }
 
 /// Counts a downstream connection as closed when dropped (`apisix_nginx_http_current_connections`).
@@ -663,4 +751,46 @@ where
         handles.push(handle);
     }
     Ok(handles)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    /// Most bytes the task of a plain-HTTP connection may keep: all of it stays for as long
+    /// as the connection lives, parked or not (issue 21). In the test profile, where futures
+    /// are laid out less tightly than in release builds: 832 bytes, and 2,272 before the
+    /// connection's one-time parts (sniff, HTTP/2, the hyper connection) were boxed.
+    const MOST_TASK_BYTES: usize = 1024;
+
+    /// What the task of a parked HTTP/1.1 connection keeps, whatever it needed before.
+    #[tokio::test]
+    async fn a_parked_connections_task_is_small() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, remote) = listener.accept().await.unwrap();
+        let limits = Limits::default();
+        let timer = CoarseTimer::new();
+        let (h1, h2) = connection_builders(&limits, &timer);
+        let worker = Arc::new(Worker {
+            store: Arc::new(Store::new().unwrap()),
+            h1,
+            h2,
+            timer,
+            drain: Drain::never(),
+            scope: None,
+            limits,
+        });
+        let permit = Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap();
+        let task = plain_connection(stream, remote, permit, worker);
+        let size = std::mem::size_of_val(&task);
+        assert!(
+            size <= MOST_TASK_BYTES,
+            "a plain connection's task takes {size} bytes, more than {MOST_TASK_BYTES}"
+        );
+        drop(client);
+    }
 }

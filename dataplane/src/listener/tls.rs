@@ -16,7 +16,9 @@
 //!   certificate that requires client certificates gets 421 Misdirected Request, so a
 //!   handshake for a public host cannot be used to reach an mTLS-protected one.
 
+use std::future::Future;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -188,8 +190,10 @@ pub async fn serve_https_scoped(
         let scope = scope.clone();
         tokio::spawn(async move {
             let deadline = limits.header_read_timeout;
-            let handshaken = tokio::select! {
-                h = tokio::time::timeout(
+            // NB: boxed, so that the connection's task keeps no room for the handshake
+            // once it is done (a parked connection keeps its task; issue 21).
+            let handshaking: Pin<Box<dyn Future<Output = _> + Send + '_>> =
+                Box::pin(tokio::time::timeout(
                     deadline,
                     handshake(
                         SendTimeout::new(
@@ -202,7 +206,9 @@ pub async fn serve_https_scoped(
                         refuse,
                         scope.clone(),
                     ),
-                ) => h,
+                ));
+            let handshaken = tokio::select! {
+                h = handshaking => h,
                 _ = drain.wait() => return,
             };
             let Ok(Some((tls, conn))) = handshaken else {
@@ -235,26 +241,18 @@ pub async fn serve_https_scoped(
                 }
             };
             let result = if is_h2 {
-                let activity = Activity::new();
-                let counted = activity.clone();
-                let service = service_fn(move |req: Request<Incoming>| {
-                    let request = counted.begin();
-                    let answer = answer(req);
-                    async move {
-                        let resp = answer.await;
-                        drop(request);
-                        Ok::<_, std::convert::Infallible>(resp)
-                    }
-                });
-                let conn = h2.serve_connection(TokioIo::new(tls), service);
-                // NB: boxed, so that HTTP/1.1 connections' tasks do not keep room for it.
-                Box::pin(serve_h2(conn, activity, limits, drain, |c| {
-                    c.graceful_shutdown()
-                }))
-                .await
+                serve_tls_h2(tls, &h2, limits, drain, answer).await
             } else {
-                crate::listener::idle::serve_h1(tls, timer, metrics, h1, limits, drain, answer)
-                    .await
+                crate::listener::idle::serve_h1(
+                    tls,
+                    timer,
+                    metrics,
+                    h1,
+                    limits.header_read_timeout,
+                    drain,
+                    answer,
+                )
+                .await
             };
             if let Err(e) = result {
                 tracing::debug!(error = %e, "downstream TLS connection ended");
@@ -269,6 +267,36 @@ pub async fn serve_https_scoped(
     // Upgraded (WebSocket) sessions outlive their connection: serve them until they close
     // (the process's --drain-timeout bounds the wait).
     crate::upstream::websocket::sessions_closed().await;
+}
+
+/// An HTTP/2 connection over TLS, served to its end by `answer`. NB: a plain function
+/// returning a box, so that HTTP/1.1 connections' tasks keep no room for it.
+fn serve_tls_h2<A, F>(
+    tls: tokio_rustls::server::TlsStream<SendTimeout<crate::net::wbatch::BatchedStream>>,
+    h2: &hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
+    limits: Limits,
+    drain: Drain,
+    answer: A,
+) -> Pin<Box<dyn Future<Output = Result<(), hyper::Error>> + Send>>
+where
+    A: Fn(Request<Incoming>) -> F + Send + Sync + 'static,
+    F: Future<Output = http::Response<crate::upstream::body::ProxyBody>> + Send + 'static,
+{
+    let activity = Activity::new();
+    let counted = activity.clone();
+    let service = service_fn(move |req: Request<Incoming>| {
+        let request = counted.begin();
+        let answer = answer(req);
+        async move {
+            let resp = answer.await;
+            drop(request);
+            Ok::<_, std::convert::Infallible>(resp)
+        }
+    });
+    let conn = h2.serve_connection(TokioIo::new(tls), service);
+    Box::pin(serve_h2(conn, activity, limits, drain, |c| {
+        c.graceful_shutdown()
+    }))
 }
 
 /// Reads the ClientHello, picks the configuration for its SNI from the current table and
