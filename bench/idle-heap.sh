@@ -19,7 +19,8 @@
 # (the profiling profile keeps symbols, so the allocation sites have names). The heap
 # profile is the same with either allocator; RSS is not (measure that with
 # `sluice-bench conns`).
-# Needs: heaptrack (Debian `heaptrack`), nginx, python3. Runs under
+# Needs heaptrack, nginx and python3: scripts/install-bench-deps.sh installs what is missing
+# (as root, or with sudo). Runs under
 # `flock /tmp/sluice-bench.lock` so it never overlaps a benchmark.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -36,7 +37,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 for t in heaptrack heaptrack_print nginx python3; do
-    command -v "$t" >/dev/null || { echo "$t not found; sudo apt-get install heaptrack nginx-light python3" >&2; exit 1; }
+    command -v "$t" >/dev/null || { "$root/scripts/install-bench-deps.sh" >&2; break; }
 done
 [ -x "$sluice_bin" ] || { echo "no dataplane at $sluice_bin (cargo build --profile profiling -p sluice-dataplane --features system-allocator)" >&2; exit 1; }
 if [ -z "${SLUICE_BENCH_LOCKED:-}" ]; then

@@ -8,6 +8,8 @@
 #   taskset (util-linux) CPU pinning
 #   kill (procps)        stopping process groups
 #   getconf (libc-bin)   clock ticks per second
+#   heaptrack            heap held per idle connection (bench/idle-heap.sh)
+#   python3              bench/idle-heap.sh's client
 #   h2load (nghttp2-client), curl   HTTP/2 and gRPC scenarios (bench/h2grpc.sh; Debian's
 #                        nginx (bookworm: package nginx, pulled in by nginx-light) has the
 #                        http_v2 and grpc modules that listen ... http2 and grpc_pass need)
@@ -43,9 +45,12 @@ need taskset util-linux
 need kill procps
 need getconf libc-bin
 need curl curl
+need heaptrack heaptrack
+need heaptrack_print heaptrack
+need python3 python3
 
 if [ -z "$missing" ]; then
-    echo "install-bench-deps: nginx, haproxy, wrk, taskset, kill, getconf, h2load, curl and openssl are already installed"
+    echo "install-bench-deps: nginx, haproxy, wrk, taskset, kill, getconf, h2load, curl, openssl, heaptrack and python3 are already installed"
     exit 0
 fi
 
