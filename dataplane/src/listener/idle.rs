@@ -78,6 +78,19 @@ impl Parkable for SendTimeout<BatchedStream> {
     }
 }
 
+/// The bare socket of a parked plain connection (nothing to send, no buffers).
+impl Parkable for tokio::net::TcpStream {
+    fn has_pending(&self) -> bool {
+        false
+    }
+
+    fn release_buffers(&mut self) {}
+
+    fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        tokio::net::TcpStream::poll_read_ready(self, cx)
+    }
+}
+
 /// NB: when hyper's read of a TLS stream is pending, rustls holds no decrypted bytes (it
 /// hands those out before it reads the socket); a record cut short stays in rustls and its
 /// rest makes the socket readable.
@@ -345,10 +358,11 @@ impl<S: Parkable> AsyncWrite for Watched<S> {
 /// parking it whenever it is quiet for [`GRACE`] between requests: `handle` answers each
 /// request. A parked connection is closed when `drain` fires or when it has waited
 /// `header_read_timeout` in all for its next request (the bound hyper's header timer puts on
-/// an idle connection).
+/// an idle connection). For TLS connections; plain ones park as the bare socket
+/// (`server::plain_connection`, with [`until_parked`] and [`parked`]).
 ///
 /// NB: what a parked connection's task keeps is this future's state, so it holds only the
-/// socket and a few handles: the hyper connection and what serves it live in a box that is
+/// stream and a few handles: the hyper connection and what serves it live in a box that is
 /// freed when the connection parks (issue 21: the task of a parked connection took
 /// 1.5 KB, measured with `bench/idle-heap.sh`).
 pub(crate) async fn serve_h1<S, H, F>(
@@ -357,7 +371,7 @@ pub(crate) async fn serve_h1<S, H, F>(
     store: Arc<Store>,
     h1: Arc<hyper::server::conn::http1::Builder>,
     header_read_timeout: Duration,
-    mut drain: Drain,
+    drain: Drain,
     handle: H,
 ) -> Result<(), hyper::Error>
 where
@@ -366,32 +380,45 @@ where
     F: std::future::Future<Output = Response<ProxyBody>> + Send + 'static,
 {
     loop {
-        io = match boxed_until_parked(io, &timer, &h1, &drain, handle.clone()).await {
+        io = match until_parked(io, &timer, &h1, &drain, handle.clone()).await {
             (Ok(()), Some(io)) => io,
             (result, _) => return result,
         };
         io.release_buffers();
-        let _parked = Parked::new(&store);
-        let idle = timer.sleep(header_read_timeout.saturating_sub(GRACE));
-        tokio::select! {
-            biased;
-            _ = drain.wait() => return Ok(()),
-            readable = std::future::poll_fn(|cx| io.poll_read_ready(cx)) => {
-                if readable.is_err() {
-                    return Ok(());
-                }
-            }
-            _ = idle => return Ok(()),
+        if !parked(&io, &store, &timer, header_read_timeout, &drain).await {
+            return Ok(());
         }
     }
 }
 
-/// What [`serve_until_parked`] returns.
-type Served<S> = (Result<(), hyper::Error>, Option<S>);
+/// Waits while the connection on `io` is parked: true once its next request is coming (the
+/// socket is readable), false when it is to be closed (`drain` fired, it waited
+/// `header_read_timeout` in all, counting the [`GRACE`] before it parked, or an error).
+/// Counted in `sluice_dataplane_parked_connections` meanwhile.
+pub(crate) async fn parked<S: Parkable>(
+    io: &S,
+    store: &Store,
+    timer: &CoarseTimer,
+    header_read_timeout: Duration,
+    drain: &Drain,
+) -> bool {
+    let _parked = Parked::new(store);
+    let idle = timer.sleep(header_read_timeout.saturating_sub(GRACE));
+    tokio::select! {
+        biased;
+        _ = drain.draining() => false,
+        readable = std::future::poll_fn(|cx| io.poll_read_ready(cx)) => readable.is_ok(),
+        _ = idle => false,
+    }
+}
 
-/// [`serve_until_parked`], boxed. NB: a plain function, so that no unboxed copy of the
-/// future takes room in the caller's state.
-fn boxed_until_parked<'a, S, H, F>(
+/// What [`until_parked`] returns: the connection's result, and its stream when it parked.
+pub(crate) type Served<S> = (Result<(), hyper::Error>, Option<S>);
+
+/// One hyper connection on `io`, until it ends or parks ([`serve_until_parked`]), boxed.
+/// NB: a plain function, so that no unboxed copy of the future takes room in the caller's
+/// state.
+pub(crate) fn until_parked<'a, S, H, F>(
     io: S,
     timer: &'a CoarseTimer,
     h1: &'a hyper::server::conn::http1::Builder,

@@ -17,6 +17,7 @@ use tokio::sync::Semaphore;
 
 use crate::config::store::Store;
 use crate::http::ConnInfo;
+use crate::listener::idle;
 use crate::net::send_timeout::SendTimeout;
 use crate::net::timer::CoarseTimer;
 use crate::request::handle;
@@ -255,6 +256,7 @@ enum Phase {
 pub struct DrainTrigger {
     phase: tokio::sync::watch::Sender<Phase>,
     going_away: Arc<AtomicBool>,
+    waiters: Arc<Waiters>,
 }
 
 impl DrainTrigger {
@@ -277,6 +279,72 @@ impl DrainTrigger {
     pub fn drain(&self) {
         self.going_away.store(true, Ordering::Relaxed);
         let _ = self.phase.send(Phase::Draining);
+        // NB: after the phase is set: a `Draining` that registers from here on sees it.
+        for (_, waker) in self.waiters.lock().drain() {
+            waker.wake();
+        }
+    }
+}
+
+/// The tasks waiting on a [`Drain`] through [`Drain::draining`], by id: woken by
+/// [`DrainTrigger::drain`].
+#[derive(Debug, Default)]
+struct Waiters {
+    next: std::sync::atomic::AtomicU64,
+    wakers: std::sync::Mutex<std::collections::HashMap<u64, std::task::Waker>>,
+}
+
+impl Waiters {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, std::task::Waker>> {
+        // Every entry is valid on its own: a poisoned lock is used as is.
+        self.wakers.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// [`Drain::draining`]'s future.
+#[derive(Debug)]
+pub(crate) struct Draining<'a> {
+    drain: &'a Drain,
+    /// Its entry in the drain's [`Waiters`], once polled.
+    id: Option<u64>,
+}
+
+impl Future for Draining<'_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
+        let this = self.get_mut();
+        let waiters = &this.drain.waiters;
+        let mut wakers = waiters.lock();
+        // NB: read under the waiters' lock, which `DrainTrigger::drain` takes after it
+        // sets the phase: either this sees draining, or the trigger sees this waker.
+        if *this.drain.phase.borrow() >= Phase::Draining {
+            if let Some(id) = this.id.take() {
+                wakers.remove(&id);
+            }
+            return Poll::Ready(());
+        }
+        let id = *this
+            .id
+            .get_or_insert_with(|| waiters.next.fetch_add(1, Ordering::Relaxed));
+        match wakers.entry(id) {
+            std::collections::hash_map::Entry::Occupied(e) if e.get().will_wake(cx.waker()) => {}
+            std::collections::hash_map::Entry::Occupied(mut e) => {
+                e.insert(cx.waker().clone());
+            }
+            std::collections::hash_map::Entry::Vacant(e) => {
+                e.insert(cx.waker().clone());
+            }
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Draining<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id {
+            self.drain.waiters.lock().remove(&id);
+        }
     }
 }
 
@@ -288,6 +356,7 @@ pub struct Drain {
     // an atomic load costs nothing there, where the watch channel's value sits behind a
     // lock that every worker would share.
     going_away: Arc<AtomicBool>,
+    waiters: Arc<Waiters>,
 }
 
 impl Drain {
@@ -295,14 +364,17 @@ impl Drain {
     pub fn channel() -> (DrainTrigger, Drain) {
         let (tx, rx) = tokio::sync::watch::channel(Phase::Serving);
         let going_away = Arc::new(AtomicBool::new(false));
+        let waiters = Arc::new(Waiters::default());
         (
             DrainTrigger {
                 phase: tx,
                 going_away: Arc::clone(&going_away),
+                waiters: Arc::clone(&waiters),
             },
             Drain {
                 phase: rx,
                 going_away,
+                waiters,
             },
         )
     }
@@ -315,6 +387,16 @@ impl Drain {
     /// Resolves once draining has started.
     pub async fn wait(&mut self) {
         self.reached(Phase::Draining).await;
+    }
+
+    /// Resolves once draining has started, as [`wait`](Self::wait) does, in a future of a
+    /// few bytes: what a parked connection's task waits on (`wait`'s future takes about
+    /// 200, which every parked connection kept; issue 21).
+    pub(crate) fn draining(&self) -> Draining<'_> {
+        Draining {
+            drain: self,
+            id: None,
+        }
     }
 
     /// Resolves once the shutdown delay (or draining) has started.
@@ -562,30 +644,51 @@ struct Worker {
 ///
 /// NB: a connection's task keeps room for the largest state of this future for as long as
 /// the connection lives, parked or not. So what is needed once (the sniff, the HTTP/2
-/// connection) is boxed or built in plain functions, and what remains while an HTTP/1.1
-/// connection is parked is `serve_h1`'s small state (issue 21: 1.5 KB a parked connection
-/// before; `tests::a_parked_connections_task_is_small`).
+/// connection) and what serves requests (the hyper connection, its stream wrappers, the
+/// connection's `ConnInfo`) are boxed or built in plain functions, and an HTTP/1.1
+/// connection parks as its bare socket: what remains then is the socket, the permit, two
+/// handles and the wait (issue 21: 1.5 KB a parked connection, then 1 KB, before;
+/// `tests::a_parked_connections_task_is_small`).
 async fn plain_connection(
-    stream: tokio::net::TcpStream,
+    mut stream: tokio::net::TcpStream,
     remote: SocketAddr,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    _permit: tokio::sync::OwnedSemaphorePermit,
     worker: Arc<Worker>,
 ) {
     let _closed = ConnClosed(Arc::clone(&worker.store));
-    let _permit = permit;
     // A connection that has not sent a byte yet is idle: drain closes it.
     let Some(is_h2) = sniff_or_drain(&stream, &worker).await else {
         return;
     };
     // NB: on drain, hyper closes an idle connection at once and a busy one after its
     // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
-    let result = if is_h2 {
-        serve_plain_h2(stream, remote, &worker).await
-    } else {
-        serve_plain_h1(stream, remote, &worker).await
-    };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, "downstream connection ended");
+    if is_h2 {
+        if let Err(e) = serve_plain_h2(stream, remote, &worker).await {
+            tracing::debug!(error = %e, "downstream connection ended");
+        }
+        return;
+    }
+    loop {
+        stream = match serve_plain_h1(stream, remote, &worker).await {
+            (Ok(()), Some(parked)) => parked.into_inner().into_inner(),
+            (Ok(()), None) => return,
+            (Err(e), _) => {
+                tracing::debug!(error = %e, "downstream connection ended");
+                return;
+            }
+        };
+        let (store, timer, limits) = (&worker.store, &worker.timer, &worker.limits);
+        if !idle::parked(
+            &stream,
+            store,
+            timer,
+            limits.header_read_timeout,
+            &worker.drain,
+        )
+        .await
+        {
+            return;
+        }
     }
 }
 
@@ -603,15 +706,15 @@ fn sniff_or_drain<'a>(
     })
 }
 
+/// A plain-HTTP connection's stream while it serves requests.
+type PlainStream = SendTimeout<crate::net::wbatch::BatchedStream>;
+
 /// The [`ConnInfo`] of a plain-HTTP connection from `remote`, and its stream.
 fn plain_conn(
     stream: tokio::net::TcpStream,
     remote: SocketAddr,
     worker: &Worker,
-) -> (
-    SendTimeout<crate::net::wbatch::BatchedStream>,
-    Arc<ConnInfo>,
-) {
+) -> (PlainStream, Arc<ConnInfo>) {
     let local = stream.local_addr().unwrap_or(remote);
     let mut conn = ConnInfo::new(remote, local, "http", worker.timer.clone());
     conn.client_body_timeout = worker.limits.client_body_timeout;
@@ -626,13 +729,14 @@ fn plain_conn(
     (io, Arc::new(conn))
 }
 
-/// An HTTP/1.1 connection, served to its end. NB: a plain function, so that its locals take
-/// no room in the connection's task.
-fn serve_plain_h1(
+/// HTTP/1.1 on `stream` until the connection ends or parks (then its stream is returned:
+/// see [`idle::until_parked`]); boxed. NB: a plain function, so that its locals take no
+/// room in the connection's task.
+fn serve_plain_h1<'a>(
     stream: tokio::net::TcpStream,
     remote: SocketAddr,
-    worker: &Worker,
-) -> impl Future<Output = Result<(), hyper::Error>> + Send + 'static {
+    worker: &'a Worker,
+) -> Pin<Box<impl Future<Output = idle::Served<PlainStream>> + Send + 'a>> {
     let (io, conn) = plain_conn(stream, remote, worker);
     let store = Arc::clone(&worker.store);
     let answer = move |req| {
@@ -644,15 +748,7 @@ fn serve_plain_h1(
             resp
         }
     };
-    crate::listener::idle::serve_h1(
-        io,
-        worker.timer.clone(),
-        Arc::clone(&worker.store),
-        Arc::clone(&worker.h1),
-        worker.limits.header_read_timeout,
-        worker.drain.clone(),
-        answer,
-    )
+    idle::until_parked(io, &worker.timer, &worker.h1, &worker.drain, answer)
 }
 
 /// An h2c connection, served to its end; boxed, so that HTTP/1.1 connections' tasks do not
@@ -760,9 +856,40 @@ mod tests {
 
     /// Most bytes the task of a plain-HTTP connection may keep: all of it stays for as long
     /// as the connection lives, parked or not (issue 21). In the test profile, where futures
-    /// are laid out less tightly than in release builds: 832 bytes, and 2,272 before the
-    /// connection's one-time parts (sniff, HTTP/2, the hyper connection) were boxed.
-    const MOST_TASK_BYTES: usize = 1024;
+    /// are laid out less tightly than in release builds: 344 bytes; 2,272 before the
+    /// connection's one-time parts (sniff, HTTP/2, the hyper connection) were boxed, 832
+    /// before it parked as its bare socket and waited on the drain with `Drain::draining`.
+    const MOST_TASK_BYTES: usize = 384;
+
+    /// `Drain::draining` wakes a task that waits before the drain, resolves at once after
+    /// it, and leaves no waker behind when dropped.
+    #[tokio::test]
+    async fn draining_wakes_its_waiters_and_forgets_dropped_ones() {
+        let (trigger, drain) = Drain::channel();
+        let early = tokio::spawn({
+            let drain = drain.clone();
+            async move { drain.draining().await }
+        });
+        {
+            let gone = drain.draining();
+            tokio::pin!(gone);
+            assert!(futures::poll!(gone.as_mut()).is_pending());
+            assert_eq!(drain.waiters.lock().len(), 1);
+        }
+        // Only the spawned task's waker remains once it has been polled.
+        while drain.waiters.lock().len() != 1 {
+            tokio::task::yield_now().await;
+        }
+        trigger.go_away();
+        assert!(futures::poll!(drain.draining()).is_pending());
+        trigger.drain();
+        tokio::time::timeout(Duration::from_secs(5), early)
+            .await
+            .expect("the waiting task was woken")
+            .unwrap();
+        drain.draining().await;
+        assert!(drain.waiters.lock().is_empty());
+    }
 
     /// What the task of a parked HTTP/1.1 connection keeps, whatever it needed before.
     #[tokio::test]

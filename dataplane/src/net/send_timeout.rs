@@ -41,6 +41,11 @@ impl<T> SendTimeout<T> {
         &self.io
     }
 
+    /// The wrapped stream alone.
+    pub fn into_inner(self) -> T {
+        self.io
+    }
+
     /// The wrapped stream, mutably.
     pub fn get_mut(&mut self) -> &mut T {
         &mut self.io

@@ -286,8 +286,22 @@ fn lock(shared: &Shared) -> MutexGuard<'_, State> {
 /// A TCP stream whose small writes are batched per event-loop turn (see the module
 /// documentation). On a thread without batching it is the plain stream.
 pub struct BatchedStream {
+    // NB: before `io`, so that a stream dropped with bytes pending sends them while the
+    // descriptor is still open (fields drop in order).
+    shared: Option<Registered>,
     io: TcpStream,
-    shared: Option<Arc<Shared>>,
+}
+
+/// A stream's place in its thread's batch; dropping it takes the stream out (see its
+/// `Drop`).
+struct Registered(Arc<Shared>);
+
+impl std::ops::Deref for Registered {
+    type Target = Arc<Shared>;
+
+    fn deref(&self) -> &Arc<Shared> {
+        &self.0
+    }
 }
 
 impl std::fmt::Debug for BatchedStream {
@@ -304,12 +318,20 @@ impl BatchedStream {
     pub fn new(io: TcpStream) -> Self {
         let batched = BATCHER.with(|b| b.borrow().is_some());
         let shared = batched.then(|| {
-            Arc::new(Shared {
+            Registered(Arc::new(Shared {
                 fd: io.as_raw_fd(),
                 state: Mutex::new(State::default()),
-            })
+            }))
         });
-        BatchedStream { io, shared }
+        BatchedStream { shared, io }
+    }
+
+    /// The socket alone, for a connection that keeps nothing else while it idles (bytes
+    /// still pending are sent first, best effort, as when the stream is dropped).
+    pub fn into_inner(self) -> TcpStream {
+        let BatchedStream { shared, io } = self;
+        drop(shared);
+        io
     }
 
     /// The socket.
@@ -512,19 +534,17 @@ impl AsyncWrite for BatchedStream {
     }
 }
 
-impl Drop for BatchedStream {
+impl Drop for Registered {
     fn drop(&mut self) {
-        if let Some(shared) = &self.shared {
-            let mut st = lock(shared);
-            if !st.pending.is_empty() {
-                // Best effort, as the kernel does for a closed socket's queued bytes; the
-                // descriptor is still open here (the stream's fields drop after this).
-                let _ = send_now(shared.fd, &st.pending);
-                st.pending.clear();
-            }
-            st.closed = true;
-            st.queued = false;
+        let mut st = lock(&self.0);
+        if !st.pending.is_empty() {
+            // Best effort, as the kernel does for a closed socket's queued bytes; the
+            // descriptor is still open here (`BatchedStream::io` drops after this).
+            let _ = send_now(self.0.fd, &st.pending);
+            st.pending.clear();
         }
+        st.closed = true;
+        st.queued = false;
     }
 }
 
