@@ -136,7 +136,7 @@ leak() { sed -n 's/^total memory leaked: \(.*\)$/\1/p' "$out/$1-held.txt"; }
 {
     echo "# Heap held by parked idle connections ($(uname -m), $(date -u +%Y-%m-%dT%H:%MZ))"
     echo
-    echo "- dataplane: $sluice_bin ($(git -C "$root" rev-parse --short HEAD)), under heaptrack, one worker, --write-batching send"
+    echo "- dataplane: $sluice_bin (modified $(date -u -r "$sluice_bin" +%Y-%m-%dT%H:%MZ); this checkout: $(git -C "$root" rev-parse --short HEAD)), under heaptrack, one worker, --write-batching send"
     echo "- $count idle keep-alive connections, each after one GET /hello, 5 s after the last response"
     echo
     echo "| | no idle connections | $count idle | per connection |"
