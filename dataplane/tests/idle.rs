@@ -286,7 +286,12 @@ fn the_dataplane_process_runs_without_transparent_huge_pages() {
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
         .arg("--standalone")
         .arg(&config)
-        .args(["--listen-http", "127.0.0.1:0", "--listen-https", "127.0.0.1:0"])
+        .args([
+            "--listen-http",
+            "127.0.0.1:0",
+            "--listen-https",
+            "127.0.0.1:0",
+        ])
         .args(["--admin", &admin_addr.to_string(), "--workers", "1"])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
