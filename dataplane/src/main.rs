@@ -228,9 +228,13 @@ fn source(args: &Args) -> anyhow::Result<Source> {
 }
 
 fn main() -> anyhow::Result<()> {
+    // Before anything else allocates much: a huge page taken now would stay.
+    let thp = no_transparent_huge_pages();
     let args = Args::parse();
     init_logs(args.log_format);
-    no_transparent_huge_pages();
+    if let Err(error) = thp {
+        tracing::warn!(%error, "transparent huge pages stay on: prctl(PR_SET_THP_DISABLE) failed");
+    }
     let source = source(&args)?;
     let workers = args.workers.unwrap_or_else(|| {
         std::thread::available_parallelism()
@@ -437,28 +441,34 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Turns transparent huge pages off for this process. mimalloc asks for them on its arenas
-/// (`madvise(MADV_HUGEPAGE)`), and the kernel's khugepaged then fills every 2 MiB range
+/// Turns transparent huge pages off for this process. mimalloc asked for them on its arenas
+/// (`madvise(MADV_HUGEPAGE)`; its `no_thp` build feature now stops that, which matters
+/// where the host's THP mode is `madvise`, the default), and the kernel's khugepaged then
+/// filled every 2 MiB range
 /// that still holds a live allocation back up to a whole huge page: after connections
 /// close or park and their buffers go back to the OS, resident memory climbed again by
 /// about 9 MiB every 10 s (khugepaged's scan period). Measured with 9,000 parked keep-alive
 /// connections: 64 MiB and rising after 30 s with huge pages, 24 MiB and flat without
 /// (issue 21; nginx holds 21 MiB). A proxy's heap is small and its accesses scattered, so
-/// huge pages buy it little.
+/// huge pages buy it little. The idle process's anonymous memory (no connection yet) went
+/// from 5.9 MiB (2 MiB of it one huge page taken before this call) to 1.3 MiB once mimalloc
+/// stopped asking for them. On a host whose THP mode is `always` a range touched before
+/// this call may still be a huge page.
 #[cfg(target_os = "linux")]
 #[allow(unsafe_code)]
-fn no_transparent_huge_pages() {
+fn no_transparent_huge_pages() -> std::io::Result<()> {
     // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes nothing but this
     // process's huge-page policy; it fails (harmlessly) on kernels without it.
-    let failed = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0;
-    if failed {
-        let error = std::io::Error::last_os_error();
-        tracing::warn!(%error, "transparent huge pages stay on: prctl(PR_SET_THP_DISABLE) failed");
+    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
     }
+    Ok(())
 }
 
 #[cfg(not(target_os = "linux"))]
-fn no_transparent_huge_pages() {}
+fn no_transparent_huge_pages() -> std::io::Result<()> {
+    Ok(())
+}
 
 /// Returns memory freed by this thread to the OS. mimalloc otherwise keeps the pages of a
 /// reload's transient parse trees until the thread allocates again, which an idle reload

@@ -308,6 +308,7 @@ fn the_dataplane_process_runs_without_transparent_huge_pages() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let thp = std::fs::read_to_string(&status).unwrap();
+    let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", child.id())).unwrap();
     let _ = child.kill();
     let _ = child.wait();
     let line = thp
@@ -315,4 +316,16 @@ fn the_dataplane_process_runs_without_transparent_huge_pages() {
         .find(|l| l.starts_with("THP_enabled:"))
         .expect("the kernel reports THP_enabled in /proc/PID/status (Linux 5.0+)");
     assert_eq!(line.split_whitespace().nth(1), Some("0"), "{line}");
+    // Where the host gives huge pages only to ranges that ask for them (`madvise`, the
+    // default), none of the process's memory is one: the allocator does not ask, even for
+    // what it maps before `main` turns them off.
+    let mode =
+        std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    if mode.contains("[madvise]") {
+        let huge = rollup
+            .lines()
+            .find(|l| l.starts_with("AnonHugePages:"))
+            .expect("smaps_rollup has AnonHugePages");
+        assert_eq!(huge.split_whitespace().nth(1), Some("0"), "{huge}");
+    }
 }
