@@ -1190,8 +1190,9 @@ fn measure_proxy(
             );
         }
         let held = opened.streams.len() as u64;
-        // Sluice parks an idle connection 2 s after its request and trims its heap within a
-        // second of that (the same wait for every proxy).
+        // Sluice parks an idle connection 250-350 ms after its request and trims its heap
+        // within a second of that; 3.5 s is the wait of older runs, kept so that results
+        // stay comparable (the same wait for every proxy).
         std::thread::sleep(Duration::from_millis(3500));
         let m = ctx.run(
             &p,

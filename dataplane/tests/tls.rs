@@ -1038,7 +1038,7 @@ async fn an_idle_https_connection_is_parked_and_keeps_its_session() {
             StatusCode::OK,
             "round {round}"
         );
-        // Quiet past the 2 s grace: parked, with the TLS session kept.
+        // Quiet past the 250 ms grace: parked, with the TLS session kept.
         let mut waited = 0;
         while parked() != Some(1.0) && waited < 60 {
             tokio::time::sleep(std::time::Duration::from_millis(100)).await;

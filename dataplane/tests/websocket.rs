@@ -142,7 +142,7 @@ async fn websocket_session_stays_open_across_three_snapshot_swaps() {
 
 #[tokio::test]
 async fn a_session_quiet_past_the_keepalive_parking_grace_stays_open() {
-    // Idle HTTP/1.1 connections are parked after 2 s without a request; an upgraded one
+    // Idle HTTP/1.1 connections are parked after 250 ms without a request; an upgraded one
     // belongs to its session and must never be.
     let backend = ws_server("ws1").await;
     let dp = dataplane().await;

@@ -50,8 +50,16 @@ use crate::net::timer::{CoarseSleep, CoarseTimer};
 use crate::net::wbatch::BatchedStream;
 use crate::upstream::body::ProxyBody;
 
-/// How long a connection waits for its next request before it is parked.
-pub(crate) const GRACE: Duration = Duration::from_secs(2);
+/// How long a connection waits for its next request before it is parked (fired on the
+/// worker's coarse timer: 250 to 350 ms).
+///
+/// NB: a connection that is not parked yet holds hyper's buffers, about 23 KB. With 2 s,
+/// 9,000 clients that each sent a request within 2 s held 218 MiB at the peak while nginx,
+/// which frees a keep-alive connection's buffers at once, stayed at 21 MiB (issue 21,
+/// `sluice-bench suite --scenario idle`). Clients that send back to back (a page's
+/// resources, a pooled API client under load) wait far less than this and keep their
+/// hyper connection; one that comes back later pays for a new one (a few microseconds).
+pub(crate) const GRACE: Duration = Duration::from_millis(250);
 
 /// A stream that can be parked: it says whether bytes wait to be sent, and can free what it
 /// keeps between writes.
@@ -393,7 +401,8 @@ where
 
 /// Waits while the connection on `io` is parked: true once its next request is coming (the
 /// socket is readable), false when it is to be closed (`drain` fired, it waited
-/// `header_read_timeout` in all, counting the [`GRACE`] before it parked, or an error).
+/// `header_read_timeout` in all, counting the [`GRACE`] before it parked, up to a second
+/// more: [`crate::net::timer::FAR_RESOLUTION`]; or an error).
 /// Counted in `sluice_dataplane_parked_connections` meanwhile.
 pub(crate) async fn parked<S: Parkable>(
     io: &S,
@@ -403,7 +412,8 @@ pub(crate) async fn parked<S: Parkable>(
     drain: &Drain,
 ) -> bool {
     let _parked = Parked::new(store);
-    let idle = timer.sleep(header_read_timeout.saturating_sub(GRACE));
+    // NB: thousands of parked connections may wait at once: on the timer's far list.
+    let idle = timer.sleep_far(header_read_timeout.saturating_sub(GRACE));
     tokio::select! {
         biased;
         _ = drain.draining() => false,

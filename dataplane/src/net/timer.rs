@@ -7,6 +7,12 @@
 //! seconds long and need no millisecond precision, so here a timeout is an atomic deadline
 //! in a list that one sweeper task per worker checks ten times a second. It also serves as
 //! hyper's [`hyper::rt::Timer`] (header-read and keep-alive timeouts).
+//!
+//! Long waits of many idle things (parked keep-alive connections: thousands, each waiting
+//! up to the keep-alive limit) go on a second list, swept once a second
+//! ([`CoarseTimer::sleep_far`]): a sweep touches every entry of its list, and 9,000 parked
+//! connections on the per-tick list cost the worker about 0.6 ms every 100 ms, a stall
+//! that the requests in flight then wait out (issue 21: loaded p99 with idle connections).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -20,10 +26,18 @@ use futures::task::AtomicWaker;
 /// How often the sweeper checks deadlines: the most a timeout fires late.
 pub const RESOLUTION: Duration = Duration::from_millis(100);
 
+/// How often the sweeper checks the deadlines of [`CoarseTimer::sleep_far`], in ticks.
+const FAR_EVERY: u64 = 10;
+
+/// The most a [`CoarseTimer::sleep_far`] fires late.
+pub const FAR_RESOLUTION: Duration = Duration::from_millis(100 * FAR_EVERY);
+
 #[derive(Debug)]
 struct Inner {
     start: Instant,
     sleepers: Mutex<Vec<Weak<SleepState>>>,
+    /// Those of [`CoarseTimer::sleep_far`].
+    far: Mutex<Vec<Weak<SleepState>>>,
 }
 
 #[derive(Debug)]
@@ -53,6 +67,7 @@ impl CoarseTimer {
             inner: Arc::new(Inner {
                 start: Instant::now(),
                 sleepers: Mutex::new(Vec::new()),
+                far: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -73,20 +88,16 @@ impl CoarseTimer {
         drop(self);
         let mut tick = tokio::time::interval(RESOLUTION);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut ticks: u64 = 0;
         loop {
             tick.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let now = inner.start.elapsed().as_millis() as u64;
             let mut fire = Vec::new();
-            if let Ok(mut sleepers) = inner.sleepers.lock() {
-                sleepers.retain(|w| match w.upgrade() {
-                    None => false,
-                    Some(s) if s.deadline.load(Ordering::Relaxed) <= now => {
-                        fire.push(s);
-                        false
-                    }
-                    Some(_) => true,
-                });
+            expired(&inner.sleepers, now, &mut fire);
+            ticks = ticks.wrapping_add(1);
+            if ticks.is_multiple_of(FAR_EVERY) {
+                expired(&inner.far, now, &mut fire);
             }
             for s in fire {
                 s.fired.store(true, Ordering::Release);
@@ -100,13 +111,25 @@ impl CoarseTimer {
         self.sleep_until_ms(self.now_ms().saturating_add(duration.as_millis() as u64))
     }
 
+    /// Like [`CoarseTimer::sleep`], for a long wait that many idle things may share: it
+    /// fires up to [`FAR_RESOLUTION`] late, and a sweep every [`RESOLUTION`] does not
+    /// touch it.
+    pub fn sleep_far(&self, duration: Duration) -> CoarseSleep {
+        let deadline = self.now_ms().saturating_add(duration.as_millis() as u64);
+        self.sleep_on(&self.inner.far, deadline)
+    }
+
     fn sleep_until_ms(&self, deadline: u64) -> CoarseSleep {
+        self.sleep_on(&self.inner.sleepers, deadline)
+    }
+
+    fn sleep_on(&self, list: &Mutex<Vec<Weak<SleepState>>>, deadline: u64) -> CoarseSleep {
         let state = Arc::new(SleepState {
             deadline: AtomicU64::new(deadline),
             fired: AtomicBool::new(false),
             waker: AtomicWaker::new(),
         });
-        if let Ok(mut sleepers) = self.inner.sleepers.lock() {
+        if let Ok(mut sleepers) = list.lock() {
             sleepers.push(Arc::downgrade(&state));
         }
         CoarseSleep {
@@ -135,6 +158,21 @@ impl CoarseTimer {
             }
         })
         .await
+    }
+}
+
+/// Takes the sleeps of `list` whose deadline is `now` or before into `fire`, and forgets
+/// dropped ones.
+fn expired(list: &Mutex<Vec<Weak<SleepState>>>, now: u64, fire: &mut Vec<Arc<SleepState>>) {
+    if let Ok(mut sleepers) = list.lock() {
+        sleepers.retain(|w| match w.upgrade() {
+            None => false,
+            Some(s) if s.deadline.load(Ordering::Relaxed) <= now => {
+                fire.push(s);
+                false
+            }
+            Some(_) => true,
+        });
     }
 }
 
@@ -237,5 +275,31 @@ mod tests {
         }
         tokio::time::sleep(RESOLUTION * 3).await;
         assert_eq!(timer.inner.sleepers.lock().unwrap().len(), 0);
+    }
+
+    #[tokio::test]
+    async fn far_sleeps_fire_within_their_resolution_and_stay_off_the_per_tick_list() {
+        let timer = CoarseTimer::new();
+        tokio::spawn(timer.clone().run());
+        let start = Instant::now();
+        let far = timer.sleep_far(Duration::from_millis(250));
+        assert_eq!(timer.inner.sleepers.lock().unwrap().len(), 0);
+        assert_eq!(timer.inner.far.lock().unwrap().len(), 1);
+        far.await;
+        let waited = start.elapsed();
+        assert!(
+            waited >= Duration::from_millis(250),
+            "fired early: {waited:?}"
+        );
+        assert!(
+            waited < Duration::from_millis(250) + FAR_RESOLUTION * 3,
+            "fired far too late: {waited:?}"
+        );
+        // Dropped ones are forgotten at the next far sweep.
+        for _ in 0..1000 {
+            drop(timer.sleep_far(Duration::from_secs(60)));
+        }
+        tokio::time::sleep(FAR_RESOLUTION * 2 + RESOLUTION).await;
+        assert_eq!(timer.inner.far.lock().unwrap().len(), 0);
     }
 }
