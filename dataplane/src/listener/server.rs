@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
+use bytes::Bytes;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use socket2::{Domain, Protocol, Socket, Type};
@@ -196,45 +197,65 @@ pub fn bind_reuseport(addr: SocketAddr) -> std::io::Result<std::net::TcpListener
     Ok(socket.into())
 }
 
+/// Turns Nagle's algorithm off for the connections `listener` accepts. On Linux an accepted
+/// socket inherits `TCP_NODELAY` from its listener, so it is set once here instead of once
+/// per connection (a system call per connection: issue 21, plain connection churn);
+/// elsewhere each connection still sets it ([`nodelay_per_connection`]).
+pub(crate) fn nodelay_for_accepted(listener: &TcpListener) {
+    if let Err(error) = socket2::SockRef::from(listener).set_tcp_nodelay(true) {
+        tracing::warn!(%error, "TCP_NODELAY on the listener");
+    }
+}
+
+/// What a listener needs per accepted connection besides [`nodelay_for_accepted`].
+pub(crate) fn nodelay_per_connection(stream: &tokio::net::TcpStream) {
+    if !cfg!(target_os = "linux") {
+        let _ = stream.set_nodelay(true);
+    }
+}
+
 /// The HTTP/2 connection preface a client with prior knowledge sends first.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
-/// Whether the client speaks HTTP/2 with prior knowledge (h2c), judged from the first bytes
-/// without consuming them. `None` when the client sent nothing conclusive within `timeout`
-/// (the header read timeout) or closed: the connection is then closed.
+/// Most bytes the sniff reads at once: they go to hyper first, so a request head this size
+/// or smaller is read with one system call.
+const SNIFF_READ: usize = 2048;
+
+/// Whether the client speaks HTTP/2 with prior knowledge (h2c), judged from its first bytes,
+/// which are returned too: they are read (not peeked) and handed to hyper before the socket
+/// ([`crate::net::wbatch::BatchedStream::with_unread`]). `None` when the client sent
+/// nothing conclusive within `timeout` (the header read timeout) or closed: the connection
+/// is then closed.
 ///
 /// NB: deciding this ourselves, once per connection, lets each connection be served by
 /// hyper's HTTP/1 or HTTP/2 server directly, without the auto-detecting wrapper that costs
-/// about 2% of the CPU per request.
-///
-/// NB: `peek` cannot see a close behind bytes that are still unread, so a client that sent
-/// `P` (or `PR`) and closed looks the same as a slow one: both are given until `timeout`,
-/// polled with a growing pause, and never longer.
-async fn sniff_h2(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<bool> {
-    let mut buf = [0u8; 3];
+/// about 2% of the CPU per request. Reading instead of peeking saves a system call per
+/// connection (issue 21, plain connection churn), and sees a close after a partial `P`/`PR`.
+async fn sniff_h2(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<(bool, Bytes)> {
+    let mut buf = Vec::with_capacity(SNIFF_READ);
     let deadline = tokio::time::Instant::now() + timeout;
-    let mut pause = Duration::from_millis(1);
     loop {
-        let n = tokio::time::timeout_at(deadline, stream.peek(&mut buf))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
-            return None;
+        match stream.try_read_buf(&mut buf) {
+            Ok(0) => return None,
+            Ok(_) => {
+                let n = buf.len().min(3);
+                if buf[..n] != H2_PREFACE[..n] {
+                    return Some((false, buf.into()));
+                }
+                if n == 3 {
+                    // No HTTP/1 request starts with `PRI`.
+                    return Some((true, buf.into()));
+                }
+                // A partial `P` or `PR`: the rest is read once it comes.
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::timeout_at(deadline, stream.readable())
+                    .await
+                    .ok()?
+                    .ok()?;
+            }
+            Err(_) => return None,
         }
-        if buf[..n] != H2_PREFACE[..n] {
-            return Some(false);
-        }
-        if n == buf.len() {
-            // No HTTP/1 request starts with `PRI`.
-            return Some(true);
-        }
-        // A partial `P` or `PR`: wait for the rest instead of spinning on peek.
-        if tokio::time::Instant::now() + pause >= deadline {
-            return None;
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(100));
     }
 }
 
@@ -578,6 +599,7 @@ pub async fn serve_scoped(
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     spawn_idle_trim(&permits, limits.max_connections);
+    nodelay_for_accepted(&listener);
     crate::net::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
@@ -613,7 +635,7 @@ pub async fn serve_scoped(
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
+        nodelay_per_connection(&stream);
         worker.store.plugin_state().apisix.connection_opened();
         tokio::spawn(plain_connection(
             stream,
@@ -652,33 +674,29 @@ struct Worker {
 /// handles and the wait (issue 21: 1.5 KB a parked connection, then 1 KB, before;
 /// `tests::a_parked_connections_task_is_small`).
 async fn plain_connection(
-    mut stream: tokio::net::TcpStream,
+    stream: tokio::net::TcpStream,
     remote: SocketAddr,
     _permit: tokio::sync::OwnedSemaphorePermit,
     worker: Arc<Worker>,
 ) {
     let _closed = ConnClosed(Arc::clone(&worker.store));
     // A connection that has not sent a byte yet is idle: drain closes it.
-    let Some(is_h2) = sniff_or_drain(&stream, &worker).await else {
+    let Some((is_h2, read)) = sniff_or_drain(&stream, &worker).await else {
         return;
     };
     // NB: on drain, hyper closes an idle connection at once and a busy one after its
     // in-flight response (HTTP/2: GOAWAY, then the open streams finish).
     if is_h2 {
-        if let Err(e) = serve_plain_h2(stream, remote, &worker).await {
+        if let Err(e) = serve_plain_h2(stream, remote, read, &worker).await {
             tracing::debug!(error = %e, "downstream connection ended");
         }
         return;
     }
+    // NB: the sniffed bytes go to the first hyper connection only.
+    let Some(mut stream) = h1_until_parked(stream, remote, read, &worker).await else {
+        return;
+    };
     loop {
-        stream = match serve_plain_h1(stream, remote, &worker).await {
-            (Ok(()), Some(parked)) => parked.into_inner().into_inner(),
-            (Ok(()), None) => return,
-            (Err(e), _) => {
-                tracing::debug!(error = %e, "downstream connection ended");
-                return;
-            }
-        };
         let (store, timer, limits) = (&worker.store, &worker.timer, &worker.limits);
         if !idle::parked(
             &stream,
@@ -691,6 +709,29 @@ async fn plain_connection(
         {
             return;
         }
+        let Some(parked) = h1_until_parked(stream, remote, Bytes::new(), &worker).await else {
+            return;
+        };
+        stream = parked;
+    }
+}
+
+/// [`serve_plain_h1`]: the bare socket once the connection parked, `None` once it ended.
+/// NB: what the caller's task keeps room for while awaiting this is a box and a few
+/// handles, whatever hyper's connection holds.
+async fn h1_until_parked(
+    stream: tokio::net::TcpStream,
+    remote: SocketAddr,
+    read: Bytes,
+    worker: &Worker,
+) -> Option<tokio::net::TcpStream> {
+    match serve_plain_h1(stream, remote, read, worker).await {
+        (Ok(()), Some(parked)) => Some(parked.into_inner().into_inner()),
+        (Ok(()), None) => None,
+        (Err(e), _) => {
+            tracing::debug!(error = %e, "downstream connection ended");
+            None
+        }
     }
 }
 
@@ -698,7 +739,7 @@ async fn plain_connection(
 fn sniff_or_drain<'a>(
     stream: &'a tokio::net::TcpStream,
     worker: &'a Worker,
-) -> Pin<Box<impl Future<Output = Option<bool>> + Send + 'a>> {
+) -> Pin<Box<impl Future<Output = Option<(bool, Bytes)>> + Send + 'a>> {
     let mut drain = worker.drain.clone();
     Box::pin(async move {
         tokio::select! {
@@ -711,10 +752,12 @@ fn sniff_or_drain<'a>(
 /// A plain-HTTP connection's stream while it serves requests.
 type PlainStream = SendTimeout<crate::net::wbatch::BatchedStream>;
 
-/// The [`ConnInfo`] of a plain-HTTP connection from `remote`, and its stream.
+/// The [`ConnInfo`] of a plain-HTTP connection from `remote`, and its stream, which reads
+/// `read` (bytes already taken from the socket) first.
 fn plain_conn(
     stream: tokio::net::TcpStream,
     remote: SocketAddr,
+    read: Bytes,
     worker: &Worker,
 ) -> (PlainStream, Arc<ConnInfo>) {
     let local = stream.local_addr().unwrap_or(remote);
@@ -724,7 +767,7 @@ fn plain_conn(
     conn.going_away = Some(worker.drain.going_away_flag());
     conn.listener = worker.scope.clone();
     let io = SendTimeout::new(
-        crate::net::wbatch::BatchedStream::new(stream),
+        crate::net::wbatch::BatchedStream::with_unread(stream, read),
         worker.timer.clone(),
         worker.limits.send_timeout,
     );
@@ -737,9 +780,10 @@ fn plain_conn(
 fn serve_plain_h1<'a>(
     stream: tokio::net::TcpStream,
     remote: SocketAddr,
+    read: Bytes,
     worker: &'a Worker,
 ) -> Pin<Box<impl Future<Output = idle::Served<PlainStream>> + Send + 'a>> {
-    let (io, conn) = plain_conn(stream, remote, worker);
+    let (io, conn) = plain_conn(stream, remote, read, worker);
     let store = Arc::clone(&worker.store);
     let answer = move |req| {
         let store = Arc::clone(&store);
@@ -758,9 +802,10 @@ fn serve_plain_h1<'a>(
 fn serve_plain_h2(
     stream: tokio::net::TcpStream,
     remote: SocketAddr,
+    read: Bytes,
     worker: &Worker,
 ) -> Pin<Box<dyn Future<Output = Result<(), hyper::Error>> + Send>> {
-    let (io, conn) = plain_conn(stream, remote, worker);
+    let (io, conn) = plain_conn(stream, remote, read, worker);
     let activity = Activity::new();
     let counted = activity.clone();
     let store = Arc::clone(&worker.store);
@@ -921,5 +966,63 @@ mod tests {
             "a plain connection's task takes {size} bytes, more than {MOST_TASK_BYTES}"
         );
         drop(client);
+    }
+
+    /// A connected pair: (the client's end, the accepted end).
+    async fn pair() -> (tokio::net::TcpStream, tokio::net::TcpStream) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        (client, listener.accept().await.unwrap().0)
+    }
+
+    /// The sniff reads the client's first bytes (they are returned, for hyper), tells an
+    /// HTTP/2 preface from anything else, waits for the rest of a partial `P`/`PR`, and
+    /// gives up on a client that closes after one, without waiting for the header timeout
+    /// (which a peek, blind to a close behind unread bytes, had to).
+    #[tokio::test]
+    async fn the_sniff_returns_what_it_read_and_sees_a_close_after_a_partial_preface() {
+        use tokio::io::AsyncWriteExt;
+        let long = Duration::from_secs(60);
+        let (mut client, server) = pair().await;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .unwrap();
+        let (h2, read) = sniff_h2(&server, long).await.unwrap();
+        assert!(!h2);
+        assert_eq!(&read[..], b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
+
+        let (mut client, server) = pair().await;
+        client.write_all(b"PR").await.unwrap();
+        let sniffing = tokio::spawn(async move { sniff_h2(&server, long).await });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        client.write_all(&H2_PREFACE[2..]).await.unwrap();
+        let (h2, read) = sniffing.await.unwrap().unwrap();
+        assert!(h2);
+        assert!(H2_PREFACE.starts_with(&read), "{read:?}");
+
+        let (mut client, server) = pair().await;
+        client.write_all(b"P").await.unwrap();
+        client.shutdown().await.unwrap();
+        let gave_up = tokio::time::timeout(Duration::from_secs(5), sniff_h2(&server, long))
+            .await
+            .expect("the sniff waited for the header timeout after the client closed");
+        assert!(gave_up.is_none());
+    }
+
+    /// An accepted connection has Nagle's algorithm off without a system call of its own:
+    /// it inherits `TCP_NODELAY` from the listener (Linux).
+    #[cfg(target_os = "linux")]
+    #[tokio::test]
+    async fn accepted_connections_inherit_nodelay_from_the_listener() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        nodelay_for_accepted(&listener);
+        let _client = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (accepted, _) = listener.accept().await.unwrap();
+        assert!(accepted.nodelay().unwrap());
     }
 }

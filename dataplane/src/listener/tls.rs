@@ -155,6 +155,7 @@ pub async fn serve_https_scoped(
     };
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     super::server::spawn_idle_trim(&permits, limits.max_connections);
+    super::server::nodelay_for_accepted(&listener);
     crate::net::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
@@ -180,7 +181,7 @@ pub async fn serve_https_scoped(
                 continue;
             }
         };
-        let _ = stream.set_nodelay(true);
+        crate::listener::server::nodelay_per_connection(&stream);
         let local = stream.local_addr().unwrap_or(remote);
         let store = Arc::clone(&store);
         let (h1, h2) = (Arc::clone(&h1), Arc::clone(&h2));

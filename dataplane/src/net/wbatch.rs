@@ -38,6 +38,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
+use bytes::{Buf, Bytes};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
@@ -290,6 +291,9 @@ pub struct BatchedStream {
     // descriptor is still open (fields drop in order).
     shared: Option<Registered>,
     io: TcpStream,
+    /// Bytes taken from the socket before the stream was made (a listener's protocol
+    /// sniff), returned by the first reads.
+    unread: Bytes,
 }
 
 /// A stream's place in its thread's batch; dropping it takes the stream out (see its
@@ -316,6 +320,12 @@ impl std::fmt::Debug for BatchedStream {
 impl BatchedStream {
     /// Wraps `io`; batched when the current thread has batching set up.
     pub fn new(io: TcpStream) -> Self {
+        Self::with_unread(io, Bytes::new())
+    }
+
+    /// Like [`BatchedStream::new`], for a socket from which `unread` was already read: reads
+    /// return those bytes first.
+    pub fn with_unread(io: TcpStream, unread: Bytes) -> Self {
         let batched = BATCHER.with(|b| b.borrow().is_some());
         let shared = batched.then(|| {
             Registered(Arc::new(Shared {
@@ -323,13 +333,17 @@ impl BatchedStream {
                 state: Mutex::new(State::default()),
             }))
         });
-        BatchedStream { shared, io }
+        BatchedStream { shared, io, unread }
     }
 
     /// The socket alone, for a connection that keeps nothing else while it idles (bytes
     /// still pending are sent first, best effort, as when the stream is dropped).
+    ///
+    /// NB: only once the stream's reader has read what was [`unread`](Self::with_unread):
+    /// a parked connection's reader waited on the socket, which it does only after that.
     pub fn into_inner(self) -> TcpStream {
-        let BatchedStream { shared, io } = self;
+        let BatchedStream { shared, io, unread } = self;
+        debug_assert!(unread.is_empty(), "sniffed bytes left unread");
         drop(shared);
         io
     }
@@ -467,6 +481,16 @@ impl AsyncRead for BatchedStream {
         let this = self.get_mut();
         if let Poll::Ready(Err(e)) = this.poll_pending(cx, true) {
             return Poll::Ready(Err(e));
+        }
+        if !this.unread.is_empty() {
+            let n = this.unread.len().min(buf.remaining());
+            buf.put_slice(&this.unread[..n]);
+            this.unread.advance(n);
+            if this.unread.is_empty() {
+                // Frees the sniff's buffer.
+                this.unread = Bytes::new();
+            }
+            return Poll::Ready(Ok(()));
         }
         Pin::new(&mut this.io).poll_read(cx, buf)
     }
