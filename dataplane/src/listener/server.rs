@@ -231,31 +231,31 @@ const SNIFF_READ: usize = 2048;
 /// hyper's HTTP/1 or HTTP/2 server directly, without the auto-detecting wrapper that costs
 /// about 2% of the CPU per request. Reading instead of peeking saves a system call per
 /// connection (issue 21, plain connection churn), and sees a close after a partial `P`/`PR`.
-async fn sniff_h2(stream: &tokio::net::TcpStream, timeout: Duration) -> Option<(bool, Bytes)> {
+///
+/// NB: through `AsyncRead`, not `try_read_buf`: a read that does not fill the buffer then
+/// clears the socket's readiness, so hyper's next read waits for the reactor instead of
+/// trying the socket once more for nothing (`EAGAIN`).
+async fn sniff_h2(stream: &mut tokio::net::TcpStream, timeout: Duration) -> Option<(bool, Bytes)> {
+    use tokio::io::AsyncReadExt;
     let mut buf = Vec::with_capacity(SNIFF_READ);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        match stream.try_read_buf(&mut buf) {
-            Ok(0) => return None,
-            Ok(_) => {
-                let n = buf.len().min(3);
-                if buf[..n] != H2_PREFACE[..n] {
-                    return Some((false, buf.into()));
-                }
-                if n == 3 {
-                    // No HTTP/1 request starts with `PRI`.
-                    return Some((true, buf.into()));
-                }
-                // A partial `P` or `PR`: the rest is read once it comes.
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                tokio::time::timeout_at(deadline, stream.readable())
-                    .await
-                    .ok()?
-                    .ok()?;
-            }
-            Err(_) => return None,
+        let n = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if n == 0 {
+            return None;
         }
+        let n = buf.len().min(3);
+        if buf[..n] != H2_PREFACE[..n] {
+            return Some((false, buf.into()));
+        }
+        if n == 3 {
+            // No HTTP/1 request starts with `PRI`.
+            return Some((true, buf.into()));
+        }
+        // A partial `P` or `PR`: the rest is read once it comes.
     }
 }
 
@@ -674,14 +674,14 @@ struct Worker {
 /// handles and the wait (issue 21: 1.5 KB a parked connection, then 1 KB, before;
 /// `tests::a_parked_connections_task_is_small`).
 async fn plain_connection(
-    stream: tokio::net::TcpStream,
+    mut stream: tokio::net::TcpStream,
     remote: SocketAddr,
     _permit: tokio::sync::OwnedSemaphorePermit,
     worker: Arc<Worker>,
 ) {
     let _closed = ConnClosed(Arc::clone(&worker.store));
     // A connection that has not sent a byte yet is idle: drain closes it.
-    let Some((is_h2, read)) = sniff_or_drain(&stream, &worker).await else {
+    let Some((is_h2, read)) = sniff_or_drain(&mut stream, &worker).await else {
         return;
     };
     // NB: on drain, hyper closes an idle connection at once and a busy one after its
@@ -737,7 +737,7 @@ async fn h1_until_parked(
 
 /// [`sniff_h2`], or `None` once `worker` drains; boxed (its sleep is needed once).
 fn sniff_or_drain<'a>(
-    stream: &'a tokio::net::TcpStream,
+    stream: &'a mut tokio::net::TcpStream,
     worker: &'a Worker,
 ) -> Pin<Box<impl Future<Output = Option<(bool, Bytes)>> + Send + 'a>> {
     let mut drain = worker.drain.clone();
@@ -985,28 +985,28 @@ mod tests {
     async fn the_sniff_returns_what_it_read_and_sees_a_close_after_a_partial_preface() {
         use tokio::io::AsyncWriteExt;
         let long = Duration::from_secs(60);
-        let (mut client, server) = pair().await;
+        let (mut client, mut server) = pair().await;
         client
             .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
             .await
             .unwrap();
-        let (h2, read) = sniff_h2(&server, long).await.unwrap();
+        let (h2, read) = sniff_h2(&mut server, long).await.unwrap();
         assert!(!h2);
         assert_eq!(&read[..], b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
 
-        let (mut client, server) = pair().await;
+        let (mut client, mut server) = pair().await;
         client.write_all(b"PR").await.unwrap();
-        let sniffing = tokio::spawn(async move { sniff_h2(&server, long).await });
+        let sniffing = tokio::spawn(async move { sniff_h2(&mut server, long).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
         client.write_all(&H2_PREFACE[2..]).await.unwrap();
         let (h2, read) = sniffing.await.unwrap().unwrap();
         assert!(h2);
         assert!(H2_PREFACE.starts_with(&read), "{read:?}");
 
-        let (mut client, server) = pair().await;
+        let (mut client, mut server) = pair().await;
         client.write_all(b"P").await.unwrap();
         client.shutdown().await.unwrap();
-        let gave_up = tokio::time::timeout(Duration::from_secs(5), sniff_h2(&server, long))
+        let gave_up = tokio::time::timeout(Duration::from_secs(5), sniff_h2(&mut server, long))
             .await
             .expect("the sniff waited for the header timeout after the client closed");
         assert!(gave_up.is_none());
