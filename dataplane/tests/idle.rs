@@ -1,6 +1,6 @@
 //! Idle HTTP/1.1 keep-alive connections are parked without their buffers
 //! (`listener/idle.rs`): what a client sees must not change. A connection quiet between
-//! requests is parked after 2 s; its next request, pipelined requests, slow heads, slow
+//! requests is parked after 250 ms; its next request, pipelined requests, slow heads, slow
 //! response bodies, the keep-alive limit and drain all behave as on an unparked one.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -197,6 +197,56 @@ async fn pausing_upstream(pause: Duration) -> SocketAddr {
         }
     });
     addr
+}
+
+/// An upstream that answers every request with `len` bytes of body.
+async fn large_upstream(len: usize) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                let mut b = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = s.read(&mut b).await.unwrap();
+                    if n == 0 {
+                        return;
+                    }
+                    head.extend_from_slice(&b[..n]);
+                }
+                let resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
+                s.write_all(resp.as_bytes()).await.unwrap();
+                let _ = s.write_all(&vec![b'x'; len]).await;
+            });
+        }
+    });
+    addr
+}
+
+/// A connection that ends after its response (`Connection: close`) is closed without a
+/// `shutdown` of its own (`Watched::poll_shutdown`): everything written must still reach a
+/// client that reads slowly, then the end of the stream.
+#[tokio::test]
+async fn a_closing_connection_delivers_its_whole_response_to_a_slow_reader() {
+    const LEN: usize = 8 * 1024 * 1024;
+    let upstream = large_upstream(LEN).await;
+    let dp = dataplane_to("/*", upstream).await;
+    let mut s = TcpStream::connect(dp.addr).await.unwrap();
+    s.write_all(b"GET /big HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    // Not reading yet: the socket fills and the proxy's last bytes wait.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut all = Vec::new();
+    tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut all))
+        .await
+        .expect("the response did not end")
+        .unwrap();
+    let head = all.windows(4).position(|w| w == b"\r\n\r\n").unwrap() + 4;
+    assert!(all.starts_with(b"HTTP/1.1 200"), "{:?}", &all[..head]);
+    assert_eq!(all.len() - head, LEN);
 }
 
 #[tokio::test]

@@ -70,6 +70,13 @@ pub(crate) trait Parkable: AsyncRead + AsyncWrite + Unpin {
     fn release_buffers(&mut self);
     /// Ready when the socket has bytes to read (or is closed).
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>>;
+    /// For a stream about to be dropped: sends everything written, where closing the
+    /// socket then ends the stream as well as a shutdown would (plain TCP: `close` sends the
+    /// FIN that `shutdown` would). `None` where the shutdown itself writes something (TLS:
+    /// close_notify).
+    fn poll_send_all(&mut self, _cx: &mut Context<'_>) -> Option<Poll<io::Result<()>>> {
+        None
+    }
 }
 
 impl Parkable for SendTimeout<BatchedStream> {
@@ -83,6 +90,10 @@ impl Parkable for SendTimeout<BatchedStream> {
 
     fn poll_read_ready(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.get_ref().get_ref().poll_read_ready(cx)
+    }
+
+    fn poll_send_all(&mut self, cx: &mut Context<'_>) -> Option<Poll<io::Result<()>>> {
+        Some(self.poll_bounded(cx, |io, cx| io.poll_send_all(cx)))
     }
 }
 
@@ -353,12 +364,23 @@ impl<S: Parkable> AsyncWrite for Watched<S> {
     }
 
     /// A parked stream is kept open: hyper shuts down what it takes for a closed connection.
+    ///
+    /// NB: hyper shuts a connection down just before it drops it, so a plain TCP stream only
+    /// sends what it holds ([`Parkable::poll_send_all`]): its `close` sends the FIN, and the
+    /// `shutdown` system call would add nothing but its cost (issue 21, plain connection
+    /// churn; with unread bytes, `close` resets the connection either way). An upgraded one
+    /// (WebSocket) is shut down for real: its session half-closes it and reads on.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if this.parking {
             return Poll::Ready(Ok(()));
         }
-        Pin::new(this.io()?).poll_shutdown(cx)
+        let upgraded = this.watch.upgraded.load(Relaxed);
+        let io = this.io()?;
+        if !upgraded && let Some(sent) = io.poll_send_all(cx) {
+            return sent;
+        }
+        Pin::new(io).poll_shutdown(cx)
     }
 }
 

@@ -56,6 +56,16 @@ impl<T> SendTimeout<T> {
         self.sleep.is_some()
     }
 
+    /// `poll` of the wrapped stream, with the stall bound applied.
+    pub fn poll_bounded<R>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut T, &mut Context<'_>) -> Poll<io::Result<R>>,
+    ) -> Poll<io::Result<R>> {
+        let polled = poll(&mut self.io, cx);
+        self.bounded(cx, polled)
+    }
+
     /// `polled` from the wrapped stream, with the stall bound applied.
     #[inline]
     fn bounded<R>(

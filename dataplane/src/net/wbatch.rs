@@ -353,6 +353,20 @@ impl BatchedStream {
         &self.io
     }
 
+    /// Sends everything pending at once (not at the end of the turn); `Pending` while the
+    /// socket is full.
+    pub fn poll_send_all(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(shared) = &self.shared {
+            let mut st = lock(shared);
+            if let Some(e) = st.take_error() {
+                return Poll::Ready(Err(e));
+            }
+            // NB: still `queued` if it was: the flusher then finds nothing to send.
+            return drain(&mut self.io, &mut st, cx);
+        }
+        Poll::Ready(Ok(()))
+    }
+
     /// Whether writes on this stream are batched.
     pub fn is_batched(&self) -> bool {
         self.shared.is_some()
@@ -543,18 +557,10 @@ impl AsyncWrite for BatchedStream {
     /// Sends everything pending at once, then shuts the write side.
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        if let Some(shared) = &this.shared {
-            let mut st = lock(shared);
-            if let Some(e) = st.take_error() {
-                return Poll::Ready(Err(e));
-            }
-            // NB: still `queued` if it was: the flusher then finds nothing to send.
-            match drain(&mut this.io, &mut st, cx) {
-                Poll::Ready(Ok(())) => {}
-                other => return other,
-            }
+        match this.poll_send_all(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut this.io).poll_shutdown(cx),
+            other => other,
         }
-        Pin::new(&mut this.io).poll_shutdown(cx)
     }
 }
 
