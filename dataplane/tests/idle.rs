@@ -170,14 +170,18 @@ async fn a_head_sent_slowly_after_a_request_is_not_cut_off() {
     assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
 }
 
-/// An upstream that sends its response head and first chunk, pauses `pause`, then sends the
-/// rest (a long poll, server-sent events).
-async fn pausing_upstream(pause: Duration) -> SocketAddr {
+/// An upstream that reads each request head and then hands the connection to `answer`.
+async fn upstream_answering<F, Fut>(answer: F) -> SocketAddr
+where
+    F: Fn(TcpStream) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
         loop {
             let (mut s, _) = listener.accept().await.unwrap();
+            let answer = answer.clone();
             tokio::spawn(async move {
                 let mut head = Vec::new();
                 let mut b = [0u8; 1024];
@@ -188,41 +192,34 @@ async fn pausing_upstream(pause: Duration) -> SocketAddr {
                     }
                     head.extend_from_slice(&b[..n]);
                 }
-                s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
-                    .await
-                    .unwrap();
-                tokio::time::sleep(pause).await;
-                let _ = s.write_all(b"6\r\n world\r\n0\r\n\r\n").await;
+                answer(s).await;
             });
         }
     });
     addr
 }
 
+/// An upstream that sends its response head and first chunk, pauses `pause`, then sends the
+/// rest (a long poll, server-sent events).
+async fn pausing_upstream(pause: Duration) -> SocketAddr {
+    upstream_answering(move |mut s| async move {
+        s.write_all(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n")
+            .await
+            .unwrap();
+        tokio::time::sleep(pause).await;
+        let _ = s.write_all(b"6\r\n world\r\n0\r\n\r\n").await;
+    })
+    .await
+}
+
 /// An upstream that answers every request with `len` bytes of body.
 async fn large_upstream(len: usize) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (mut s, _) = listener.accept().await.unwrap();
-            tokio::spawn(async move {
-                let mut head = Vec::new();
-                let mut b = [0u8; 1024];
-                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                    let n = s.read(&mut b).await.unwrap();
-                    if n == 0 {
-                        return;
-                    }
-                    head.extend_from_slice(&b[..n]);
-                }
-                let resp = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
-                s.write_all(resp.as_bytes()).await.unwrap();
-                let _ = s.write_all(&vec![b'x'; len]).await;
-            });
-        }
-    });
-    addr
+    upstream_answering(move |mut s| async move {
+        let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {len}\r\n\r\n");
+        s.write_all(head.as_bytes()).await.unwrap();
+        let _ = s.write_all(&vec![b'x'; len]).await;
+    })
+    .await
 }
 
 /// A connection that ends after its response (`Connection: close`) is closed without a
