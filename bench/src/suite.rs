@@ -462,10 +462,6 @@ fn own_ticks() -> u64 {
         .map_or(0, |s| s.utime + s.stime)
 }
 
-fn tree_rss_kib(pid: u32) -> u64 {
-    procfs::tree_memory(pid).iter().map(|m| m.rss_kib).sum()
-}
-
 /// Samples the highest VmRSS of a process tree every 50 ms until dropped.
 struct RssSampler {
     stop: Arc<AtomicBool>,
@@ -476,11 +472,11 @@ struct RssSampler {
 impl RssSampler {
     fn start(pid: u32) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
-        let max = Arc::new(AtomicU64::new(tree_rss_kib(pid)));
+        let max = Arc::new(AtomicU64::new(procfs::tree_rss_kib(pid)));
         let (s, m) = (Arc::clone(&stop), Arc::clone(&max));
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                m.fetch_max(tree_rss_kib(pid), Ordering::Relaxed);
+                m.fetch_max(procfs::tree_rss_kib(pid), Ordering::Relaxed);
                 std::thread::sleep(Duration::from_millis(50));
             }
         });
@@ -716,7 +712,7 @@ impl Ctx<'_> {
             _ => None,
         };
         let (_, load1) = loadavg();
-        let rss_before = tree_rss_kib(p.guard.pid());
+        let rss_before = procfs::tree_rss_kib(p.guard.pid());
         let sampler = RssSampler::start(p.guard.pid());
         let machine_before = procfs::system_cpu();
         let wrk_before = procfs::own_reaped_children_ticks();
