@@ -26,7 +26,7 @@ use crate::config::table::{CompiledRoute, RouteTable};
 use crate::http::headers::strip_request_hop_by_hop;
 use crate::http::path::{self, Normalized};
 use crate::http::{ConnInfo, RequestInfo, request_host};
-use crate::plugins::{self, PluginBody, PluginChain, PluginCtx};
+use crate::plugins::{self, PluginBody, PluginCtx};
 use crate::upstream::Upstream;
 use crate::upstream::balancer::request_hash;
 use crate::upstream::body::ProxyBody;
@@ -36,7 +36,7 @@ use crate::upstream::request_body::{BodyTaps, RequestBody};
 
 /// The plugin state of a request on a route with plugins, and its chain (which lives as
 /// long as the route table).
-type PluginRun<'t> = Option<(PluginBody, &'t PluginChain)>;
+type PluginRun<'t> = plugins::PluginSlot<'t>;
 
 /// Where a request goes: its upstream and its balancer hash.
 type Chosen<'t> = (&'t Upstream, u64);
@@ -55,7 +55,7 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
     let apisix = &store.plugin_state().apisix;
     apisix.request_started();
     let mut plugin_run = None;
-    let grpc = crate::upstream::h2::is_grpc(&req);
+    let (req, grpc) = with_grpc(req);
     let resp = match proxy(req, conn, &table, &mut plugin_run).await {
         Ok(resp) => resp,
         Err(err) => {
@@ -75,14 +75,38 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
     response_plugins(resp, &mut plugin_run)
 }
 
-/// The phases up to the upstream's response head. `plugin_run` receives the plugin state of
-/// a route with plugins.
-async fn proxy<'t>(
+/// The request and whether it is a gRPC one (whose errors are answered in gRPC's form).
+///
+/// NB: by value and out of [`handle`]: a request future keeps room for every local that was
+/// ever borrowed, and the request (264 bytes) is moved on to [`proxy`].
+#[inline]
+fn with_grpc(req: Request<Incoming>) -> (Request<Incoming>, bool) {
+    let grpc = crate::upstream::h2::is_grpc(&req);
+    (req, grpc)
+}
+
+/// What phases 0 and 1 made of a request: its head and body apart, its host, its route and,
+/// for a route without plugins, its upstream and balancer hash.
+struct Routed<'t> {
+    parts: request::Parts,
+    body: RequestBody,
+    host: Option<HeaderValue>,
+    route: &'t CompiledRoute,
+    picked: Option<Chosen<'t>>,
+    upgrade: bool,
+}
+
+/// Phases 0 and 1 ([`normalize_path`], [`route`]), and the request's hop-by-hop headers
+/// removed.
+///
+/// NB: not async, so that the request future keeps neither the request as it came (264
+/// bytes, borrowed here) nor the normalised path.
+#[inline]
+fn routed<'t>(
     mut req: Request<Incoming>,
     conn: &ConnInfo,
-    table: &'t Arc<RouteTable>,
-    plugin_run: &mut PluginRun<'t>,
-) -> Result<Response<ProxyBody>, ProxyError> {
+    table: &'t RouteTable,
+) -> Result<Routed<'t>, ProxyError> {
     if req.version() < http::Version::HTTP_2 {
         let len = crate::http::head_len(&req);
         if len > conn.max_header_bytes {
@@ -90,17 +114,12 @@ async fn proxy<'t>(
         }
     }
     let host = request_host(&req).map_err(ProxyError::BadRequest)?;
-    // NB: checked once; a route with plugins needs it again for its balancer hash
-    // (`to_str` checks every byte).
     let host_str = host.as_ref().and_then(|h| h.to_str().ok());
     let normal = normalize_path(&mut req)?;
     let path = normal.as_ref().map(|n| n.decoded.as_str());
     let (route, picked) = route(&req, host_str, path, conn, table)?;
-    // Holds the upstream traffic-split chose, which `upstream` then borrows.
-    let mut split = None;
     // NB: the head and body stay apart from here on (each join and split moves the head).
     let (mut parts, body) = req.into_parts();
-    let mut body = RequestBody::Incoming(body);
     let upgrade = route.websocket && crate::upstream::websocket::is_upgrade(&parts);
     strip_request_hop_by_hop(&mut parts.headers, upgrade);
     if parts.uri.authority().is_some()
@@ -110,9 +129,40 @@ async fn proxy<'t>(
         // Absolute form: the target's authority is the host sent on, whatever `Host` said.
         parts.headers.insert(http::header::HOST, h.clone());
     }
+    Ok(Routed {
+        parts,
+        body: RequestBody::Incoming(body),
+        host,
+        route,
+        picked,
+        upgrade,
+    })
+}
+
+/// The phases up to the upstream's response head. `plugin_run` receives the plugin state of
+/// a route with plugins.
+async fn proxy<'t>(
+    req: Request<Incoming>,
+    conn: &ConnInfo,
+    table: &'t Arc<RouteTable>,
+    plugin_run: &mut PluginRun<'t>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Routed {
+        mut parts,
+        mut body,
+        host,
+        route,
+        picked,
+        upgrade,
+    } = routed(req, conn, table)?;
+    // Holds the upstream traffic-split chose, which `upstream` then borrows.
+    let mut split = None;
     let (upstream, hash) = match picked {
         Some(picked) => picked,
         None => {
+            // NB: the host was checked for the router; a route with plugins needs it again
+            // (its balancer hash).
+            let host_str = host.as_ref().and_then(|h| h.to_str().ok());
             let phases = request_plugins(
                 route, &mut parts, &mut body, host_str, conn, plugin_run, &mut split,
             );
@@ -234,13 +284,13 @@ async fn request_plugins<'a, 't: 'a>(
         return Err(ProxyError::NoRoute);
     };
     let (run, _) = plugin_run.insert((
-        PluginBody::start(PluginCtx::new(
+        Box::new(PluginBody::start(PluginCtx::new(
             Arc::clone(chain),
             conn.remote_addr,
             conn.local_addr,
             conn.scheme,
             std::time::Instant::now(),
-        )),
+        ))),
         chain,
     ));
     let ctx = &mut run.ctx;
