@@ -35,6 +35,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures::FutureExt as _;
 use http_body::{Body, Frame, SizeHint};
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -170,6 +171,21 @@ impl<S> Watch<S> {
             && !self.read.load(Relaxed)
             && !self.upgraded.load(Relaxed)
     }
+}
+
+/// The future hyper keeps for one request: `answer`, with `request` attached to its response.
+///
+/// NB: `map`, not an async block awaiting `answer`: that block keeps room for the answer
+/// twice (captured, then awaited), and hyper boxes this future with each connection and
+/// moves it into that box with each request.
+fn attached<S, F>(
+    request: InFlight<S>,
+    answer: F,
+) -> impl std::future::Future<Output = Result<Response<Counted<ProxyBody, S>>, std::convert::Infallible>>
+where
+    F: std::future::Future<Output = Response<ProxyBody>>,
+{
+    answer.map(move |resp| Ok(request.attach(resp)))
 }
 
 /// One request in flight (see [`Watch::begin`]).
@@ -482,11 +498,7 @@ where
     let watch = Watch::new();
     let service = {
         let watch = Arc::clone(&watch);
-        service_fn(move |req| {
-            let request = watch.begin();
-            let answer = handle(req);
-            async move { Ok::<_, std::convert::Infallible>(request.attach(answer.await)) }
-        })
+        service_fn(move |req| attached(watch.begin(), handle(req)))
     };
     let watched = Watched::new(io, Arc::clone(&watch), timer.clone());
     let result = {
@@ -527,5 +539,30 @@ impl Drop for Parked<'_> {
     fn drop(&mut self) {
         self.0.metrics().parked_connections.dec();
         PARKED_HERE.with(|p| p.set(p.get().saturating_sub(1)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// hyper boxes a connection's request future and moves it with each request: wrapping
+    /// the handler's answer must not add the answer's size again.
+    #[test]
+    fn the_request_future_hyper_keeps_is_the_answer_and_a_guard() {
+        let answer = async {
+            let held = [7u8; 4096];
+            tokio::task::yield_now().await;
+            Response::new(ProxyBody::full(held[4095].to_string()))
+        };
+        let answer_size = std::mem::size_of_val(&answer);
+        assert!(answer_size >= 4096, "{answer_size}");
+        let watch = Watch::<tokio::net::TcpStream>::new();
+        let kept = attached(watch.begin(), answer);
+        let size = std::mem::size_of_val(&kept);
+        assert!(
+            size <= answer_size + 64,
+            "the request future takes {size} bytes for an answer of {answer_size}"
+        );
     }
 }
