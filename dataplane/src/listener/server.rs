@@ -938,6 +938,22 @@ mod tests {
         assert!(drain.waiters.lock().is_empty());
     }
 
+    /// A worker with default limits, an empty store and no drain.
+    fn test_worker() -> Worker {
+        let limits = Limits::default();
+        let timer = CoarseTimer::new();
+        let (h1, h2) = connection_builders(&limits, &timer);
+        Worker {
+            store: Arc::new(Store::new().unwrap()),
+            h1,
+            h2,
+            timer,
+            drain: Drain::never(),
+            scope: None,
+            limits,
+        }
+    }
+
     /// What the task of a parked HTTP/1.1 connection keeps, whatever it needed before.
     #[tokio::test]
     async fn a_parked_connections_task_is_small() {
@@ -946,18 +962,7 @@ mod tests {
             .await
             .unwrap();
         let (stream, remote) = listener.accept().await.unwrap();
-        let limits = Limits::default();
-        let timer = CoarseTimer::new();
-        let (h1, h2) = connection_builders(&limits, &timer);
-        let worker = Arc::new(Worker {
-            store: Arc::new(Store::new().unwrap()),
-            h1,
-            h2,
-            timer,
-            drain: Drain::never(),
-            scope: None,
-            limits,
-        });
+        let worker = Arc::new(test_worker());
         let permit = Arc::new(Semaphore::new(1)).acquire_owned().await.unwrap();
         let task = plain_connection(stream, remote, permit, worker);
         let size = std::mem::size_of_val(&task);
@@ -984,18 +989,7 @@ mod tests {
     async fn a_requests_future_is_small() {
         let (_client, stream) = pair().await;
         let remote = stream.peer_addr().unwrap();
-        let limits = Limits::default();
-        let timer = CoarseTimer::new();
-        let (h1, h2) = connection_builders(&limits, &timer);
-        let worker = Worker {
-            store: Arc::new(Store::new().unwrap()),
-            h1,
-            h2,
-            timer,
-            drain: Drain::never(),
-            scope: None,
-            limits,
-        };
+        let worker = test_worker();
         let (_io, conn) = plain_conn(stream, remote, Bytes::new(), &worker);
         let store = Arc::clone(&worker.store);
         let size = returned_size(&|req| handle(req, &conn, &store));
