@@ -17,6 +17,43 @@ use sluice_testkit::EchoServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+/// The system allocator, counting the allocations of each thread (for
+/// [`a_coarse_sleep_allocates_nothing`]).
+struct CountingAlloc;
+
+thread_local! {
+    static ALLOCATIONS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+#[allow(unsafe_code)]
+// SAFETY: forwards every call to the system allocator unchanged; the counter is a
+// thread-local `Cell` without a destructor, so counting never allocates.
+unsafe impl std::alloc::GlobalAlloc for CountingAlloc {
+    unsafe fn alloc(&self, layout: std::alloc::Layout) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller's contract is the system allocator's.
+        unsafe { std::alloc::System.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: std::alloc::Layout) {
+        // SAFETY: as above.
+        unsafe { std::alloc::System.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: std::alloc::Layout, size: usize) -> *mut u8 {
+        ALLOCATIONS.with(|n| n.set(n.get() + 1));
+        // SAFETY: as above.
+        unsafe { std::alloc::System.realloc(ptr, layout, size) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: CountingAlloc = CountingAlloc;
+
+fn allocations_here() -> u64 {
+    ALLOCATIONS.with(std::cell::Cell::get)
+}
+
 /// Longer than the parking grace (250 ms) plus the coarse timer's resolution.
 const PARKED_AFTER: Duration = Duration::from_millis(600);
 
@@ -107,6 +144,40 @@ async fn echo_dataplane() -> (EchoServer, Dataplane) {
     let echo = EchoServer::start("a", any()).await.unwrap();
     let dp = dataplane_to("/*", echo.addr).await;
     (echo, dp)
+}
+
+/// A request arms about three coarse timeouts (upstream read, body, send); they take slots
+/// that dropped sleeps gave back, so arming, polling and dropping one allocates nothing
+/// (issue 21: it allocated an `Arc` each, freed only at the next sweep).
+#[test]
+fn a_coarse_sleep_allocates_nothing() {
+    use sluice_dataplane::net::timer::{CoarseSleep, CoarseTimer};
+    use std::future::Future;
+    use std::pin::Pin;
+    let timer = CoarseTimer::new();
+    let waker = futures::task::noop_waker();
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut pending = |s: &mut CoarseSleep| Pin::new(s).poll(&mut cx).is_pending();
+    // Sleeps that stay armed throughout, as other connections' would.
+    let mut held = (
+        timer.sleep(Duration::from_secs(60)),
+        timer.sleep_far(Duration::from_secs(60)),
+    );
+    assert!(pending(&mut held.0) && pending(&mut held.1));
+    let mut arm = |timer: &CoarseTimer| {
+        let mut near = timer.sleep(Duration::from_secs(60));
+        let mut far = timer.sleep_far(Duration::from_secs(60));
+        assert!(pending(&mut near) && pending(&mut near) && pending(&mut far));
+    };
+    // The first round makes each list's slots.
+    arm(&timer);
+    let before = allocations_here();
+    for _ in 0..1000 {
+        arm(&timer);
+    }
+    let made = allocations_here() - before;
+    drop(held);
+    assert_eq!(made, 0, "2,000 sleeps allocated {made} times");
 }
 
 #[tokio::test]

@@ -4,8 +4,9 @@
 //! NB: tokio's timer wakes its driver through an eventfd whenever a new timeout becomes the
 //! earliest one, which on a proxy happens for a large share of requests (measured: 0.43
 //! extra system calls per proxied request, about 9% of all of them). Request timeouts are
-//! seconds long and need no millisecond precision, so here a timeout is an atomic deadline
-//! in a list that one sweeper task per worker checks ten times a second. It also serves as
+//! seconds long and need no millisecond precision, so here a timeout is a deadline in a
+//! slot of a list that one sweeper task per worker checks ten times a second; a dropped
+//! timeout gives its slot back at once, so arming one allocates nothing. It also serves as
 //! hyper's [`hyper::rt::Timer`] (header-read and keep-alive timeouts).
 //!
 //! Long waits of many idle things (parked keep-alive connections: thousands, each waiting
@@ -16,12 +17,9 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
-
-use futures::task::AtomicWaker;
 
 /// How often the sweeper checks deadlines: the most a timeout fires late.
 pub const RESOLUTION: Duration = Duration::from_millis(100);
@@ -35,17 +33,101 @@ pub const FAR_RESOLUTION: Duration = Duration::from_millis(100 * FAR_EVERY);
 #[derive(Debug)]
 struct Inner {
     start: Instant,
-    sleepers: Mutex<Vec<Weak<SleepState>>>,
+    near: Mutex<Slots>,
     /// Those of [`CoarseTimer::sleep_far`].
-    far: Mutex<Vec<Weak<SleepState>>>,
+    far: Mutex<Slots>,
 }
 
-#[derive(Debug)]
-struct SleepState {
+/// The pending sleeps of one list, in reusable slots: a sleep takes a free slot and gives
+/// it back when dropped.
+///
+/// NB: no allocation per sleep. Each sleep used to be an `Arc` that its list referred to
+/// weakly until the next sweep; a request arms about three (upstream read, body and send
+/// timeouts), so each request allocated three times, and the dropped sleeps' memory stayed
+/// allocated until the sweep: about 100 ms worth of them, cold in the caches when the
+/// sweep walked them (issue 21: keep-alive `send` and churn).
+#[derive(Debug, Default)]
+struct Slots {
+    slots: Vec<Slot>,
+    /// Indexes of the free slots.
+    free: Vec<u32>,
+}
+
+#[derive(Debug, Default)]
+struct Slot {
     /// Milliseconds since `Inner::start`.
-    deadline: AtomicU64,
-    fired: AtomicBool,
-    waker: AtomicWaker,
+    deadline: u64,
+    /// Whether a sleep holds the slot.
+    live: bool,
+    fired: bool,
+    waker: Option<Waker>,
+}
+
+impl Slots {
+    /// A slot for a sleep until `deadline`.
+    fn take(&mut self, deadline: u64) -> u32 {
+        let slot = Slot {
+            deadline,
+            live: true,
+            fired: false,
+            waker: None,
+        };
+        if let Some(i) = self.free.pop() {
+            if let Some(s) = self.slots.get_mut(i as usize) {
+                *s = slot;
+                return i;
+            }
+        }
+        self.slots.push(slot);
+        // NB: more than u32::MAX sleeps at once would need that many slots in memory (128 GiB).
+        u32::try_from(self.slots.len() - 1).unwrap_or(u32::MAX)
+    }
+
+    /// Gives slot `i` back; returns its waker, to be dropped outside the lock.
+    fn give_back(&mut self, i: u32) -> Option<Waker> {
+        let s = self.slots.get_mut(i as usize)?;
+        if !s.live {
+            return None;
+        }
+        s.live = false;
+        s.fired = false;
+        self.free.push(i);
+        s.waker.take()
+    }
+
+    /// Marks the live sleeps whose deadline is `now` or before as fired and takes their
+    /// wakers into `fire`; then returns trailing free slots to the allocator.
+    fn expire(&mut self, now: u64, fire: &mut Vec<Waker>) {
+        for s in &mut self.slots {
+            if s.live && !s.fired && s.deadline <= now {
+                s.fired = true;
+                fire.extend(s.waker.take());
+            }
+        }
+        let len = self.slots.len();
+        while self.slots.last().is_some_and(|s| !s.live) {
+            self.slots.pop();
+        }
+        if self.slots.len() != len {
+            let len = self.slots.len();
+            self.free.retain(|&i| (i as usize) < len);
+            if self.slots.capacity() > 4 * len.max(64) {
+                self.slots.shrink_to(2 * len);
+                self.free.shrink_to(len);
+            }
+        }
+    }
+
+    /// Live sleeps in the list.
+    #[cfg(test)]
+    fn live(&self) -> usize {
+        self.slots.iter().filter(|s| s.live).count()
+    }
+}
+
+fn lock(list: &Mutex<Slots>) -> MutexGuard<'_, Slots> {
+    // NB: no code panics while holding it; a poisoned list is still consistent.
+    list.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A handle to one worker's coarse timer. Cheap to clone.
@@ -66,8 +148,8 @@ impl CoarseTimer {
         CoarseTimer {
             inner: Arc::new(Inner {
                 start: Instant::now(),
-                sleepers: Mutex::new(Vec::new()),
-                far: Mutex::new(Vec::new()),
+                near: Mutex::new(Slots::default()),
+                far: Mutex::new(Slots::default()),
             }),
         }
     }
@@ -89,19 +171,18 @@ impl CoarseTimer {
         let mut tick = tokio::time::interval(RESOLUTION);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut ticks: u64 = 0;
+        let mut fire = Vec::new();
         loop {
             tick.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let now = inner.start.elapsed().as_millis() as u64;
-            let mut fire = Vec::new();
-            expired(&inner.sleepers, now, &mut fire);
+            lock(&inner.near).expire(now, &mut fire);
             ticks = ticks.wrapping_add(1);
             if ticks.is_multiple_of(FAR_EVERY) {
-                expired(&inner.far, now, &mut fire);
+                lock(&inner.far).expire(now, &mut fire);
             }
-            for s in fire {
-                s.fired.store(true, Ordering::Release);
-                s.waker.wake();
+            for w in fire.drain(..) {
+                w.wake();
             }
         }
     }
@@ -116,25 +197,27 @@ impl CoarseTimer {
     /// touch it.
     pub fn sleep_far(&self, duration: Duration) -> CoarseSleep {
         let deadline = self.now_ms().saturating_add(duration.as_millis() as u64);
-        self.sleep_on(&self.inner.far, deadline)
+        self.sleep_on(true, deadline)
     }
 
     fn sleep_until_ms(&self, deadline: u64) -> CoarseSleep {
-        self.sleep_on(&self.inner.sleepers, deadline)
+        self.sleep_on(false, deadline)
     }
 
-    fn sleep_on(&self, list: &Mutex<Vec<Weak<SleepState>>>, deadline: u64) -> CoarseSleep {
-        let state = Arc::new(SleepState {
-            deadline: AtomicU64::new(deadline),
-            fired: AtomicBool::new(false),
-            waker: AtomicWaker::new(),
-        });
-        if let Ok(mut sleepers) = list.lock() {
-            sleepers.push(Arc::downgrade(&state));
+    fn list(&self, far: bool) -> &Mutex<Slots> {
+        if far {
+            &self.inner.far
+        } else {
+            &self.inner.near
         }
+    }
+
+    fn sleep_on(&self, far: bool, deadline: u64) -> CoarseSleep {
+        let slot = lock(self.list(far)).take(deadline);
         CoarseSleep {
             timer: self.clone(),
-            state,
+            slot,
+            far,
             polled: false,
         }
     }
@@ -161,32 +244,18 @@ impl CoarseTimer {
     }
 }
 
-/// Takes the sleeps of `list` whose deadline is `now` or before into `fire`, and forgets
-/// dropped ones.
-fn expired(list: &Mutex<Vec<Weak<SleepState>>>, now: u64, fire: &mut Vec<Arc<SleepState>>) {
-    if let Ok(mut sleepers) = list.lock() {
-        sleepers.retain(|w| match w.upgrade() {
-            None => false,
-            Some(s) if s.deadline.load(Ordering::Relaxed) <= now => {
-                fire.push(s);
-                false
-            }
-            Some(_) => true,
-        });
-    }
-}
-
 /// A deadline passed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("deadline elapsed")]
 pub struct Elapsed;
 
-/// A pending coarse timeout; dropping it cancels it.
+/// A pending coarse timeout; dropping it cancels it (and frees its slot).
 #[derive(Debug)]
 pub struct CoarseSleep {
     timer: CoarseTimer,
-    state: Arc<SleepState>,
-    /// Whether the waker is registered; from then on only the sweeper fires the sleep.
+    slot: u32,
+    far: bool,
+    /// Whether the clock was read (at the first poll).
     polled: bool,
 }
 
@@ -195,25 +264,36 @@ impl Future for CoarseSleep {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        if this.state.fired.load(Ordering::Acquire) {
-            return Poll::Ready(());
-        }
         // NB: the clock is read at the first poll only (a deadline already past completes
         // at once); later polls, one per wake-up of the request's task, just check `fired`
-        // (issue 2). The waker of a task does not change, but a future may move between
-        // tasks, so it is registered again when it would not wake the same one.
-        if !this.polled {
-            this.polled = true;
-            if this.state.deadline.load(Ordering::Relaxed) <= this.timer.now_ms() {
-                return Poll::Ready(());
-            }
-        }
-        this.state.waker.register(cx.waker());
-        if this.state.fired.load(Ordering::Acquire) {
-            Poll::Ready(())
+        // (issue 2).
+        let now = if this.polled {
+            None
         } else {
-            Poll::Pending
+            this.polled = true;
+            Some(this.timer.now_ms())
+        };
+        let mut list = lock(this.timer.list(this.far));
+        let Some(slot) = list.slots.get_mut(this.slot as usize) else {
+            return Poll::Ready(());
+        };
+        if slot.fired || now.is_some_and(|now| slot.deadline <= now) {
+            return Poll::Ready(());
         }
+        // The waker of a task does not change, but a future may move between tasks, so
+        // it is kept again when it would not wake the same one.
+        match &slot.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            _ => slot.waker = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for CoarseSleep {
+    fn drop(&mut self) {
+        let waker = lock(self.timer.list(self.far)).give_back(self.slot);
+        drop(waker);
     }
 }
 
@@ -267,14 +347,58 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn dropped_sleeps_leave_the_list_at_the_next_sweep() {
+    async fn dropped_sleeps_give_their_slot_back_and_the_sweep_trims_the_list() {
         let timer = CoarseTimer::new();
         tokio::spawn(timer.clone().run());
         for _ in 0..1000 {
             drop(timer.sleep(Duration::from_secs(60)));
         }
+        assert_eq!(timer.inner.near.lock().unwrap().slots.len(), 1);
+        let many: Vec<_> = (0..1000)
+            .map(|_| timer.sleep(Duration::from_secs(60)))
+            .collect();
+        drop(many);
         tokio::time::sleep(RESOLUTION * 3).await;
-        assert_eq!(timer.inner.sleepers.lock().unwrap().len(), 0);
+        assert_eq!(timer.inner.near.lock().unwrap().slots.len(), 0);
+    }
+
+    #[test]
+    fn a_slot_fired_before_it_was_given_back_does_not_fire_its_next_sleep() {
+        let mut list = Slots::default();
+        let a = list.take(5);
+        let mut fire = Vec::new();
+        list.expire(10, &mut fire);
+        assert!(list.slots[a as usize].fired);
+        list.give_back(a);
+        let b = list.take(1_000);
+        assert_eq!(a, b, "the slot is reused");
+        list.expire(20, &mut fire);
+        assert!(!list.slots[b as usize].fired);
+        list.expire(1_000, &mut fire);
+        assert!(list.slots[b as usize].fired);
+    }
+
+    #[tokio::test]
+    async fn a_sleep_wakes_its_task_when_it_fires_and_a_dropped_one_does_not() {
+        let timer = CoarseTimer::new();
+        tokio::spawn(timer.clone().run());
+        let dropped = tokio::spawn({
+            let timer = timer.clone();
+            async move {
+                let s = timer.sleep(Duration::from_millis(50));
+                drop(s);
+                std::future::pending::<()>().await
+            }
+        });
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            timer.sleep(Duration::from_millis(150)),
+        )
+        .await
+        .expect("the sweeper woke the sleep");
+        assert!(!dropped.is_finished());
+        dropped.abort();
+        assert_eq!(timer.inner.near.lock().unwrap().live(), 0);
     }
 
     #[tokio::test]
@@ -283,8 +407,8 @@ mod tests {
         tokio::spawn(timer.clone().run());
         let start = Instant::now();
         let far = timer.sleep_far(Duration::from_millis(250));
-        assert_eq!(timer.inner.sleepers.lock().unwrap().len(), 0);
-        assert_eq!(timer.inner.far.lock().unwrap().len(), 1);
+        assert_eq!(timer.inner.near.lock().unwrap().slots.len(), 0);
+        assert_eq!(timer.inner.far.lock().unwrap().live(), 1);
         far.await;
         let waited = start.elapsed();
         assert!(
@@ -295,11 +419,12 @@ mod tests {
             waited < Duration::from_millis(250) + FAR_RESOLUTION * 3,
             "fired far too late: {waited:?}"
         );
-        // Dropped ones are forgotten at the next far sweep.
-        for _ in 0..1000 {
-            drop(timer.sleep_far(Duration::from_secs(60)));
-        }
+        // Dropped ones are trimmed at the next far sweep.
+        let many: Vec<_> = (0..1000)
+            .map(|_| timer.sleep_far(Duration::from_secs(60)))
+            .collect();
+        drop(many);
         tokio::time::sleep(FAR_RESOLUTION * 2 + RESOLUTION).await;
-        assert_eq!(timer.inner.far.lock().unwrap().len(), 0);
+        assert_eq!(timer.inner.far.lock().unwrap().slots.len(), 0);
     }
 }
