@@ -52,6 +52,9 @@ impl H1Forward<'_> {
     /// - `picked`: when given, receives the endpoint of each attempt and when it started
     ///   (the log phase's `node` and upstream time); when `None` the clock is not read for it.
     ///
+    /// Once the response head came, `parts.headers` is empty: the map's allocation is kept
+    /// for the connection's next response head ([`crate::upstream::h1::Conn::keep_for_next_head`]).
+    ///
     /// NB: the request by reference, so that the request's future does not store the head
     /// twice (an async fn keeps its arguments for its whole life).
     pub async fn send(
@@ -93,7 +96,7 @@ impl H1Forward<'_> {
         // byte; others check the idle connection before using it.
         let replayable = !has_body && parts.method.is_idempotent();
         let mut attempts = Attempts::new(upstream);
-        let (pooled, response) = loop {
+        let (mut pooled, response) = loop {
             let idx = upstream
                 .pick_index(hash, attempts.tried())
                 .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
@@ -155,6 +158,11 @@ impl H1Forward<'_> {
                 }
             }
         };
+        // The request's header map is not read after its response head came (no attempt
+        // follows): its allocation takes the connection's next response head.
+        pooled
+            .conn
+            .keep_for_next_head(std::mem::take(&mut parts.headers));
         let head_len = response.head_len;
         let mut parts = response.parts;
         parts.version = http::Version::HTTP_11;

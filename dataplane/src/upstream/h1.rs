@@ -30,6 +30,9 @@ const MAX_LINE: usize = 4096;
 const READ_CHUNK: usize = 16 * 1024;
 /// Header slots a parsed response head leaves free for the headers plugins add.
 const RESPONSE_HEADER_ROOM: usize = 4;
+/// Response headers whose spans [`parse_response_head`] keeps on the stack; a head with
+/// more takes one allocation.
+const INLINE_SPANS: usize = 16;
 
 /// What went wrong talking to an upstream.
 #[derive(Debug, thiserror::Error)]
@@ -84,6 +87,9 @@ pub enum Framing {
 pub struct Conn {
     io: BatchedStream,
     buf: BytesMut,
+    /// An empty header map whose allocation the next final response head fills (see
+    /// [`Conn::keep_for_next_head`]).
+    spare_headers: HeaderMap,
 }
 
 /// A parsed response head.
@@ -105,7 +111,19 @@ impl Conn {
         Conn {
             io: BatchedStream::new(io),
             buf: BytesMut::with_capacity(READ_CHUNK),
+            spare_headers: HeaderMap::new(),
         }
+    }
+
+    /// Keeps `headers` (emptied here) for the next final response head read on this
+    /// connection: the proxy gives the request's header map once the request was answered.
+    ///
+    /// NB: issue 21. hyper parses each request into the header map of the previous
+    /// response it wrote; handing the request's map on to the next response closes that
+    /// loop, so a proxied request allocates no header map (two allocations before).
+    pub fn keep_for_next_head(&mut self, mut headers: HeaderMap) {
+        headers.clear();
+        self.spare_headers = headers;
     }
 
     /// For an idle pooled connection: false when the upstream closed it or sent something
@@ -180,7 +198,7 @@ impl Conn {
     }
 
     fn try_parse_head(&mut self, request_method: &Method) -> Result<Option<ResponseHead>, H1Error> {
-        parse_response_head(&mut self.buf, request_method)
+        parse_response_head_in(&mut self.buf, request_method, &mut self.spare_headers)
     }
 }
 
@@ -191,6 +209,16 @@ impl Conn {
 pub fn parse_response_head(
     buf: &mut BytesMut,
     request_method: &Method,
+) -> Result<Option<ResponseHead>, H1Error> {
+    parse_response_head_in(buf, request_method, &mut HeaderMap::new())
+}
+
+/// [`parse_response_head`], with the headers of a final response in `spare`'s allocation
+/// (an empty map; left empty without an allocation when taken).
+fn parse_response_head_in(
+    buf: &mut BytesMut,
+    request_method: &Method,
+    spare: &mut HeaderMap,
 ) -> Result<Option<ResponseHead>, H1Error> {
     let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut resp = httparse::Response::new(&mut headers);
@@ -218,8 +246,11 @@ pub fn parse_response_head(
         Version::HTTP_11
     };
     // Header values point into the buffer: remember offsets, then share the bytes.
+    // NB: on the stack for up to `INLINE_SPANS` headers (issue 21: an allocation per
+    // response before).
     let base = buf.as_ptr() as usize;
-    let mut spans = Vec::with_capacity(resp.headers.len());
+    let mut spans: smallvec::SmallVec<[(HeaderName, usize, usize); INLINE_SPANS]> =
+        smallvec::SmallVec::with_capacity(resp.headers.len());
     // The framing headers are noted on the way, so no header map lookup is needed later.
     let mut facts = FramingFacts::default();
     for h in resp.headers.iter() {
@@ -240,7 +271,12 @@ pub fn parse_response_head(
     // NB: room for the headers response phases add (limit-count's three X-RateLimit-*,
     // cors, request-id): without it, a map sized to the upstream's headers regrows and
     // rehashes every entry (issue 4: ~400 instructions per request).
-    let mut map = HeaderMap::with_capacity(spans.len() + RESPONSE_HEADER_ROOM);
+    let mut map = if status.is_informational() {
+        HeaderMap::new()
+    } else {
+        std::mem::take(spare)
+    };
+    map.reserve(spans.len() + RESPONSE_HEADER_ROOM);
     // NB: a proxy drops hop-by-hop headers anyway; leaving them out here saves adding
     // and then removing them (issue 2). When `Connection` names other headers (rare),
     // all are kept for `strip_hop_by_hop`, which removes the named ones too.
