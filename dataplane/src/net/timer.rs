@@ -72,11 +72,11 @@ impl Slots {
             fired: false,
             waker: None,
         };
-        if let Some(i) = self.free.pop() {
-            if let Some(s) = self.slots.get_mut(i as usize) {
-                *s = slot;
-                return i;
-            }
+        if let Some(i) = self.free.pop()
+            && let Some(s) = self.slots.get_mut(i as usize)
+        {
+            *s = slot;
+            return i;
         }
         self.slots.push(slot);
         // NB: more than u32::MAX sleeps at once would need that many slots in memory (128 GiB).

@@ -88,8 +88,9 @@ pub struct Conn {
     io: BatchedStream,
     buf: BytesMut,
     /// An empty header map whose allocation the next final response head fills (see
-    /// [`Conn::keep_for_next_head`]).
-    spare_headers: HeaderMap,
+    /// [`Conn::keep_for_next_head`]). NB: boxed once per connection, so that the
+    /// connection (moved with every response body) stays small.
+    spare_headers: Box<HeaderMap>,
 }
 
 /// A parsed response head.
@@ -111,7 +112,7 @@ impl Conn {
         Conn {
             io: BatchedStream::new(io),
             buf: BytesMut::with_capacity(READ_CHUNK),
-            spare_headers: HeaderMap::new(),
+            spare_headers: Box::default(),
         }
     }
 
@@ -123,7 +124,7 @@ impl Conn {
     /// loop, so a proxied request allocates no header map (two allocations before).
     pub fn keep_for_next_head(&mut self, mut headers: HeaderMap) {
         headers.clear();
-        self.spare_headers = headers;
+        *self.spare_headers = headers;
     }
 
     /// For an idle pooled connection: false when the upstream closed it or sent something
