@@ -11,7 +11,9 @@ use serde::{Deserialize, Serialize};
 pub struct MachineInfo {
     /// CPU architecture as `uname -m` spells it (`x86_64`, `aarch64`).
     pub arch: String,
-    /// Number of online CPUs available to the harness.
+    /// Online CPUs of the machine (`/sys/devices/system/cpu/online`). NB: not the
+    /// harness's own affinity, which pins it to one CPU before this is collected (results
+    /// before 2026-12-03 evening say `1 CPUs` on a 2-CPU machine).
     pub nproc: usize,
     /// Kernel release (`uname -r`).
     pub kernel: String,
@@ -192,7 +194,10 @@ pub fn collect(
         arch: emulation
             .as_ref()
             .map_or_else(arch, |e| e.guest_arch.clone()),
-        nproc: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        nproc: std::fs::read_to_string("/sys/devices/system/cpu/online")
+            .ok()
+            .and_then(|l| cpus_in_list(&l))
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
         kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
             .map(|s| s.trim().to_owned())
             .unwrap_or_else(|_| "unknown".into()),
@@ -220,6 +225,26 @@ pub fn cpu_model_from_cpuinfo(cpuinfo: &str) -> Option<String> {
         let (key, value) = l.split_once(':')?;
         (key.trim() == "model name" && !value.trim().is_empty()).then(|| value.trim().to_owned())
     })
+}
+
+/// CPUs in a kernel CPU list such as `0-1` or `0,2-5` (`/sys/devices/system/cpu/online`).
+pub fn cpus_in_list(list: &str) -> Option<usize> {
+    let mut n = 0;
+    for part in list.trim().split(',') {
+        n += match part.split_once('-') {
+            Some((a, b)) => {
+                b.parse::<usize>()
+                    .ok()?
+                    .checked_sub(a.parse::<usize>().ok()?)?
+                    + 1
+            }
+            None => {
+                part.parse::<usize>().ok()?;
+                1
+            }
+        };
+    }
+    (n > 0).then_some(n)
 }
 
 /// `Model name:` (plus `Vendor ID:` when present) from `lscpu`, e.g.
@@ -320,6 +345,15 @@ mod tests {
             timestamp_utc(UNIX_EPOCH + Duration::from_secs(1_735_689_599)),
             "20241231T235959Z"
         );
+    }
+
+    #[test]
+    fn cpu_lists_count_ranges_and_singles() {
+        assert_eq!(cpus_in_list("0-1\n"), Some(2));
+        assert_eq!(cpus_in_list("0"), Some(1));
+        assert_eq!(cpus_in_list("0,2-5,7"), Some(6));
+        assert_eq!(cpus_in_list(""), None);
+        assert_eq!(cpus_in_list("3-1"), None);
     }
 
     #[test]
