@@ -8,6 +8,7 @@ use sluice_proto::v1;
 
 use crate::config::metrics::Metrics;
 use crate::config::table::{InvalidSnapshot, RouteTable};
+use crate::net::lock;
 use crate::plugins::PluginState;
 use crate::upstream::{PoolConfig, PoolRegistry};
 
@@ -217,12 +218,5 @@ impl Store {
     /// Whether a snapshot has been loaded.
     pub fn ready(&self) -> bool {
         lock(&self.snapshot).is_some()
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
     }
 }

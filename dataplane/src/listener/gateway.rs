@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 use crate::config::store::Store;
 use crate::listener::server::{Drain, DrainTrigger, Limits, serve_scoped, spawn_listener_workers};
 use crate::listener::tls::serve_https_scoped;
+use crate::net::lock;
 
 /// How long a port that could not be bound waits before the next try.
 pub const RETRY: Duration = Duration::from_secs(5);
@@ -180,13 +181,6 @@ impl GatewayListeners {
     /// Ids of the ports open now.
     pub fn open_ids(&self) -> Vec<String> {
         self.running.keys().cloned().collect()
-    }
-}
-
-fn lock(l: &Mutex<GatewayListeners>) -> std::sync::MutexGuard<'_, GatewayListeners> {
-    match l.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }
 

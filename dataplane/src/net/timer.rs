@@ -17,9 +17,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
+use crate::net::lock;
 
 /// How often the sweeper checks deadlines: the most a timeout fires late.
 pub const RESOLUTION: Duration = Duration::from_millis(100);
@@ -96,7 +98,8 @@ impl Slots {
     }
 
     /// Marks the live sleeps whose deadline is `now` or before as fired and takes their
-    /// wakers into `fire`; then returns trailing free slots to the allocator.
+    /// wakers into `fire`; then drops the trailing free slots (and gives memory back when
+    /// the list shrank to a quarter).
     fn expire(&mut self, now: u64, fire: &mut Vec<Waker>) {
         for s in &mut self.slots {
             if s.live && !s.fired && s.deadline <= now {
@@ -123,11 +126,6 @@ impl Slots {
     fn live(&self) -> usize {
         self.slots.iter().filter(|s| s.live).count()
     }
-}
-
-fn lock(list: &Mutex<Slots>) -> MutexGuard<'_, Slots> {
-    // NB: no code panics while holding it; a poisoned list is still consistent.
-    list.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A handle to one worker's coarse timer. Cheap to clone.

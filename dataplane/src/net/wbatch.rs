@@ -293,7 +293,7 @@ fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
 fn lock(shared: &Shared) -> MutexGuard<'_, State> {
     // A panic while the lock was held cannot leave the state inconsistent (every field
     // is valid on its own), so a poisoned lock is used as is.
-    shared.state.lock().unwrap_or_else(|p| p.into_inner())
+    super::lock(&shared.state)
 }
 
 /// A TCP stream whose small writes are batched per event-loop turn (see the module

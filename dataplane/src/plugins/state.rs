@@ -1,6 +1,7 @@
 //! Plugin state that outlives snapshots: rate-limit counters, so that a reload does not
 //! hand out a fresh budget, and anything else a plugin shares across routes.
 
+use crate::net::lock;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -141,12 +142,5 @@ impl PluginState {
     /// Whether nothing is shared.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(p) => p.into_inner(),
     }
 }

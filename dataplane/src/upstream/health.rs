@@ -26,6 +26,7 @@ use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use sluice_proto::v1;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use crate::net::lock;
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
 
 /// What one request (or probe) to an endpoint came to.
@@ -736,13 +737,6 @@ where
     match status {
         Some(s) if buf.starts_with(b"HTTP/1.") => Outcome::Status(s),
         _ => Outcome::TcpFailure,
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    match m.lock() {
-        Ok(g) => g,
-        Err(poisoned) => poisoned.into_inner(),
     }
 }
 
