@@ -5,7 +5,10 @@
 #
 #   bench/profile.sh [--sluice-bin PATH] [--only sluice|nginx] [--scenario 1|2]
 #                    [--n1 N] [--n2 N] [--conns C] [--out DIR] [--no-callgrind]
-#                    [--no-syscalls]
+#                    [--no-syscalls] [--churn]
+#
+# --churn sends every request on a new connection (`Connection: close`; h2load opens the
+# next one), so the figures are per connection: accept, head, proxying, close.
 #
 # --scenario 2 runs sluice with bench/config/scenario2.yaml (limit-count + prometheus on
 # the route); nginx always runs the plain proxy (nginx has no such plugins).
@@ -43,6 +46,7 @@ conns=64
 out=""
 do_callgrind=1
 do_syscalls=1
+churn=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --sluice-bin) sluice_bin=$2; shift 2 ;;
@@ -54,6 +58,7 @@ while [ $# -gt 0 ]; do
         --out) out=$2; shift 2 ;;
         --no-callgrind) do_callgrind=0; shift ;;
         --no-syscalls) do_syscalls=0; shift ;;
+        --churn) churn=1; shift ;;
         -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
         *) echo "profile.sh: unknown argument $1" >&2; exit 2 ;;
     esac
@@ -73,7 +78,8 @@ if [ -z "${SLUICE_PROFILE_LOCKED:-}" ]; then
         ${sluice_bin:+--sluice-bin "$sluice_bin"} ${only:+--only "$only"} \
         --scenario "$scenario" --n1 "$n1" --n2 "$n2" --conns "$conns" ${out:+--out "$out"} \
         $([ $do_callgrind = 1 ] || echo --no-callgrind) \
-        $([ $do_syscalls = 1 ] || echo --no-syscalls)
+        $([ $do_syscalls = 1 ] || echo --no-syscalls) \
+        $([ $churn = 0 ] || echo --churn)
 fi
 
 need_pkgs=()
@@ -200,7 +206,9 @@ stop_proxy() { # pid which
 }
 
 load() { # port n
-    $pin_load h2load --h1 -n "$2" -c "$conns" -t 1 "http://127.0.0.1:$1/hello" >"$work/h2load.log" 2>&1
+    local close=()
+    [ $churn = 1 ] && close=(-H "Connection: close")
+    $pin_load h2load --h1 -n "$2" -c "$conns" -t 1 "${close[@]}" "http://127.0.0.1:$1/hello" >"$work/h2load.log" 2>&1
     if ! grep -q "requests: $2 total, $2 started, $2 done, $2 succeeded" "$work/h2load.log"; then
         echo "profile.sh: h2load did not complete $2 requests:" >&2
         cat "$work/h2load.log" >&2
@@ -276,7 +284,7 @@ EOF
 proxies=(sluice nginx)
 [ -n "$only" ] && proxies=("$only")
 {
-    echo "# Per-request cost, scenario $scenario for sluice (GET /hello, keep-alive, h2load -c $conns), $stamp"
+    echo "# Per-request cost, scenario $scenario for sluice (GET /hello, $([ $churn = 1 ] && echo 'Connection: close, one request per connection' || echo keep-alive), h2load -c $conns), $stamp"
     echo
     echo "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (dirty)')"
     [ -n "$sluice_bin" ] && echo "- sluice binary: $sluice_bin"
