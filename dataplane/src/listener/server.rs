@@ -300,25 +300,72 @@ impl DrainTrigger {
     pub fn drain(&self) {
         self.going_away.store(true, Ordering::Relaxed);
         let _ = self.phase.send(Phase::Draining);
-        // NB: after the phase is set: a `Draining` that registers from here on sees it.
-        for (_, waker) in self.waiters.lock().drain() {
+        self.waiters.draining.store(true, Ordering::Release);
+        // NB: after the flag is set: a `Draining` that registers from here on sees it.
+        let mut slots = self.waiters.lock();
+        for waker in slots.wakers.iter_mut().filter_map(Option::take) {
             waker.wake();
         }
     }
 }
 
-/// The tasks waiting on a [`Drain`] through [`Drain::draining`], by id: woken by
+/// The tasks waiting on a [`Drain`] through [`Drain::draining`]: woken by
 /// [`DrainTrigger::drain`].
+///
+/// NB: a slot per waiting task, reused through a free list. Every connection registers
+/// while it is served and every worker's accept loop waits on it: with a `watch` channel
+/// and its `Notify` that cost about 850 instructions per registration, and a `HashMap`
+/// keyed by id hashed twice per connection (issue 21).
 #[derive(Debug, Default)]
 struct Waiters {
-    next: std::sync::atomic::AtomicU64,
-    wakers: std::sync::Mutex<std::collections::HashMap<u64, std::task::Waker>>,
+    /// Set once draining has started, before the wakers are woken.
+    draining: AtomicBool,
+    slots: std::sync::Mutex<Slots>,
+}
+
+/// [`Waiters`]' wakers by slot; a slot stays taken until its [`Draining`] is done with it,
+/// even once its waker was woken.
+#[derive(Debug, Default)]
+struct Slots {
+    wakers: Vec<Option<std::task::Waker>>,
+    free: Vec<usize>,
+}
+
+impl Slots {
+    fn take(&mut self, waker: std::task::Waker) -> usize {
+        match self.free.pop() {
+            Some(i) => {
+                self.wakers[i] = Some(waker);
+                i
+            }
+            None => {
+                self.wakers.push(Some(waker));
+                self.wakers.len() - 1
+            }
+        }
+    }
+
+    fn give_back(&mut self, i: usize) {
+        if let Some(w) = self.wakers.get_mut(i) {
+            *w = None;
+            self.free.push(i);
+        }
+    }
+
+    /// Slots taken.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.wakers.len() - self.free.len()
+    }
 }
 
 impl Waiters {
-    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u64, std::task::Waker>> {
-        // Every entry is valid on its own: a poisoned lock is used as is.
-        self.wakers.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
+        crate::net::lock(&self.slots)
+    }
+
+    fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Acquire)
     }
 }
 
@@ -326,8 +373,8 @@ impl Waiters {
 #[derive(Debug)]
 pub(crate) struct Draining<'a> {
     drain: &'a Drain,
-    /// Its entry in the drain's [`Waiters`], once polled.
-    id: Option<u64>,
+    /// Its slot in the drain's [`Waiters`], once polled.
+    slot: Option<usize>,
 }
 
 impl Future for Draining<'_> {
@@ -336,35 +383,32 @@ impl Future for Draining<'_> {
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         let waiters = &this.drain.waiters;
-        let mut wakers = waiters.lock();
-        // NB: read under the waiters' lock, which `DrainTrigger::drain` takes after it
-        // sets the phase: either this sees draining, or the trigger sees this waker.
-        if *this.drain.phase.borrow() >= Phase::Draining {
-            if let Some(id) = this.id.take() {
-                wakers.remove(&id);
-            }
-            return Poll::Ready(());
-        }
-        let id = *this
-            .id
-            .get_or_insert_with(|| waiters.next.fetch_add(1, Ordering::Relaxed));
-        match wakers.entry(id) {
-            std::collections::hash_map::Entry::Occupied(e) if e.get().will_wake(cx.waker()) => {}
-            std::collections::hash_map::Entry::Occupied(mut e) => {
-                e.insert(cx.waker().clone());
-            }
-            std::collections::hash_map::Entry::Vacant(e) => {
-                e.insert(cx.waker().clone());
+        if !waiters.is_draining() {
+            let mut slots = waiters.lock();
+            // NB: read again under the lock, which `DrainTrigger::drain` takes after it
+            // sets the flag: either this sees draining, or the trigger sees this waker.
+            if !waiters.is_draining() {
+                match this.slot {
+                    None => this.slot = Some(slots.take(cx.waker().clone())),
+                    Some(i) => match &mut slots.wakers[i] {
+                        Some(w) if w.will_wake(cx.waker()) => {}
+                        w => *w = Some(cx.waker().clone()),
+                    },
+                }
+                return Poll::Pending;
             }
         }
-        Poll::Pending
+        if let Some(i) = this.slot.take() {
+            waiters.lock().give_back(i);
+        }
+        Poll::Ready(())
     }
 }
 
 impl Drop for Draining<'_> {
     fn drop(&mut self) {
-        if let Some(id) = self.id {
-            self.drain.waiters.lock().remove(&id);
+        if let Some(i) = self.slot {
+            self.drain.waiters.lock().give_back(i);
         }
     }
 }
@@ -405,9 +449,14 @@ impl Drain {
         Drain::channel().1
     }
 
-    /// Resolves once draining has started.
+    /// Resolves once draining has started ([`draining`](Self::draining)).
     pub async fn wait(&mut self) {
-        self.reached(Phase::Draining).await;
+        self.draining().await;
+    }
+
+    /// Whether draining has started: one atomic load.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.waiters.is_draining()
     }
 
     /// Resolves once draining has started, as [`wait`](Self::wait) does, in a future of a
@@ -416,7 +465,7 @@ impl Drain {
     pub(crate) fn draining(&self) -> Draining<'_> {
         Draining {
             drain: self,
-            id: None,
+            slot: None,
         }
     }
 
@@ -456,28 +505,25 @@ pub(crate) fn close_if_going_away<B>(resp: &mut http::Response<B>, conn: &ConnIn
 /// (hyper's graceful shutdown) and the connection is then run to its end.
 ///
 /// NB: the drain signal is registered once, at the first poll; later wake-ups of the
-/// connection only read the channel's version (one atomic load) instead of polling its
-/// `Notified` future, which takes a mutex (issue 2: about 360 instructions per request).
+/// connection only read the drain's flag (one atomic load) instead of polling the
+/// registration again, which takes a lock (issue 2: a `Notified` future cost about 360
+/// instructions per request).
 pub(crate) async fn until_drained<F: Future>(
     mut conn: Pin<&mut F>,
     drain: Drain,
     shutdown: impl FnOnce(Pin<&mut F>),
 ) -> F::Output {
-    let mut changed = drain.phase.clone();
-    let mut drain = drain;
-    let wait = drain.wait();
+    let wait = drain.draining();
     tokio::pin!(wait);
     let mut registered = false;
     let drained = std::future::poll_fn(|cx| {
         if let Poll::Ready(out) = conn.as_mut().poll(cx) {
             return Poll::Ready(Some(out));
         }
-        // A closed channel (`Drain::never`) never drains.
-        if !registered || changed.has_changed().unwrap_or(false) {
+        // NB: the drain wakes this task's waker, which stays the same while `conn` runs in
+        // it; a drain that never comes (`Drain::never`) leaves the flag unset.
+        if !registered || drain.is_draining() {
             registered = true;
-            // NB: the shutdown delay changes the channel without draining; seen once, it
-            // must not send every later wake-up back through `wait`.
-            changed.mark_unchanged();
             if wait.as_mut().poll(cx).is_ready() {
                 return Poll::Ready(None);
             }
@@ -605,6 +651,7 @@ pub async fn serve_scoped(
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
     let worker = Arc::new(Worker {
+        local: listening_on(&listener),
         store,
         h1,
         h2,
@@ -613,11 +660,13 @@ pub async fn serve_scoped(
         scope,
         limits,
     });
-    let mut stop = drain;
+    // NB: registered once, not per accepted connection.
+    let stop = drain.draining();
+    tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
             biased;
-            _ = stop.wait() => break,
+            _ = &mut stop => break,
             a = async {
                 let permit = Arc::clone(&permits).acquire_owned().await.ok()?;
                 Some((permit, listener.accept().await))
@@ -653,8 +702,30 @@ pub async fn serve_scoped(
     crate::upstream::websocket::sessions_closed().await;
 }
 
+/// The address every connection accepted on `listener` arrives at, when it is bound to one
+/// (not a wildcard such as `0.0.0.0`): then a connection's address needs no `getsockname`,
+/// as nginx does (issue 21: one system call per connection of about ten).
+pub(crate) fn listening_on(listener: &TcpListener) -> Option<SocketAddr> {
+    listener
+        .local_addr()
+        .ok()
+        .filter(|a| !a.ip().is_unspecified())
+}
+
+/// The address `stream`, accepted from `remote` on a listener [`listening_on`] `local`,
+/// arrived at.
+pub(crate) fn local_addr_of(
+    stream: &tokio::net::TcpStream,
+    local: Option<SocketAddr>,
+    remote: SocketAddr,
+) -> SocketAddr {
+    local.unwrap_or_else(|| stream.local_addr().unwrap_or(remote))
+}
+
 /// What the connections of one worker's plain-HTTP listener share.
 struct Worker {
+    /// The listener's address when it is not a wildcard ([`listening_on`]).
+    local: Option<SocketAddr>,
     store: Arc<Store>,
     h1: Arc<hyper::server::conn::http1::Builder>,
     h2: Arc<hyper::server::conn::http2::Builder<TokioExecutor>>,
@@ -740,11 +811,14 @@ fn sniff_or_drain<'a>(
     stream: &'a mut tokio::net::TcpStream,
     worker: &'a Worker,
 ) -> Pin<Box<impl Future<Output = Option<(bool, Bytes)>> + Send + 'a>> {
-    let mut drain = worker.drain.clone();
     Box::pin(async move {
+        // NB: the sniff first: a connection whose first bytes are there never registers
+        // with the drain (a drain that started meanwhile still reaches its request through
+        // hyper's graceful shutdown).
         tokio::select! {
+            biased;
             s = sniff_h2(stream, worker.limits.header_read_timeout) => s,
-            _ = drain.wait() => None,
+            _ = worker.drain.draining() => None,
         }
     })
 }
@@ -760,7 +834,7 @@ fn plain_conn(
     read: Bytes,
     worker: &Worker,
 ) -> (PlainStream, Arc<ConnInfo>) {
-    let local = stream.local_addr().unwrap_or(remote);
+    let local = local_addr_of(&stream, worker.local, remote);
     let mut conn = ConnInfo::new(remote, local, "http", worker.timer.clone());
     conn.client_body_timeout = worker.limits.client_body_timeout;
     conn.max_header_bytes = worker.limits.max_header_bytes;
@@ -935,7 +1009,49 @@ mod tests {
             .expect("the waiting task was woken")
             .unwrap();
         drain.draining().await;
-        assert!(drain.waiters.lock().is_empty());
+        assert_eq!(drain.waiters.lock().len(), 0);
+    }
+
+    /// A slot given back is taken by the next waiter: registering and dropping once per
+    /// connection does not grow the drain's list.
+    #[tokio::test]
+    async fn draining_reuses_the_slots_of_dropped_waiters() {
+        let (_trigger, drain) = Drain::channel();
+        let stays = drain.draining();
+        tokio::pin!(stays);
+        assert!(futures::poll!(stays.as_mut()).is_pending());
+        for _ in 0..1_000 {
+            let once = drain.draining();
+            tokio::pin!(once);
+            assert!(futures::poll!(once.as_mut()).is_pending());
+        }
+        let slots = drain.waiters.lock();
+        assert_eq!(slots.len(), 1);
+        assert_eq!(
+            slots.wakers.len(),
+            2,
+            "one slot for the waiter that stays, one reused"
+        );
+    }
+
+    /// A listener bound to one address gives its connections that address without asking
+    /// the kernel; a wildcard listener does not know it.
+    #[tokio::test]
+    async fn a_connections_address_is_the_listeners_unless_it_is_a_wildcard() {
+        let bound = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = bound.local_addr().unwrap();
+        assert_eq!(listening_on(&bound), Some(addr));
+        let wildcard = TcpListener::bind("0.0.0.0:0").await.unwrap();
+        assert_eq!(listening_on(&wildcard), None);
+        let port = wildcard.local_addr().unwrap().port();
+        let _client = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        let (stream, remote) = wildcard.accept().await.unwrap();
+        assert_eq!(
+            local_addr_of(&stream, None, remote),
+            SocketAddr::from(([127, 0, 0, 1], port))
+        );
     }
 
     /// A worker with default limits, an empty store and no drain.
@@ -944,6 +1060,7 @@ mod tests {
         let timer = CoarseTimer::new();
         let (h1, h2) = connection_builders(&limits, &timer);
         Worker {
+            local: None,
             store: Arc::new(Store::new().unwrap()),
             h1,
             h2,

@@ -160,11 +160,14 @@ pub async fn serve_https_scoped(
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
-    let mut stop = drain.clone();
+    let listening = super::server::listening_on(&listener);
+    // NB: registered once, not per accepted connection.
+    let stop = drain.draining();
+    tokio::pin!(stop);
     loop {
         let accepted = tokio::select! {
             biased;
-            _ = stop.wait() => break,
+            _ = &mut stop => break,
             a = async {
                 let permit = Arc::clone(&permits).acquire_owned().await.ok()?;
                 Some((permit, listener.accept().await))
@@ -182,7 +185,7 @@ pub async fn serve_https_scoped(
             }
         };
         crate::listener::server::nodelay_per_connection(&stream);
-        let local = stream.local_addr().unwrap_or(remote);
+        let local = super::server::local_addr_of(&stream, listening, remote);
         let store = Arc::clone(&store);
         let (h1, h2) = (Arc::clone(&h1), Arc::clone(&h2));
         let timer = timer.clone();
