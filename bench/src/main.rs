@@ -75,6 +75,11 @@ enum Cmd {
         /// between rounds).
         #[arg(long, value_name = "PATH")]
         baseline_bin: Option<PathBuf>,
+        /// Every request on a new connection: wrk sends `Connection: close` and reconnects
+        /// (connection churn, e.g. side by side with `--baseline-bin`); recorded in the
+        /// results.
+        #[arg(long)]
+        connection_close: bool,
     },
     /// HTTPS side by side with nginx (same certificate): keep-alive requests and new TLS
     /// connections (ECDSA P-256, RSA-2048) per proxy CPU-second. Writes tls-<arch>.md.
@@ -390,11 +395,13 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             emulator,
             sluice_args,
             baseline_bin,
+            connection_close,
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
             let workspace = workspace.unwrap_or_else(workspace_root);
             let mut opts = ProxyOptions {
                 without_first: false,
+                connection_close,
                 baseline_bin,
                 emulator,
                 sluice_args,

@@ -167,6 +167,9 @@ pub struct RunParams {
     /// Extra flags given to sluice-dataplane (`--sluice-arg`).
     #[serde(default)]
     pub sluice_args: Vec<String>,
+    /// Every request on a new connection (`--connection-close`).
+    #[serde(default)]
+    pub connection_close: bool,
 }
 
 /// One proxy's outcome.
@@ -475,6 +478,12 @@ pub fn render_markdown(r: &BenchResult) -> String {
     );
     if !p.sluice_args.is_empty() {
         let _ = writeln!(s, "- sluice flags: `{}`", p.sluice_args.join(" "));
+    }
+    if p.connection_close {
+        let _ = writeln!(
+            s,
+            "- every request on a new connection (wrk sends `Connection: close`)"
+        );
     }
     let pin = match (p.wrk_cpu, p.proxy_cpu, p.upstream_cpu) {
         (Some(w), Some(x), Some(u)) if u == x => {
@@ -901,6 +910,7 @@ mod tests {
                 wrk_cpu: Some(1),
                 clk_tck: 100,
                 sluice_args: Vec::new(),
+                connection_close: false,
             },
             runs,
             ratios: None,

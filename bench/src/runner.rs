@@ -80,6 +80,8 @@ pub struct ProxyOptions {
     /// the one under test, on the same scenario during the same seconds
     /// ([`report::BaselineSideBySide`]); with `without_first`, the baseline starts first.
     pub baseline_bin: Option<PathBuf>,
+    /// Every request on a new connection (wrk sends `Connection: close`).
+    pub connection_close: bool,
 }
 
 /// Paths of the files a run wrote.
@@ -220,13 +222,7 @@ impl Bench<'_> {
         duration: Duration,
         label: &str,
     ) -> Result<ProcessGuard, BenchError> {
-        let args = vec![
-            format!("-t{WRK_THREADS}"),
-            format!("-c{connections}"),
-            format!("-d{}", wrk_duration_arg(duration)),
-            "--latency".into(),
-            format!("http://127.0.0.1:{port}{PATH}"),
-        ];
+        let args = proxy_wrk_args(port, connections, duration, self.opts.connection_close);
         let cmd = pinned(self.wrk_cpu, &self.tools.wrk, &args);
         let log = dir.join(format!("wrk-{label}.log"));
         ProcessGuard::spawn(&format!("wrk ({label})"), cmd, &log)
@@ -795,6 +791,7 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             wrk_cpu,
             clk_tck,
             sluice_args: opts.sluice_args.clone(),
+            connection_close: opts.connection_close,
         },
         runs,
         ratios: None,
@@ -813,6 +810,22 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
     }
     let written = write_results(&result, &opts.results_dir)?;
     Ok((result, written))
+}
+
+/// wrk's arguments for `connections` against `port`; with `close`, every request on a new
+/// connection.
+fn proxy_wrk_args(port: u16, connections: u32, duration: Duration, close: bool) -> Vec<String> {
+    let mut args = vec![
+        format!("-t{WRK_THREADS}"),
+        format!("-c{connections}"),
+        format!("-d{}", wrk_duration_arg(duration)),
+        "--latency".into(),
+    ];
+    if close {
+        args.extend(["-H".into(), "Connection: close".into()]);
+    }
+    args.push(format!("http://127.0.0.1:{port}{PATH}"));
+    args
 }
 
 /// True when the kernel has a binfmt_misc interpreter registered for `arch` binaries
@@ -849,7 +862,7 @@ pub fn write_results(result: &BenchResult, dir: &Path) -> Result<Written, BenchE
     write_file(&written.markdown, &md)?;
     // A run with extra dataplane flags is an experiment: it does not become the reference
     // (`latest-*`, which scenario 2's plugin cost is computed against).
-    if !result.params.sluice_args.is_empty() {
+    if !result.params.sluice_args.is_empty() || result.params.connection_close {
         return Ok(written);
     }
     write_file(
@@ -875,6 +888,20 @@ pub fn write_results(result: &BenchResult, dir: &Path) -> Result<Written, BenchE
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connection_close_asks_wrk_for_a_new_connection_per_request() {
+        let keep = proxy_wrk_args(8080, 32, Duration::from_secs(5), false);
+        assert!(!keep.iter().any(|a| a == "-H"));
+        assert_eq!(
+            keep.last().map(String::as_str),
+            Some("http://127.0.0.1:8080/hello")
+        );
+        let close = proxy_wrk_args(8080, 32, Duration::from_secs(5), true);
+        let h = close.iter().position(|a| a == "-H").expect("a header");
+        assert_eq!(close[h + 1], "Connection: close");
+        assert_eq!(close.last(), keep.last());
+    }
 
     #[test]
     fn cpu_lists() {
