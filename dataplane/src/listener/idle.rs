@@ -440,7 +440,8 @@ where
 /// Waits while the connection on `io` is parked: true once its next request is coming (the
 /// socket is readable), false when it is to be closed (`drain` fired, it waited
 /// `header_read_timeout` in all, counting the [`GRACE`] before it parked, up to a second
-/// more: [`crate::net::timer::FAR_RESOLUTION`]; or an error).
+/// more: [`crate::net::timer::FAR_RESOLUTION`] and a
+/// [`crate::net::timer::RESOLUTION`]; or an error).
 /// Counted in `sluice_dataplane_parked_connections` meanwhile.
 pub(crate) async fn parked<S: Parkable>(
     io: &S,

@@ -9,6 +9,13 @@
 //! timeout gives its slot back at once, so arming one allocates nothing. It also serves as
 //! hyper's [`hyper::rt::Timer`] (header-read and keep-alive timeouts).
 //!
+//! Arming a timeout reads no clock either: deadlines count from the time of the last sweep,
+//! which the sweeper keeps, plus one [`RESOLUTION`] for the time since, so a timeout fires
+//! between its duration and two resolutions past it (never early while the sweeper keeps
+//! its pace; a worker stalled longer than a resolution can fire one early by the excess).
+//! A request arms about three and polls each; reading the clock for each cost ~70
+//! instructions and a vDSO call, seven times per proxied request (issue 21).
+//!
 //! Long waits of many idle things (parked keep-alive connections: thousands, each waiting
 //! up to the keep-alive limit) go on a second list, swept once a second
 //! ([`CoarseTimer::sleep_far`]): a sweep touches every entry of its list, and 9,000 parked
@@ -17,24 +24,31 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use crate::net::lock;
 
-/// How often the sweeper checks deadlines: the most a timeout fires late.
+/// How often the sweeper checks deadlines; a timeout fires up to twice this late (see the
+/// module's documentation).
 pub const RESOLUTION: Duration = Duration::from_millis(100);
+
+const RESOLUTION_MS: u64 = RESOLUTION.as_millis() as u64;
 
 /// How often the sweeper checks the deadlines of [`CoarseTimer::sleep_far`], in ticks.
 const FAR_EVERY: u64 = 10;
 
-/// The most a [`CoarseTimer::sleep_far`] fires late.
+/// How often the sweeper checks the far list: a [`CoarseTimer::sleep_far`] fires up to this
+/// and one [`RESOLUTION`] late.
 pub const FAR_RESOLUTION: Duration = Duration::from_millis(100 * FAR_EVERY);
 
 #[derive(Debug)]
 struct Inner {
     start: Instant,
+    /// Milliseconds since `start` at the last sweep.
+    swept: AtomicU64,
     near: Mutex<Slots>,
     /// Those of [`CoarseTimer::sleep_far`].
     far: Mutex<Slots>,
@@ -146,20 +160,36 @@ impl CoarseTimer {
         CoarseTimer {
             inner: Arc::new(Inner {
                 start: Instant::now(),
+                swept: AtomicU64::new(0),
                 near: Mutex::new(Slots::default()),
                 far: Mutex::new(Slots::default()),
             }),
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        self.inner.start.elapsed().as_millis() as u64
+    /// The time of the last sweep, milliseconds since `start` (no clock read).
+    fn swept_ms(&self) -> u64 {
+        self.inner.swept.load(Ordering::Relaxed)
+    }
+
+    /// The deadline of a sleep of `duration` armed now: from the last sweep, plus a
+    /// resolution for the time since then (none for a zero duration, which fires at its
+    /// first poll).
+    fn deadline_in(&self, duration: Duration) -> u64 {
+        let ms = duration.as_millis() as u64;
+        let slack = if ms == 0 { 0 } else { RESOLUTION_MS };
+        self.swept_ms().saturating_add(ms).saturating_add(slack)
     }
 
     fn at(&self, deadline: Instant) -> u64 {
-        deadline
+        let ms = deadline
             .saturating_duration_since(self.inner.start)
-            .as_millis() as u64
+            .as_millis() as u64;
+        if ms <= self.swept_ms() {
+            ms
+        } else {
+            ms.saturating_add(RESOLUTION_MS)
+        }
     }
 
     /// Fires expired sleeps every [`RESOLUTION`]; runs until the timer is dropped.
@@ -174,6 +204,7 @@ impl CoarseTimer {
             tick.tick().await;
             let Some(inner) = weak.upgrade() else { return };
             let now = inner.start.elapsed().as_millis() as u64;
+            inner.swept.store(now, Ordering::Relaxed);
             lock(&inner.near).expire(now, &mut fire);
             ticks = ticks.wrapping_add(1);
             if ticks.is_multiple_of(FAR_EVERY) {
@@ -185,17 +216,16 @@ impl CoarseTimer {
         }
     }
 
-    /// A future that completes `duration` from now (up to [`RESOLUTION`] later).
+    /// A future that completes `duration` from now (up to two [`RESOLUTION`]s later).
     pub fn sleep(&self, duration: Duration) -> CoarseSleep {
-        self.sleep_until_ms(self.now_ms().saturating_add(duration.as_millis() as u64))
+        self.sleep_until_ms(self.deadline_in(duration))
     }
 
     /// Like [`CoarseTimer::sleep`], for a long wait that many idle things may share: it
-    /// fires up to [`FAR_RESOLUTION`] late, and a sweep every [`RESOLUTION`] does not
+    /// fires up to [`FAR_RESOLUTION`] (and a [`RESOLUTION`]) late, and a sweep every [`RESOLUTION`] does not
     /// touch it.
     pub fn sleep_far(&self, duration: Duration) -> CoarseSleep {
-        let deadline = self.now_ms().saturating_add(duration.as_millis() as u64);
-        self.sleep_on(true, deadline)
+        self.sleep_on(true, self.deadline_in(duration))
     }
 
     fn sleep_until_ms(&self, deadline: u64) -> CoarseSleep {
@@ -253,7 +283,7 @@ pub struct CoarseSleep {
     timer: CoarseTimer,
     slot: u32,
     far: bool,
-    /// Whether the clock was read (at the first poll).
+    /// Whether it was polled (the first poll checks the deadline against the last sweep).
     polled: bool,
 }
 
@@ -262,14 +292,14 @@ impl Future for CoarseSleep {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
-        // NB: the clock is read at the first poll only (a deadline already past completes
-        // at once); later polls, one per wake-up of the request's task, just check `fired`
-        // (issue 2).
+        // NB: the first poll completes a deadline already past (a zero duration) against
+        // the last sweep's time; later polls, one per wake-up of the request's task, just
+        // check `fired` (issue 2).
         let now = if this.polled {
             None
         } else {
             this.polled = true;
-            Some(this.timer.now_ms())
+            Some(this.timer.swept_ms())
         };
         let mut list = lock(this.timer.list(this.far));
         let Some(slot) = list.slots.get_mut(this.slot as usize) else {
@@ -297,7 +327,14 @@ impl Drop for CoarseSleep {
 
 impl hyper::rt::Sleep for CoarseSleep {}
 
+/// hyper's header-read and keep-alive deadlines count from the last sweep, as the timer's
+/// own do (up to a [`RESOLUTION`] before the true time; [`CoarseTimer::sleep_until`] adds
+/// it back).
 impl hyper::rt::Timer for CoarseTimer {
+    fn now(&self) -> Instant {
+        self.inner.start + Duration::from_millis(self.swept_ms())
+    }
+
     fn sleep(&self, duration: Duration) -> Pin<Box<dyn hyper::rt::Sleep>> {
         Box::pin(CoarseTimer::sleep(self, duration))
     }
@@ -327,6 +364,31 @@ mod tests {
             waited < Duration::from_millis(250) + RESOLUTION * 10,
             "fired far too late: {waited:?}"
         );
+    }
+
+    /// A zero sleep completes at its first poll, sweeper or not; hyper's clock is the last
+    /// sweep's, never ahead of the true time and at most about a resolution behind it.
+    #[tokio::test]
+    async fn a_zero_sleep_is_due_at_once_and_hypers_clock_is_the_sweeps() {
+        use hyper::rt::Timer as _;
+        let timer = CoarseTimer::new();
+        assert!(futures::poll!(timer.sleep(Duration::ZERO)).is_ready());
+        assert!(futures::poll!(timer.sleep(Duration::from_millis(1))).is_pending());
+        // Later than the last sweep (none yet: the timer's start): not due before a sweep.
+        std::thread::sleep(Duration::from_millis(5));
+        let past = Instant::now();
+        assert!(futures::poll!(hyper::rt::Timer::sleep_until(&timer, past)).is_pending());
+        tokio::spawn(timer.clone().run());
+        tokio::time::sleep(RESOLUTION * 3).await;
+        let (before, swept) = (Instant::now(), timer.now());
+        assert!(swept <= before);
+        assert!(
+            before - swept <= RESOLUTION * 2,
+            "{:?} behind",
+            before - swept
+        );
+        // A deadline at or before the last sweep is due at the first poll.
+        assert!(futures::poll!(hyper::rt::Timer::sleep_until(&timer, past)).is_ready());
     }
 
     #[tokio::test]
