@@ -388,12 +388,10 @@ impl Future for Draining<'_> {
             // NB: read again under the lock, which `DrainTrigger::drain` takes after it
             // sets the flag: either this sees draining, or the trigger sees this waker.
             if !waiters.is_draining() {
-                match this.slot {
+                match this.slot.and_then(|i| slots.wakers.get_mut(i)) {
                     None => this.slot = Some(slots.take(cx.waker().clone())),
-                    Some(i) => match &mut slots.wakers[i] {
-                        Some(w) if w.will_wake(cx.waker()) => {}
-                        w => *w = Some(cx.waker().clone()),
-                    },
+                    Some(Some(w)) if w.will_wake(cx.waker()) => {}
+                    Some(w) => *w = Some(cx.waker().clone()),
                 }
                 return Poll::Pending;
             }
