@@ -222,8 +222,8 @@ impl CoarseTimer {
     }
 
     /// Like [`CoarseTimer::sleep`], for a long wait that many idle things may share: it
-    /// fires up to [`FAR_RESOLUTION`] (and a [`RESOLUTION`]) late, and a sweep every [`RESOLUTION`] does not
-    /// touch it.
+    /// fires up to [`FAR_RESOLUTION`] (and a [`RESOLUTION`]) late, and a sweep every
+    /// [`RESOLUTION`] does not touch it.
     pub fn sleep_far(&self, duration: Duration) -> CoarseSleep {
         self.sleep_on(true, self.deadline_in(duration))
     }
