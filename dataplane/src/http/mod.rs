@@ -31,7 +31,7 @@ pub struct ConnInfo {
     /// `"http"` or `"https"`.
     pub scheme: &'static str,
     /// The client IP as text, for `X-Forwarded-For` and `X-Real-IP`.
-    pub remote_ip: IpText,
+    pub remote_ip: InlineText,
     /// The worker's timer for request timeouts.
     pub timer: CoarseTimer,
     /// Longest pause between two pieces of a request body from the client (nginx
@@ -64,7 +64,7 @@ impl ConnInfo {
             remote_addr: SocketAddr::new(ip, remote_addr.port()),
             local_addr,
             scheme,
-            remote_ip: IpText::new(ip),
+            remote_ip: InlineText::ip(ip),
             timer,
             client_body_timeout: CLIENT_BODY_TIMEOUT,
             max_header_bytes: MAX_HEADER_BYTES,
@@ -82,24 +82,32 @@ impl ConnInfo {
     }
 }
 
-/// An IP address as text, written once into a fixed buffer: no allocation, and an IPv4
-/// address without `fmt` (which took ~1,400 instructions and four allocations per
-/// connection through `to_string`, issue 21). IPv4-mapped IPv6 addresses are written as
-/// IPv4, as nginx's `$remote_addr` shows them.
+/// Short text in a fixed buffer, without allocating: an IP address or a port as the
+/// request path writes them (`X-Forwarded-For`, the router's `remote_addr` and
+/// `server_port` variables).
+///
+/// NB: [`InlineText::ip`] writes an IPv4 address by hand, without `fmt`: `to_string` took
+/// ~1,400 instructions and four allocations per connection for the client's address
+/// (issue 21). IPv4-mapped IPv6 addresses are written as IPv4, as nginx's `$remote_addr`
+/// shows them.
 #[derive(Clone, Copy)]
-pub struct IpText {
+pub struct InlineText {
     /// An IPv6 address takes at most 45 bytes (`ffff:ffff:ffff:ffff:ffff:ffff:255.255.255.255`).
     buf: [u8; 45],
     len: u8,
 }
 
-impl IpText {
-    /// `ip` as text.
-    pub fn new(ip: IpAddr) -> IpText {
-        let mut t = IpText {
+impl InlineText {
+    fn empty() -> InlineText {
+        InlineText {
             buf: [0; 45],
             len: 0,
-        };
+        }
+    }
+
+    /// `ip` as text.
+    pub fn ip(ip: IpAddr) -> InlineText {
+        let mut t = InlineText::empty();
         match ip.to_canonical() {
             IpAddr::V4(v4) => {
                 for (i, octet) in v4.octets().into_iter().enumerate() {
@@ -124,6 +132,13 @@ impl IpText {
         t
     }
 
+    /// `v` as text; `None` when it does not fit.
+    pub fn display(v: impl std::fmt::Display) -> Option<InlineText> {
+        use std::fmt::Write;
+        let mut t = InlineText::empty();
+        write!(t, "{v}").ok().map(|()| t)
+    }
+
     fn push(&mut self, b: u8) {
         if let Some(slot) = self.buf.get_mut(usize::from(self.len)) {
             *slot = b;
@@ -138,12 +153,12 @@ impl IpText {
 
     /// The text.
     pub fn as_str(&self) -> &str {
-        // Only ASCII digits, hex digits, `.` and `:` are ever written.
+        // Only whole `str`s and ASCII digits and dots are ever written.
         std::str::from_utf8(self.as_bytes()).unwrap_or("")
     }
 }
 
-impl std::fmt::Write for IpText {
+impl std::fmt::Write for InlineText {
     fn write_str(&mut self, s: &str) -> std::fmt::Result {
         let start = usize::from(self.len);
         let end = start + s.len();
@@ -154,13 +169,13 @@ impl std::fmt::Write for IpText {
     }
 }
 
-impl std::fmt::Debug for IpText {
+impl std::fmt::Debug for InlineText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-impl std::fmt::Display for IpText {
+impl std::fmt::Display for InlineText {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
     }
@@ -308,7 +323,7 @@ fn is_host(host: &[u8]) -> bool {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
-    use super::IpText;
+    use super::InlineText;
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
     #[test]
@@ -321,7 +336,7 @@ mod tests {
                     let mut octets = [fill; 4];
                     octets[pos] = o;
                     let ip = IpAddr::V4(Ipv4Addr::from(octets));
-                    assert_eq!(IpText::new(ip).as_str(), ip.to_string());
+                    assert_eq!(InlineText::ip(ip).as_str(), ip.to_string());
                 }
             }
         }
@@ -336,13 +351,13 @@ mod tests {
             "64:ff9b::255.255.255.255".parse().unwrap(),
         ] {
             let ip = IpAddr::V6(v6);
-            assert_eq!(IpText::new(ip).as_str(), ip.to_string(), "{v6:?}");
+            assert_eq!(InlineText::ip(ip).as_str(), ip.to_string(), "{v6:?}");
         }
     }
 
     #[test]
     fn ip_text_writes_an_ipv4_mapped_address_as_ipv4() {
         let mapped = IpAddr::V6(Ipv4Addr::new(192, 0, 2, 7).to_ipv6_mapped());
-        assert_eq!(IpText::new(mapped).as_bytes(), b"192.0.2.7");
+        assert_eq!(InlineText::ip(mapped).as_bytes(), b"192.0.2.7");
     }
 }

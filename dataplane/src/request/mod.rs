@@ -355,7 +355,7 @@ async fn forward_other(
     let conn = match plugin_run.as_ref().map(|(run, _)| run.ctx.remote_addr.ip()) {
         Some(ip) if ip != conn.remote_addr.ip() => {
             let mut c = conn.clone();
-            c.remote_ip = crate::http::IpText::new(ip);
+            c.remote_ip = crate::http::InlineText::ip(ip);
             real = c;
             &real
         }
@@ -404,7 +404,7 @@ async fn forward_h1(
     };
     // Plugins (real-ip) may have replaced the client address.
     let real_ip = (run.ctx.remote_addr.ip() != conn.remote_addr.ip())
-        .then(|| crate::http::IpText::new(run.ctx.remote_addr.ip()));
+        .then(|| crate::http::InlineText::ip(run.ctx.remote_addr.ip()));
     let mut picked = None;
     let sent = h1
         .send(parts, body, real_ip.as_ref(), Some(&mut picked))

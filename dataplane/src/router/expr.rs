@@ -16,7 +16,6 @@
 //! exactly (case-sensitive), as Lua string equality does.
 
 use std::borrow::Cow;
-use std::fmt::Write as _;
 
 use http::HeaderName;
 use http::header::{COOKIE, HOST};
@@ -24,6 +23,7 @@ use regex::bytes::{Regex, RegexBuilder};
 use sluice_proto::v1::{Expr, ExprOp, ExprScope};
 
 use super::{InvalidReason, RequestInfo};
+use crate::http::InlineText;
 
 /// Size limit for one compiled regex; keeps a hostile pattern from eating memory.
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
@@ -254,7 +254,7 @@ impl CompiledExpr {
 enum Value<'a> {
     Missing,
     Borrowed(&'a [u8]),
-    Inline(InlineBuf),
+    Inline(InlineText),
     /// Only for percent-decoded query args and `request_uri` with a query.
     Owned(Vec<u8>),
 }
@@ -268,6 +268,10 @@ impl Value<'_> {
             Value::Owned(v) => Some(v),
         }
     }
+}
+
+fn inline<'a>(text: Option<InlineText>) -> Value<'a> {
+    text.map_or(Value::Missing, Value::Inline)
 }
 
 impl Subject {
@@ -301,48 +305,14 @@ impl Subject {
                 }
             },
             Subject::Host => borrowed(ctx.host.map(str::as_bytes)),
-            Subject::RemoteAddr => InlineBuf::display(req.remote_addr.ip().to_canonical()),
-            Subject::RemotePort => InlineBuf::display(req.remote_addr.port()),
-            Subject::ServerAddr => InlineBuf::display(req.local_addr.ip().to_canonical()),
-            Subject::ServerPort => InlineBuf::display(req.local_addr.port()),
+            Subject::RemoteAddr => Value::Inline(InlineText::ip(req.remote_addr.ip())),
+            Subject::RemotePort => inline(InlineText::display(req.remote_addr.port())),
+            Subject::ServerAddr => Value::Inline(InlineText::ip(req.local_addr.ip())),
+            Subject::ServerPort => inline(InlineText::display(req.local_addr.port())),
             Subject::Method => Value::Borrowed(req.method.as_str().as_bytes()),
             Subject::Scheme => Value::Borrowed(req.scheme.as_bytes()),
             Subject::QueryString => borrowed(req.query.map(str::as_bytes)),
         }
-    }
-}
-
-/// Fixed buffer for formatting IPs and ports without allocating (an IPv6 address is at most
-/// 45 bytes).
-struct InlineBuf {
-    buf: [u8; 48],
-    len: usize,
-}
-
-impl InlineBuf {
-    fn display<'a>(v: impl std::fmt::Display) -> Value<'a> {
-        let mut b = InlineBuf {
-            buf: [0; 48],
-            len: 0,
-        };
-        match write!(b, "{v}") {
-            Ok(()) => Value::Inline(b),
-            Err(_) => Value::Missing,
-        }
-    }
-
-    fn as_bytes(&self) -> &[u8] {
-        &self.buf[..self.len]
-    }
-}
-
-impl std::fmt::Write for InlineBuf {
-    fn write_str(&mut self, s: &str) -> std::fmt::Result {
-        let end = self.len + s.len();
-        let dst = self.buf.get_mut(self.len..end).ok_or(std::fmt::Error)?;
-        dst.copy_from_slice(s.as_bytes());
-        self.len = end;
-        Ok(())
     }
 }
 

@@ -61,7 +61,7 @@ impl H1Forward<'_> {
         self,
         parts: &mut request::Parts,
         body: &mut RequestBody,
-        real_ip: Option<&crate::http::IpText>,
+        real_ip: Option<&crate::http::InlineText>,
         mut picked: Option<&mut Option<Picked>>,
     ) -> Result<(Response<ProxyBody>, usize), ProxyError> {
         let H1Forward {
