@@ -5,7 +5,11 @@
 #
 #   bench/profile.sh [--sluice-bin PATH] [--only sluice|nginx] [--scenario 1|2]
 #                    [--n1 N] [--n2 N] [--conns C] [--out DIR] [--no-callgrind]
-#                    [--no-syscalls] [--churn]
+#                    [--no-syscalls] [--churn] [--write-batching auto|send|off]
+#
+# --write-batching is passed to sluice-dataplane (default: its own, `auto`); `send` is the
+# mode pods run in (their seccomp profile refuses io_uring). Under valgrind io_uring is
+# not available, so the instruction counts are of `send` whatever this says.
 #
 # --churn sends every request on a new connection (`Connection: close`; h2load opens the
 # next one), so the figures are per connection: accept, head, proxying, close.
@@ -25,7 +29,11 @@
 #     Under load several requests are ready per epoll_wait, so the figure depends on C a
 #     little (epoll_wait per request); the others are per request whatever the load.
 # Writes DIR/summary.md and, per proxy, the callgrind files of the N2 run and their
-# `callgrind_annotate --inclusive=yes` output (look there for where the cost goes).
+# `callgrind_annotate --inclusive=yes` output (look there for where the cost goes), and
+# for sluice a table of its instructions by where the code comes from (sluice's own crates,
+# hyper, http, httparse, tokio, the allocator, libc's memcpy; std code inlined into a
+# function counts for that function's crate). That table is of the whole N2 run (start-up
+# included) divided by N2, so it sums to a little more than the per-request figure.
 #
 # Needs: valgrind, h2load (nghttp2-client), nginx, perf (linux-perf), taskset, curl. The
 # script installs the Debian packages that are missing (`apt-get install valgrind
@@ -47,6 +55,7 @@ out=""
 do_callgrind=1
 do_syscalls=1
 churn=0
+batching=""
 while [ $# -gt 0 ]; do
     case "$1" in
         --sluice-bin) sluice_bin=$2; shift 2 ;;
@@ -59,10 +68,15 @@ while [ $# -gt 0 ]; do
         --no-callgrind) do_callgrind=0; shift ;;
         --no-syscalls) do_syscalls=0; shift ;;
         --churn) churn=1; shift ;;
-        -h|--help) sed -n '2,31p' "$0"; exit 0 ;;
+        --write-batching) batching=$2; shift 2 ;;
+        -h|--help) sed -n '2,35p' "$0"; exit 0 ;;
         *) echo "profile.sh: unknown argument $1" >&2; exit 2 ;;
     esac
 done
+case "$batching" in
+    ""|auto|send|off) ;;
+    *) echo "profile.sh: --write-batching must be auto, send or off" >&2; exit 2 ;;
+esac
 case "$scenario" in
     1|2) ;;
     *) echo "profile.sh: --scenario must be 1 or 2" >&2; exit 2 ;;
@@ -79,7 +93,7 @@ if [ -z "${SLUICE_PROFILE_LOCKED:-}" ]; then
         --scenario "$scenario" --n1 "$n1" --n2 "$n2" --conns "$conns" ${out:+--out "$out"} \
         $([ $do_callgrind = 1 ] || echo --no-callgrind) \
         $([ $do_syscalls = 1 ] || echo --no-syscalls) \
-        $([ $churn = 0 ] || echo --churn)
+        $([ $churn = 0 ] || echo --churn) ${batching:+--write-batching "$batching"}
 fi
 
 need_pkgs=()
@@ -175,7 +189,8 @@ start_proxy() {
     if [ "$which" = sluice ]; then
         $prefix "$sluice_bin" --standalone "$root/bench/config/scenario$scenario.yaml" \
             --listen-http "127.0.0.1:$port" --listen-https 127.0.0.1:0 \
-            --admin "127.0.0.1:$(free_port)" --workers 1 >"$dir/log" 2>&1 &
+            --admin "127.0.0.1:$(free_port)" --workers 1 \
+            ${batching:+--write-batching "$batching"} >"$dir/log" 2>&1 &
     else
         # Under valgrind nginx runs as a single process (master_process off) so that the
         # worker's instructions are the ones counted.
@@ -214,6 +229,39 @@ load() { # port n
         cat "$work/h2load.log" >&2
         return 1
     fi
+}
+
+# Prints a markdown table of a callgrind file's instructions per request grouped by where
+# the code comes from (see the header). $1 file, $2 requests.
+by_origin() {
+    callgrind_annotate --auto=no --threshold=100 "$1" 2>/dev/null | awk -v n="$2" '
+        /PROGRAM TOTALS/ { next }
+        /^ *[0-9,]+ \( *[0-9.]+%\)  / {
+            c = $1; gsub(",", "", c)
+            rest = $0; sub(/^ *[0-9,]+ \( *[0-9.]+%\)  */, "", rest)
+            i = index(rest, ":"); file = substr(rest, 1, i - 1); fn = substr(rest, i + 1)
+            sub(/^<+/, "", fn); split(fn, parts, "::"); owner = parts[1]
+            if (file ~ /memmove|memset|memcpy/) k = "memcpy/memset (libc)"
+            else if (file ~ /index\.crates\.io/) {
+                k = file; sub(/.*index\.crates\.io-[^\/]*\//, "", k); sub(/\/.*/, "", k)
+                sub(/-[0-9][0-9.]*$/, "", k); if (k ~ /^libmimalloc/) k = "mimalloc"
+            } else if (file ~ /^\/rustc\//) {
+                k = owner; gsub("_", "-", k)
+                if (owner ~ /^sluice/) k = "sluice"
+                else if (owner ~ /^(core|std|alloc)$/) k = "Rust std (drop glue, generic code)"
+            }
+            else if (file ~ /^\.\//) k = "libc, other"
+            else if (owner ~ /^sluice/ || file ~ /\/(dataplane|lib|crds)\//) k = "sluice"
+            else k = "other"
+            sum[k] += c; total += c
+        }
+        END {
+            print "| code from | instructions / request | share |"
+            print "|---|---:|---:|"
+            for (k in sum) if (sum[k] / n >= 50) printf "| %s | %d | %.1f%% |\n", k, sum[k] / n, 100 * sum[k] / total | "sort -t\"|\" -k3 -rn"
+            close("sort -t\"|\" -k3 -rn")
+            printf "| total | %d | |\n", total / n
+        }'
 }
 
 callgrind_ir() { # which n -> sets ir to callgrind's total Ir of the run
@@ -288,6 +336,7 @@ proxies=(sluice nginx)
     echo
     echo "- commit: $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)$(git -C "$root" diff --quiet 2>/dev/null || echo ' (dirty)')"
     [ -n "$sluice_bin" ] && echo "- sluice binary: $sluice_bin"
+    echo "- sluice write batching: ${batching:-auto (its default)}"
     echo "- nginx: $("$nginx_bin" -v 2>&1 | sed 's/.*: //')"
     echo "- N1=$n1, N2=$n2; load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
     echo
@@ -314,6 +363,10 @@ for p in "${proxies[@]}"; do
     fi
     echo "| $p | $ipr | $spr |" >>"$out/summary.md"
 done
+if [ $do_callgrind = 1 ] && [ -f "$out/callgrind.sluice.$n2.out" ]; then
+    { echo; echo "sluice's user-space instructions by where the code comes from (the N2 run ÷ N2):"
+      echo; by_origin "$out/callgrind.sluice.$n2.out" "$n2"; } >>"$out/summary.md"
+fi
 if [ $do_syscalls = 1 ]; then
     for p in "${proxies[@]}"; do
         { echo; echo "syscalls per request, $p:"; echo '```'; cat "$out/syscalls.$p.txt"; echo '```'; } >>"$out/summary.md"
