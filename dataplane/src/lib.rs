@@ -21,10 +21,12 @@
 //! streams back through [`upstream::body::ProxyBody`]. Errors become responses in
 //! [`request::error`] only. `docs/architecture.md` has the whole picture.
 
-// NB: `deny`, not `forbid`: the one exception is [`net::wbatch`], whose system calls (send(2),
-// io_uring submissions) are `unsafe` FFI, each with its safety argument.
+// NB: `deny`, not `forbid`: the exceptions are [`net::wbatch`], whose system calls (send(2),
+// io_uring submissions) are `unsafe` FFI, and [`allocator`] (mimalloc's calls), each with
+// its safety argument.
 #![deny(unsafe_code)]
 
+pub mod allocator;
 pub mod config;
 pub mod http;
 pub mod listener;

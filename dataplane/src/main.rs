@@ -18,7 +18,7 @@ use sluice_dataplane::upstream::PoolConfig;
 /// profilers (heaptrack, massif) can see (`bench/idle-heap.sh`).
 #[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: sluice_dataplane::allocator::Mimalloc = sluice_dataplane::allocator::Mimalloc;
 
 /// Sluice dataplane: proxies HTTP traffic by the routes of a snapshot, taken from YAML files
 /// (standalone mode) or from the Sluice controller.
