@@ -7,9 +7,9 @@
 #                    [--n1 N] [--n2 N] [--conns C] [--out DIR] [--no-callgrind]
 #                    [--no-syscalls] [--churn] [--write-batching auto|send|off]
 #
-# --write-batching is passed to sluice-dataplane (default: its own, `auto`); `send` is the
-# mode pods run in (their seccomp profile refuses io_uring). Under valgrind io_uring is
-# not available, so the instruction counts are of `send` whatever this says.
+# --write-batching is passed to sluice-dataplane (default: its own, `auto`, which takes
+# io_uring where the kernel allows it, under valgrind too); `send` is the mode pods run in
+# (their seccomp profile refuses io_uring). Both figures are of the mode asked for.
 #
 # --churn sends every request on a new connection (`Connection: close`; h2load opens the
 # next one), so the figures are per connection: accept, head, proxying, close.
