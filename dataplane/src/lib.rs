@@ -12,7 +12,8 @@
 //! plugins    the APISIX-compatible plugin chain            │
 //! upstream   pools, balancers, health, h1/h2/WebSocket/TLS │
 //! http       shared HTTP facts and header rules            │
-//! net        write batching, coarse timer                 ─┘
+//! net        write batching, coarse timer                  │
+//! allocator  the global allocator (mimalloc's calls)      ─┘
 //! ```
 //!
 //! Request flow: [`listener::server`] accepts → [`request::handle`] reads the current

@@ -9,8 +9,16 @@ use std::path::{Path, PathBuf};
 
 /// The top-level modules from the top of the request path down. A module may import the
 /// ones after it, never the ones before it. Keep `src/lib.rs`'s picture in step.
-const LAYERS: [&str; 8] = [
-    "listener", "request", "config", "router", "plugins", "upstream", "http", "net",
+const LAYERS: [&str; 9] = [
+    "listener",
+    "request",
+    "config",
+    "router",
+    "plugins",
+    "upstream",
+    "http",
+    "net",
+    "allocator",
 ];
 
 /// This crate's directory, read when the test runs (cargo sets `CARGO_MANIFEST_DIR` for
