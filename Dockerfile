@@ -3,8 +3,8 @@
 #
 #   docker buildx build --platform linux/amd64,linux/arm64 -t REGISTRY/sluice:TAG --push .
 #
-# Keep in step with scripts/build-images.sh (the daemonless build used in this repository):
-# same binaries, same runtime layout (scripts/image-rootfs.sh), same user.
+# Keep in step with scripts/images/build-images.sh (the daemonless build used in this repository):
+# same binaries, same runtime layout (scripts/images/image-rootfs.sh), same user.
 
 ARG RUST_VERSION=1.95
 ARG DEBIAN_RELEASE=bookworm
@@ -49,7 +49,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
     dir=$([ "$PROFILE" = dev ] && echo debug || echo "$PROFILE"); \
     mkdir -p /out/bin; \
     cp "target/$triple/$dir/sluice-controller" "target/$triple/$dir/sluice-dataplane" /out/bin/; \
-    scripts/image-rootfs.sh "$TARGETARCH" /out/bin /out/rootfs
+    scripts/images/image-rootfs.sh "$TARGETARCH" /out/bin /out/rootfs
 
 # ---- runtime: nothing but the binaries, their libraries and a non-root user ----
 FROM scratch

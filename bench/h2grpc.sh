@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 for cmd in nginx h2load taskset curl; do
-    command -v "$cmd" >/dev/null || { echo "missing $cmd (scripts/install-bench-deps.sh)" >&2; exit 1; }
+    command -v "$cmd" >/dev/null || { echo "missing $cmd (scripts/install/bench-deps.sh)" >&2; exit 1; }
 done
 for b in sluice-dataplane sluice-grpc-echo; do
     [ -x "$bin_dir/$b" ] || { echo "missing $bin_dir/$b" >&2; exit 1; }

@@ -19,7 +19,7 @@
 # (the profiling profile keeps symbols, so the allocation sites have names). The heap
 # profile is the same with either allocator; RSS is not (measure that with
 # `sluice-bench conns`).
-# Needs heaptrack, nginx and python3: scripts/install-bench-deps.sh installs what is missing
+# Needs heaptrack, nginx and python3: scripts/install/bench-deps.sh installs what is missing
 # (as root, or with sudo). Runs under
 # `flock /tmp/sluice-bench.lock` so it never overlaps a benchmark.
 set -euo pipefail
@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
     esac
 done
 for t in heaptrack heaptrack_print nginx python3; do
-    command -v "$t" >/dev/null || { "$root/scripts/install-bench-deps.sh" >&2; break; }
+    command -v "$t" >/dev/null || { "$root/scripts/install/bench-deps.sh" >&2; break; }
 done
 [ -x "$sluice_bin" ] || { echo "no dataplane at $sluice_bin (cargo build --profile profiling -p sluice-dataplane --features system-allocator)" >&2; exit 1; }
 if [ -z "${SLUICE_BENCH_LOCKED:-}" ]; then

@@ -14,15 +14,15 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 step() { echo "==> [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 
 step "installing the test dependencies (cached under $SLUICE_CACHE)"
-scripts/install-test-deps.sh
+scripts/install/test-deps.sh
 # kube-apiserver + etcd for e2e; with --node also the real node's parts (kubelet,
 # kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, metrics-server, containerd,
 # runc, CNI plugins): built once from the Go module proxy / apt, cached.
 step "kube-apiserver, etcd and the real node's parts"
-scripts/testcluster.sh install --node
+scripts/cluster/testcluster.sh install --node
 step "helm and the OpenTelemetry Collector"
-scripts/install-helm.sh >/dev/null  # helm for the chart tests (built once from the Go module proxy, cached)
-scripts/install-otelcol.sh >/dev/null  # an OpenTelemetry Collector for the opentelemetry plugin tests (built once, cached)
+scripts/install/helm.sh >/dev/null  # helm for the chart tests (built once from the Go module proxy, cached)
+scripts/install/otelcol.sh >/dev/null  # an OpenTelemetry Collector for the opentelemetry plugin tests (built once, cached)
 
 step "cargo fmt --check"
 cargo fmt --all -- --check
@@ -39,8 +39,8 @@ export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 # The image the real-node tests (e2e/tests/realnode.rs) install with helm: the project's own
 # multi-arch build, amd64 from the binaries just built, arm64 cross-built (dev profile,
 # cached in $SLUICE_CACHE/target-image-arm64).
-step "scripts/build-images.sh (amd64 from this build, arm64 cross-built)"
-scripts/build-images.sh --profile dev --arches "amd64 arm64" --amd64-bins "$SLUICE_BIN_DIR" \
+step "scripts/images/build-images.sh (amd64 from this build, arm64 cross-built)"
+scripts/images/build-images.sh --profile dev --arches "amd64 arm64" --amd64-bins "$SLUICE_BIN_DIR" \
     --out "$SLUICE_CACHE/test-images"
 export SLUICE_TEST_IMAGE="$SLUICE_CACHE/test-images/sluice-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1).oci.tar"
 

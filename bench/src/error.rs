@@ -20,7 +20,7 @@ pub enum BenchError {
     #[error("could not parse /proc data: {0}")]
     ProcFormat(String),
     /// A required external program (nginx, wrk, taskset) is not installed.
-    #[error("`{program}` not found on PATH; run scripts/install-bench-deps.sh (as root) first")]
+    #[error("`{program}` not found on PATH; run scripts/install/bench-deps.sh (as root) first")]
     MissingTool {
         /// The program that was looked for.
         program: &'static str,

@@ -9,7 +9,7 @@ use anyhow::Context;
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use sluice_cli::{LogFormat, init_logs, shutdown_signal};
+use sluice_process::{LogFormat, init_logs, shutdown_signal};
 use sluice_controller::app::{self, Settings};
 use sluice_controller::cluster::DEFAULT_INGRESS_CLASS;
 use sluice_controller::grpc;

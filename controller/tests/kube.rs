@@ -1,5 +1,5 @@
 //! The controller in-process against a real kube-apiserver + etcd (`sluice_e2e::Cluster`,
-//! started by `scripts/testcluster.sh`): watches → rebuild → gRPC → a real dataplane client
+//! started by `scripts/cluster/testcluster.sh`): watches → rebuild → gRPC → a real dataplane client
 //! → ACK → status written with server-side apply; and two replicas sharing one Lease, both
 //! serving dataplanes, the leader counting them all.
 #![allow(clippy::unwrap_used, clippy::expect_used)]

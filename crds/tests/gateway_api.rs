@@ -1,5 +1,5 @@
 //! The Gateway API types against upstream material: every example of the pinned release
-//! (`crds/tests/fixtures/gateway-api/`, copied by `scripts/gateway-api-crds.sh`) parses and
+//! (`crds/tests/fixtures/gateway-api/`, copied by `scripts/generate/gateway-api-crds.sh`) parses and
 //! round-trips, and the vendored CRDs are the release the types follow.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use sluice_cli::{LogFormat, init_logs, shutdown_signal};
+use sluice_process::{LogFormat, init_logs, shutdown_signal};
 use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::config::{standalone, store::Store};
 use sluice_dataplane::listener::{admin, gateway, server, tls};

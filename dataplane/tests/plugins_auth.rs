@@ -159,7 +159,7 @@ fn rsa_pems() -> (String, String) {
         .arg(&key)
         .stderr(std::process::Stdio::null())
         .status()
-        .expect("openssl (scripts/install-test-deps.sh installs it)");
+        .expect("openssl (scripts/install/test-deps.sh installs it)");
     assert!(st.success());
     let out = std::process::Command::new("openssl")
         .args(["pkey", "-pubout", "-in"])

@@ -82,7 +82,7 @@ fn rsa_key(kid: &str) -> SigningKey {
         .arg(&key)
         .stderr(std::process::Stdio::null())
         .status()
-        .expect("openssl (scripts/install-test-deps.sh installs it)");
+        .expect("openssl (scripts/install/test-deps.sh installs it)");
     assert!(st.success());
     let out = std::process::Command::new("openssl")
         .args(["rsa", "-noout", "-modulus", "-in"])

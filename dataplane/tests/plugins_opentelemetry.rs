@@ -1,5 +1,5 @@
 //! The opentelemetry plugin against a real OpenTelemetry Collector (the one
-//! `scripts/install-otelcol.sh` builds: OTLP/HTTP receiver, debug exporter at detailed
+//! `scripts/install/otelcol.sh` builds: OTLP/HTTP receiver, debug exporter at detailed
 //! verbosity), started per test on a loopback port; the spans it received are read back
 //! from its log. The upstream is the echo origin, which shows the headers it got.
 //!
@@ -25,7 +25,7 @@ use sluice_testkit::EchoServer;
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";
 const PARENT: &str = "00f067aa0ba902b7";
 
-/// The collector binary: `$SLUICE_OTELCOL`, else the one `scripts/install-otelcol.sh` built
+/// The collector binary: `$SLUICE_OTELCOL`, else the one `scripts/install/otelcol.sh` built
 /// (`$SLUICE_CACHE/bin/otelcol-sluice`, default `~/.cache/sluice/bin/otelcol-sluice`).
 fn otelcol_path() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_OTELCOL") {
@@ -76,7 +76,7 @@ impl Collector {
         let bin = otelcol_path();
         assert!(
             bin.is_file(),
-            "no OpenTelemetry Collector at {}: build it with scripts/install-otelcol.sh \
+            "no OpenTelemetry Collector at {}: build it with scripts/install/otelcol.sh \
              (scripts/test.sh does)",
             bin.display()
         );

@@ -52,7 +52,7 @@ async fn redis_on(addr: SocketAddr) -> (Killed, SocketAddr) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .expect("redis-server (scripts/install-test-deps.sh installs it)");
+        .expect("redis-server (scripts/install/test-deps.sh installs it)");
     let deadline = Instant::now() + Duration::from_secs(10);
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         assert!(Instant::now() < deadline, "redis-server did not start");

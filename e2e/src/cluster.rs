@@ -17,7 +17,7 @@ use crate::process::{check, run_ok, run_output};
 pub const SERVICE_CIDR: &str = "10.96.0.0/16";
 
 const INSTALL_HINT: &str =
-    "\n(install the test cluster tools with: scripts/testcluster.sh install)";
+    "\n(install the test cluster tools with: scripts/cluster/testcluster.sh install)";
 
 /// A running etcd + kube-apiserver on free loopback ports, with an admin kubeconfig.
 ///
@@ -81,7 +81,7 @@ pub struct KubectlOutput {
 }
 
 fn script() -> PathBuf {
-    crate::repo_root().join("scripts/testcluster.sh")
+    crate::repo_root().join("scripts/cluster/testcluster.sh")
 }
 
 static DIRS: AtomicU32 = AtomicU32::new(0);
@@ -134,7 +134,7 @@ fn env_pid(env: &BTreeMap<String, String>, path: &Path, key: &'static str) -> Re
 }
 
 /// The kubectl the harness runs: `$SLUICE_KUBECTL`, else `kubectl` on `PATH`, else the one
-/// `scripts/testcluster.sh install` builds when none is installed.
+/// `scripts/cluster/testcluster.sh install` builds when none is installed.
 pub fn kubectl_path() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_KUBECTL") {
         return PathBuf::from(p);
@@ -204,7 +204,7 @@ impl Cluster {
         }
     }
 
-    /// Starts etcd and kube-apiserver with `scripts/testcluster.sh start` in a fresh temporary
+    /// Starts etcd and kube-apiserver with `scripts/cluster/testcluster.sh start` in a fresh temporary
     /// directory and returns once `/readyz` answers `ok` (typically 3–6 s).
     pub fn try_start() -> Result<Cluster, Error> {
         let dir = unique_temp_dir("sluice-e2e-cluster")?;
@@ -217,10 +217,10 @@ impl Cluster {
         }
     }
 
-    /// Starts a real one-node cluster (`scripts/testcluster.sh start DIR --node`): the control
+    /// Starts a real one-node cluster (`scripts/cluster/testcluster.sh start DIR --node`): the control
     /// plane plus kube-controller-manager, kube-scheduler, containerd + runc, the kubelet,
     /// kube-proxy, CoreDNS and metrics-server, so Pods run. Needs root and
-    /// `scripts/testcluster.sh install --node`; one such node runs on a host at a time (fixed
+    /// `scripts/cluster/testcluster.sh install --node`; one such node runs on a host at a time (fixed
     /// addresses), so its users serialise. Returns once the node is Ready and DNS answers.
     pub fn try_start_node() -> Result<Cluster, Error> {
         let dir = unique_temp_dir("sluice-e2e-node")?;
@@ -357,7 +357,7 @@ impl Cluster {
                 what: format!("{} was not killed", component.program()),
             })?;
         let log = self.dir.join(format!("{}.log", component.program()));
-        // NB: detached in a session of its own, as scripts/testcluster.sh starts it, so it
+        // NB: detached in a session of its own, as scripts/cluster/testcluster.sh starts it, so it
         // is not the test's child and `testcluster.sh stop` (or the watchdog) stops it.
         let mut cmd = Command::new("bash");
         cmd.arg("-c")

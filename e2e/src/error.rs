@@ -29,7 +29,7 @@ pub enum Error {
     /// The test cluster did not start; `log` carries the script's explanation.
     #[error("the test cluster did not start:\n{log}")]
     ClusterStart {
-        /// What `scripts/testcluster.sh start` printed.
+        /// What `scripts/cluster/testcluster.sh start` printed.
         log: String,
     },
     /// `DIR/cluster.env` lacked a key or had a malformed value.

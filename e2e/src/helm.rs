@@ -1,5 +1,5 @@
 //! The Helm chart (`charts/sluice`) from the tests: `helm` itself (built from the Go module
-//! proxy by `scripts/install-helm.sh`), rendering, and the chart's RBAC for the controller.
+//! proxy by `scripts/install/helm.sh`), rendering, and the chart's RBAC for the controller.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -7,12 +7,12 @@ use std::process::Command;
 use crate::process::{check, run_output};
 use crate::{Cluster, Error, repo_root};
 
-const INSTALL_HINT: &str = "\n(build helm with: scripts/install-helm.sh)";
+const INSTALL_HINT: &str = "\n(build helm with: scripts/install/helm.sh)";
 
 /// The release name the harness renders and installs the chart as, unless a test picks one.
 pub const RELEASE: &str = "sluice";
 
-/// The helm the harness runs: `$SLUICE_HELM`, else the one `scripts/install-helm.sh` built
+/// The helm the harness runs: `$SLUICE_HELM`, else the one `scripts/install/helm.sh` built
 /// (`$SLUICE_CACHE/bin/helm`, default `~/.cache/sluice/bin/helm`).
 pub fn helm_path() -> PathBuf {
     if let Some(p) = std::env::var_os("SLUICE_HELM") {

@@ -2,7 +2,7 @@
 //! and the workspace's binaries.
 //!
 //! - [`Cluster`]: etcd + kube-apiserver on loopback ports (started by
-//!   `scripts/testcluster.sh`), an admin kubeconfig, a [`Cluster::kubectl`] helper and
+//!   `scripts/cluster/testcluster.sh`), an admin kubeconfig, a [`Cluster::kubectl`] helper and
 //!   ServiceAccount kubeconfigs for RBAC-bound clients. Stopped and deleted on drop; a watchdog
 //!   also cleans up when the test process dies without running destructors.
 //! - [`Netns`]: a network namespace joined to the root namespace by a veth pair with
@@ -10,7 +10,7 @@
 //!   EndpointSlices. Backends run inside it ([`Netns::spawn_echo`]) and are reached from the
 //!   root namespace at [`Netns::addr`]. Deleted on drop.
 //! - [`helm`], [`render_chart`], [`Cluster::helm`]: the Helm chart, rendered and installed with
-//!   the helm that `scripts/install-helm.sh` builds; [`Cluster::chart_controller_kubeconfig`]
+//!   the helm that `scripts/install/helm.sh` builds; [`Cluster::chart_controller_kubeconfig`]
 //!   gives a client with exactly the chart's controller RBAC.
 //! - Faults: [`Cluster::kill`] and [`Cluster::start_again`] SIGKILL and restart etcd or
 //!   kube-apiserver with the same data, ports and certificates; [`Pipeline::start_replicated`]
@@ -22,7 +22,7 @@
 //! - [`workspace_bin`]: builds (if stale) and locates a binary of another workspace crate,
 //!   e.g. `sluice-echo`, `sluice-dataplane` or `sluice-controller`.
 //!
-//! The cluster binaries are installed by `scripts/testcluster.sh install` (which
+//! The cluster binaries are installed by `scripts/cluster/testcluster.sh install` (which
 //! `scripts/test.sh` runs); a missing binary is a test failure that names that command.
 
 #![forbid(unsafe_code)]

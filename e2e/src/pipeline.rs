@@ -60,7 +60,7 @@ pub fn install_gateway_api_crds(cluster: &Cluster) -> Result<(), Error> {
 ///
 /// NB: the port comes from 21000-32767, below the kernel's ephemeral range (32768-60999),
 /// not from binding port 0: a port handed out by the kernel and released again can be taken
-/// by any outgoing connection before the process binds it. `scripts/testcluster.sh` uses
+/// by any outgoing connection before the process binds it. `scripts/cluster/testcluster.sh` uses
 /// 10000-20999, so the two never race for one port.
 pub fn free_port() -> Result<SocketAddr, Error> {
     use std::hash::{BuildHasher, Hasher};

@@ -218,7 +218,7 @@ fn a_fresh_render_starts_the_autoscaled_dataplane_at_min_replicas() {
 
 #[test]
 fn committed_manifests_match_the_chart() {
-    let script = repo_root().join("scripts/render-manifests.sh");
+    let script = repo_root().join("scripts/generate/render-manifests.sh");
     let out = Command::new("bash")
         .arg(&script)
         .arg("--stdout")
@@ -242,7 +242,7 @@ fn committed_manifests_match_the_chart() {
                 format!("first difference at line {}", i + 1)
             });
         panic!(
-            "{} is stale ({first}); regenerate it with scripts/render-manifests.sh",
+            "{} is stale ({first}); regenerate it with scripts/generate/render-manifests.sh",
             path.display()
         );
     }

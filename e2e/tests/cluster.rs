@@ -142,7 +142,7 @@ fn the_watchdog_cleans_up_when_the_owning_process_dies() {
     let mut owner = Command::new("sleep").arg("600").spawn().unwrap();
     let dir = std::env::temp_dir().join(format!("sluice-e2e-watchdog-{}", std::process::id()));
     let out = Command::new("bash")
-        .arg(repo_root().join("scripts/testcluster.sh"))
+        .arg(repo_root().join("scripts/cluster/testcluster.sh"))
         .arg("start")
         .arg(&dir)
         .args(["--owner-pid", &owner.id().to_string()])
@@ -178,7 +178,7 @@ fn a_missing_binary_is_an_error_that_names_the_install_command() {
     let empty = std::env::temp_dir().join(format!("sluice-e2e-nocache-{}", std::process::id()));
     let dir = std::env::temp_dir().join(format!("sluice-e2e-nocluster-{}", std::process::id()));
     let out = Command::new("bash")
-        .arg(repo_root().join("scripts/testcluster.sh"))
+        .arg(repo_root().join("scripts/cluster/testcluster.sh"))
         .arg("start")
         .arg(&dir)
         .env("SLUICE_CACHE", &empty)
@@ -190,7 +190,7 @@ fn a_missing_binary_is_an_error_that_names_the_install_command() {
     assert!(!out.status.success());
     assert!(stderr.contains("kube-apiserver v1.34.4"), "{stderr}");
     assert!(
-        stderr.contains("run: scripts/testcluster.sh install"),
+        stderr.contains("run: scripts/cluster/testcluster.sh install"),
         "{stderr}"
     );
     assert!(!dir.join("cluster.env").exists());

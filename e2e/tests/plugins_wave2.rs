@@ -5,7 +5,7 @@
 //! observed through real traffic, with real servers on the other side: an authorization
 //! service, an OpenID provider serving its JWKS, a log receiver, a mirror host (HTTP servers
 //! of this test on loopback, where the dataplane process reaches them) and the OpenTelemetry
-//! Collector that `scripts/install-otelcol.sh` builds.
+//! Collector that `scripts/install/otelcol.sh` builds.
 //!
 //! Three pipelines share the startup cost: authentication plugins, observability plugins
 //! (the dataplane restarted with `--plugin-metadata` for its collector), and traffic
@@ -432,7 +432,7 @@ spec:
 
 // ------------------------------------------------------------------ observability
 
-/// The collector binary: `$SLUICE_OTELCOL`, else the one `scripts/install-otelcol.sh` built
+/// The collector binary: `$SLUICE_OTELCOL`, else the one `scripts/install/otelcol.sh` built
 /// (`$SLUICE_CACHE/bin/otelcol-sluice`, default `~/.cache/sluice/bin/otelcol-sluice`), as
 /// the dataplane's opentelemetry tests find it.
 fn otelcol_path() -> PathBuf {
@@ -466,7 +466,7 @@ impl Collector {
         let bin = otelcol_path();
         assert!(
             bin.is_file(),
-            "no OpenTelemetry Collector at {}: build it with scripts/install-otelcol.sh \
+            "no OpenTelemetry Collector at {}: build it with scripts/install/otelcol.sh \
              (scripts/test.sh does)",
             bin.display()
         );

@@ -1,7 +1,7 @@
-//! Sluice as real pods on a real node (issue 17): `scripts/testcluster.sh start --node` runs
+//! Sluice as real pods on a real node (issue 17): `scripts/cluster/testcluster.sh start --node` runs
 //! the control plane with kube-controller-manager, kube-scheduler, containerd + runc, the
 //! kubelet, kube-proxy, CoreDNS and metrics-server on this machine; Sluice's own image (built
-//! by `scripts/build-images.sh` from the binaries of this test run) and a backend image
+//! by `scripts/images/build-images.sh` from the binaries of this test run) and a backend image
 //! (`sluice-echo`) are imported into containerd, and the chart is installed with `helm
 //! install` and default values plus the image reference. Traffic goes from this process to
 //! the dataplane Service's ClusterIP through kube-proxy, as a client inside the cluster
@@ -15,7 +15,7 @@
 //! release as it found it (two dataplanes, default HPA settings). Run with `--nocapture` to
 //! see the figures (time to Ready, HPA scale-up time, failover times).
 //!
-//! Needs root and `scripts/testcluster.sh install --node` (which `scripts/test.sh` runs).
+//! Needs root and `scripts/cluster/testcluster.sh install --node` (which `scripts/test.sh` runs).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::net::SocketAddr;
@@ -95,18 +95,18 @@ fn run(cmd: &mut Command) -> Result<String, String> {
 }
 
 fn script() -> PathBuf {
-    repo_root().join("scripts/testcluster.sh")
+    repo_root().join("scripts/cluster/testcluster.sh")
 }
 
 /// The multi-arch image archive: `$SLUICE_TEST_IMAGE` (scripts/test.sh builds it before the
-/// tests), else built now by `scripts/build-images.sh` from this run's amd64 binaries and an
+/// tests), else built now by `scripts/images/build-images.sh` from this run's amd64 binaries and an
 /// arm64 build of the same code.
 fn image_archive(bin_dir: &Path, out: &Path) -> Result<PathBuf, String> {
     if let Some(p) = std::env::var_os("SLUICE_TEST_IMAGE") {
         return Ok(PathBuf::from(p));
     }
     run(Command::new("bash")
-        .arg(repo_root().join("scripts/build-images.sh"))
+        .arg(repo_root().join("scripts/images/build-images.sh"))
         .args([
             "--profile",
             "dev",
@@ -223,7 +223,7 @@ fn setup() -> Result<Node, String> {
         .to_owned();
     let rootfs = dir.join("echo-rootfs");
     run(Command::new("bash")
-        .arg(repo_root().join("scripts/image-rootfs.sh"))
+        .arg(repo_root().join("scripts/images/image-rootfs.sh"))
         .arg("amd64")
         .arg(&bin_dir)
         .arg(&rootfs)
