@@ -9,7 +9,6 @@ use anyhow::Context;
 use clap::Parser;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
-use sluice_process::{LogFormat, init_logs, shutdown_signal};
 use sluice_controller::app::{self, Settings};
 use sluice_controller::cluster::DEFAULT_INGRESS_CLASS;
 use sluice_controller::grpc;
@@ -19,6 +18,7 @@ use sluice_controller::metrics::Metrics;
 use sluice_controller::rebuild::{Debounce, TlsSettings};
 use sluice_controller::tls::{self, TlsFiles};
 use sluice_controller::watch::Scope;
+use sluice_process::{LogFormat, init_logs, shutdown_signal};
 use sluice_translate::gateway::{DEFAULT_CONTROLLER_NAME, GatewayOptions};
 
 /// Sluice controller: watches ApisixRoute & co., Ingress, the Gateway API (when installed),

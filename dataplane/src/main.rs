@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Parser;
-use sluice_process::{LogFormat, init_logs, shutdown_signal};
 use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::config::{standalone, store::Store};
 use sluice_dataplane::listener::{admin, gateway, server, tls};
 use sluice_dataplane::net::wbatch;
 use sluice_dataplane::upstream::PoolConfig;
+use sluice_process::{LogFormat, init_logs, shutdown_signal};
 
 /// mimalloc, unless built with `--features system-allocator`: glibc's malloc, which heap
 /// profilers (heaptrack, massif) can see (`bench/idle-heap.sh`).
