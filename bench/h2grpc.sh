@@ -187,7 +187,9 @@ run() { # name pid port path extra-args... -> prints "succeeded req_per_s cpu_s"
 }
 
 ts=$(date -u +%Y%m%dT%H%M%SZ)
-report="$here/results/h2grpc-$(uname -m)-$ts.md"
+history="${SLUICE_CACHE:-$HOME/.cache/sluice}/bench/results"  # history outside the clone (bench/README.md)
+mkdir -p "$history"
+report="$history/h2grpc-$(uname -m)-$ts.md"
 {
     echo "# HTTP/2 and gRPC: Sluice vs nginx ($ts)"
     echo
@@ -223,3 +225,5 @@ done
     done
 } | tee -a "$report"
 echo "report: $report"
+cp "$report" "$here/results/latest-h2grpc-$(uname -m).md"  # the reference copy in the tree
+echo "reference copy: bench/results/latest-h2grpc-$(uname -m).md"

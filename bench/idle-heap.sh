@@ -27,7 +27,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
 sluice_bin="${CARGO_TARGET_DIR:-$root/target}/profiling/sluice-dataplane"
 count=5000
-out="$root/bench/results/idle-heap-$(uname -m)-$(date -u +%Y%m%dT%H%M%SZ)"
+out="${SLUICE_CACHE:-$HOME/.cache/sluice}/bench/results/idle-heap-$(uname -m)-$(date -u +%Y%m%dT%H%M%SZ)"
 while [ $# -gt 0 ]; do
     case "$1" in
         --sluice-bin) sluice_bin="$2"; shift 2 ;;

@@ -115,7 +115,7 @@ if [ -z "$sluice_bin" ] && [ "$only" != nginx ]; then
 fi
 
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
-out=${out:-$root/bench/results/profile-$stamp}
+out=${out:-${SLUICE_CACHE:-$HOME/.cache/sluice}/bench/results/profile-$stamp}
 mkdir -p "$out"
 work=$(mktemp -d /tmp/sluice-profile.XXXXXX)
 pids=()

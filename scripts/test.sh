@@ -27,13 +27,18 @@ scripts/install/otelcol.sh >/dev/null  # an OpenTelemetry Collector for the open
 step "cargo fmt --check"
 cargo fmt --all -- --check
 
+# The system tier: e2e/tests/* behind the sluice-e2e `system` feature, and the tests marked
+# `#[ignore = "system tier: ..."]` (a real redis-server, the collector, zsh and fish, a
+# kube-apiserver). A plain `cargo test --workspace` runs neither; this script runs both.
+SYSTEM_TIER=(--features sluice-e2e/system)
+
 step "cargo clippy (unwrap/expect are denied outside tests)"
-cargo clippy --workspace --all-targets --locked --quiet
+cargo clippy --workspace --all-targets --locked --quiet "${SYSTEM_TIER[@]}"
 
 step "cargo build --workspace --bins (the e2e tests run these binaries)"
 # NB: one build with the workspace's unified features; letting each e2e test build its
 # binary with `cargo build -p <crate>` compiles the dependency tree again per crate.
-cargo build --workspace --bins --locked --quiet
+cargo build --workspace --bins --locked --quiet "${SYSTEM_TIER[@]}"
 export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 
 # The image the real-node tests (e2e/tests/realnode.rs) install with helm: the project's own
@@ -49,7 +54,7 @@ export SLUICE_TEST_IMAGE="$SLUICE_CACHE/test-images/sluice-$(sed -n 's/^version 
 step "fuzzing"
 scripts/fuzz.sh --ci 20
 
-step "cargo test"
-cargo test --workspace --locked --no-fail-fast || status=$?
+step "cargo test (every tier)"
+cargo test --workspace --locked --no-fail-fast "${SYSTEM_TIER[@]}" -- --include-ignored || status=$?
 step "done"
 exit "${status:-0}"

@@ -419,8 +419,9 @@ pub struct BudgetOptions {
     pub sluice_bin: Option<PathBuf>,
     /// The workspace (bench/config, git).
     pub workspace: PathBuf,
-    /// Where the result files go.
-    pub results_dir: PathBuf,
+    /// Where result files go: history outside the clone, `latest-*` copies in
+    /// `bench/results` ([`crate::results`]).
+    pub results: crate::results::ResultsDirs,
     /// How long a proxy may take to serve.
     pub ready_timeout: Duration,
 }
@@ -1081,7 +1082,7 @@ pub fn run_budget(opts: &BudgetOptions) -> Result<(BudgetResult, Vec<PathBuf>), 
         sink: sink_rounds,
         measurements,
     };
-    let written = write_results(&result, &opts.results_dir)?;
+    let written = write_results(&result, &opts.results)?;
     Ok((result, written))
 }
 
@@ -1339,24 +1340,27 @@ pub fn render_markdown(r: &BudgetResult) -> String {
     out
 }
 
-/// Writes the JSON and markdown files.
-pub fn write_results(r: &BudgetResult, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
-    std::fs::create_dir_all(dir).map_err(io("create dir", dir))?;
-    let stem = format!(
-        "suite-{}-{}-{}",
-        r.scenario.name(),
-        r.machine.file_arch(),
-        r.timestamp
-    );
-    let json_path = dir.join(format!("{stem}.json"));
+/// Writes `suite-<scenario>-<arch>-<timestamp>.{json,md}` to the history and the
+/// `latest-suite-<scenario>-<arch>.{json,md}` copies.
+pub fn write_results(
+    r: &BudgetResult,
+    dirs: &crate::results::ResultsDirs,
+) -> Result<Vec<PathBuf>, BenchError> {
+    let arch = r.machine.file_arch();
+    let name = r.scenario.name();
     let json = serde_json::to_string_pretty(r).map_err(|e| BenchError::Json {
-        path: json_path.clone(),
+        path: dirs.history.clone(),
         source: e,
     })? + "\n";
-    let md_path = dir.join(format!("{stem}.md"));
-    std::fs::write(&json_path, json).map_err(io("write", &json_path))?;
-    std::fs::write(&md_path, render_markdown(r)).map_err(io("write", &md_path))?;
-    Ok(vec![json_path, md_path])
+    let md = render_markdown(r);
+    let stem = format!("suite-{name}-{arch}-{}", r.timestamp);
+    let written = vec![
+        dirs.write_history(&format!("{stem}.json"), &json)?,
+        dirs.write_history(&format!("{stem}.md"), &md)?,
+    ];
+    dirs.write_latest(&format!("latest-suite-{name}-{arch}.json"), &json)?;
+    dirs.write_latest(&format!("latest-suite-{name}-{arch}.md"), &md)?;
+    Ok(written)
 }
 
 #[cfg(test)]

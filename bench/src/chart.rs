@@ -329,7 +329,7 @@ mod tests {
         let path = std::env::var_os("CARGO_MANIFEST_DIR")
             .map(std::path::PathBuf::from)
             .unwrap_or_else(|| env!("CARGO_MANIFEST_DIR").into())
-            .join("results/1-x86_64-20261129T200007Z.json");
+            .join("tests/fixtures/scenario-1-x86_64.json");
         BenchResult::load(&path).unwrap()
     }
 

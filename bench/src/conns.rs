@@ -94,8 +94,9 @@ pub struct ConnsOptions {
     pub sluice_bin: Option<PathBuf>,
     /// The workspace root (scenario YAML, git, build).
     pub workspace: PathBuf,
-    /// Where result files go.
-    pub results_dir: PathBuf,
+    /// Where result files go: history outside the clone, `latest-*` copies in
+    /// `bench/results` ([`crate::results`]).
+    pub results: crate::results::ResultsDirs,
     /// How long a proxy may take to serve its first correct response.
     pub ready_timeout: Duration,
     /// Measure only one proxy.
@@ -915,8 +916,6 @@ pub fn run_conns_bench(opts: &ConnsOptions) -> Result<(ConnsResult, Vec<PathBuf>
             port: UPSTREAM_PORT,
         });
     }
-    std::fs::create_dir_all(&opts.results_dir)
-        .map_err(|e| BenchError::io("create dir", &opts.results_dir, e))?;
     let nofile = raise_nofile(u64::from(opts.count) + u64::from(FD_MARGIN))?;
     let started = SystemTime::now();
     let sluice_bin = match opts.only {
@@ -1046,32 +1045,32 @@ pub fn run_conns_bench(opts: &ConnsOptions) -> Result<(ConnsResult, Vec<PathBuf>
         },
         runs,
     };
-    let written = write_results(&result, &opts.results_dir)?;
+    let written = write_results(&result, &opts.results)?;
     Ok((result, written))
 }
 
-/// Writes `conns-<arch>-<timestamp>.{json,md}` and, without extra dataplane flags, the
-/// `latest-conns-<arch>.{json,md}` copies. Returns the timestamped paths.
-pub fn write_results(result: &ConnsResult, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
+/// Writes `conns-<arch>-<timestamp>.{json,md}` to the history and, without extra dataplane
+/// flags, the `latest-conns-<arch>.{json,md}` copies. Returns the timestamped paths.
+pub fn write_results(
+    result: &ConnsResult,
+    dirs: &crate::results::ResultsDirs,
+) -> Result<Vec<PathBuf>, BenchError> {
     let arch = result.machine.file_arch();
     let json = serde_json::to_string_pretty(result).map_err(|e| BenchError::Json {
-        path: dir.to_owned(),
+        path: dirs.history.clone(),
         source: e,
     })? + "\n";
     let md = render_markdown(result);
     let stem = format!("conns-{arch}-{}", result.timestamp);
-    let mut files = vec![
-        (dir.join(format!("{stem}.json")), &json),
-        (dir.join(format!("{stem}.md")), &md),
+    let written = vec![
+        dirs.write_history(&format!("{stem}.json"), &json)?,
+        dirs.write_history(&format!("{stem}.md"), &md)?,
     ];
     if result.params.sluice_args.is_empty() {
-        files.push((dir.join(format!("latest-conns-{arch}.json")), &json));
-        files.push((dir.join(format!("latest-conns-{arch}.md")), &md));
+        dirs.write_latest(&format!("latest-conns-{arch}.json"), &json)?;
+        dirs.write_latest(&format!("latest-conns-{arch}.md"), &md)?;
     }
-    for (path, text) in &files {
-        std::fs::write(path, text).map_err(|e| BenchError::io("write", path, e))?;
-    }
-    Ok(files.into_iter().take(2).map(|(p, _)| p).collect())
+    Ok(written)
 }
 
 /// Whether dataplane flags leave io_uring on (`--write-batching auto`, its default).
@@ -1687,7 +1686,7 @@ mod tests {
             rounds: 2,
             sluice_bin: None,
             workspace: PathBuf::from("/w"),
-            results_dir: PathBuf::from("/w/bench/results"),
+            results: crate::results::ResultsDirs::new(Some("/c".into()), Path::new("/w")),
             ready_timeout: Duration::from_secs(20),
             only: None,
             sluice_args: vec!["--log-format=json".into()],

@@ -24,6 +24,7 @@ pub mod probe;
 pub mod process;
 pub mod procfs;
 pub mod report;
+pub mod results;
 pub mod runner;
 pub mod sluice;
 pub mod suite;

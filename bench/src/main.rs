@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use sluice_bench::duration::parse_duration;
 use sluice_bench::process;
 use sluice_bench::report::{self, BenchResult};
+use sluice_bench::results::ResultsDirs;
 use sluice_bench::runner::{self, Only, ProxyOptions, UpstreamCpu};
 
 /// Whole-process benchmark: Sluice side by side with nginx (APISIX single-worker setup).
@@ -46,7 +47,7 @@ enum Cmd {
         /// Sluice checkout holding bench/config (default: the one this binary was built from).
         #[arg(long, value_name = "DIR", env = "SLUICE_WORKSPACE")]
         workspace: Option<PathBuf>,
-        /// Where result files are written (default: bench/results in the workspace).
+        /// Where result files are written (history; default: $SLUICE_CACHE/bench/results, i.e. ~/.cache/sluice/bench/results; the latest-* copies go to bench/results in the workspace).
         #[arg(long, value_name = "DIR")]
         results_dir: Option<PathBuf>,
         /// How long a proxy may take to answer its first request correctly.
@@ -93,7 +94,7 @@ enum Cmd {
         /// Sluice checkout holding bench/config (default: the one this binary was built from).
         #[arg(long, value_name = "DIR", env = "SLUICE_WORKSPACE")]
         workspace: Option<PathBuf>,
-        /// Where the report is written (default: bench/results in the workspace).
+        /// Where the report is written (history; default: $SLUICE_CACHE/bench/results, i.e. ~/.cache/sluice/bench/results; the latest-* copies go to bench/results in the workspace).
         #[arg(long, value_name = "DIR")]
         results_dir: Option<PathBuf>,
         /// Rounds of every measurement (nginx, then sluice); the table gives medians.
@@ -132,7 +133,7 @@ enum Cmd {
         /// Sluice checkout holding bench/config (default: the one this binary was built from).
         #[arg(long, value_name = "DIR", env = "SLUICE_WORKSPACE")]
         workspace: Option<PathBuf>,
-        /// Where result files are written (default: bench/results in the workspace).
+        /// Where result files are written (history; default: $SLUICE_CACHE/bench/results, i.e. ~/.cache/sluice/bench/results; the latest-* copies go to bench/results in the workspace).
         #[arg(long, value_name = "DIR")]
         results_dir: Option<PathBuf>,
         /// How long a proxy may take to answer its first request correctly.
@@ -172,7 +173,7 @@ enum Cmd {
         /// Sluice checkout holding bench/config (default: the one this binary was built from).
         #[arg(long, value_name = "DIR", env = "SLUICE_WORKSPACE")]
         workspace: Option<PathBuf>,
-        /// Where result files are written (default: bench/results in the workspace).
+        /// Where result files are written (history; default: $SLUICE_CACHE/bench/results, i.e. ~/.cache/sluice/bench/results; the latest-* copies go to bench/results in the workspace).
         #[arg(long, value_name = "DIR")]
         results_dir: Option<PathBuf>,
         /// How long a proxy may take to answer its first request correctly.
@@ -413,7 +414,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     OnlyArg::Nginx => Only::Nginx,
                     OnlyArg::Sluice => Only::Sluice,
                 }),
-                results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
+                results: ResultsDirs::new(results_dir, &workspace),
                 workspace,
                 ready_timeout,
                 upstream_cpu: match upstream_cpu {
@@ -444,14 +445,15 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 let summary = render_rounds(&rounds);
                 println!("{summary}");
                 if let Some(last) = rounds.last() {
-                    let path = opts.results_dir.join(format!(
-                        "rounds-{}-{}-{}.md",
-                        last.scenario,
-                        last.machine.file_arch(),
-                        last.timestamp
-                    ));
-                    std::fs::write(&path, &summary)
-                        .with_context(|| format!("writing {}", path.display()))?;
+                    let path = opts.results.write_history(
+                        &format!(
+                            "rounds-{}-{}-{}.md",
+                            last.scenario,
+                            last.machine.file_arch(),
+                            last.timestamp
+                        ),
+                        &summary,
+                    )?;
                     eprintln!("sluice-bench: wrote {}", path.display());
                 }
             }
@@ -467,7 +469,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             let workspace = workspace.unwrap_or_else(workspace_root);
             let opts = sluice_bench::tls::TlsOptions {
                 sluice_bin,
-                results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
+                results: ResultsDirs::new(results_dir, &workspace),
                 workspace,
                 duration,
                 repeat,
@@ -500,7 +502,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     OnlyArg::Nginx => Only::Nginx,
                     OnlyArg::Sluice => Only::Sluice,
                 }),
-                results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
+                results: ResultsDirs::new(results_dir, &workspace),
                 workspace,
                 ready_timeout,
                 sluice_args,
@@ -548,8 +550,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     warmup,
                     repeat,
                     sluice_bin,
-                    results_dir: results_dir
-                        .unwrap_or_else(|| workspace.join("bench").join("results")),
+                    results: ResultsDirs::new(results_dir, &workspace),
                     workspace,
                     ready_timeout,
                 };
@@ -585,7 +586,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 repeat,
                 idle_count,
                 sluice_bin,
-                results_dir: results_dir.unwrap_or_else(|| workspace.join("bench").join("results")),
+                results: ResultsDirs::new(results_dir, &workspace),
                 workspace,
                 ready_timeout,
                 case_filter,

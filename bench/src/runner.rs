@@ -1,6 +1,7 @@
 //! The `proxy` command: start the upstream, then each proxy in turn, load it
 //! with wrk, measure, stop it, and write the result files.
 
+use crate::results::ResultsDirs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, SystemTime};
@@ -60,8 +61,9 @@ pub struct ProxyOptions {
     pub only: Option<Only>,
     /// The cargo workspace root (for the build, the scenario YAML and git).
     pub workspace: PathBuf,
-    /// Where result files go (default `<workspace>/bench/results`).
-    pub results_dir: PathBuf,
+    /// Where result files go: history outside the clone, `latest-*` copies in
+    /// `bench/results` ([`crate::results`]).
+    pub results: crate::results::ResultsDirs,
     /// How long a proxy may take to serve its first correct response.
     pub ready_timeout: Duration,
     /// Placement of the upstream nginx.
@@ -519,8 +521,6 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             port: UPSTREAM_PORT,
         });
     }
-    std::fs::create_dir_all(&opts.results_dir)
-        .map_err(|e| BenchError::io("create dir", &opts.results_dir, e))?;
 
     let emulator =
         match &opts.emulator {
@@ -804,11 +804,11 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
     result.plugin_cost_same_run = result.compute_plugin_cost_same_run();
     if opts.scenario == 2 {
         let name = latest_name(1, &result.machine.file_arch(), "json");
-        if let Ok(reference) = BenchResult::load(&opts.results_dir.join(&name)) {
+        if let Ok(reference) = BenchResult::load(&opts.results.latest.join(&name)) {
             result.plugin_cost = result.plugin_cost_against(&reference, &name);
         }
     }
-    let written = write_results(&result, &opts.results_dir)?;
+    let written = write_results(&result, &opts.results)?;
     Ok((result, written))
 }
 
@@ -843,44 +843,24 @@ pub fn latest_name(scenario: u8, arch: &str, ext: &str) -> String {
     format!("latest-{scenario}-{arch}.{ext}")
 }
 
-/// Writes `<scenario>-<arch>-<timestamp>.{json,md}` and, for a run with the default
-/// dataplane flags, the `latest-*` copies.
-pub fn write_results(result: &BenchResult, dir: &Path) -> Result<Written, BenchError> {
-    let stem = format!(
-        "{}-{}-{}",
-        result.scenario,
-        result.machine.file_arch(),
-        result.timestamp
-    );
+/// Writes `<scenario>-<arch>-<timestamp>.{json,md}` to the history and, for a run with the
+/// default dataplane flags, the `latest-*` copies to `bench/results`.
+pub fn write_results(result: &BenchResult, dirs: &ResultsDirs) -> Result<Written, BenchError> {
+    let arch = result.machine.file_arch();
+    let stem = format!("{}-{arch}-{}", result.scenario, result.timestamp);
     let json = result.to_json()? + "\n";
     let md = report::render_markdown(result);
     let written = Written {
-        json: dir.join(format!("{stem}.json")),
-        markdown: dir.join(format!("{stem}.md")),
+        json: dirs.write_history(&format!("{stem}.json"), &json)?,
+        markdown: dirs.write_history(&format!("{stem}.md"), &md)?,
     };
-    write_file(&written.json, &json)?;
-    write_file(&written.markdown, &md)?;
     // A run with extra dataplane flags is an experiment: it does not become the reference
     // (`latest-*`, which scenario 2's plugin cost is computed against).
     if !result.params.sluice_args.is_empty() || result.params.connection_close {
         return Ok(written);
     }
-    write_file(
-        &dir.join(latest_name(
-            result.scenario,
-            &result.machine.file_arch(),
-            "json",
-        )),
-        &json,
-    )?;
-    write_file(
-        &dir.join(latest_name(
-            result.scenario,
-            &result.machine.file_arch(),
-            "md",
-        )),
-        &md,
-    )?;
+    dirs.write_latest(&latest_name(result.scenario, &arch, "json"), &json)?;
+    dirs.write_latest(&latest_name(result.scenario, &arch, "md"), &md)?;
     Ok(written)
 }
 

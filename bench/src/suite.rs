@@ -329,8 +329,9 @@ pub struct SuiteOptions {
     pub sluice_bin: Option<PathBuf>,
     /// The workspace (bench/config, git).
     pub workspace: PathBuf,
-    /// Where the result files go.
-    pub results_dir: PathBuf,
+    /// Where result files go: history outside the clone, `latest-*` copies in
+    /// `bench/results` ([`crate::results`]).
+    pub results: crate::results::ResultsDirs,
     /// How long a proxy may take to serve.
     pub ready_timeout: Duration,
     /// Only the cases whose name contains this (`None`: every case).
@@ -1134,7 +1135,7 @@ pub fn run_suite(opts: &SuiteOptions) -> Result<(SuiteResult, Vec<PathBuf>), Ben
         profiled: opts.perf_dir.is_some(),
     };
     result.targets = targets(&result);
-    let written = write_results(&result, &opts.results_dir)?;
+    let written = write_results(&result, &opts.results, opts.case_filter.is_none())?;
     Ok((result, written))
 }
 
@@ -1642,28 +1643,31 @@ pub fn render_svg(r: &SuiteResult) -> String {
     )
 }
 
-/// Writes the JSON, markdown and SVG files.
-pub fn write_results(r: &SuiteResult, dir: &Path) -> Result<Vec<PathBuf>, BenchError> {
-    std::fs::create_dir_all(dir).map_err(io("create dir", dir))?;
-    let stem = format!(
-        "suite-{}-{}-{}",
-        r.scenario.name(),
-        r.machine.file_arch(),
-        r.timestamp
-    );
+/// Writes `suite-<scenario>-<arch>-<timestamp>.{json,md,svg}` to the history and, for a run
+/// of every case (no `--case`), the `latest-suite-<scenario>-<arch>.*` copies.
+pub fn write_results(
+    r: &SuiteResult,
+    dirs: &crate::results::ResultsDirs,
+    publish: bool,
+) -> Result<Vec<PathBuf>, BenchError> {
+    let arch = r.machine.file_arch();
+    let name = r.scenario.name();
     let json = serde_json::to_string_pretty(r).map_err(|e| BenchError::Json {
-        path: dir.join(format!("{stem}.json")),
+        path: dirs.history.clone(),
         source: e,
     })? + "\n";
     let files = [
-        (dir.join(format!("{stem}.json")), json),
-        (dir.join(format!("{stem}.md")), render_markdown(r)),
-        (dir.join(format!("{stem}.svg")), render_svg(r)),
+        ("json", json),
+        ("md", render_markdown(r)),
+        ("svg", render_svg(r)),
     ];
     let mut written = Vec::new();
-    for (path, text) in files {
-        std::fs::write(&path, text).map_err(io("write", &path))?;
-        written.push(path);
+    for (ext, text) in &files {
+        written
+            .push(dirs.write_history(&format!("suite-{name}-{arch}-{}.{ext}", r.timestamp), text)?);
+        if publish {
+            dirs.write_latest(&format!("latest-suite-{name}-{arch}.{ext}"), text)?;
+        }
     }
     Ok(written)
 }

@@ -54,8 +54,9 @@ pub struct TlsOptions {
     pub duration: Duration,
     /// Rounds (nginx then sluice, every measurement).
     pub repeat: u32,
-    /// Where the markdown report is written.
-    pub results_dir: PathBuf,
+    /// Where result files go: history outside the clone, `latest-*` copies in
+    /// `bench/results` ([`crate::results`]).
+    pub results: crate::results::ResultsDirs,
 }
 
 /// Key type of the served certificate.
@@ -627,12 +628,12 @@ pub fn run_tls_bench(opts: &TlsOptions) -> Result<String, BenchError> {
         opts.duration.as_secs()
     );
     let text = render(&table, opts.repeat, &header);
-    std::fs::create_dir_all(&opts.results_dir)
-        .map_err(|e| BenchError::io("create dir", &opts.results_dir, e))?;
-    let path = opts
-        .results_dir
-        .join(format!("tls-{}.md", std::env::consts::ARCH));
-    std::fs::write(&path, &text).map_err(|e| BenchError::io("write", &path, e))?;
+    let arch = std::env::consts::ARCH;
+    let stamp = crate::machine::timestamp_utc(std::time::SystemTime::now());
+    opts.results
+        .write_history(&format!("tls-{arch}-{stamp}.md"), &text)?;
+    opts.results
+        .write_latest(&format!("latest-tls-{arch}.md"), &text)?;
     Ok(text)
 }
 

@@ -174,6 +174,7 @@ spec:
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "system tier: a real kube-apiserver and etcd (scripts/cluster/testcluster.sh install; scripts/test.sh runs this)"]
 async fn cluster_objects_reach_the_dataplane_and_status_says_so() {
     let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
     let ns = cluster.create_namespace("ctl").unwrap();
@@ -322,6 +323,7 @@ fn programmed_message(obj: &Value) -> Option<(String, String)> {
 /// `Programmed` counts the dataplanes of the dataplane Service, whichever replica serves
 /// them; when the leader goes away the follower takes over and its dataplanes never wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "system tier: a real kube-apiserver and etcd (scripts/cluster/testcluster.sh install; scripts/test.sh runs this)"]
 async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
     let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
     let ns = cluster.create_namespace("lease").unwrap();
@@ -481,6 +483,7 @@ async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "system tier: a real kube-apiserver and etcd (scripts/cluster/testcluster.sh install; scripts/test.sh runs this)"]
 async fn rejections_become_events_and_accepted_ingresses_get_the_published_address() {
     use sluice_controller::ingress_status::Publish;
 
@@ -606,6 +609,7 @@ fn endpoints_of(dp: &common::Dataplane, id: &str) -> Option<Vec<String>> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "system tier: a real kube-apiserver and etcd (scripts/cluster/testcluster.sh install; scripts/test.sh runs this)"]
 async fn subsets_follow_pod_labels() {
     let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
     let ns = cluster.create_namespace("subsets").unwrap();
@@ -768,6 +772,7 @@ fn tls_objects(ns: &str, name: &str, host: &str, not_after: std::time::SystemTim
 /// dataplane's table without any object changing; with `--default-ssl-certificate` its
 /// host then gets the default certificate.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "system tier: a real kube-apiserver and etcd (scripts/cluster/testcluster.sh install; scripts/test.sh runs this)"]
 async fn an_expiring_certificate_is_rejected_when_it_expires() {
     let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
     let ns = cluster.create_namespace("tlsexp").unwrap();

@@ -692,14 +692,15 @@ async fn websocket_upgrades_follow_pass_host() {
 
 #[tokio::test]
 async fn a_request_or_response_body_that_stalls_times_out() {
-    // An upstream that sends a head and a piece of its body, then nothing.
+    // An upstream that sends a head and a piece of its body, then nothing, and keeps the
+    // connection open until the proxy closes it: only the read timeout can end the response.
     let stalling = raw_upstream(|mut s| async move {
         let mut buf = [0u8; 4096];
         let _ = s.read(&mut buf).await;
         let _ = s
             .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npartial")
             .await;
-        tokio::time::sleep(Duration::from_secs(30)).await;
+        while s.read(&mut buf).await.is_ok_and(|n| n > 0) {}
     })
     .await;
     let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
@@ -730,16 +731,17 @@ async fn a_request_or_response_body_that_stalls_times_out() {
     )
     .await;
     assert_eq!(code, 408, "{text}");
-    // The upstream's body stalls after a piece: the response ends (the connection to the
-    // client is closed) instead of hanging, well before the upstream's 30 s.
-    let started = std::time::Instant::now();
-    let (code, text) = raw(dp.addr, b"GET /stall HTTP/1.1\r\nHost: h\r\n\r\n").await;
+    // The upstream's body stalls after a piece and the upstream never closes: the response
+    // ends (the connection to the client is closed) instead of hanging. NB: the guard only
+    // turns a hang into a failure; it is not a bound on how fast the cut is.
+    let (code, text) = tokio::time::timeout(
+        Duration::from_secs(60),
+        raw(dp.addr, b"GET /stall HTTP/1.1\r\nHost: h\r\n\r\n"),
+    )
+    .await
+    .expect("the stalled body was not cut");
     assert_eq!(code, 200, "{text}");
     assert!(text.ends_with("partial"), "{text}");
-    assert!(
-        started.elapsed() < Duration::from_secs(4),
-        "the stalled body was not cut"
-    );
 }
 
 #[tokio::test]
@@ -1040,12 +1042,11 @@ async fn a_request_body_that_stalls_over_http2_times_out_too() {
         .header("content-length", "10")
         .body(http_body_util::StreamBody::new(rx))
         .unwrap();
-    let started = std::time::Instant::now();
-    let resp = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+    // NB: the guard only turns a hang into a failure; the 408 says the timeout fired.
+    let resp = tokio::time::timeout(Duration::from_secs(60), sender.send_request(req))
         .await
         .expect("no answer to a stalled HTTP/2 request body")
         .unwrap();
     assert_eq!(resp.status(), 408);
-    assert!(started.elapsed() < Duration::from_secs(5));
     drop(tx);
 }

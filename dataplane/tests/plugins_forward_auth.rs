@@ -279,11 +279,10 @@ async fn a_slow_service_is_an_error_after_the_timeout() {
         "timeout": 200,
     }))
     .await;
-    let started = std::time::Instant::now();
+    // NB: the slow service allows after 2 s, so the 403 itself says the timeout fired.
     let r = get_with(dp.addr, "/x", &[("authorization", "Bearer slow")]).await;
     assert_eq!(r.status, StatusCode::FORBIDDEN);
     assert!(r.body.is_empty(), "{}", r.text());
-    assert!(started.elapsed() < Duration::from_millis(1900));
 
     let (dp, _echo) = serve(json!({
         "uri": auth.uri("/verify"),

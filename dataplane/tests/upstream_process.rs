@@ -848,8 +848,8 @@ async fn sigterm_with_a_shutdown_delay_keeps_serving_new_connections_until_the_d
     )
     .await;
     assert!(
-        term_at.elapsed() < Duration::from_secs(5),
-        "the checks above outlasted the delay ({:?}): nothing proven",
+        child.try_wait().unwrap().is_none(),
+        "the dataplane exited before the checks above were done ({:?} after SIGTERM): nothing proven",
         term_at.elapsed()
     );
     let log = plain_log(dir.path());

@@ -22,6 +22,10 @@
 //! - [`workspace_bin`]: builds (if stale) and locates a binary of another workspace crate,
 //!   e.g. `sluice-echo`, `sluice-dataplane` or `sluice-controller`.
 //!
+//! Tiers: every test in `tests/` is the system tier, built only with the `system` feature
+//! (`scripts/test.sh` turns it on), so `cargo test --workspace` passes without root or
+//! cluster binaries; `tier.rs` checks that no test file escapes the gate.
+//!
 //! The cluster binaries are installed by `scripts/cluster/testcluster.sh install` (which
 //! `scripts/test.sh` runs); a missing binary is a test failure that names that command.
 
@@ -38,6 +42,8 @@ mod pipeline;
 mod process;
 mod recorder;
 mod service;
+#[cfg(test)]
+mod tier;
 
 pub use bins::workspace_bin;
 pub use cluster::{Cluster, Component, KubectlOutput, SERVICE_CIDR, kubectl_path};

@@ -8,7 +8,7 @@
 //!   controller's RSS with them (run with `SLUICE_BULK_ROUTES=10000` for the 10k figure).
 //!
 //! ```sh
-//! cargo test --release -p sluice-e2e --test apply_latency -- --ignored --nocapture --test-threads 1
+//! cargo test --release -p sluice-e2e --features measure --test apply_latency -- --nocapture --test-threads 1
 //! ```
 //! They assert nothing about time (timing belongs to benchmarks); they fail only if traffic
 //! never arrives.
@@ -39,7 +39,6 @@ fn report(what: &str, mut samples: Vec<Duration>) {
 }
 
 #[test]
-#[ignore = "measurement; run with --ignored --nocapture"]
 fn apply_to_first_200_latency() {
     let rounds = rounds("SLUICE_APPLY_ROUNDS", 100);
     let p = Pipeline::start().unwrap();
@@ -70,7 +69,6 @@ fn apply_to_first_200_latency() {
 }
 
 #[test]
-#[ignore = "measurement; run with --ignored --nocapture"]
 fn endpointslice_change_to_traffic_latency() {
     let rounds = rounds("SLUICE_SLICE_ROUNDS", 50);
     let mut p = Pipeline::start().unwrap();
@@ -121,7 +119,6 @@ fn endpointslice_change_to_traffic_latency() {
 }
 
 #[test]
-#[ignore = "measurement; run with --ignored --nocapture"]
 fn bulk_apply_to_programmed_and_controller_rss() {
     let n = rounds("SLUICE_BULK_ROUTES", 2000);
     let p = Pipeline::start().unwrap();
