@@ -1,6 +1,7 @@
 //! Request guards (ua-restriction, uri-blocker, client-control, csrf, api-breaker) and the
 //! plugins Sluice refuses by name: what a client observes (statuses, APISIX bodies, headers
 //! the origin receives), with real origins.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -11,7 +12,6 @@ use bytes::Bytes;
 use common::*;
 use http::{Request, StatusCode};
 use http_body_util::Full;
-use ring::hmac;
 use serde_json::json;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;

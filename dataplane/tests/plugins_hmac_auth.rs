@@ -1,6 +1,7 @@
 //! hmac-auth: signatures as APISIX checks them (algorithms, clock skew, signed headers, the
 //! body digest), what a client observes (statuses, APISIX bodies, headers the origin
 //! receives), with real origins.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
@@ -29,29 +30,6 @@ async fn serve(routes: Vec<v1::Route>, consumers: Vec<v1::Consumer>) -> (Datapla
 /// Whether the origin answered (the echo origin answers JSON with the request's path).
 fn from_origin(r: &Resp) -> bool {
     serde_json::from_slice::<serde_json::Value>(&r.body).is_ok_and(|v| v.get("path").is_some())
-}
-
-/// Sends `method path` with `headers` and `body`.
-async fn send_body(
-    addr: std::net::SocketAddr,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &'static str,
-) -> Resp {
-    let mut b = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "example.com");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    send(
-        addr,
-        b.body(Full::new(Bytes::from_static(body.as_bytes())))
-            .unwrap(),
-    )
-    .await
 }
 
 // ---------------------------------------------------------------- hmac-auth
