@@ -35,10 +35,13 @@ SYSTEM_TIER=(--features sluice-e2e/system)
 step "cargo clippy (unwrap/expect are denied outside tests)"
 cargo clippy --workspace --all-targets --locked --quiet "${SYSTEM_TIER[@]}"
 
-step "cargo build --workspace --bins (the e2e tests run these binaries)"
-# NB: one build with the workspace's unified features; letting each e2e test build its
-# binary with `cargo build -p <crate>` compiles the dependency tree again per crate.
-cargo build --workspace --bins --locked --quiet "${SYSTEM_TIER[@]}"
+step "cargo build --workspace --bins --tests (the binaries the e2e tests run, and every test)"
+# NB: one build with the workspace's unified features. The binaries are built together with
+# the tests: dev-dependencies add features to shared crates (tokio's test-util, ...), so a
+# `cargo build --bins` alone would compile tokio and everything above it once for the
+# binaries and again for `cargo test`. Letting each e2e test build its binary with
+# `cargo build -p <crate>` would compile the tree again per crate.
+cargo build --workspace --bins --tests --locked --quiet "${SYSTEM_TIER[@]}"
 export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 
 # The image the real-node tests (e2e/tests/realnode.rs) install with helm: the project's own
