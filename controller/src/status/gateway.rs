@@ -304,14 +304,9 @@ pub fn desired(
         let Some(obj) = stores.gateway(&g.namespace, &g.name) else {
             continue;
         };
-        let v = since
-            .get(&(g.namespace.clone(), g.name.clone()))
-            .copied()
-            .unwrap_or_default();
-        let a = addrs
-            .get(&(g.namespace.clone(), g.name.clone()))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let key = (g.namespace.clone(), g.name.clone());
+        let v = since.get(&key).copied().unwrap_or_default();
+        let a = addrs.get(&key).map(Vec::as_slice).unwrap_or_default();
         let want = gateway_status(g, v, dataplanes, a, obj.status.as_ref(), now);
         if obj.status.as_ref() != Some(&want) {
             out.push((
@@ -320,37 +315,53 @@ pub fn desired(
             ));
         }
     }
-    for r in &report.routes {
-        let (current, resource_version) = match r.kind {
-            RouteKind::HttpRoute => match stores.http_route(&r.namespace, &r.name) {
-                Some(o) => (o.status.clone(), o.metadata.resource_version.clone()),
-                None => continue,
+    out.extend(
+        report
+            .routes
+            .iter()
+            .filter_map(|r| route_write(r, &report.controller_name, stores, now)),
+    );
+    out.extend(stale_routes(report, stores));
+    out
+}
+
+/// The write of a reported route's `status.parents`, when it would change them.
+fn route_write(
+    r: &RouteStatus,
+    controller_name: &str,
+    stores: &impl Current,
+    now: Timestamp,
+) -> Option<(Key, Write)> {
+    let (current, resource_version) = match r.kind {
+        RouteKind::HttpRoute => stores
+            .http_route(&r.namespace, &r.name)
+            .map(|o| (o.status.clone(), o.metadata.resource_version.clone()))?,
+        RouteKind::GrpcRoute => stores
+            .grpc_route(&r.namespace, &r.name)
+            .map(|o| (o.status.clone(), o.metadata.resource_version.clone()))?,
+    };
+    let existing = current
+        .as_ref()
+        .map(|s| s.parents.as_slice())
+        .unwrap_or_default();
+    let want = sluice_crds::gateway::RouteStatus {
+        parents: route_parents(r, controller_name, existing, now),
+    };
+    (current.as_ref() != Some(&want)).then(|| {
+        (
+            Key::new(r.kind.as_str(), &r.namespace, &r.name),
+            Write::Route {
+                kind: r.kind,
+                resource_version,
+                status: want,
             },
-            RouteKind::GrpcRoute => match stores.grpc_route(&r.namespace, &r.name) {
-                Some(o) => (o.status.clone(), o.metadata.resource_version.clone()),
-                None => continue,
-            },
-        };
-        let existing = current
-            .as_ref()
-            .map(|s| s.parents.as_slice())
-            .unwrap_or_default();
-        let want = sluice_crds::gateway::RouteStatus {
-            parents: route_parents(r, &report.controller_name, existing, now),
-        };
-        if current.as_ref() != Some(&want) {
-            out.push((
-                Key::new(r.kind.as_str(), &r.namespace, &r.name),
-                Write::Route {
-                    kind: r.kind,
-                    resource_version,
-                    status: want,
-                },
-            ));
-        }
-    }
-    // Routes with none of our parents left (parentRef removed, Gateway deleted or of
-    // another class): our old entries go, other controllers' stay.
+        )
+    })
+}
+
+/// Routes with none of our parents left (parentRef removed, Gateway deleted or of another
+/// class): our old entries go, other controllers' stay.
+fn stale_routes(report: &GatewayStatusReport, stores: &impl Current) -> Vec<(Key, Write)> {
     let ours = |s: &Option<sluice_crds::gateway::RouteStatus>| {
         s.as_ref().is_some_and(|s| {
             s.parents
@@ -370,6 +381,7 @@ pub fn desired(
                 .filter(|r| ours(&r.status))
                 .map(|r| (RouteKind::GrpcRoute, r.metadata.clone(), r.status.clone())),
         );
+    let mut out = Vec::new();
     for (kind, meta, status) in stale {
         let namespace = meta.namespace.unwrap_or_default();
         let name = meta.name.unwrap_or_default();
