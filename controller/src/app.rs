@@ -11,15 +11,21 @@ use tokio::task::JoinHandle;
 
 use sluice_translate::gateway::GatewayOptions;
 
-use crate::events;
-use crate::gateway_status;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::runtime::reflector::Store;
+
+use crate::context::Context;
+use crate::fleet::Record;
 use crate::grpc::Hub;
-use crate::ingress_status::{self, Publish};
 use crate::leader::{self, LeaseConfig};
 use crate::metrics::Metrics;
 use crate::rebuild::{self, Debounce, Rebuilder, TlsSettings};
 use crate::records::{self, FleetView, RecordConfig};
-use crate::status;
+use crate::status::apisix::Apisix;
+use crate::status::events::Events;
+use crate::status::gateway::GatewayApi;
+use crate::status::ingress::IngressAddress;
+use crate::status::{GatewayServices, Publish, writer};
 use crate::watch::{Scope, Stores, Trigger};
 
 /// What to run.
@@ -49,7 +55,7 @@ pub struct Settings {
     pub gateway: GatewayOptions,
     /// One Service per Gateway (`--gateway-service-namespace` and friends); `None`: every
     /// Gateway shares the dataplane Service's address.
-    pub gateway_services: Option<crate::gateway_services::GatewayServices>,
+    pub gateway_services: Option<GatewayServices>,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -84,167 +90,203 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
     hub.refuse_until_published();
     let (trigger, trigger_rx) = Trigger::new();
     let stores = Stores::watch(&client, &settings.scope, &trigger, &metrics);
-    let mut tasks = Vec::new();
-
-    // The fleet: this replica's record, the other replicas' records, the expected set.
-    let (fleet_trigger, fleet_changes) = Trigger::new();
-    let record_cfg = settings.lease.as_ref().map(|l| RecordConfig {
-        namespace: l.namespace.clone(),
-        lease_name: l.name.clone(),
-        identity: l.identity.clone(),
-    });
-    let record_store = record_cfg
-        .as_ref()
-        .map(|cfg| records::watch_records(&client, cfg, &fleet_trigger, &metrics));
-    let service = settings.dataplane_service.as_ref().map(|(ns, name)| {
-        let slices = records::watch_dataplane_service(&client, ns, name, &fleet_trigger, &metrics);
-        (ns.clone(), name.clone(), slices)
-    });
-    let identity = record_cfg
-        .as_ref()
-        .map(|c| c.identity.clone())
-        .or_else(|| settings.instance.clone());
-    let (local_tx, local_rx) = watch::channel(None);
-    tasks.push(tokio::spawn(records::track_local(
-        Arc::clone(&hub),
-        identity
-            .clone()
-            .unwrap_or_else(|| "sluice-controller".to_owned()),
-        record_store.clone().zip(record_cfg.clone()),
-        local_tx,
-        fleet_trigger,
-    )));
-    let fleet = FleetView::new(
-        identity,
-        local_rx.clone(),
-        record_store.clone(),
-        service,
-        fleet_changes,
-    );
-    if let Some(cfg) = record_cfg.clone() {
-        tasks.push(tokio::spawn(records::write(
-            client.clone(),
-            cfg,
-            local_rx,
-            metrics.clone(),
-        )));
-    }
-    tasks.push(tokio::spawn(records::feed_clock(
-        Arc::clone(&hub),
-        fleet.clone(),
-    )));
-
+    let fleet = Fleet::watch(&client, &settings, &metrics);
     let rebuilder = Rebuilder::new(Arc::clone(&hub), metrics.clone(), &settings.ingress_class)
         .with_tls(settings.tls.clone())
         .with_gateway(settings.gateway.clone());
-    let status_rx = rebuilder.subscribe_status();
-    let (for_inputs, for_sync) = (stores.clone(), stores.clone());
-    let (clock_hub, clock_fleet, clock_records) =
-        (Arc::clone(&hub), fleet.clone(), record_store.clone());
+    let (leader_tx, leader_rx) = watch::channel(settings.lease.is_none());
+    metrics.leader.set(i64::from(settings.lease.is_none()));
+    let ctx = Context {
+        client,
+        metrics,
+        hub,
+        fleet: fleet.view.clone(),
+        stores,
+        rebuilt: rebuilder.subscribe_status(),
+        leader: leader_rx,
+    };
+    let mut tasks = Vec::new();
+    let records = fleet.spawn(&ctx, &mut tasks);
+    spawn_rebuild(
+        &ctx,
+        rebuilder,
+        trigger_rx,
+        settings.debounce,
+        records.clone(),
+        &mut tasks,
+    );
+    let fixed_leader = spawn_leader(&ctx, settings.lease.clone(), leader_tx, &mut tasks);
+    if let (Some(cfg), Some(store)) = (fleet.cfg, records) {
+        tasks.push(tokio::spawn(records::collect_garbage(
+            ctx.client.clone(),
+            cfg,
+            store,
+            ctx.leader.clone(),
+            ctx.metrics.clone(),
+        )));
+    }
+    spawn_writers(&ctx, &settings, &mut tasks);
+    Running {
+        hub: ctx.hub,
+        metrics: ctx.metrics,
+        leader: ctx.leader,
+        fleet: ctx.fleet,
+        tasks,
+        _fixed_leader: fixed_leader,
+    }
+}
+
+/// The fleet's watches (this replica's record, the other replicas' records, the expected
+/// set) before its tasks run.
+struct Fleet {
+    view: FleetView,
+    cfg: Option<RecordConfig>,
+    records: Option<Store<Lease>>,
+    identity: Option<String>,
+    local: watch::Sender<Option<Arc<Record>>>,
+    local_rx: watch::Receiver<Option<Arc<Record>>>,
+    trigger: Trigger,
+}
+
+impl Fleet {
+    fn watch(client: &Client, settings: &Settings, metrics: &Metrics) -> Self {
+        let (trigger, changes) = Trigger::new();
+        let cfg = settings.lease.as_ref().map(|l| RecordConfig {
+            namespace: l.namespace.clone(),
+            lease_name: l.name.clone(),
+            identity: l.identity.clone(),
+        });
+        let records = cfg
+            .as_ref()
+            .map(|cfg| records::watch_records(client, cfg, &trigger, metrics));
+        let service = settings.dataplane_service.as_ref().map(|(ns, name)| {
+            let slices = records::watch_dataplane_service(client, ns, name, &trigger, metrics);
+            (ns.clone(), name.clone(), slices)
+        });
+        let identity = cfg
+            .as_ref()
+            .map(|c| c.identity.clone())
+            .or_else(|| settings.instance.clone());
+        let (local, local_rx) = watch::channel(None);
+        let view = FleetView::new(
+            identity.clone(),
+            local_rx.clone(),
+            records.clone(),
+            service,
+            changes,
+        );
+        Self {
+            view,
+            cfg,
+            records,
+            identity,
+            local,
+            local_rx,
+            trigger,
+        }
+    }
+
+    /// Spawns the tasks that keep this replica's record and the version clock; returns the
+    /// store of the other replicas' records.
+    fn spawn(&self, ctx: &Context, tasks: &mut Vec<JoinHandle<()>>) -> Option<Store<Lease>> {
+        let identity = self.identity.clone();
+        tasks.push(tokio::spawn(records::track_local(
+            Arc::clone(&ctx.hub),
+            identity.unwrap_or_else(|| "sluice-controller".to_owned()),
+            self.records.clone().zip(self.cfg.clone()),
+            self.local.clone(),
+            self.trigger.clone(),
+        )));
+        if let Some(cfg) = self.cfg.clone() {
+            tasks.push(tokio::spawn(records::write(
+                ctx.client.clone(),
+                cfg,
+                self.local_rx.clone(),
+                ctx.metrics.clone(),
+            )));
+        }
+        tasks.push(tokio::spawn(records::feed_clock(
+            Arc::clone(&ctx.hub),
+            ctx.fleet.clone(),
+        )));
+        self.records.clone()
+    }
+}
+
+/// Spawns the rebuild loop: it starts once the stores have listed, at a version that
+/// follows the other replicas' (their `records`).
+fn spawn_rebuild(
+    ctx: &Context,
+    rebuilder: Rebuilder,
+    trigger: watch::Receiver<u64>,
+    debounce: Debounce,
+    records: Option<Store<Lease>>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) {
+    let (for_inputs, for_sync) = (ctx.stores.clone(), ctx.stores.clone());
+    let (hub, fleet) = (Arc::clone(&ctx.hub), ctx.fleet.clone());
     tasks.push(tokio::spawn(rebuild::run(
         rebuilder,
         move || for_inputs.inputs(),
-        trigger_rx,
-        settings.debounce,
+        trigger,
+        debounce,
         async move {
             for_sync.synced().await;
             // NB: the first version follows the other replicas' (their records), so a
             // replica that restarts does not start over at v1. Bounded: records that
             // cannot be listed must not keep the snapshot from being built.
-            if let Some(records) = clock_records {
+            if let Some(records) = records {
                 let _ =
                     tokio::time::timeout(Duration::from_secs(5), records.wait_until_ready()).await;
             }
-            clock_hub.observe_replicas(
-                clock_fleet
+            hub.observe_replicas(
+                fleet
                     .other_records()
                     .into_iter()
                     .filter_map(|(r, _)| r.published.map(|a| (a.hash, a.version))),
             );
         },
     )));
+}
 
-    let (leader_tx, leader_rx) = watch::channel(settings.lease.is_none());
-    metrics.leader.set(i64::from(settings.lease.is_none()));
-    let fixed_leader = match settings.lease {
+/// Spawns leader election when configured; without it, returns the sender that keeps the
+/// (always true) leader channel alive.
+fn spawn_leader(
+    ctx: &Context,
+    lease: Option<LeaseConfig>,
+    leader: watch::Sender<bool>,
+    tasks: &mut Vec<JoinHandle<()>>,
+) -> Option<watch::Sender<bool>> {
+    match lease {
         Some(cfg) => {
             tasks.push(tokio::spawn(leader::run(
-                client.clone(),
+                ctx.client.clone(),
                 cfg,
-                leader_tx,
-                metrics.clone(),
+                leader,
+                ctx.metrics.clone(),
             )));
             None
         }
         // NB: kept in `Running` so the status writer sees a live channel.
-        None => Some(leader_tx),
-    };
-    if let (Some(cfg), Some(store)) = (record_cfg, record_store) {
-        tasks.push(tokio::spawn(records::collect_garbage(
-            client.clone(),
-            cfg,
-            store,
-            leader_rx.clone(),
-            metrics.clone(),
-        )));
+        None => Some(leader),
     }
+}
 
-    let for_uids = stores.clone();
-    tasks.push(tokio::spawn(events::run(
-        client.clone(),
-        settings.instance.clone(),
-        status_rx.clone(),
-        leader_rx.clone(),
-        Arc::new(move |kind: &str, ns: &str, name: &str| for_uids.uid_of(kind, ns, name)),
-        metrics.clone(),
-    )));
+/// Spawns the status writer: one loop per family of writes (see [`crate::status`]).
+fn spawn_writers(ctx: &Context, settings: &Settings, tasks: &mut Vec<JoinHandle<()>>) {
+    let events = Events::new(ctx.client.clone(), settings.instance.clone());
+    tasks.push(tokio::spawn(writer::run(events, ctx.clone())));
     if let Some(publish) = settings.publish.clone() {
-        tasks.push(tokio::spawn(ingress_status::run(
-            client.clone(),
-            publish,
-            status_rx.clone(),
-            leader_rx.clone(),
-            stores.clone(),
-            metrics.clone(),
-        )));
+        let ingress = IngressAddress { publish };
+        tasks.push(tokio::spawn(writer::run(ingress, ctx.clone())));
     }
-
-    if let Some(cfg) = settings.gateway_services.clone() {
-        tasks.push(tokio::spawn(crate::gateway_services::run(
-            client.clone(),
-            cfg,
-            status_rx.clone(),
-            leader_rx.clone(),
-            metrics.clone(),
-        )));
+    if let Some(services) = settings.gateway_services.clone() {
+        tasks.push(tokio::spawn(writer::run(services, ctx.clone())));
     }
-    tasks.push(tokio::spawn(gateway_status::run(
-        client.clone(),
-        Arc::clone(&hub),
-        fleet.clone(),
-        status_rx.clone(),
-        leader_rx.clone(),
-        stores.clone(),
-        settings.publish.clone(),
-        settings.gateway_services.clone(),
-        metrics.clone(),
-    )));
-    tasks.push(tokio::spawn(status::run(
-        client,
-        Arc::clone(&hub),
-        fleet.clone(),
-        status_rx,
-        leader_rx.clone(),
-        Arc::new(move |kind, ns: &str, name: &str| stores.status_of(kind, ns, name)),
-        metrics.clone(),
-    )));
-
-    Running {
-        hub,
-        metrics,
-        leader: leader_rx,
-        fleet,
-        tasks,
-        _fixed_leader: fixed_leader,
-    }
+    let gateway = GatewayApi {
+        publish: settings.publish.clone(),
+        services: settings.gateway_services.clone(),
+    };
+    tasks.push(tokio::spawn(writer::run(gateway, ctx.clone())));
+    tasks.push(tokio::spawn(writer::run(Apisix, ctx.clone())));
 }

@@ -20,22 +20,22 @@
 //! - [`records`]: each replica's record of its dataplanes (a Lease), shared by all replicas;
 //!   the expected set from the dataplane Service's EndpointSlices.
 //! - [`tls`]: mutual TLS from PEM files; `--insecure` only on loopback.
-//! - [`status`]: the status writer (leader only): `Accepted`, `ResolvedRefs`, `Programmed`.
-//! - [`gateway_status`]: the Gateway API status writer (leader only): GatewayClass,
-//!   Gateway (listeners, addresses) and our HTTPRoute/GRPCRoute `status.parents[]` entries.
+//! - [`status`]: the status writer (leader only): one loop ([`status::writer`]) over pure
+//!   `desired(...)` functions per family: Apisix conditions (`Accepted`, `ResolvedRefs`,
+//!   `Programmed`), Gateway API status, Ingress `status.loadBalancer`, Warning Events and
+//!   the per-Gateway Services.
+//! - [`context`]: what every task shares (client, metrics, hub, fleet, stores, rebuild
+//!   output, leadership).
 //! - [`leader`]: Lease-based leader election (who writes status).
 //! - [`metrics`], [`http`]: Prometheus metrics, `/healthz`, `/readyz`.
 #![forbid(unsafe_code)]
 
 pub mod app;
 pub mod cluster;
-pub mod events;
+pub mod context;
 pub mod fleet;
-pub mod gateway_services;
-pub mod gateway_status;
 pub mod grpc;
 pub mod http;
-pub mod ingress_status;
 pub mod leader;
 pub mod metrics;
 pub mod rebuild;

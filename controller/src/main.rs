@@ -12,10 +12,10 @@ use kube::{Client, Config};
 use sluice_controller::app::{self, Settings};
 use sluice_controller::cluster::DEFAULT_INGRESS_CLASS;
 use sluice_controller::grpc;
-use sluice_controller::ingress_status::Publish;
 use sluice_controller::leader::{self, LeaseConfig};
 use sluice_controller::metrics::Metrics;
 use sluice_controller::rebuild::{Debounce, TlsSettings};
+use sluice_controller::status::Publish;
 use sluice_controller::tls::{self, TlsFiles};
 use sluice_controller::watch::Scope;
 use sluice_process::{LogFormat, init_logs, shutdown_signal};
@@ -123,7 +123,7 @@ struct Args {
     #[arg(long, value_name = "NAMESPACE", requires = "gateway_service_selector")]
     gateway_service_namespace: Option<String>,
     /// Labels of the dataplane pods, the Gateway Services' selector (`k=v,k2=v2`).
-    #[arg(long, value_name = "SELECTOR", value_parser = sluice_controller::gateway_services::parse_selector)]
+    #[arg(long, value_name = "SELECTOR", value_parser = sluice_controller::status::gateway_services::parse_selector)]
     gateway_service_selector: Option<std::collections::BTreeMap<String, String>>,
     /// Type of the Gateway Services.
     #[arg(long, value_name = "TYPE", default_value = "ClusterIP", value_parser = ["ClusterIP", "NodePort", "LoadBalancer"])]
@@ -265,13 +265,11 @@ async fn main() -> anyhow::Result<()> {
             &args.gateway_service_namespace,
             &args.gateway_service_selector,
         ) {
-            (Some(namespace), Some(selector)) => {
-                Some(sluice_controller::gateway_services::GatewayServices {
-                    namespace: namespace.clone(),
-                    selector: selector.clone(),
-                    type_: args.gateway_service_type.clone(),
-                })
-            }
+            (Some(namespace), Some(selector)) => Some(sluice_controller::status::GatewayServices {
+                namespace: namespace.clone(),
+                selector: selector.clone(),
+                type_: args.gateway_service_type.clone(),
+            }),
             _ => None,
         },
     };

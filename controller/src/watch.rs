@@ -557,18 +557,13 @@ impl GatewayStores {
     }
 
     async fn synced(&self) {
-        async fn all<K: Resource<DynamicType = ()> + Clone>(stores: &[Store<K>]) {
-            for s in stores {
-                let _ = s.wait_until_ready().await;
-            }
-        }
-        all(&self.namespaces).await;
-        all(&self.gateway_classes).await;
-        all(&self.gateways).await;
-        all(&self.http_routes).await;
-        all(&self.grpc_routes).await;
-        all(&self.reference_grants).await;
-        all(&self.backend_tls_policies).await;
+        wait_ready(&self.namespaces).await;
+        wait_ready(&self.gateway_classes).await;
+        wait_ready(&self.gateways).await;
+        wait_ready(&self.http_routes).await;
+        wait_ready(&self.grpc_routes).await;
+        wait_ready(&self.reference_grants).await;
+        wait_ready(&self.backend_tls_policies).await;
     }
 }
 
@@ -635,20 +630,97 @@ async fn discover_and_watch(
     }
 }
 
+/// Generates [`Kinds`] from the table of kinds below it: the stores, their watches, the
+/// wait for their first lists, their part of [`Inputs`] and uid lookups.
+macro_rules! kinds_table {
+    ($($field:ident: $kind:ident, $config:ident;)*) => {
+        /// The stores of the namespaced kinds watched whole (see `kinds_table!`).
+        #[derive(Clone)]
+        struct Kinds {
+            $($field: Vec<Store<$kind>>,)*
+        }
+
+        impl Kinds {
+            fn watch(client: &Client, scope: &Scope, trigger: &Trigger, metrics: &Metrics) -> Self {
+                Self {
+                    $($field: watch_kind(
+                        client,
+                        scope,
+                        &$config(),
+                        stringify!($kind),
+                        trigger,
+                        metrics,
+                    ),)*
+                }
+            }
+
+            async fn synced(&self) {
+                $(wait_ready(&self.$field).await;)*
+            }
+
+            /// `inputs` with these kinds' objects.
+            fn inputs(&self, inputs: Inputs) -> Inputs {
+                Inputs {
+                    $($field: read(&self.$field),)*
+                    ..inputs
+                }
+            }
+
+            fn uid_of(&self, kind: &str, namespace: &str, name: &str) -> Option<String> {
+                match kind {
+                    $(stringify!($kind) => find(&self.$field, namespace, name)?.metadata.uid.clone(),)*
+                    _ => None,
+                }
+            }
+        }
+    };
+}
+
+// The namespaced input kinds watched whole, one line each: the field of `Inputs` (and of
+// `Kinds`), the type (its name labels the `watch_events` metric) and the function giving
+// its watch configuration. Adding such a kind is adding a line here and the field to
+// `Inputs`.
+kinds_table! {
+    apisix_routes: ApisixRoute, every_object;
+    apisix_upstreams: ApisixUpstream, every_object;
+    apisix_tlses: ApisixTls, every_object;
+    apisix_plugin_configs: ApisixPluginConfig, every_object;
+    apisix_consumers: ApisixConsumer, every_object;
+    apisix_global_rules: ApisixGlobalRule, every_object;
+    services: Service, every_object;
+    endpoint_slices: EndpointSlice, service_slices;
+    secrets: Secret, not_helm_releases;
+    ingresses: Ingress, every_object;
+}
+
+fn every_object() -> watcher::Config {
+    watcher::Config::default()
+}
+
+/// Only slices that belong to a Service can back a route.
+fn service_slices() -> watcher::Config {
+    watcher::Config::default().labels(sluice_translate::SERVICE_NAME_LABEL)
+}
+
+/// Helm keeps every release revision in a Secret; they are large and never ours.
+fn not_helm_releases() -> watcher::Config {
+    watcher::Config::default().fields("type!=helm.sh/release.v1")
+}
+
+/// Resolves once every store of `stores` has completed its first list.
+async fn wait_ready<K: Resource<DynamicType = ()> + Clone>(stores: &[Store<K>]) {
+    for s in stores {
+        // NB: Err means the watcher task is gone; nothing to wait for then.
+        let _ = s.wait_until_ready().await;
+    }
+}
+
 /// The reflector stores of every input kind.
 #[derive(Clone)]
 pub struct Stores {
-    apisix_routes: Vec<Store<ApisixRoute>>,
-    apisix_upstreams: Vec<Store<ApisixUpstream>>,
-    apisix_tlses: Vec<Store<ApisixTls>>,
-    apisix_plugin_configs: Vec<Store<ApisixPluginConfig>>,
-    apisix_consumers: Vec<Store<ApisixConsumer>>,
-    apisix_global_rules: Vec<Store<ApisixGlobalRule>>,
-    services: Vec<Store<Service>>,
-    endpoint_slices: Vec<Store<EndpointSlice>>,
-    secrets: Vec<Store<Secret>>,
+    /// The kinds of the table (`kinds_table!`).
+    kinds: Kinds,
     pods: Vec<Store<PartialObjectMeta<Pod>>>,
-    ingresses: Vec<Store<Ingress>>,
     ingress_classes: Store<IngressClass>,
     /// Set once discovery finds the Gateway API.
     gateway: Arc<std::sync::OnceLock<GatewayStores>>,
@@ -687,11 +759,7 @@ impl Stores {
     /// Starts a watcher for every kind in `scope` (IngressClasses cluster-wide), firing
     /// `trigger` on every event that may change the output.
     pub fn watch(client: &Client, scope: &Scope, trigger: &Trigger, metrics: &Metrics) -> Self {
-        let any = watcher::Config::default();
-        // Only slices that belong to a Service can back a route.
-        let slices = watcher::Config::default().labels(sluice_translate::SERVICE_NAME_LABEL);
-        // Helm keeps every release revision in a Secret; they are large and never ours.
-        let secrets = watcher::Config::default().fields("type!=helm.sh/release.v1");
+        let any = every_object();
         let (t, m) = (trigger, metrics);
         let gateway = Arc::new(std::sync::OnceLock::new());
         let (discovered_tx, gateway_discovered) = watch::channel(false);
@@ -704,15 +772,7 @@ impl Stores {
             discovered_tx,
         ));
         Self {
-            apisix_routes: watch_kind(client, scope, &any, "ApisixRoute", t, m),
-            apisix_upstreams: watch_kind(client, scope, &any, "ApisixUpstream", t, m),
-            apisix_tlses: watch_kind(client, scope, &any, "ApisixTls", t, m),
-            apisix_plugin_configs: watch_kind(client, scope, &any, "ApisixPluginConfig", t, m),
-            apisix_consumers: watch_kind(client, scope, &any, "ApisixConsumer", t, m),
-            apisix_global_rules: watch_kind(client, scope, &any, "ApisixGlobalRule", t, m),
-            services: watch_kind(client, scope, &any, "Service", t, m),
-            endpoint_slices: watch_kind(client, scope, &slices, "EndpointSlice", t, m),
-            secrets: watch_kind(client, scope, &secrets, "Secret", t, m),
+            kinds: Kinds::watch(client, scope, t, m),
             pods: match scope {
                 Scope::All => vec![spawn_pod_watch(
                     Api::all(client.clone()),
@@ -732,7 +792,6 @@ impl Stores {
                     })
                     .collect(),
             },
-            ingresses: watch_kind(client, scope, &any, "Ingress", t, m),
             ingress_classes: spawn_watch(
                 Api::<IngressClass>::all(client.clone()),
                 any,
@@ -747,24 +806,9 @@ impl Stores {
 
     /// Resolves once every store has completed its first list.
     pub async fn synced(&self) {
-        async fn all<K: Resource<DynamicType = ()> + Clone>(stores: &[Store<K>]) {
-            for s in stores {
-                // NB: Err means the watcher task is gone; nothing to wait for then.
-                let _ = s.wait_until_ready().await;
-            }
-        }
-        all(&self.apisix_routes).await;
-        all(&self.apisix_upstreams).await;
-        all(&self.apisix_tlses).await;
-        all(&self.apisix_plugin_configs).await;
-        all(&self.apisix_consumers).await;
-        all(&self.apisix_global_rules).await;
-        all(&self.services).await;
-        all(&self.endpoint_slices).await;
-        all(&self.secrets).await;
-        all(&self.pods).await;
-        all(&self.ingresses).await;
-        all(std::slice::from_ref(&self.ingress_classes)).await;
+        self.kinds.synced().await;
+        wait_ready(&self.pods).await;
+        wait_ready(std::slice::from_ref(&self.ingress_classes)).await;
         let mut discovered = self.gateway_discovered.clone();
         // NB: Err means the discovery task is gone; it set the stores first if it could.
         let _ = discovered.wait_for(|d| *d).await;
@@ -780,21 +824,11 @@ impl Stores {
 
     /// Everything the stores hold now.
     pub fn inputs(&self) -> Inputs {
-        Inputs {
-            apisix_routes: read(&self.apisix_routes),
-            apisix_upstreams: read(&self.apisix_upstreams),
-            apisix_tlses: read(&self.apisix_tlses),
-            apisix_plugin_configs: read(&self.apisix_plugin_configs),
-            apisix_consumers: read(&self.apisix_consumers),
-            apisix_global_rules: read(&self.apisix_global_rules),
-            services: read(&self.services),
-            endpoint_slices: read(&self.endpoint_slices),
-            secrets: read(&self.secrets),
+        self.kinds.inputs(Inputs {
             pods: read(&self.pods),
-            ingresses: read(&self.ingresses),
             ingress_classes: self.ingress_classes.state(),
             ..self.gateway_inputs()
-        }
+        })
     }
 
     fn gateway_inputs(&self) -> Inputs {
@@ -849,45 +883,31 @@ impl Stores {
         find(&self.gateway.get()?.grpc_routes, namespace, name)
     }
 
-    /// The uid of an object by its Kubernetes kind (Apisix kinds and Ingress).
+    /// The uid of an object by its Kubernetes kind (the kinds of `kinds_table!`).
     pub fn uid_of(&self, kind: &str, namespace: &str, name: &str) -> Option<String> {
-        let (ns, n) = (namespace, name);
-        let meta_uid =
-            |m: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta| m.uid.clone();
-        match kind {
-            "ApisixRoute" => meta_uid(&find(&self.apisix_routes, ns, n)?.metadata),
-            "ApisixUpstream" => meta_uid(&find(&self.apisix_upstreams, ns, n)?.metadata),
-            "ApisixTls" => meta_uid(&find(&self.apisix_tlses, ns, n)?.metadata),
-            "ApisixPluginConfig" => meta_uid(&find(&self.apisix_plugin_configs, ns, n)?.metadata),
-            "ApisixConsumer" => meta_uid(&find(&self.apisix_consumers, ns, n)?.metadata),
-            "ApisixGlobalRule" => meta_uid(&find(&self.apisix_global_rules, ns, n)?.metadata),
-            "Ingress" => meta_uid(&find(&self.ingresses, ns, n)?.metadata),
-            _ => None,
-        }
+        self.kinds.uid_of(kind, namespace, name)
     }
 
     /// An Ingress as the stores have it.
     pub fn ingress(&self, namespace: &str, name: &str) -> Option<Arc<Ingress>> {
-        find(&self.ingresses, namespace, name)
+        find(&self.kinds.ingresses, namespace, name)
     }
 
     /// A Service as the stores have it.
     pub fn service(&self, namespace: &str, name: &str) -> Option<Arc<Service>> {
-        find(&self.services, namespace, name)
+        find(&self.kinds.services, namespace, name)
     }
 
     /// The current `.status` of an Apisix object, as the stores have it.
     pub fn status_of(&self, kind: ObjectKind, namespace: &str, name: &str) -> Option<ApisixStatus> {
-        let (ns, n) = (namespace, name);
+        let (k, ns, n) = (&self.kinds, namespace, name);
         match kind {
-            ObjectKind::ApisixRoute => find(&self.apisix_routes, ns, n)?.status.clone(),
-            ObjectKind::ApisixUpstream => find(&self.apisix_upstreams, ns, n)?.status.clone(),
-            ObjectKind::ApisixTls => find(&self.apisix_tlses, ns, n)?.status.clone(),
-            ObjectKind::ApisixPluginConfig => {
-                find(&self.apisix_plugin_configs, ns, n)?.status.clone()
-            }
-            ObjectKind::ApisixConsumer => find(&self.apisix_consumers, ns, n)?.status.clone(),
-            ObjectKind::ApisixGlobalRule => find(&self.apisix_global_rules, ns, n)?.status.clone(),
+            ObjectKind::ApisixRoute => find(&k.apisix_routes, ns, n)?.status.clone(),
+            ObjectKind::ApisixUpstream => find(&k.apisix_upstreams, ns, n)?.status.clone(),
+            ObjectKind::ApisixTls => find(&k.apisix_tlses, ns, n)?.status.clone(),
+            ObjectKind::ApisixPluginConfig => find(&k.apisix_plugin_configs, ns, n)?.status.clone(),
+            ObjectKind::ApisixConsumer => find(&k.apisix_consumers, ns, n)?.status.clone(),
+            ObjectKind::ApisixGlobalRule => find(&k.apisix_global_rules, ns, n)?.status.clone(),
         }
     }
 }

@@ -485,7 +485,7 @@ async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "system tier: a real kube-apiserver and etcd (scripts/cluster/testcluster.sh install; scripts/test.sh runs this)"]
 async fn rejections_become_events_and_accepted_ingresses_get_the_published_address() {
-    use sluice_controller::ingress_status::Publish;
+    use sluice_controller::status::Publish;
 
     let cluster = tokio::task::spawn_blocking(cluster).await.unwrap();
     let ns = cluster.create_namespace("ev").unwrap();

@@ -2,20 +2,20 @@
 //! with the same reason and message as the `Accepted` / `ResolvedRefs` condition, and for an
 //! Ingress (whose status has no conditions) it is the only place the verdict shows.
 //!
-//! One writer: only the leader publishes. An event is published when an object is first seen
-//! rejected, and again only when its generation, reason or message changes, so a steady
-//! stream of rebuilds does not flood the API server; an object that becomes accepted and is
-//! rejected again gets a new event.
-
-use std::collections::HashMap;
-use std::sync::Arc;
+//! Only the leader publishes. An event is published when an object is first seen rejected,
+//! and again only when its generation, reason or message changes (the writer's diff against
+//! its last write, see [`super::writer::Written`]), so a steady stream of rebuilds does not
+//! flood the API server; an object that becomes accepted and is rejected again gets a new
+//! event.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde::Serialize;
 use sluice_translate::status::{CONDITION_ACCEPTED, Condition, ConditionStatus};
-use tokio::sync::watch;
 
+use super::writer::{Family, Key};
+use crate::context::Context;
 use crate::metrics::Metrics;
 use crate::rebuild::Rebuilt;
 
@@ -27,7 +27,7 @@ pub const ACTION: &str = "Translate";
 const MAX_NOTE_BYTES: usize = 1024;
 
 /// The object an event is about.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct Subject {
     /// `apisix.apache.org/v2` or `networking.k8s.io/v1`.
     pub api_version: &'static str,
@@ -40,7 +40,7 @@ pub struct Subject {
 }
 
 /// One rejection to report.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Warning {
     /// The rejected object.
     pub subject: Subject,
@@ -94,38 +94,17 @@ pub fn warnings(rebuilt: &Rebuilt) -> Vec<Warning> {
     apisix.chain(ingresses).collect()
 }
 
-/// Remembers what was reported, so each distinct rejection is reported once.
-#[derive(Debug, Default)]
-pub struct Dedup {
-    last: HashMap<Subject, (Option<i64>, String, String)>,
+/// Every Warning to publish now, keyed by its object: one per rejected object (the writer
+/// publishes those that differ from the last one it published for the object).
+pub fn desired(rebuilt: &Rebuilt) -> Vec<(Key, Warning)> {
+    warnings(rebuilt)
+        .into_iter()
+        .map(|w| {
+            let s = &w.subject;
+            (Key::new(s.kind, &s.namespace, &s.name), w)
+        })
+        .collect()
 }
-
-impl Dedup {
-    /// The warnings not reported yet. Objects no longer rejected are forgotten, so a later
-    /// rejection is reported again.
-    pub fn fresh(&mut self, all: Vec<Warning>) -> Vec<Warning> {
-        let mut seen = HashMap::with_capacity(all.len());
-        let mut out = Vec::new();
-        for w in all {
-            let what = (w.generation, w.reason.clone(), w.message.clone());
-            if self.last.get(&w.subject) != Some(&what) {
-                out.push(w.clone());
-            }
-            seen.insert(w.subject, what);
-        }
-        self.last = seen;
-        out
-    }
-
-    /// Forgets everything (a new leader reports current rejections again).
-    pub fn clear(&mut self) {
-        self.last.clear();
-    }
-}
-
-/// Looks up an object's uid (so `kubectl describe` finds the event), by kind, namespace and
-/// name.
-pub type UidOf = Arc<dyn Fn(&str, &str, &str) -> Option<String> + Send + Sync>;
 
 fn cut(mut s: String) -> String {
     if s.len() > MAX_NOTE_BYTES {
@@ -139,62 +118,70 @@ fn cut(mut s: String) -> String {
     s
 }
 
-/// Publishes a `Warning` event for every new rejection while `leader` is true. Runs until
-/// the rebuild output's sender is dropped.
-pub async fn run(
-    client: Client,
-    instance: Option<String>,
-    mut rebuilt: watch::Receiver<Option<Arc<Rebuilt>>>,
-    mut leader: watch::Receiver<bool>,
-    uid_of: UidOf,
-    metrics: Metrics,
-) {
-    let recorder = Recorder::new(
-        client,
-        Reporter {
+/// The Events family of the writer.
+#[derive(Clone)]
+pub struct Events {
+    recorder: Recorder,
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Events").finish_non_exhaustive()
+    }
+}
+
+impl Events {
+    /// Publishes as `instance` (`reportingInstance`) of [`REPORTING_CONTROLLER`].
+    pub fn new(client: Client, instance: Option<String>) -> Self {
+        let reporter = Reporter {
             controller: REPORTING_CONTROLLER.to_owned(),
             instance,
-        },
-    );
-    let mut dedup = Dedup::default();
-    loop {
-        tokio::select! {
-            r = rebuilt.changed() => if r.is_err() { return },
-            r = leader.changed() => {
-                if r.is_err() { return }
-                dedup.clear();
-            },
+        };
+        Self {
+            recorder: Recorder::new(client, reporter),
         }
-        let out = rebuilt.borrow_and_update().clone();
-        if !*leader.borrow_and_update() {
-            continue;
-        }
-        let Some(out) = out else { continue };
-        for w in dedup.fresh(warnings(&out)) {
-            let s = &w.subject;
-            let reference = ObjectReference {
-                api_version: Some(s.api_version.to_owned()),
-                kind: Some(s.kind.to_owned()),
-                namespace: Some(s.namespace.clone()),
-                name: Some(s.name.clone()),
-                uid: uid_of(s.kind, &s.namespace, &s.name),
-                ..Default::default()
-            };
-            let event = Event {
-                type_: EventType::Warning,
-                reason: w.reason.clone(),
-                note: Some(cut(w.message.clone())),
-                action: ACTION.to_owned(),
-                secondary: None,
-            };
-            match recorder.publish(&event, &reference).await {
-                Ok(()) => metrics.events.inc(),
-                Err(e) => {
-                    metrics.reconcile_errors.with_label_values(&["event"]).inc();
-                    tracing::warn!(kind = s.kind, namespace = %s.namespace, name = %s.name, error = %e, "event not published");
-                }
-            }
-        }
+    }
+}
+
+impl Family for Events {
+    type Write = Warning;
+    const NAME: &'static str = "events";
+    const ERROR_SOURCE: &'static str = "event";
+    // NB: what was published is known only here; forgetting it would publish every
+    // Warning again.
+    const FORGET_ON_RESYNC: bool = false;
+    const NOT_FOUND_IS_GONE: bool = false;
+
+    async fn plan(
+        &self,
+        _: &Context,
+        rebuilt: &Rebuilt,
+    ) -> Result<Vec<(Key, Warning)>, kube::Error> {
+        Ok(desired(rebuilt))
+    }
+
+    async fn apply(&self, ctx: &Context, _: &Key, w: &Warning) -> Result<(), kube::Error> {
+        let s = &w.subject;
+        let reference = ObjectReference {
+            api_version: Some(s.api_version.to_owned()),
+            kind: Some(s.kind.to_owned()),
+            namespace: Some(s.namespace.clone()),
+            name: Some(s.name.clone()),
+            uid: ctx.stores.uid_of(s.kind, &s.namespace, &s.name),
+            ..Default::default()
+        };
+        let event = Event {
+            type_: EventType::Warning,
+            reason: w.reason.clone(),
+            note: Some(cut(w.message.clone())),
+            action: ACTION.to_owned(),
+            secondary: None,
+        };
+        self.recorder.publish(&event, &reference).await
+    }
+
+    fn count(&self, metrics: &Metrics) {
+        metrics.events.inc();
     }
 }
 
@@ -202,6 +189,7 @@ pub async fn run(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::status::writer::Written;
 
     fn warning(name: &str, generation: i64, message: &str) -> Warning {
         Warning {
@@ -214,6 +202,33 @@ mod tests {
             generation: Some(generation),
             reason: "InvalidSpec".into(),
             message: message.into(),
+        }
+    }
+
+    /// The writer's diff with every write landing: what would be published.
+    #[derive(Default)]
+    struct Dedup(Written);
+
+    impl Dedup {
+        fn fresh(&mut self, all: Vec<Warning>) -> Vec<Warning> {
+            let plan = all
+                .into_iter()
+                .map(|w| {
+                    let s = &w.subject;
+                    (Key::new(s.kind, &s.namespace, &s.name), w)
+                })
+                .collect();
+            let todo = self.0.fresh(plan);
+            todo.into_iter()
+                .map(|(k, w, b)| {
+                    self.0.landed(k, b);
+                    w
+                })
+                .collect()
+        }
+
+        fn clear(&mut self) {
+            self.0.clear();
         }
     }
 

@@ -1,27 +1,15 @@
-//! `status.loadBalancer` of the Ingresses we serve, so `kubectl get ingress` shows the
-//! address clients should use (and tools such as external-dns can publish it).
-//!
-//! The address comes from `--ingress-status-address` (fixed IPs or host names) or from
+//! Where the address clients should use comes from, for Ingress `status.loadBalancer` and
+//! Gateway `status.addresses`: `--ingress-status-address` (fixed IPs or host names) or
 //! `--ingress-publish-service NS/NAME`, the dataplane's Service: its load-balancer ingress
 //! points, else its external IPs, else its cluster IP (ExternalName: its external name), as
-//! the APISIX and NGINX ingress controllers do. An accepted Ingress of our class gets the
-//! address; a rejected one gets none. Only the leader writes, with server-side apply (field
-//! manager `sluice-controller`), and only when the status would change.
+//! the APISIX and NGINX ingress controllers do.
 
 use std::net::IpAddr;
-use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Service;
-use k8s_openapi::api::networking::v1::{Ingress, IngressLoadBalancerIngress};
-use kube::api::{Patch, PatchParams};
+use k8s_openapi::api::networking::v1::IngressLoadBalancerIngress;
 use kube::{Api, Client};
-use sluice_translate::status::{CONDITION_ACCEPTED, ConditionStatus, IngressStatus};
-use tokio::sync::watch;
 
-use crate::metrics::Metrics;
-use crate::rebuild::Rebuilt;
-use crate::status::FIELD_MANAGER;
 use crate::watch::Stores;
 
 /// Where the published address comes from.
@@ -115,30 +103,6 @@ pub fn from_service(svc: &Service) -> Vec<IngressLoadBalancerIngress> {
     from_addresses(&cluster_ip.into_iter().collect::<Vec<_>>())
 }
 
-/// What `status.loadBalancer.ingress` of an Ingress should say.
-pub fn desired(
-    ingress: &IngressStatus,
-    published: &[IngressLoadBalancerIngress],
-) -> Vec<IngressLoadBalancerIngress> {
-    let accepted = ingress
-        .conditions
-        .iter()
-        .any(|c| c.type_ == CONDITION_ACCEPTED && c.status == ConditionStatus::True);
-    if accepted {
-        published.to_vec()
-    } else {
-        Vec::new()
-    }
-}
-
-fn current(ing: &Ingress) -> Vec<IngressLoadBalancerIngress> {
-    ing.status
-        .as_ref()
-        .and_then(|s| s.load_balancer.as_ref())
-        .and_then(|lb| lb.ingress.clone())
-        .unwrap_or_default()
-}
-
 /// The address entries of `publish` now; `None` when the publish Service is unreadable.
 pub(crate) async fn published(
     client: &Client,
@@ -166,71 +130,6 @@ pub(crate) async fn published(
     }
 }
 
-/// How often the writer re-checks even without a change (the publish Service's address may
-/// change outside the watched namespaces, and failed writes are retried).
-pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
-
-/// Writes `status.loadBalancer` of our Ingresses while `leader` is true.
-pub async fn run(
-    client: Client,
-    publish: Publish,
-    mut rebuilt: watch::Receiver<Option<Arc<Rebuilt>>>,
-    mut leader: watch::Receiver<bool>,
-    stores: Stores,
-    metrics: Metrics,
-) {
-    let mut resync = tokio::time::interval(RESYNC_INTERVAL);
-    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = resync.tick() => {},
-            r = rebuilt.changed() => if r.is_err() { return },
-            r = leader.changed() => if r.is_err() { return },
-        }
-        let out = rebuilt.borrow_and_update().clone();
-        if !*leader.borrow_and_update() {
-            continue;
-        }
-        let Some(out) = out else { continue };
-        if out.ingresses.is_empty() {
-            continue;
-        }
-        let Some(addrs) = published(&client, &publish, &stores).await else {
-            continue;
-        };
-        for ing in &out.ingresses {
-            let want = desired(ing, &addrs);
-            let Some(existing) = stores.ingress(&ing.namespace, &ing.name) else {
-                continue;
-            };
-            if current(&existing) == want {
-                continue;
-            }
-            let patch = serde_json::json!({
-                "apiVersion": "networking.k8s.io/v1",
-                "kind": "Ingress",
-                "status": { "loadBalancer": { "ingress": want } },
-            });
-            let api: Api<Ingress> = Api::namespaced(client.clone(), &ing.namespace);
-            let params = PatchParams::apply(FIELD_MANAGER).force();
-            match api
-                .patch_status(&ing.name, &params, &Patch::Apply(&patch))
-                .await
-            {
-                Ok(_) => metrics.ingress_status_writes.inc(),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => {
-                    metrics
-                        .reconcile_errors
-                        .with_label_values(&["status"])
-                        .inc();
-                    tracing::warn!(namespace = %ing.namespace, name = %ing.name, error = %e, "Ingress status write failed");
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -238,7 +137,6 @@ mod tests {
     use k8s_openapi::api::core::v1::{
         LoadBalancerIngress, LoadBalancerStatus, ServiceSpec, ServiceStatus,
     };
-    use sluice_translate::status::Condition;
 
     fn svc(type_: &str, cluster_ip: &str, external: &[&str], lb: &[(&str, &str)]) -> Service {
         Service {
@@ -300,25 +198,6 @@ mod tests {
         assert_eq!(v[0].ip.as_deref(), Some("192.0.2.1"));
         assert_eq!(v[1].hostname.as_deref(), Some("ingress.example.com"));
         assert_eq!(v[2].ip.as_deref(), Some("2001:db8::1"));
-    }
-
-    #[test]
-    fn only_accepted_ingresses_get_the_address() {
-        let ing = |status| IngressStatus {
-            namespace: "ns".into(),
-            name: "i".into(),
-            generation: Some(1),
-            conditions: vec![Condition {
-                type_: CONDITION_ACCEPTED.into(),
-                status,
-                reason: "x".into(),
-                message: String::new(),
-            }],
-            routes: vec![],
-        };
-        let addrs = from_addresses(&["192.0.2.1".into()]);
-        assert_eq!(desired(&ing(ConditionStatus::True), &addrs), addrs);
-        assert!(desired(&ing(ConditionStatus::False), &addrs).is_empty());
     }
 
     #[test]

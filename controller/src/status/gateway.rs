@@ -12,22 +12,17 @@
 //!   `resourceVersion` so a concurrent write by another controller is never overwritten
 //!   (the write is retried). A route that no longer has a parent of ours loses our entries.
 //!
-//! `Programmed` of a Gateway and of its listeners is `True` only when every dataplane that
-//! should serve (see [`crate::status`]) serves a snapshot that contains the Gateway's routes
-//! and certificates as they are now; until then `False` / `Pending` with the count of
-//! dataplanes in the message. Every condition carries `observedGeneration`;
+//! `Programmed` of a Gateway and of its listeners: see [`super::programmed`]. Every condition carries `observedGeneration`;
 //! `lastTransitionTime` is kept while a condition's status does not change; an object whose
 //! status already says what we would write is not patched.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::networking::v1::IngressLoadBalancerIngress;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
-use kube::{Api, Client};
+use serde::Serialize;
 use serde_json::json;
 use sluice_crds::gateway::{
     GRPCRoute, Gateway, GatewayClass, GatewayStatusAddress, HTTPRoute, ListenerStatus,
@@ -37,48 +32,20 @@ use sluice_translate::gateway::{
     self as gw, GatewayClassStatus, GatewayStatus, GatewayStatusReport, RouteKind, RouteStatus,
 };
 use sluice_translate::status::ConditionStatus;
-use tokio::sync::watch;
 
-use crate::grpc::Hub;
-use crate::ingress_status::{Publish, published};
+use super::address::{Publish, published};
+use super::programmed::{self, Dataplanes};
+use super::writer::{Family, Key};
+use super::{Desired, conditions_to_write, from_translation};
+use crate::context::Context;
 use crate::metrics::Metrics;
 use crate::rebuild::Rebuilt;
-use crate::records::FleetView;
-use crate::status::{
-    Dataplanes, Desired, RESYNC_INTERVAL, conditions_to_write, from_translation, programmed_since,
-};
 use crate::watch::Stores;
 
 /// Field manager of the Gateway API status writes.
 pub const FIELD_MANAGER: &str = "sluice-gateway-controller";
 /// API version of the Gateway API kinds written.
 const API_VERSION: &str = "gateway.networking.k8s.io/v1";
-
-/// The `Programmed` condition of an accepted Gateway (or listener) first served at `since`:
-/// `True` / `Programmed` once every expected dataplane serves it, else `False` / `Pending`
-/// (the Gateway API's reasons; the message says which dataplanes are waited for).
-pub fn programmed(since: u64, dataplanes: &Dataplanes) -> Desired {
-    let mut d = programmed_since(since, dataplanes);
-    d.reason = if d.status == "True" {
-        gw::reason::PROGRAMMED
-    } else {
-        gw::reason::PENDING
-    }
-    .to_owned();
-    d
-}
-
-/// Translation's conditions, with a `Programmed=True` (valid and in the snapshot) replaced by
-/// the dataplanes' verdict.
-fn with_fleet(conditions: &[sluice_translate::Condition], fleet: &Option<Desired>) -> Vec<Desired> {
-    conditions
-        .iter()
-        .map(|c| match fleet {
-            Some(p) if c.type_ == gw::PROGRAMMED && c.status == ConditionStatus::True => p.clone(),
-            _ => from_translation(c),
-        })
-        .collect()
-}
 
 /// `GatewayClass.status` to write.
 pub fn gateway_class_status(
@@ -109,7 +76,7 @@ pub fn gateway_status(
     existing: Option<&sluice_crds::gateway::GatewayStatus>,
     now: Timestamp,
 ) -> sluice_crds::gateway::GatewayStatus {
-    let fleet = Some(programmed(since, dataplanes));
+    let fleet = programmed::gateway(since, dataplanes);
     let old = existing
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
@@ -126,7 +93,7 @@ pub fn gateway_status(
                 supported_kinds: l.supported_kinds.clone(),
                 attached_routes: l.attached_routes,
                 conditions: conditions_to_write(
-                    &with_fleet(&l.conditions, &fleet),
+                    &programmed::gateway_conditions(&l.conditions, &fleet),
                     want.generation,
                     old_listener,
                     now,
@@ -145,7 +112,7 @@ pub fn gateway_status(
             Vec::new()
         },
         conditions: conditions_to_write(
-            &with_fleet(&want.conditions, &fleet),
+            &programmed::gateway_conditions(&want.conditions, &fleet),
             want.generation,
             old,
             now,
@@ -202,79 +169,48 @@ pub fn addresses(points: &[IngressLoadBalancerIngress]) -> Vec<GatewayStatusAddr
         .collect()
 }
 
-/// One status write.
-#[derive(Debug, Clone, PartialEq)]
-enum Write {
-    Class(String, sluice_crds::gateway::GatewayClassStatus),
-    Gateway(String, String, sluice_crds::gateway::GatewayStatus),
+/// One status write (the object is named by its [`Key`]). Compared with the last write by
+/// its status alone.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Write {
+    /// `GatewayClass.status`.
+    Class(sluice_crds::gateway::GatewayClassStatus),
+    /// `Gateway.status`.
+    Gateway(sluice_crds::gateway::GatewayStatus),
+    /// A route's `status.parents`.
     Route {
+        /// HTTPRoute or GRPCRoute.
+        #[serde(skip)]
         kind: RouteKind,
-        namespace: String,
-        name: String,
+        /// The route's `resourceVersion` the write is based on.
+        #[serde(skip)]
         resource_version: Option<String>,
+        /// The whole `status`.
         status: sluice_crds::gateway::RouteStatus,
     },
 }
 
-type Key = (&'static str, String, String);
-
 impl Write {
-    fn key(&self) -> Key {
-        match self {
-            Write::Class(n, _) => ("GatewayClass", String::new(), n.clone()),
-            Write::Gateway(ns, n, _) => ("Gateway", ns.clone(), n.clone()),
-            Write::Route {
-                kind,
-                namespace,
-                name,
-                ..
-            } => (kind.as_str(), namespace.clone(), name.clone()),
-        }
-    }
-
-    /// The status body without transition times, to compare with what was written last
-    /// (a condition written a moment ago that the stores do not show yet would get a new
-    /// time on every pass).
-    fn body(&self) -> serde_json::Value {
-        fn strip(v: &mut serde_json::Value) {
-            match v {
-                serde_json::Value::Object(map) => {
-                    map.remove("lastTransitionTime");
-                    map.values_mut().for_each(strip);
-                }
-                serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
-                _ => {}
-            }
-        }
-        let mut v = match self {
-            Write::Class(_, s) => json!(s),
-            Write::Gateway(_, _, s) => json!(s),
-            Write::Route { status, .. } => json!(status),
-        };
-        strip(&mut v);
-        v
-    }
-
-    async fn apply(&self, client: &Client) -> Result<(), kube::Error> {
+    async fn apply(&self, client: &kube::Client, key: &Key) -> Result<(), kube::Error> {
         let params = PatchParams::apply(FIELD_MANAGER).force();
+        let (namespace, name) = (&key.namespace, &key.name);
         match self {
-            Write::Class(name, status) => {
+            Write::Class(status) => {
                 let patch =
                     json!({"apiVersion": API_VERSION, "kind": "GatewayClass", "status": status});
-                Api::<GatewayClass>::all(client.clone())
+                kube::Api::<GatewayClass>::all(client.clone())
                     .patch_status(name, &params, &Patch::Apply(&patch))
                     .await?;
             }
-            Write::Gateway(ns, name, status) => {
+            Write::Gateway(status) => {
                 let patch = json!({"apiVersion": API_VERSION, "kind": "Gateway", "status": status});
-                Api::<Gateway>::namespaced(client.clone(), ns)
+                kube::Api::<Gateway>::namespaced(client.clone(), namespace)
                     .patch_status(name, &params, &Patch::Apply(&patch))
                     .await?;
             }
             Write::Route {
                 kind,
-                namespace,
-                name,
                 resource_version,
                 status,
             } => {
@@ -291,12 +227,12 @@ impl Write {
                 });
                 match kind {
                     RouteKind::HttpRoute => {
-                        Api::<HTTPRoute>::namespaced(client.clone(), namespace)
+                        kube::Api::<HTTPRoute>::namespaced(client.clone(), namespace)
                             .patch_status(name, &params, &Patch::Apply(&patch))
                             .await?;
                     }
                     RouteKind::GrpcRoute => {
-                        Api::<GRPCRoute>::namespaced(client.clone(), namespace)
+                        kube::Api::<GRPCRoute>::namespaced(client.clone(), namespace)
                             .patch_status(name, &params, &Patch::Apply(&patch))
                             .await?;
                     }
@@ -307,15 +243,53 @@ impl Write {
     }
 }
 
-/// Every write that would change an object's status now.
-fn writes(
+/// The Gateway API objects as they are now (the stores; a fake in tests).
+pub trait Current {
+    /// A GatewayClass.
+    fn gateway_class(&self, name: &str) -> Option<Arc<GatewayClass>>;
+    /// A Gateway.
+    fn gateway(&self, namespace: &str, name: &str) -> Option<Arc<Gateway>>;
+    /// An HTTPRoute.
+    fn http_route(&self, namespace: &str, name: &str) -> Option<Arc<HTTPRoute>>;
+    /// A GRPCRoute.
+    fn grpc_route(&self, namespace: &str, name: &str) -> Option<Arc<GRPCRoute>>;
+    /// Every HTTPRoute.
+    fn http_routes(&self) -> Vec<Arc<HTTPRoute>>;
+    /// Every GRPCRoute.
+    fn grpc_routes(&self) -> Vec<Arc<GRPCRoute>>;
+}
+
+impl Current for Stores {
+    fn gateway_class(&self, name: &str) -> Option<Arc<GatewayClass>> {
+        Stores::gateway_class(self, name)
+    }
+    fn gateway(&self, namespace: &str, name: &str) -> Option<Arc<Gateway>> {
+        Stores::gateway(self, namespace, name)
+    }
+    fn http_route(&self, namespace: &str, name: &str) -> Option<Arc<HTTPRoute>> {
+        Stores::http_route(self, namespace, name)
+    }
+    fn grpc_route(&self, namespace: &str, name: &str) -> Option<Arc<GRPCRoute>> {
+        Stores::grpc_route(self, namespace, name)
+    }
+    fn http_routes(&self) -> Vec<Arc<HTTPRoute>> {
+        Stores::http_routes(self)
+    }
+    fn grpc_routes(&self) -> Vec<Arc<GRPCRoute>> {
+        Stores::grpc_routes(self)
+    }
+}
+
+/// Every write that would change an object's status now; `since` per Gateway is the first
+/// version serving it as it is, `addrs` its published addresses.
+pub fn desired(
     report: &GatewayStatusReport,
-    since: &std::collections::BTreeMap<(String, String), u64>,
+    since: &BTreeMap<(String, String), u64>,
     dataplanes: &Dataplanes,
     addrs: &HashMap<(String, String), Vec<GatewayStatusAddress>>,
-    stores: &Stores,
+    stores: &impl Current,
     now: Timestamp,
-) -> Vec<Write> {
+) -> Vec<(Key, Write)> {
     let mut out = Vec::new();
     for c in &report.gateway_classes {
         let Some(obj) = stores.gateway_class(&c.name) else {
@@ -323,56 +297,71 @@ fn writes(
         };
         let want = gateway_class_status(c, obj.status.as_ref(), now);
         if obj.status.as_ref() != Some(&want) {
-            out.push(Write::Class(c.name.clone(), want));
+            out.push((Key::new("GatewayClass", "", &c.name), Write::Class(want)));
         }
     }
     for g in &report.gateways {
         let Some(obj) = stores.gateway(&g.namespace, &g.name) else {
             continue;
         };
-        let v = since
-            .get(&(g.namespace.clone(), g.name.clone()))
-            .copied()
-            .unwrap_or_default();
-        let a = addrs
-            .get(&(g.namespace.clone(), g.name.clone()))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
+        let key = (g.namespace.clone(), g.name.clone());
+        let v = since.get(&key).copied().unwrap_or_default();
+        let a = addrs.get(&key).map(Vec::as_slice).unwrap_or_default();
         let want = gateway_status(g, v, dataplanes, a, obj.status.as_ref(), now);
         if obj.status.as_ref() != Some(&want) {
-            out.push(Write::Gateway(g.namespace.clone(), g.name.clone(), want));
+            out.push((
+                Key::new("Gateway", &g.namespace, &g.name),
+                Write::Gateway(want),
+            ));
         }
     }
-    for r in &report.routes {
-        let (current, resource_version) = match r.kind {
-            RouteKind::HttpRoute => match stores.http_route(&r.namespace, &r.name) {
-                Some(o) => (o.status.clone(), o.metadata.resource_version.clone()),
-                None => continue,
-            },
-            RouteKind::GrpcRoute => match stores.grpc_route(&r.namespace, &r.name) {
-                Some(o) => (o.status.clone(), o.metadata.resource_version.clone()),
-                None => continue,
-            },
-        };
-        let existing = current
-            .as_ref()
-            .map(|s| s.parents.as_slice())
-            .unwrap_or_default();
-        let want = sluice_crds::gateway::RouteStatus {
-            parents: route_parents(r, &report.controller_name, existing, now),
-        };
-        if current.as_ref() != Some(&want) {
-            out.push(Write::Route {
+    out.extend(
+        report
+            .routes
+            .iter()
+            .filter_map(|r| route_write(r, &report.controller_name, stores, now)),
+    );
+    out.extend(stale_routes(report, stores));
+    out
+}
+
+/// The write of a reported route's `status.parents`, when it would change them.
+fn route_write(
+    r: &RouteStatus,
+    controller_name: &str,
+    stores: &impl Current,
+    now: Timestamp,
+) -> Option<(Key, Write)> {
+    let (current, resource_version) = match r.kind {
+        RouteKind::HttpRoute => stores
+            .http_route(&r.namespace, &r.name)
+            .map(|o| (o.status.clone(), o.metadata.resource_version.clone()))?,
+        RouteKind::GrpcRoute => stores
+            .grpc_route(&r.namespace, &r.name)
+            .map(|o| (o.status.clone(), o.metadata.resource_version.clone()))?,
+    };
+    let existing = current
+        .as_ref()
+        .map(|s| s.parents.as_slice())
+        .unwrap_or_default();
+    let want = sluice_crds::gateway::RouteStatus {
+        parents: route_parents(r, controller_name, existing, now),
+    };
+    (current.as_ref() != Some(&want)).then(|| {
+        (
+            Key::new(r.kind.as_str(), &r.namespace, &r.name),
+            Write::Route {
                 kind: r.kind,
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
                 resource_version,
                 status: want,
-            });
-        }
-    }
-    // Routes with none of our parents left (parentRef removed, Gateway deleted or of
-    // another class): our old entries go, other controllers' stay.
+            },
+        )
+    })
+}
+
+/// Routes with none of our parents left (parentRef removed, Gateway deleted or of another
+/// class): our old entries go, other controllers' stay.
+fn stale_routes(report: &GatewayStatusReport, stores: &impl Current) -> Vec<(Key, Write)> {
     let ours = |s: &Option<sluice_crds::gateway::RouteStatus>| {
         s.as_ref().is_some_and(|s| {
             s.parents
@@ -392,6 +381,7 @@ fn writes(
                 .filter(|r| ours(&r.status))
                 .map(|r| (RouteKind::GrpcRoute, r.metadata.clone(), r.status.clone())),
         );
+    let mut out = Vec::new();
     for (kind, meta, status) in stale {
         let namespace = meta.namespace.unwrap_or_default();
         let name = meta.name.unwrap_or_default();
@@ -408,147 +398,95 @@ fn writes(
             .into_iter()
             .filter(|p| p.controller_name != report.controller_name)
             .collect();
-        out.push(Write::Route {
-            kind,
-            namespace,
-            name,
-            resource_version: meta.resource_version,
-            status: sluice_crds::gateway::RouteStatus { parents },
-        });
+        out.push((
+            Key::new(kind.as_str(), &namespace, &name),
+            Write::Route {
+                kind,
+                resource_version: meta.resource_version,
+                status: sluice_crds::gateway::RouteStatus { parents },
+            },
+        ));
     }
     out
 }
 
-/// Writes Gateway API status while `leader` is true, whenever translation or the fleet
-/// change what it should say. Runs until the rebuild output's sender is dropped.
-#[allow(clippy::too_many_arguments)]
-pub async fn run(
-    client: Client,
-    hub: Arc<Hub>,
-    fleet: FleetView,
-    mut rebuilt: watch::Receiver<Option<Arc<Rebuilt>>>,
-    mut leader: watch::Receiver<bool>,
-    stores: Stores,
-    publish: Option<Publish>,
-    services: Option<crate::gateway_services::GatewayServices>,
-    metrics: Metrics,
-) {
-    fleet.synced().await;
-    let mut dataplanes = fleet.subscribe();
-    // What we wrote last, so a write is not repeated before the watch shows it.
-    let mut written: HashMap<Key, serde_json::Value> = HashMap::new();
-    let mut resync = tokio::time::interval(RESYNC_INTERVAL);
-    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut retry_soon = false;
-    loop {
-        let retry = async {
-            if retry_soon {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            } else {
-                std::future::pending::<()>().await;
-            }
-        };
-        tokio::select! {
-            _ = resync.tick() => written.clear(),
-            _ = retry => {},
-            r = rebuilt.changed() => if r.is_err() { return },
-            r = dataplanes.changed() => if r.is_err() { return },
-            r = leader.changed() => {
-                if r.is_err() { return }
-                written.clear();
-            },
-        }
-        retry_soon = false;
-        // Batch bursts of ACKs (one per dataplane per snapshot).
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        dataplanes.borrow_and_update();
-        let out = rebuilt.borrow_and_update().clone();
-        if !*leader.borrow_and_update() {
-            continue;
-        }
-        let Some(out) = out else { continue };
-        let report = &out.gateway.report;
-        if !stores.gateway_api() {
-            continue;
-        }
-        let now_fleet = fleet.fleet();
-        let counted = Dataplanes {
-            counted: now_fleet.resolve(|hash| hub.version_of(hash)),
-            why_none: now_fleet.why_none(),
-        };
-        let mut addrs: HashMap<(String, String), Vec<GatewayStatusAddress>> = HashMap::new();
-        if let Some(cfg) = &services {
+/// The Gateway API status family of the writer.
+#[derive(Debug, Clone, Default)]
+pub struct GatewayApi {
+    /// Where Gateway addresses come from without Gateway Services (the Ingress setting).
+    pub publish: Option<Publish>,
+    /// One Service per Gateway: each Gateway's address is its own Service's.
+    pub services: Option<super::gateway_services::GatewayServices>,
+}
+
+impl GatewayApi {
+    /// Each reported Gateway's published addresses.
+    async fn addresses(
+        &self,
+        ctx: &Context,
+        report: &GatewayStatusReport,
+    ) -> HashMap<(String, String), Vec<GatewayStatusAddress>> {
+        let mut addrs = HashMap::new();
+        if let Some(cfg) = &self.services {
             // Each Gateway's own Service.
             for g in &report.gateways {
-                let svc = crate::gateway_services::service_name(&g.namespace, &g.name);
+                let svc = super::gateway_services::service_name(&g.namespace, &g.name);
                 let p = Publish::Service {
                     namespace: cfg.namespace.clone(),
                     name: svc,
                 };
-                let a = addresses(&published(&client, &p, &stores).await.unwrap_or_default());
-                addrs.insert((g.namespace.clone(), g.name.clone()), a);
+                let a = published(&ctx.client, &p, &ctx.stores).await;
+                addrs.insert(
+                    (g.namespace.clone(), g.name.clone()),
+                    addresses(&a.unwrap_or_default()),
+                );
             }
-        } else if let Some(p) = &publish
+        } else if let Some(p) = &self.publish
             && !report.gateways.is_empty()
         {
-            let a = addresses(&published(&client, p, &stores).await.unwrap_or_default());
+            let a = published(&ctx.client, p, &ctx.stores).await;
+            let a = addresses(&a.unwrap_or_default());
             for g in &report.gateways {
                 addrs.insert((g.namespace.clone(), g.name.clone()), a.clone());
             }
         }
-        let todo: Vec<Write> = writes(
+        addrs
+    }
+}
+
+impl Family for GatewayApi {
+    type Write = Write;
+    const NAME: &'static str = "gateway-api";
+    const FLEET: bool = true;
+
+    async fn plan(
+        &self,
+        ctx: &Context,
+        rebuilt: &Rebuilt,
+    ) -> Result<Vec<(Key, Write)>, kube::Error> {
+        if !ctx.stores.gateway_api() {
+            return Ok(Vec::new());
+        }
+        let report = &rebuilt.gateway.report;
+        let dataplanes = Dataplanes::now(ctx);
+        let addrs = self.addresses(ctx, report).await;
+        let since = &rebuilt.gateway.since;
+        Ok(desired(
             report,
-            &out.gateway.since,
-            &counted,
+            since,
+            &dataplanes,
             &addrs,
-            &stores,
+            &ctx.stores,
             Timestamp::now(),
-        )
-        .into_iter()
-        .filter(|w| written.get(&w.key()) != Some(&w.body()))
-        .collect();
-        if todo.is_empty() {
-            continue;
-        }
-        tracing::debug!(
-            objects = todo.len(),
-            version = out.version,
-            "writing Gateway API status"
-        );
-        let results: Vec<(Write, Result<(), kube::Error>)> =
-            futures::stream::iter(todo.into_iter().map(|w| {
-                let client = client.clone();
-                async move {
-                    let r = w.apply(&client).await;
-                    (w, r)
-                }
-            }))
-            .buffer_unordered(8)
-            .collect()
-            .await;
-        for (w, result) in results {
-            let key = w.key();
-            match result {
-                Ok(()) => {
-                    metrics.status_writes.inc();
-                    written.insert(key, w.body());
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                // Changed meanwhile (another controller, or our store lags): again soon.
-                Err(kube::Error::Api(e)) if e.code == 409 => {
-                    tracing::debug!(kind = key.0, namespace = %key.1, name = %key.2, "status changed meanwhile; retrying");
-                    retry_soon = true;
-                }
-                Err(e) => {
-                    metrics
-                        .reconcile_errors
-                        .with_label_values(&["status"])
-                        .inc();
-                    tracing::warn!(kind = key.0, namespace = %key.1, name = %key.2, error = %e, "Gateway API status write failed");
-                    retry_soon = true;
-                }
-            }
-        }
+        ))
+    }
+
+    async fn apply(&self, ctx: &Context, key: &Key, w: &Write) -> Result<(), kube::Error> {
+        w.apply(&ctx.client, key).await
+    }
+
+    fn count(&self, metrics: &Metrics) {
+        metrics.status_writes.inc();
     }
 }
 
@@ -708,5 +646,92 @@ mod tests {
         assert_eq!(out[0], theirs);
         assert_eq!(out[1].parent_ref.name, "gw");
         assert_eq!(out[1].conditions[0].observed_generation, Some(2));
+    }
+
+    /// The stores, as far as `desired` reads them.
+    #[derive(Default)]
+    struct Fake {
+        http_routes: Vec<Arc<HTTPRoute>>,
+    }
+
+    impl Current for Fake {
+        fn gateway_class(&self, _: &str) -> Option<Arc<GatewayClass>> {
+            None
+        }
+        fn gateway(&self, _: &str, _: &str) -> Option<Arc<Gateway>> {
+            None
+        }
+        fn http_route(&self, namespace: &str, name: &str) -> Option<Arc<HTTPRoute>> {
+            self.http_routes
+                .iter()
+                .find(|r| {
+                    r.metadata.namespace.as_deref() == Some(namespace)
+                        && r.metadata.name.as_deref() == Some(name)
+                })
+                .cloned()
+        }
+        fn grpc_route(&self, _: &str, _: &str) -> Option<Arc<GRPCRoute>> {
+            None
+        }
+        fn http_routes(&self) -> Vec<Arc<HTTPRoute>> {
+            self.http_routes.clone()
+        }
+        fn grpc_routes(&self) -> Vec<Arc<GRPCRoute>> {
+            Vec::new()
+        }
+    }
+
+    #[test]
+    fn a_route_no_longer_ours_loses_only_our_parent_entries() {
+        let parent = |name: &str, controller: &str| RouteParentStatus {
+            parent_ref: ParentReference {
+                name: name.into(),
+                ..Default::default()
+            },
+            controller_name: controller.into(),
+            conditions: vec![],
+        };
+        let theirs = parent("other", "example.com/other");
+        let mut route: HTTPRoute = serde_json::from_value(json!({
+            "apiVersion": API_VERSION,
+            "kind": "HTTPRoute",
+            "metadata": {"namespace": "ns", "name": "r", "resourceVersion": "7"},
+            "spec": {},
+        }))
+        .unwrap();
+        route.status = Some(sluice_crds::gateway::RouteStatus {
+            parents: vec![
+                theirs.clone(),
+                parent("gw", "sluice.dev/gateway-controller"),
+            ],
+        });
+        let stores = Fake {
+            http_routes: vec![Arc::new(route)],
+        };
+        let report = GatewayStatusReport {
+            controller_name: "sluice.dev/gateway-controller".into(),
+            ..Default::default()
+        };
+        let writes = desired(
+            &report,
+            &BTreeMap::new(),
+            &dp(None),
+            &HashMap::new(),
+            &stores,
+            Timestamp::now(),
+        );
+        assert_eq!(writes.len(), 1, "{writes:?}");
+        assert_eq!(writes[0].0, Key::new("HTTPRoute", "ns", "r"));
+        let Write::Route {
+            kind,
+            resource_version,
+            status,
+        } = &writes[0].1
+        else {
+            panic!("{writes:?}")
+        };
+        assert_eq!(*kind, RouteKind::HttpRoute);
+        assert_eq!(resource_version.as_deref(), Some("7"));
+        assert_eq!(status.parents, vec![theirs]);
     }
 }

@@ -7,7 +7,7 @@
 //! listener ports, each targeting the dataplane port translation chose, its selector the
 //! dataplane pods' labels (`--gateway-service-selector`), its type
 //! `--gateway-service-type`. The Gateway's `status.addresses` are that Service's address
-//! (see [`crate::gateway_status`]).
+//! (see [`super::gateway`]).
 //!
 //! - Services are written with server-side apply under [`FIELD_MANAGER`] and labelled
 //!   [`MANAGED_BY`]; one whose Gateway no longer has ports is deleted. Services without the
@@ -17,16 +17,16 @@
 //!   label value could not hold a long name).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use kube::{Api, Client};
-use tokio::sync::watch;
+use serde::Serialize;
 
+use super::writer::{Family, Key};
+use crate::context::Context;
 use crate::metrics::Metrics;
 use crate::rebuild::Rebuilt;
 
@@ -36,8 +36,6 @@ pub const FIELD_MANAGER: &str = "sluice-gateway-services";
 pub const MANAGED_BY: &str = "sluice-gateway";
 /// Annotation: `namespace/name` of the Gateway a Service serves.
 pub const GATEWAY_ANNOTATION: &str = "gateway.sluice.dev/gateway";
-/// How often Services are compared with what they should be even without a change.
-const RESYNC: Duration = Duration::from_secs(60);
 
 /// Where and how Gateway Services are made (`--gateway-service-*`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,92 +139,92 @@ pub fn desired(listeners: &[(String, u16, bool)], cfg: &GatewayServices) -> Vec<
         .collect()
 }
 
-/// Keeps the Gateway Services in step with each rebuild while `leader` is true.
-pub async fn run(
-    client: Client,
-    cfg: GatewayServices,
-    mut rebuilt: watch::Receiver<Option<Arc<Rebuilt>>>,
-    mut leader: watch::Receiver<bool>,
-    metrics: Metrics,
-) {
-    let api: Api<Service> = Api::namespaced(client, &cfg.namespace);
-    let mut written: BTreeMap<String, serde_json::Value> = BTreeMap::new();
-    let mut resync = tokio::time::interval(RESYNC);
-    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = resync.tick() => written.clear(),
-            r = rebuilt.changed() => if r.is_err() { return },
-            r = leader.changed() => {
-                if r.is_err() { return }
-                written.clear();
-            },
-        }
-        let out = rebuilt.borrow_and_update().clone();
-        if !*leader.borrow_and_update() {
-            continue;
-        }
-        let Some(out) = out else { continue };
-        if let Err(e) = sync(&api, &cfg, &out.gateway.listeners, &mut written).await {
-            metrics
-                .reconcile_errors
-                .with_label_values(&["gateway-service"])
-                .inc();
-            tracing::warn!(namespace = %cfg.namespace, error = %e, "Gateway Services not written; retrying");
-            written.clear();
-            tokio::time::sleep(Duration::from_secs(1)).await;
-            // NB: come back without waiting for the next change.
-            rebuilt.mark_changed();
-        }
-    }
+/// One write to a Gateway Service (named by its [`Key`]).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Write {
+    /// Server-side apply of this body.
+    Apply(serde_json::Value),
+    /// Delete it: its Gateway has no ports.
+    Delete,
 }
 
-async fn sync(
-    api: &Api<Service>,
-    cfg: &GatewayServices,
+/// Every write that makes the Services in `cfg.namespace` what `listeners` ask for, given
+/// the names of the Services labelled [`MANAGED_BY`] there now (`existing`).
+pub fn desired_writes(
     listeners: &[(String, u16, bool)],
-    written: &mut BTreeMap<String, serde_json::Value>,
-) -> Result<(), kube::Error> {
-    let want = desired(listeners, cfg);
-    let params = PatchParams::apply(FIELD_MANAGER).force();
+    cfg: &GatewayServices,
+    existing: &[String],
+) -> Vec<(Key, Write)> {
     let mut keep = BTreeSet::new();
-    for svc in &want {
+    let mut out = Vec::new();
+    for svc in desired(listeners, cfg) {
         let name = svc.metadata.name.clone().unwrap_or_default();
-        keep.insert(name.clone());
-        let mut body = serde_json::to_value(svc).map_err(kube::Error::SerdeError)?;
+        // NB: a `Service` always serializes; `Null` would only mean a write every pass.
+        let mut body = serde_json::to_value(&svc).unwrap_or_default();
         if let Some(obj) = body.as_object_mut() {
             obj.insert("apiVersion".into(), "v1".into());
             obj.insert("kind".into(), "Service".into());
         }
-        if written.get(&name) == Some(&body) {
-            continue;
-        }
-        api.patch(&name, &params, &Patch::Apply(&body)).await?;
-        tracing::info!(service = %name, namespace = %cfg.namespace, "Gateway Service written");
-        written.insert(name, body);
+        out.push((
+            Key::new("Service", &cfg.namespace, &name),
+            Write::Apply(body),
+        ));
+        keep.insert(name);
     }
-    let existing = api
-        .list_metadata(
-            &ListParams::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}")),
-        )
-        .await?;
-    for svc in existing.items {
-        let Some(name) = svc.metadata.name else {
-            continue;
-        };
-        if keep.contains(&name) {
-            continue;
-        }
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => {
-                tracing::info!(service = %name, "Gateway Service deleted: its Gateway has no ports")
+    for name in existing.iter().filter(|n| !keep.contains(*n)) {
+        out.push((Key::new("Service", &cfg.namespace, name), Write::Delete));
+    }
+    out
+}
+
+impl Family for GatewayServices {
+    type Write = Write;
+    const NAME: &'static str = "gateway-services";
+    const ERROR_SOURCE: &'static str = "gateway-service";
+    // NB: a Service cannot be applied into a namespace that does not exist: that is a
+    // failure to retry, not an object gone.
+    const NOT_FOUND_IS_GONE: bool = false;
+
+    async fn plan(
+        &self,
+        ctx: &Context,
+        rebuilt: &Rebuilt,
+    ) -> Result<Vec<(Key, Write)>, kube::Error> {
+        let api: Api<Service> = Api::namespaced(ctx.client.clone(), &self.namespace);
+        let managed = format!("app.kubernetes.io/managed-by={MANAGED_BY}");
+        let existing: Vec<String> = api
+            .list_metadata(&ListParams::default().labels(&managed))
+            .await?
+            .items
+            .into_iter()
+            .filter_map(|s| s.metadata.name)
+            .collect();
+        Ok(desired_writes(&rebuilt.gateway.listeners, self, &existing))
+    }
+
+    async fn apply(&self, ctx: &Context, key: &Key, w: &Write) -> Result<(), kube::Error> {
+        let api: Api<Service> = Api::namespaced(ctx.client.clone(), &self.namespace);
+        let name = &key.name;
+        match w {
+            Write::Apply(body) => {
+                let params = PatchParams::apply(FIELD_MANAGER).force();
+                api.patch(name, &params, &Patch::Apply(body)).await?;
+                tracing::info!(service = %name, namespace = %self.namespace, "Gateway Service written");
             }
-            Err(kube::Error::Api(e)) if e.code == 404 => {}
-            Err(e) => return Err(e),
+            Write::Delete => match api.delete(name, &DeleteParams::default()).await {
+                Ok(_) => {
+                    tracing::info!(service = %name, "Gateway Service deleted: its Gateway has no ports")
+                }
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            },
         }
-        written.remove(&name);
+        Ok(())
     }
-    Ok(())
+
+    /// Service writes have no metric of their own.
+    fn count(&self, _: &Metrics) {}
 }
 
 #[cfg(test)]
@@ -313,5 +311,36 @@ mod tests {
         assert!(parse_selector("").is_err());
         assert!(parse_selector("novalue").is_err());
         assert!(parse_selector("=x").is_err());
+    }
+
+    #[test]
+    fn services_of_gateways_without_ports_are_deleted() {
+        let web = service_name("default", "web");
+        let gone = service_name("default", "gone");
+        let writes = desired_writes(
+            &[("default/web/80".into(), 20001, false)],
+            &cfg(),
+            &[web.clone(), gone.clone()],
+        );
+        let keys: Vec<(&str, &str)> = writes
+            .iter()
+            .map(|(k, w)| {
+                let what = match w {
+                    Write::Apply(_) => "apply",
+                    Write::Delete => "delete",
+                };
+                (k.name.as_str(), what)
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            vec![(web.as_str(), "apply"), (gone.as_str(), "delete")]
+        );
+        let Write::Apply(body) = &writes[0].1 else {
+            panic!("{writes:?}")
+        };
+        assert_eq!(body["apiVersion"], "v1");
+        assert_eq!(body["kind"], "Service");
+        assert_eq!(writes[0].0.namespace, "sluice");
     }
 }
