@@ -69,10 +69,9 @@
 //!
 //! # Golden tests
 //!
-//! `testdata/<case>.in.yaml` holds objects as a user writes them; `<case>.out.yaml` the
-//! snapshot (canonical protobuf JSON mapping, as YAML) and the status report. A first line
-//! `# options: ingress_class=<name> now=<unix seconds>` sets [`Options::ingress_class`] and
-//! [`Options::now`]. Regenerate the expected
+//! `testdata/<family>/<case>.in.yaml` holds objects as a user writes them; `<case>.out.yaml`
+//! the snapshot (canonical protobuf JSON mapping, as YAML) and the status report. [`golden`]
+//! documents the layout, the families and the `# options:` line. Regenerate the expected
 //! files after an intended change with
 //!
 //! ```text
@@ -84,6 +83,7 @@
 
 pub mod files;
 pub mod gateway;
+pub mod golden;
 mod ingress;
 mod json;
 mod plugins;

@@ -743,4 +743,35 @@ items:
             "x.yaml: document 1: kind: required (a string)"
         );
     }
+
+    #[test]
+    fn gateway_api_versions_load() {
+        let mut state = ClusterState::new();
+        let report = state
+            .load_yaml(
+                "x.yaml",
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {name: a}\n\
+                 spec: {from: [], to: []}\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1beta1\nkind: HTTPRoute\nmetadata: {name: b}\n\
+                 spec: {}\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: GRPCRoute\nmetadata: {name: c}\n\
+                 spec: {}\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: d, namespace: x}\n\
+                 spec: {controllerName: c}\n",
+            )
+            .unwrap();
+        assert_eq!(report.loaded, 3, "{report:?}");
+        assert_eq!(state.reference_grants.len(), 1);
+        assert_eq!(state.http_routes.len(), 1);
+        assert_eq!(
+            state.gateway_classes[0].metadata.namespace, None,
+            "cluster-scoped"
+        );
+        assert_eq!(
+            report.errors[0].to_string(),
+            "x.yaml: document 3 (GRPCRoute default/c): apiVersion: apiVersion \
+             \"gateway.networking.k8s.io/v1alpha2\" is not supported for GRPCRoute; use \
+             \"gateway.networking.k8s.io/v1\""
+        );
+    }
 }
