@@ -65,7 +65,11 @@ fn validate_reports_rejections_and_warnings() {
 fn validate_clean_files_exit_0() {
     golden(
         "validate-basic",
-        &["validate", "-f", "../lib/translate/testdata/apisix/basic.in.yaml"],
+        &[
+            "validate",
+            "-f",
+            "../lib/translate/testdata/apisix/basic.in.yaml",
+        ],
         None,
     );
 }
@@ -73,7 +77,8 @@ fn validate_clean_files_exit_0() {
 #[test]
 fn validate_reads_stdin_and_names_bad_documents() {
     let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../lib/translate/testdata/load/load-errors.in.yaml"),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../lib/translate/testdata/load/load-errors.in.yaml"),
     )
     .unwrap();
     golden("validate-stdin", &["validate", "-f", "-"], Some(&text));

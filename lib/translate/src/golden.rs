@@ -60,7 +60,10 @@ pub fn cases(testdata: &Path) -> std::io::Result<Vec<Case>> {
         let family_name = file_name(&family);
         for file in std::fs::read_dir(&family)? {
             let input = file?.path();
-            let Some(name) = file_name(&input).strip_suffix(".in.yaml").map(str::to_owned) else {
+            let Some(name) = file_name(&input)
+                .strip_suffix(".in.yaml")
+                .map(str::to_owned)
+            else {
                 continue;
             };
             out.push(Case {

@@ -137,7 +137,11 @@ fn snapshots_satisfy_the_dataplane_invariants() {
         assert_ids(&id, "route", &route_ids);
         let up_ids: Vec<&str> = snap.upstreams.iter().map(|u| u.id.as_str()).collect();
         assert_ids(&id, "upstream", &up_ids);
-        let cert_ids: Vec<&str> = snap.tls_certificates.iter().map(|c| c.id.as_str()).collect();
+        let cert_ids: Vec<&str> = snap
+            .tls_certificates
+            .iter()
+            .map(|c| c.id.as_str())
+            .collect();
         assert_ids(&id, "certificate", &cert_ids);
 
         for r in &snap.routes {

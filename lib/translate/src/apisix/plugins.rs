@@ -70,49 +70,61 @@ pub(crate) fn plugin_list(
             );
             continue;
         }
-        let mut config = p.config.clone().unwrap_or_default();
-        if let Some(secret_name) = &p.secret_ref {
-            let field = format!("{field}.secretRef");
-            match secrets.get(&(ns, secret_name.as_str())) {
-                None => {
-                    problems.error(
-                        field,
-                        format!(
-                            "Secret {ns}/{secret_name} not found (the rule is rejected rather than served with an incomplete plugin config)"
-                        ),
-                    );
-                    continue;
-                }
-                Some(secret) => {
-                    if let Err(e) = merge_secret(&mut config, secret) {
-                        problems.error(field, format!("Secret {ns}/{secret_name}: {e}"));
-                        continue;
-                    }
-                }
-            }
-        }
-        let config = Value::Object(config);
-        let checked = match owner {
-            Owner::Consumer if sluice_plugin_config::is_auth(&p.name) => {
-                sluice_plugin_config::validate_consumer(&p.name, &config)
-            }
-            _ => sluice_plugin_config::validate(&p.name, &config),
-        };
-        if let Err(e) = checked {
-            let at = match e {
-                sluice_plugin_config::ConfigError::UnknownPlugin(_)
-                | sluice_plugin_config::ConfigError::Refused(_) => "name",
-                _ => "config",
-            };
-            problems.error(format!("{field}.{at}"), e.to_string());
+        let Some(config) = plugin_config(p, ns, &field, secrets, owner, problems) else {
             continue;
-        }
+        };
         out.push(v1::Plugin {
             name: p.name.clone(),
             config_json: json::canonical(&config),
         });
     }
     out
+}
+
+/// The config of plugin `p` (`field`), its `secretRef` merged in, validated; `None` (with
+/// the error in `problems`) when it is not usable.
+fn plugin_config(
+    p: &ApisixRoutePlugin,
+    ns: &str,
+    field: &str,
+    secrets: &Secrets<'_>,
+    owner: Owner,
+    problems: &mut Problems,
+) -> Option<Value> {
+    let mut config = p.config.clone().unwrap_or_default();
+    if let Some(secret_name) = &p.secret_ref {
+        let field = format!("{field}.secretRef");
+        let Some(secret) = secrets.get(&(ns, secret_name.as_str())) else {
+            problems.error(
+                field,
+                format!(
+                    "Secret {ns}/{secret_name} not found (the rule is rejected rather than served with an incomplete plugin config)"
+                ),
+            );
+            return None;
+        };
+        if let Err(e) = merge_secret(&mut config, secret) {
+            problems.error(field, format!("Secret {ns}/{secret_name}: {e}"));
+            return None;
+        }
+    }
+    let config = Value::Object(config);
+    let checked = match owner {
+        Owner::Consumer if sluice_plugin_config::is_auth(&p.name) => {
+            sluice_plugin_config::validate_consumer(&p.name, &config)
+        }
+        _ => sluice_plugin_config::validate(&p.name, &config),
+    };
+    if let Err(e) = checked {
+        let at = match e {
+            sluice_plugin_config::ConfigError::UnknownPlugin(_)
+            | sluice_plugin_config::ConfigError::Refused(_) => "name",
+            _ => "config",
+        };
+        problems.error(format!("{field}.{at}"), e.to_string());
+        return None;
+    }
+    Some(config)
 }
 
 /// Overrides `config` with the Secret's keys (`data`, then `stringData`, as the API server

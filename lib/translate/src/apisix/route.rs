@@ -5,18 +5,12 @@ use std::collections::{BTreeMap, HashMap};
 use sluice_crds::{ApisixRoute, ApisixRouteHttp, ApisixRouteHttpMatchExpr, ExprOp, ExprScope};
 use sluice_proto::v1;
 
+use super::plugins;
 use crate::Index;
-use crate::plugins;
+pub(crate) use crate::builder::RouteOutput;
 use crate::problems::Problems;
 use crate::upstream::{self, BackendRef, UpstreamObject};
 use crate::validate;
-
-/// What one accepted ApisixRoute contributes to the snapshot.
-#[derive(Debug, Default)]
-pub(crate) struct RouteOutput {
-    pub(crate) routes: Vec<v1::Route>,
-    pub(crate) upstreams: Vec<v1::Upstream>,
-}
 
 /// Translates one ApisixRoute. The output is only meaningful when `problems` holds no
 /// errors afterwards.
@@ -104,38 +98,7 @@ impl RuleCtx<'_, '_> {
             0
         });
 
-        if m.paths.is_empty() {
-            problems.error(self.f("match.paths"), "at least one path is required");
-        }
-        for (j, p) in m.paths.iter().enumerate() {
-            if let Err(e) = validate::path(p) {
-                problems.error(self.f(&format!("match.paths[{j}]")), e);
-            }
-        }
-        for (j, h) in m.hosts.iter().enumerate() {
-            if let Err(e) = validate::host(h) {
-                problems.error(self.f(&format!("match.hosts[{j}]")), e);
-            }
-        }
-        let mut remote_addrs = Vec::with_capacity(m.remote_addrs.len());
-        for (j, a) in m.remote_addrs.iter().enumerate() {
-            match validate::remote_addr(a) {
-                Ok(a) => remote_addrs.push(a),
-                Err(e) => problems.error(self.f(&format!("match.remoteAddrs[{j}]")), e),
-            }
-        }
-        let exprs: Vec<v1::Expr> = m
-            .exprs
-            .iter()
-            .enumerate()
-            .filter_map(|(j, e)| self.expr(j, e, problems))
-            .collect();
-        if m.filter_func.is_some() {
-            problems.error(
-                self.f("match.filter_func"),
-                "Lua filter functions are not supported",
-            );
-        }
+        let (remote_addrs, exprs) = self.match_(m, problems);
 
         let timeout = rule
             .timeout
@@ -149,19 +112,7 @@ impl RuleCtx<'_, '_> {
 
         let id = format!("{}/{}/{}", self.ns, self.name, rule.name);
         if problems.errors.len() == before {
-            let scope = crate::traffic_split::Scope {
-                ns: self.ns,
-                route_id: &id,
-                idx: self.idx,
-                aus: self.aus,
-            };
-            let origin = self.traffic_split_origin(rule);
-            upstreams.extend(crate::traffic_split::resolve(
-                &mut plugins,
-                &origin,
-                &scope,
-                problems,
-            ));
+            upstreams.extend(self.traffic_split(rule, &id, &mut plugins, problems));
         }
 
         if problems.errors.len() > before {
@@ -306,10 +257,10 @@ impl RuleCtx<'_, '_> {
 
     /// Where the rule's `traffic-split` comes from: its own `plugins` (which override the
     /// plugin config's), else its ApisixPluginConfig.
-    fn traffic_split_origin(&self, rule: &ApisixRouteHttp) -> crate::traffic_split::Origin {
+    fn traffic_split_origin(&self, rule: &ApisixRouteHttp) -> super::traffic_split::Origin {
         let name = <sluice_plugin_config::traffic_split::TrafficSplit as sluice_plugin_config::PluginSchema>::NAME;
         if let Some(j) = rule.plugins.iter().position(|p| p.name == name && p.enable) {
-            return crate::traffic_split::Origin::Rule(self.f(&format!("plugins[{j}].config")));
+            return super::traffic_split::Origin::Rule(self.f(&format!("plugins[{j}].config")));
         }
         let pc_ns = rule
             .plugin_config_namespace
@@ -322,13 +273,106 @@ impl RuleCtx<'_, '_> {
             .plugin_configs
             .get(&(pc_ns, pc_name))
             .and_then(|pc| pc.spec.plugins.iter().position(|p| p.name == name));
-        crate::traffic_split::Origin::PluginConfig {
+        super::traffic_split::Origin::PluginConfig {
             field: self.f("plugin_config_name"),
             what: format!(
                 "ApisixPluginConfig {pc_ns}/{pc_name} spec.plugins[{}].config",
                 j.unwrap_or(0)
             ),
         }
+    }
+
+    /// `match`: paths, hosts, remote addresses and exprs validated (`filter_func` is
+    /// refused); the remote addresses and exprs.
+    fn match_(
+        &self,
+        m: &sluice_crds::ApisixRouteHttpMatch,
+        problems: &mut Problems,
+    ) -> (Vec<String>, Vec<v1::Expr>) {
+        if m.paths.is_empty() {
+            problems.error(self.f("match.paths"), "at least one path is required");
+        }
+        for (j, p) in m.paths.iter().enumerate() {
+            if let Err(e) = validate::path(p) {
+                problems.error(self.f(&format!("match.paths[{j}]")), e);
+            }
+        }
+        for (j, h) in m.hosts.iter().enumerate() {
+            if let Err(e) = validate::host(h) {
+                problems.error(self.f(&format!("match.hosts[{j}]")), e);
+            }
+        }
+        let mut remote_addrs = Vec::with_capacity(m.remote_addrs.len());
+        for (j, a) in m.remote_addrs.iter().enumerate() {
+            match validate::remote_addr(a) {
+                Ok(a) => remote_addrs.push(a),
+                Err(e) => problems.error(self.f(&format!("match.remoteAddrs[{j}]")), e),
+            }
+        }
+        let exprs: Vec<v1::Expr> = m
+            .exprs
+            .iter()
+            .enumerate()
+            .filter_map(|(j, e)| self.expr(j, e, problems))
+            .collect();
+        if m.filter_func.is_some() {
+            problems.error(
+                self.f("match.filter_func"),
+                "Lua filter functions are not supported",
+            );
+        }
+        (remote_addrs, exprs)
+    }
+
+    /// The upstreams of the rule's `traffic-split` plugin (its config rewritten to carry
+    /// snapshot upstream ids).
+    fn traffic_split(
+        &self,
+        rule: &ApisixRouteHttp,
+        id: &str,
+        plugins: &mut [v1::Plugin],
+        problems: &mut Problems,
+    ) -> Vec<v1::Upstream> {
+        let scope = super::traffic_split::Scope {
+            ns: self.ns,
+            route_id: id,
+            idx: self.idx,
+            aus: self.aus,
+        };
+        let origin = self.traffic_split_origin(rule);
+        super::traffic_split::resolve(plugins, &origin, &scope, problems)
+    }
+
+    /// `upstreams[j]`: the weight and the upstream of the external nodes of an
+    /// ApisixUpstream; `None` (with an error) when it is not usable.
+    fn external_upstream(
+        &self,
+        j: usize,
+        u: &sluice_crds::ApisixRouteUpstreamReference,
+        problems: &mut Problems,
+    ) -> Option<(u32, v1::Upstream)> {
+        let field = self.f(&format!("upstreams[{j}]"));
+        let Ok(weight) = u32::try_from(u.weight_or_default()) else {
+            problems.error(format!("{field}.weight"), "must not be negative");
+            return None;
+        };
+        if u.name.is_empty() {
+            problems.error(format!("{field}.name"), "must not be empty");
+            return None;
+        }
+        let message = match self.aus.get(&(self.ns, u.name.as_str())) {
+            None => format!("ApisixUpstream {}/{} not found", self.ns, u.name),
+            Some(Err(())) => format!(
+                "ApisixUpstream {}/{} is invalid (see its status)",
+                self.ns, u.name
+            ),
+            Some(Ok(au)) => match au.external_upstream(self.ns, &u.name) {
+                Some(up) => return Some((weight, up)),
+                None => format!("ApisixUpstream {}/{} has no externalNodes", self.ns, u.name),
+            },
+        };
+        problems.error(format!("{field}.name"), message);
+        None
     }
 
     fn backends(
@@ -369,49 +413,13 @@ impl RuleCtx<'_, '_> {
             }
         }
         for (j, u) in rule.upstreams.iter().enumerate() {
-            let field = self.f(&format!("upstreams[{j}]"));
-            let Ok(weight) = u32::try_from(u.weight_or_default()) else {
-                problems.error(format!("{field}.weight"), "must not be negative");
-                continue;
-            };
-            if u.name.is_empty() {
-                problems.error(format!("{field}.name"), "must not be empty");
-                continue;
+            if let Some((weight, up)) = self.external_upstream(j, u, problems) {
+                backends.push(v1::Backend {
+                    upstream_id: up.id.clone(),
+                    weight,
+                });
+                upstreams.push(up);
             }
-            let up = match self.aus.get(&(self.ns, u.name.as_str())) {
-                None => {
-                    problems.error(
-                        format!("{field}.name"),
-                        format!("ApisixUpstream {}/{} not found", self.ns, u.name),
-                    );
-                    continue;
-                }
-                Some(Err(())) => {
-                    problems.error(
-                        format!("{field}.name"),
-                        format!(
-                            "ApisixUpstream {}/{} is invalid (see its status)",
-                            self.ns, u.name
-                        ),
-                    );
-                    continue;
-                }
-                Some(Ok(au)) => match au.external_upstream(self.ns, &u.name) {
-                    Some(up) => up,
-                    None => {
-                        problems.error(
-                            format!("{field}.name"),
-                            format!("ApisixUpstream {}/{} has no externalNodes", self.ns, u.name),
-                        );
-                        continue;
-                    }
-                },
-            };
-            backends.push(v1::Backend {
-                upstream_id: up.id.clone(),
-                weight,
-            });
-            upstreams.push(up);
         }
         if !backends.is_empty() && backends.iter().all(|b| b.weight == 0) {
             problems.error(

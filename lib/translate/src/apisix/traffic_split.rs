@@ -261,36 +261,8 @@ fn service(
     upstream::service_upstream(&r, scope.idx, scope.aus, problems)
 }
 
-fn inline_upstream(
-    id: String,
-    inline: &InlineUpstream,
-    sub: &str,
-    origin: &Origin,
-    scope: &Scope<'_, '_>,
-    problems: &mut Problems,
-) -> Option<v1::Upstream> {
-    let before = problems.errors.len();
-    let nodes = match inline.nodes() {
-        Ok(n) => n,
-        Err(e) => {
-            origin.error(problems, &format!("{sub}.{}", e.field), e.reason);
-            return None;
-        }
-    };
-    let mut endpoints = Vec::with_capacity(nodes.len());
-    for n in nodes {
-        if let Err(e) = crate::validate::node_host(&n.host) {
-            origin.error(problems, &format!("{sub}.nodes"), e);
-            continue;
-        }
-        endpoints.push(v1::Endpoint {
-            host: n.host,
-            port: u32::from(n.port),
-            weight: n.weight,
-        });
-    }
-    // The inline fields in the ApisixUpstream shape, so they are checked and applied exactly
-    // as an ApisixUpstream's are.
+/// The settings of an inline upstream as an ApisixUpstream `spec` would write them.
+fn apisix_upstream_shape(inline: &InlineUpstream) -> Map<String, Value> {
     let mut lb = Map::new();
     if let Some(t) = &inline.type_ {
         lb.insert("type".into(), json!(t));
@@ -327,6 +299,40 @@ fn inline_upstream(
     if let Some(h) = &inline.upstream_host {
         c.insert("upstreamHost".into(), json!(h));
     }
+    c
+}
+
+fn inline_upstream(
+    id: String,
+    inline: &InlineUpstream,
+    sub: &str,
+    origin: &Origin,
+    scope: &Scope<'_, '_>,
+    problems: &mut Problems,
+) -> Option<v1::Upstream> {
+    let before = problems.errors.len();
+    let nodes = match inline.nodes() {
+        Ok(n) => n,
+        Err(e) => {
+            origin.error(problems, &format!("{sub}.{}", e.field), e.reason);
+            return None;
+        }
+    };
+    let mut endpoints = Vec::with_capacity(nodes.len());
+    for n in nodes {
+        if let Err(e) = crate::validate::node_host(&n.host) {
+            origin.error(problems, &format!("{sub}.nodes"), e);
+            continue;
+        }
+        endpoints.push(v1::Endpoint {
+            host: n.host,
+            port: u32::from(n.port),
+            weight: n.weight,
+        });
+    }
+    // The inline fields in the ApisixUpstream shape, so they are checked and applied exactly
+    // as an ApisixUpstream's are.
+    let c = apisix_upstream_shape(inline);
     let config: ApisixUpstreamConfig = match serde_json::from_value(Value::Object(c)) {
         Ok(c) => c,
         Err(e) => {

@@ -251,39 +251,12 @@ fn http_match(m: &sluice_crds::gateway::HttpRouteMatch, field: &str) -> Result<M
         .and_then(|p| p.value.as_deref())
         .unwrap_or("/");
     let pf = format!("{field}.path");
-    let mut exprs = Vec::new();
-    let mut prefix = None;
-    let (paths, rank_path) = match path_type {
-        "Exact" => {
-            if value.contains('*') {
-                return Err(format!("{pf}.value: `*` in an Exact path is not supported"));
-            }
-            (vec![value.to_owned()], RANK_EXACT)
-        }
-        "PathPrefix" => {
-            if value.contains('*') {
-                return Err(format!("{pf}.value: `*` in a PathPrefix is not supported"));
-            }
-            let base = value.trim_end_matches('/');
-            prefix = Some(base.to_owned());
-            if base.is_empty() {
-                (vec!["/*".to_owned()], RANK_PREFIX)
-            } else {
-                (vec![base.to_owned(), format!("{base}/*")], RANK_PREFIX)
-            }
-        }
-        "RegularExpression" => {
-            let e = expr(v1::ExprScope::Path, "", true, value);
-            check_expr(&e, &pf)?;
-            exprs.push(e);
-            (vec!["/*".to_owned()], RANK_REGEX)
-        }
-        other => {
-            return Err(format!(
-                "{pf}.type: {other} is not supported (Exact, PathPrefix, RegularExpression)"
-            ));
-        }
-    };
+    let HttpPath {
+        paths,
+        rank_path,
+        prefix,
+        mut exprs,
+    } = http_path(path_type, value, &pf)?;
     for p in &paths {
         crate::validate::path(p).map_err(|m| format!("{pf}.value: {m}"))?;
     }
@@ -295,23 +268,9 @@ fn http_match(m: &sluice_crds::gateway::HttpRouteMatch, field: &str) -> Result<M
     )?;
     let n_headers = headers.len();
     exprs.extend(headers);
-    let mut seen = BTreeSet::new();
-    let mut queries = 0;
-    for (k, q) in m.query_params.iter().enumerate() {
-        let f = format!("{field}.queryParams[{k}]");
-        if !seen.insert(q.name.as_str()) {
-            continue;
-        }
-        let e = expr(
-            v1::ExprScope::Query,
-            &q.name,
-            match_type(q.type_.as_deref(), &f)?,
-            &q.value,
-        );
-        check_expr(&e, &f)?;
-        exprs.push(e);
-        queries += 1;
-    }
+    let queries = query_exprs(m, field)?;
+    let n_queries = queries.len();
+    exprs.extend(queries);
     let methods = match m.method.as_deref() {
         None => Vec::new(),
         Some(mth) if METHODS.contains(&mth) => vec![mth.to_owned()],
@@ -324,8 +283,83 @@ fn http_match(m: &sluice_crds::gateway::HttpRouteMatch, field: &str) -> Result<M
         prefix,
         rank_path,
         headers: n_headers,
-        queries,
+        queries: n_queries,
     })
+}
+
+/// What an HTTPRoute path match becomes.
+struct HttpPath {
+    paths: Vec<String>,
+    rank_path: u8,
+    /// The prefix of a `PathPrefix` match, without a trailing `/`.
+    prefix: Option<String>,
+    /// The path regex of a `RegularExpression` match.
+    exprs: Vec<v1::Expr>,
+}
+
+/// The router paths of a path match of `path_type` and `value` (`pf`: its field).
+fn http_path(path_type: &str, value: &str, pf: &str) -> Result<HttpPath, String> {
+    let mut out = HttpPath {
+        paths: vec!["/*".to_owned()],
+        rank_path: RANK_PREFIX,
+        prefix: None,
+        exprs: Vec::new(),
+    };
+    match path_type {
+        "Exact" => {
+            if value.contains('*') {
+                return Err(format!("{pf}.value: `*` in an Exact path is not supported"));
+            }
+            out.paths = vec![value.to_owned()];
+            out.rank_path = RANK_EXACT;
+        }
+        "PathPrefix" => {
+            if value.contains('*') {
+                return Err(format!("{pf}.value: `*` in a PathPrefix is not supported"));
+            }
+            let base = value.trim_end_matches('/');
+            out.prefix = Some(base.to_owned());
+            if !base.is_empty() {
+                out.paths = vec![base.to_owned(), format!("{base}/*")];
+            }
+        }
+        "RegularExpression" => {
+            let e = expr(v1::ExprScope::Path, "", true, value);
+            check_expr(&e, pf)?;
+            out.exprs.push(e);
+            out.rank_path = RANK_REGEX;
+        }
+        other => {
+            return Err(format!(
+                "{pf}.type: {other} is not supported (Exact, PathPrefix, RegularExpression)"
+            ));
+        }
+    }
+    Ok(out)
+}
+
+/// The exprs of `queryParams` (the first of each name).
+fn query_exprs(
+    m: &sluice_crds::gateway::HttpRouteMatch,
+    field: &str,
+) -> Result<Vec<v1::Expr>, String> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for (k, q) in m.query_params.iter().enumerate() {
+        let f = format!("{field}.queryParams[{k}]");
+        if !seen.insert(q.name.as_str()) {
+            continue;
+        }
+        let e = expr(
+            v1::ExprScope::Query,
+            &q.name,
+            match_type(q.type_.as_deref(), &f)?,
+            &q.value,
+        );
+        check_expr(&e, &f)?;
+        out.push(e);
+    }
+    Ok(out)
 }
 
 fn grpc_match(m: &sluice_crds::gateway::GrpcRouteMatch, field: &str) -> Result<Match, String> {
@@ -458,61 +492,7 @@ fn plugins(
     listener_port: Option<(u16, bool)>,
 ) -> Result<Vec<v1::Plugin>, String> {
     let mut out = Vec::new();
-    let prefix_pairs =
-        |p: &HttpPathModifier, what: &str| -> Result<Option<(String, String)>, String> {
-            match p.type_.as_str() {
-                "ReplaceFullPath" => Ok(None),
-                "ReplacePrefixMatch" => {
-                    let Some(prefix) = &m.prefix else {
-                        return Err(format!(
-                            "{field}.{what}.path: ReplacePrefixMatch needs a PathPrefix match"
-                        ));
-                    };
-                    let to = p.replace_prefix_match.as_deref().unwrap_or("/");
-                    Ok(Some((
-                        regex::escape(prefix),
-                        to.trim_end_matches('/').to_owned(),
-                    )))
-                }
-                other => Err(format!(
-                    "{field}.{what}.path.type: {other} is not supported"
-                )),
-            }
-        };
-    let mut rewrite = serde_json::Map::new();
-    if let Some(h) = f.request_headers.and_then(header_ops) {
-        rewrite.insert("headers".into(), h);
-    }
-    if let Some(rw) = f.rewrite {
-        if let Some(h) = &rw.hostname {
-            rewrite.insert("host".into(), json!(h));
-        }
-        if let Some(p) = &rw.path {
-            match prefix_pairs(p, "urlRewrite")? {
-                None => {
-                    let full = p.replace_full_path.as_deref().unwrap_or("/");
-                    rewrite.insert("uri".into(), json!(literal(full)));
-                }
-                Some((prefix, to)) => {
-                    let to = literal(&to);
-                    let exact_to = if to.is_empty() {
-                        "/".to_owned()
-                    } else {
-                        to.clone()
-                    };
-                    rewrite.insert(
-                        "regex_uri".into(),
-                        json!([
-                            format!("^{prefix}$"),
-                            exact_to,
-                            format!("^{prefix}(/.*)$"),
-                            format!("{to}$1"),
-                        ]),
-                    );
-                }
-            }
-        }
-    }
+    let rewrite = proxy_rewrite(f, m, field)?;
     if !rewrite.is_empty() {
         out.push(plugin("proxy-rewrite", &Value::Object(rewrite), field)?);
     }
@@ -520,51 +500,136 @@ fn plugins(
         out.push(plugin("response-rewrite", &json!({ "headers": h }), field)?);
     }
     if let Some(r) = f.redirect {
-        let code = r.status_code.unwrap_or(302);
-        let scheme = r.scheme.as_deref();
-        let mut target = match scheme {
-            Some(s @ ("http" | "https")) => format!("{s}://"),
-            Some(other) => {
-                return Err(format!(
-                    "{field}.requestRedirect.scheme: {other} is not supported (http, https)"
-                ));
-            }
-            None => "$scheme://".to_owned(),
-        };
-        target.push_str(&r.hostname.as_deref().map_or("$host".to_owned(), literal));
-        // The port: dropped when it is the scheme's well-known one. Without port and scheme,
-        // the listener's port (on shared ports always the well-known one of its scheme).
-        let port = match (r.port, scheme, listener_port) {
-            (Some(p), _, _) => Some((p, scheme.map(|s| s == "https"))),
-            (None, None, Some((p, https))) => Some((i32::from(p), Some(https))),
-            _ => None,
-        };
-        if let Some((port, https)) = port {
-            let well_known = matches!((https, port), (Some(false), 80) | (Some(true), 443));
-            if !well_known {
-                target.push_str(&format!(":{port}"));
-            }
-        }
-        let config = match &r.path {
-            None => {
-                json!({"uri": format!("{target}$uri"), "ret_code": code, "append_query_string": true})
-            }
-            Some(p) => match prefix_pairs(p, "requestRedirect")? {
-                None => json!({
-                    "uri": format!("{target}{}", literal(p.replace_full_path.as_deref().unwrap_or("/"))),
-                    "ret_code": code,
-                    "append_query_string": true,
-                }),
-                Some((prefix, to)) => json!({
-                    "regex_uri": [format!("^{prefix}(/.*)?$"), format!("{target}{}$1", literal(&to))],
-                    "ret_code": code,
-                    "append_query_string": true,
-                }),
-            },
-        };
+        let config = redirect(r, m, field, listener_port)?;
         out.push(plugin("redirect", &config, field)?);
     }
     Ok(out)
+}
+
+/// For a path modifier of `what` (`urlRewrite`, `requestRedirect`): `None` for
+/// `ReplaceFullPath`, the escaped prefix of the match and its replacement for
+/// `ReplacePrefixMatch`.
+fn prefix_pairs(
+    m: &Match,
+    field: &str,
+    p: &HttpPathModifier,
+    what: &str,
+) -> Result<Option<(String, String)>, String> {
+    match p.type_.as_str() {
+        "ReplaceFullPath" => Ok(None),
+        "ReplacePrefixMatch" => {
+            let Some(prefix) = &m.prefix else {
+                return Err(format!(
+                    "{field}.{what}.path: ReplacePrefixMatch needs a PathPrefix match"
+                ));
+            };
+            let to = p.replace_prefix_match.as_deref().unwrap_or("/");
+            Ok(Some((
+                regex::escape(prefix),
+                to.trim_end_matches('/').to_owned(),
+            )))
+        }
+        other => Err(format!(
+            "{field}.{what}.path.type: {other} is not supported"
+        )),
+    }
+}
+
+/// The `proxy-rewrite` config of the request header modifier and the URL rewrite; empty
+/// when there is none.
+fn proxy_rewrite(
+    f: &Filters<'_>,
+    m: &Match,
+    field: &str,
+) -> Result<serde_json::Map<String, Value>, String> {
+    let mut rewrite = serde_json::Map::new();
+    if let Some(h) = f.request_headers.and_then(header_ops) {
+        rewrite.insert("headers".into(), h);
+    }
+    let Some(rw) = f.rewrite else {
+        return Ok(rewrite);
+    };
+    if let Some(h) = &rw.hostname {
+        rewrite.insert("host".into(), json!(h));
+    }
+    if let Some(p) = &rw.path {
+        match prefix_pairs(m, field, p, "urlRewrite")? {
+            None => {
+                let full = p.replace_full_path.as_deref().unwrap_or("/");
+                rewrite.insert("uri".into(), json!(literal(full)));
+            }
+            Some((prefix, to)) => {
+                let to = literal(&to);
+                let exact_to = if to.is_empty() {
+                    "/".to_owned()
+                } else {
+                    to.clone()
+                };
+                rewrite.insert(
+                    "regex_uri".into(),
+                    json!([
+                        format!("^{prefix}$"),
+                        exact_to,
+                        format!("^{prefix}(/.*)$"),
+                        format!("{to}$1"),
+                    ]),
+                );
+            }
+        }
+    }
+    Ok(rewrite)
+}
+
+/// The `redirect` config of a request redirect.
+fn redirect(
+    r: &HttpRequestRedirectFilter,
+    m: &Match,
+    field: &str,
+    listener_port: Option<(u16, bool)>,
+) -> Result<Value, String> {
+    let code = r.status_code.unwrap_or(302);
+    let scheme = r.scheme.as_deref();
+    let mut target = match scheme {
+        Some(s @ ("http" | "https")) => format!("{s}://"),
+        Some(other) => {
+            return Err(format!(
+                "{field}.requestRedirect.scheme: {other} is not supported (http, https)"
+            ));
+        }
+        None => "$scheme://".to_owned(),
+    };
+    target.push_str(&r.hostname.as_deref().map_or("$host".to_owned(), literal));
+    // The port: dropped when it is the scheme's well-known one. Without port and scheme,
+    // the listener's port (on shared ports always the well-known one of its scheme).
+    let port = match (r.port, scheme, listener_port) {
+        (Some(p), _, _) => Some((p, scheme.map(|s| s == "https"))),
+        (None, None, Some((p, https))) => Some((i32::from(p), Some(https))),
+        _ => None,
+    };
+    if let Some((port, https)) = port {
+        let well_known = matches!((https, port), (Some(false), 80) | (Some(true), 443));
+        if !well_known {
+            target.push_str(&format!(":{port}"));
+        }
+    }
+    let config = match &r.path {
+        None => {
+            json!({"uri": format!("{target}$uri"), "ret_code": code, "append_query_string": true})
+        }
+        Some(p) => match prefix_pairs(m, field, p, "requestRedirect")? {
+            None => json!({
+                "uri": format!("{target}{}", literal(p.replace_full_path.as_deref().unwrap_or("/"))),
+                "ret_code": code,
+                "append_query_string": true,
+            }),
+            Some((prefix, to)) => json!({
+                "regex_uri": [format!("^{prefix}(/.*)?$"), format!("{target}{}$1", literal(&to))],
+                "ret_code": code,
+                "append_query_string": true,
+            }),
+        },
+    };
+    Ok(config)
 }
 
 impl Ctx<'_, '_> {
@@ -577,43 +642,12 @@ impl Ctx<'_, '_> {
         unresolved: &mut Vec<(&'static str, String)>,
         websocket: &mut bool,
     ) -> Option<v1::Upstream> {
-        let group = b.group.as_deref().unwrap_or("");
-        let kind = b.kind.as_deref().unwrap_or("Service");
-        if !group.is_empty() || kind != "Service" {
-            unresolved.push((
-                reason::INVALID_KIND,
-                format!("{field}: {group}/{kind} is not a supported backend kind (core Service)"),
-            ));
-            return None;
-        }
-        let ns = b.namespace.as_deref().unwrap_or(route.ns);
-        if ns != route.ns
-            && !granted(
-                self.grants,
-                route.kind.as_str(),
-                route.ns,
-                "",
-                "Service",
-                ns,
-                &b.name,
-            )
-        {
-            unresolved.push((
-                reason::REF_NOT_PERMITTED,
-                format!(
-                    "{field}: Service {ns}/{} is in another namespace and no ReferenceGrant there \
-                     allows it",
-                    b.name
-                ),
-            ));
-            return None;
-        }
-        let Some(port) = b.port else {
-            unresolved.push((
-                reason::BACKEND_NOT_FOUND,
-                format!("{field}.port: required for a Service"),
-            ));
-            return None;
+        let (ns, port) = match self.backend_ref(b, route, field) {
+            Ok(found) => found,
+            Err(refused) => {
+                unresolved.push(refused);
+                return None;
+            }
         };
         let port = IntOrString::Int(port);
         let r = BackendRef {
@@ -628,17 +662,12 @@ impl Ctx<'_, '_> {
         let mut problems = Problems::default();
         let up = upstream::service_upstream(&r, self.idx, self.aus, &mut problems);
         if !problems.is_valid() || !problems.unresolved.is_empty() {
+            let errors = problems.errors.into_iter();
+            let unresolved_refs = problems.unresolved.into_iter().map(|(_, m)| m);
             unresolved.extend(
-                problems
-                    .errors
-                    .into_iter()
-                    .map(|m| (reason::BACKEND_NOT_FOUND, m))
-                    .chain(
-                        problems
-                            .unresolved
-                            .into_iter()
-                            .map(|(_, m)| (reason::BACKEND_NOT_FOUND, m)),
-                    ),
+                errors
+                    .chain(unresolved_refs)
+                    .map(|m| (reason::BACKEND_NOT_FOUND, m)),
             );
             return None;
         }
@@ -648,30 +677,9 @@ impl Ctx<'_, '_> {
             .services
             .get(&(ns, b.name.as_str()))
             .and_then(|svc| upstream::find_port(svc, &port));
-        // NB: fail closed: TLS to the backend is not implemented yet, and sending plain text
-        // where a BackendTLSPolicy asks for TLS would expose the traffic.
         let port_name = svc_port.and_then(|p| p.name.as_deref());
-        let policy = self.tls_policies.iter().find(|p| {
-            crate::key(&p.metadata).0 == ns
-                && p.spec.target_refs.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == "Service"
-                        && t.name == b.name
-                        && t.section_name
-                            .as_deref()
-                            .is_none_or(|s| Some(s) == port_name)
-                })
-        });
-        if let Some(policy) = policy {
-            unresolved.push((
-                reason::UNSUPPORTED_PROTOCOL,
-                format!(
-                    "{field}: BackendTLSPolicy {ns}/{} asks for TLS to Service {ns}/{}, which \
-                     Sluice does not support yet (the backend is not used)",
-                    policy.metadata.name.as_deref().unwrap_or_default(),
-                    b.name
-                ),
-            ));
+        if let Some(refused) = self.tls_policy(ns, b, port_name, field) {
+            unresolved.push(refused);
             return None;
         }
         let app_protocol = svc_port.and_then(|p| p.app_protocol.as_deref());
@@ -689,6 +697,75 @@ impl Ctx<'_, '_> {
             };
         }
         Some(up)
+    }
+
+    /// The namespace and port of a backendRef to a core Service the route may refer to;
+    /// `Err` is (reason, message) for `ResolvedRefs`.
+    fn backend_ref<'b>(
+        &self,
+        b: &'b BackendObjectReference,
+        route: &RouteInput<'b>,
+        field: &str,
+    ) -> Result<(&'b str, i32), (&'static str, String)> {
+        let group = b.group.as_deref().unwrap_or("");
+        let kind = b.kind.as_deref().unwrap_or("Service");
+        if !group.is_empty() || kind != "Service" {
+            return Err((
+                reason::INVALID_KIND,
+                format!("{field}: {group}/{kind} is not a supported backend kind (core Service)"),
+            ));
+        }
+        let ns = b.namespace.as_deref().unwrap_or(route.ns);
+        let kind = route.kind.as_str();
+        if ns != route.ns && !granted(self.grants, kind, route.ns, "", "Service", ns, &b.name) {
+            return Err((
+                reason::REF_NOT_PERMITTED,
+                format!(
+                    "{field}: Service {ns}/{} is in another namespace and no ReferenceGrant there \
+                     allows it",
+                    b.name
+                ),
+            ));
+        }
+        let Some(port) = b.port else {
+            return Err((
+                reason::BACKEND_NOT_FOUND,
+                format!("{field}.port: required for a Service"),
+            ));
+        };
+        Ok((ns, port))
+    }
+
+    /// Why a BackendTLSPolicy for the Service port refuses the backend, if one does.
+    // NB: fail closed: TLS to the backend is not implemented yet, and sending plain text
+    // where a BackendTLSPolicy asks for TLS would expose the traffic.
+    fn tls_policy(
+        &self,
+        ns: &str,
+        b: &BackendObjectReference,
+        port_name: Option<&str>,
+        field: &str,
+    ) -> Option<(&'static str, String)> {
+        let policy = self.tls_policies.iter().find(|p| {
+            crate::key(&p.metadata).0 == ns
+                && p.spec.target_refs.iter().any(|t| {
+                    t.group.is_empty()
+                        && t.kind == "Service"
+                        && t.name == b.name
+                        && t.section_name
+                            .as_deref()
+                            .is_none_or(|s| Some(s) == port_name)
+                })
+        })?;
+        Some((
+            reason::UNSUPPORTED_PROTOCOL,
+            format!(
+                "{field}: BackendTLSPolicy {ns}/{} asks for TLS to Service {ns}/{}, which \
+                 Sluice does not support yet (the backend is not used)",
+                policy.metadata.name.as_deref().unwrap_or_default(),
+                b.name
+            ),
+        ))
     }
 }
 
@@ -781,109 +858,203 @@ pub(crate) fn translate_rules(
     schemes: &BTreeMap<Slot, Option<BTreeSet<String>>>,
     ctx: &Ctx<'_, '_>,
 ) -> Translated {
-    let mut entries = Vec::new();
-    let mut upstreams = Vec::new();
-    let mut unresolved: Vec<(&'static str, String)> = Vec::new();
-    let mut rule_problems: Vec<String> = Vec::new();
-    let mut valid_rules = 0;
     let (ns, name) = (route.ns, route.name);
-    let no_backend_id = format!("{ns}/{name}/{}-no-backend", route.id_prefix());
-    let mut no_backend_used = false;
-    let created = route
-        .meta
-        .creation_timestamp
-        .as_ref()
-        .map(|t| t.0.as_second());
-
-    let variants = variants(schemes);
-
+    let mut b = RulesBuild {
+        route,
+        ctx,
+        variants: variants(schemes),
+        no_backend_id: format!("{ns}/{name}/{}-no-backend", route.id_prefix()),
+        no_backend_used: false,
+        created: route
+            .meta
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0.as_second()),
+        entries: Vec::new(),
+        upstreams: Vec::new(),
+        unresolved: Vec::new(),
+        rule_problems: Vec::new(),
+        valid_rules: 0,
+    };
     let rule_count = match route.rules {
         Rules::Http(r) => r.len(),
         Rules::Grpc(r) => r.len(),
     };
     for i in 0..rule_count {
+        b.rule(i);
+    }
+    b.finish(rule_count)
+}
+
+/// The parts of one rule, read from an HTTPRoute or a GRPCRoute rule.
+#[derive(Default)]
+struct RuleParts<'r> {
+    filters: Filters<'r>,
+    matches: Vec<Result<Match, String>>,
+    /// (backend, weight, whether it has filters of its own).
+    backend_refs: Vec<(&'r BackendObjectReference, i32, bool)>,
+}
+
+/// The parts of HTTPRoute rule `rule` (`field`); unsupported settings go into `problems`.
+fn http_rule_parts<'r>(
+    rule: &'r HttpRouteRule,
+    field: &str,
+    problems: &mut Vec<String>,
+) -> RuleParts<'r> {
+    let mut parts = RuleParts::default();
+    let filters = &mut parts.filters;
+    for (k, f) in rule.filters.iter().enumerate() {
+        let ff = format!("{field}.filters[{k}]");
+        match f.type_.as_str() {
+            "RequestHeaderModifier" => filters.request_headers = f.request_header_modifier.as_ref(),
+            "ResponseHeaderModifier" => {
+                filters.response_headers = f.response_header_modifier.as_ref()
+            }
+            "RequestRedirect" => filters.redirect = f.request_redirect.as_ref(),
+            "URLRewrite" => filters.rewrite = f.url_rewrite.as_ref(),
+            "RequestMirror" if filters.mirror.is_some() => problems.push(format!(
+                "{ff}: only one RequestMirror per rule is supported"
+            )),
+            "RequestMirror" => filters.mirror = f.request_mirror.as_ref(),
+            other => problems.push(format!("{ff}: {other} filters are not supported")),
+        }
+    }
+    if rule.timeouts.is_some() {
+        problems.push(format!(
+            "{field}.timeouts: not supported (the snapshot has no request deadline)"
+        ));
+    }
+    if rule.matches.is_empty() {
+        parts.matches.push(http_match(
+            &Default::default(),
+            &format!("{field}.matches[0]"),
+        ));
+    }
+    for (j, m) in rule.matches.iter().enumerate() {
+        parts
+            .matches
+            .push(http_match(m, &format!("{field}.matches[{j}]")));
+    }
+    for b in &rule.backend_refs {
+        let entry = (&b.backend, b.weight.unwrap_or(1), !b.filters.is_empty());
+        parts.backend_refs.push(entry);
+    }
+    parts
+}
+
+/// The parts of GRPCRoute rule `rule` (`field`); unsupported settings go into `problems`.
+fn grpc_rule_parts<'r>(
+    rule: &'r GrpcRouteRule,
+    field: &str,
+    problems: &mut Vec<String>,
+) -> RuleParts<'r> {
+    let mut parts = RuleParts::default();
+    let filters = &mut parts.filters;
+    for (k, f) in rule.filters.iter().enumerate() {
+        let ff = format!("{field}.filters[{k}]");
+        match f.type_.as_str() {
+            "RequestHeaderModifier" => filters.request_headers = f.request_header_modifier.as_ref(),
+            "ResponseHeaderModifier" => {
+                filters.response_headers = f.response_header_modifier.as_ref()
+            }
+            "RequestMirror" => problems.push(format!(
+                "{ff}: RequestMirror is not supported on a GRPCRoute (mirrors speak HTTP/1.1)"
+            )),
+            other => problems.push(format!("{ff}: {other} filters are not supported")),
+        }
+    }
+    if rule.matches.is_empty() {
+        parts.matches.push(grpc_match(
+            &Default::default(),
+            &format!("{field}.matches[0]"),
+        ));
+    }
+    for (j, m) in rule.matches.iter().enumerate() {
+        parts
+            .matches
+            .push(grpc_match(m, &format!("{field}.matches[{j}]")));
+    }
+    for b in &rule.backend_refs {
+        let entry = (&b.backend, b.weight.unwrap_or(1), !b.filters.is_empty());
+        parts.backend_refs.push(entry);
+    }
+    parts
+}
+
+/// The rules of one route while they are translated.
+struct RulesBuild<'b, 'r> {
+    route: &'b RouteInput<'r>,
+    ctx: &'b Ctx<'b, 'b>,
+    variants: Vec<Variant>,
+    /// The upstream without endpoints the routes of rules without a valid backend use.
+    no_backend_id: String,
+    no_backend_used: bool,
+    /// The route's `creationTimestamp` in seconds.
+    created: Option<i64>,
+    entries: Vec<Entry>,
+    upstreams: Vec<v1::Upstream>,
+    unresolved: Vec<(&'static str, String)>,
+    rule_problems: Vec<String>,
+    valid_rules: usize,
+}
+
+impl RulesBuild<'_, '_> {
+    /// Rule `i`: its entries when it has no problem, else its problems.
+    fn rule(&mut self, i: usize) {
         let field = format!("spec.rules[{i}]");
         let mut problems: Vec<String> = Vec::new();
-        let mut filters = Filters::default();
-        let mut matches: Vec<Result<Match, String>> = Vec::new();
-        let mut backend_refs: Vec<(&BackendObjectReference, i32, bool)> = Vec::new();
-        match route.rules {
-            Rules::Http(rules) => {
-                let rule = &rules[i];
-                for (k, f) in rule.filters.iter().enumerate() {
-                    let ff = format!("{field}.filters[{k}]");
-                    match f.type_.as_str() {
-                        "RequestHeaderModifier" => {
-                            filters.request_headers = f.request_header_modifier.as_ref()
-                        }
-                        "ResponseHeaderModifier" => {
-                            filters.response_headers = f.response_header_modifier.as_ref()
-                        }
-                        "RequestRedirect" => filters.redirect = f.request_redirect.as_ref(),
-                        "URLRewrite" => filters.rewrite = f.url_rewrite.as_ref(),
-                        "RequestMirror" if filters.mirror.is_some() => problems.push(format!(
-                            "{ff}: only one RequestMirror per rule is supported"
-                        )),
-                        "RequestMirror" => filters.mirror = f.request_mirror.as_ref(),
-                        other => problems.push(format!("{ff}: {other} filters are not supported")),
-                    }
-                }
-                if rule.timeouts.is_some() {
-                    problems.push(format!(
-                        "{field}.timeouts: not supported (the snapshot has no request deadline)"
-                    ));
-                }
-                if rule.matches.is_empty() {
-                    matches.push(http_match(
-                        &Default::default(),
-                        &format!("{field}.matches[0]"),
-                    ));
-                }
-                for (j, m) in rule.matches.iter().enumerate() {
-                    matches.push(http_match(m, &format!("{field}.matches[{j}]")));
-                }
-                for b in &rule.backend_refs {
-                    backend_refs.push((&b.backend, b.weight.unwrap_or(1), !b.filters.is_empty()));
-                }
-            }
-            Rules::Grpc(rules) => {
-                let rule = &rules[i];
-                for (k, f) in rule.filters.iter().enumerate() {
-                    let ff = format!("{field}.filters[{k}]");
-                    match f.type_.as_str() {
-                        "RequestHeaderModifier" => filters.request_headers = f.request_header_modifier.as_ref(),
-                        "ResponseHeaderModifier" => filters.response_headers = f.response_header_modifier.as_ref(),
-                        "RequestMirror" => problems.push(format!("{ff}: RequestMirror is not supported on a GRPCRoute (mirrors speak HTTP/1.1)")),
-                        other => problems.push(format!("{ff}: {other} filters are not supported")),
-                    }
-                }
-                if rule.matches.is_empty() {
-                    matches.push(grpc_match(
-                        &Default::default(),
-                        &format!("{field}.matches[0]"),
-                    ));
-                }
-                for (j, m) in rule.matches.iter().enumerate() {
-                    matches.push(grpc_match(m, &format!("{field}.matches[{j}]")));
-                }
-                for b in &rule.backend_refs {
-                    backend_refs.push((&b.backend, b.weight.unwrap_or(1), !b.filters.is_empty()));
-                }
+        let parts = match self.route.rules {
+            Rules::Http(rules) => http_rule_parts(&rules[i], &field, &mut problems),
+            Rules::Grpc(rules) => grpc_rule_parts(&rules[i], &field, &mut problems),
+        };
+        // Backends (resolved even for a rule left out, so ResolvedRefs tells the whole story).
+        let (backends, websocket) = self.backends(&parts, &field, &mut problems);
+        let extra_plugins = self.extra_plugins(&parts.filters, &backends, &field, &mut problems);
+        let backends = self.with_no_backend(backends);
+        let rule = Rule {
+            i,
+            field: &field,
+            filters: &parts.filters,
+            backends: &backends,
+            extra_plugins: &extra_plugins,
+            websocket,
+        };
+        let mut rule_entries = Vec::new();
+        for (j, m) in parts.matches.into_iter().enumerate() {
+            match m.and_then(|m| self.match_entries(&rule, j, &m)) {
+                Ok(entries) => rule_entries.extend(entries),
+                Err(e) => problems.push(e),
             }
         }
+        if problems.is_empty() {
+            self.valid_rules += 1;
+            self.entries.extend(rule_entries);
+        } else {
+            self.rule_problems.extend(problems);
+        }
+    }
 
-        // Backends (resolved even for a rule left out, so ResolvedRefs tells the whole story).
+    /// The weighted backends of a rule (the upstreams into `self`), the weight of those that
+    /// are invalid, and whether one speaks WebSocket.
+    fn backends(
+        &mut self,
+        parts: &RuleParts<'_>,
+        field: &str,
+        problems: &mut Vec<String>,
+    ) -> ((Vec<v1::Backend>, u32), bool) {
         let mut backends = Vec::new();
         let mut invalid_weight: u32 = 0;
         let mut websocket = false;
-        for (k, (b, weight, has_filters)) in backend_refs.iter().enumerate() {
+        for (k, (b, weight, has_filters)) in parts.backend_refs.iter().enumerate() {
             let bf = format!("{field}.backendRefs[{k}]");
             if *has_filters {
                 problems.push(format!(
                     "{bf}.filters: filters on one backendRef are not supported"
                 ));
             }
-            let up = ctx.backend(b, route, &bf, &mut unresolved, &mut websocket);
+            let up = self
+                .ctx
+                .backend(b, self.route, &bf, &mut self.unresolved, &mut websocket);
             let weight = u32::try_from(*weight).unwrap_or(0);
             match up {
                 Some(up) if weight > 0 => {
@@ -891,135 +1062,158 @@ pub(crate) fn translate_rules(
                         upstream_id: up.id.clone(),
                         weight,
                     });
-                    upstreams.push(up);
+                    self.upstreams.push(up);
                 }
                 Some(_) => {}
                 None => invalid_weight = invalid_weight.saturating_add(weight),
             }
         }
+        ((backends, invalid_weight), websocket)
+    }
+
+    /// The mirror plugin, and the fault-injection plugin answering 500 when there is nothing
+    /// to proxy to and no redirect answers by itself.
+    fn extra_plugins(
+        &mut self,
+        filters: &Filters<'_>,
+        (backends, _): &(Vec<v1::Backend>, u32),
+        field: &str,
+        problems: &mut Vec<String>,
+    ) -> Vec<v1::Plugin> {
         let mut extra_plugins = Vec::new();
         if let Some(mf) = filters.mirror {
             let mfield = format!("{field}.filters.requestMirror.backendRef");
-            match ctx.mirror_plugin(mf, route, &mfield, &mut unresolved) {
+            match self
+                .ctx
+                .mirror_plugin(mf, self.route, &mfield, &mut self.unresolved)
+            {
                 Ok(Some(p)) => extra_plugins.push(p),
                 Ok(None) => {}
                 Err(e) => problems.push(e),
             }
         }
-        if backends.is_empty() {
-            // Nothing to proxy to: a redirect answers by itself, anything else answers 500.
-            if filters.redirect.is_none() {
-                extra_plugins.push(v1::Plugin {
-                    name: "fault-injection".into(),
-                    config_json: crate::json::canonical(&json!({"abort": {
-                        "http_status": 500,
-                        "body": "no valid backend for this route\n",
-                    }})),
-                });
-            }
-            backends.push(v1::Backend {
-                upstream_id: no_backend_id.clone(),
-                weight: 1,
+        if backends.is_empty() && filters.redirect.is_none() {
+            extra_plugins.push(v1::Plugin {
+                name: "fault-injection".into(),
+                config_json: crate::json::canonical(&json!({"abort": {
+                    "http_status": 500,
+                    "body": "no valid backend for this route\n",
+                }})),
             });
-            no_backend_used = true;
-        } else if invalid_weight > 0 {
-            backends.push(v1::Backend {
-                upstream_id: no_backend_id.clone(),
-                weight: invalid_weight,
-            });
-            no_backend_used = true;
         }
+        extra_plugins
+    }
 
-        let mut rule_entries = Vec::new();
-        for (j, m) in matches.into_iter().enumerate() {
-            let m = match m {
-                Ok(m) => m,
-                Err(e) => {
-                    problems.push(e);
-                    continue;
-                }
-            };
-            // NB: checked once; the copies per Gateway port differ only in a redirect's port.
-            if let Err(e) = plugins(&filters, &m, &format!("{field}.filters"), None) {
-                problems.push(e);
-                continue;
-            }
-            for v in &variants {
-                let Ok(mut plugins) =
-                    plugins(&filters, &m, &format!("{field}.filters"), v.listener_port)
-                else {
-                    continue;
-                };
-                plugins.extend(extra_plugins.iter().cloned());
-                let (hosts, suffix) = (&v.hosts, &v.suffix);
-                let id = format!("{ns}/{name}/{}-r{i}-m{j}{suffix}", route.id_prefix());
-                let mut exprs = m.exprs.clone();
-                exprs.extend(v.scheme.clone());
-                rule_entries.push(Entry {
-                    rank: (
-                        m.rank_path,
-                        !m.methods.is_empty(),
-                        m.headers,
-                        m.queries,
-                        Reverse((created, ns.to_owned(), name.to_owned(), i, j, id.clone())),
-                    ),
-                    route: v1::Route {
-                        id,
-                        source: format!("{} {ns}/{name}", route.kind.as_str()),
-                        priority: 0,
-                        hosts: hosts.clone(),
-                        paths: m.paths.clone(),
-                        methods: m.methods.clone(),
-                        exprs,
-                        backends: backends.clone(),
-                        plugins,
-                        websocket,
-                        listeners: v.listeners.clone(),
-                        ..Default::default()
-                    },
-                });
-            }
-        }
-        if problems.is_empty() {
-            valid_rules += 1;
-            entries.extend(rule_entries);
-        } else {
-            rule_problems.extend(problems);
-        }
-    }
-    if no_backend_used {
-        upstreams.push(v1::Upstream {
-            id: no_backend_id,
-            ..Default::default()
+    /// `backends`, plus the no-backend upstream when there is none, or for the weight of
+    /// the invalid ones.
+    fn with_no_backend(
+        &mut self,
+        (mut backends, invalid_weight): (Vec<v1::Backend>, u32),
+    ) -> Vec<v1::Backend> {
+        let weight = match (backends.is_empty(), invalid_weight) {
+            (true, _) => 1,
+            (false, 0) => return backends,
+            (false, w) => w,
+        };
+        backends.push(v1::Backend {
+            upstream_id: self.no_backend_id.clone(),
+            weight,
         });
+        self.no_backend_used = true;
+        backends
     }
-    let resolved_refs = match unresolved.first() {
-        None => cond(
-            RESOLVED_REFS,
-            true,
-            reason::RESOLVED_REFS,
-            "All references resolved",
-        ),
-        Some((r, _)) => cond(
-            RESOLVED_REFS,
-            false,
-            r,
-            join_capped(
-                &unresolved
-                    .iter()
-                    .map(|(_, m)| m.clone())
-                    .collect::<Vec<_>>(),
+
+    /// The entries of match `j` of a rule: one per variant.
+    fn match_entries(&self, rule: &Rule<'_>, j: usize, m: &Match) -> Result<Vec<Entry>, String> {
+        let filters_field = format!("{}.filters", rule.field);
+        // NB: checked once; the copies per Gateway port differ only in a redirect's port.
+        plugins(rule.filters, m, &filters_field, None)?;
+        let (ns, name) = (self.route.ns, self.route.name);
+        let i = rule.i;
+        let mut out = Vec::new();
+        for v in &self.variants {
+            let Ok(mut plugins) = plugins(rule.filters, m, &filters_field, v.listener_port) else {
+                continue;
+            };
+            plugins.extend(rule.extra_plugins.iter().cloned());
+            let (hosts, suffix) = (&v.hosts, &v.suffix);
+            let id = format!("{ns}/{name}/{}-r{i}-m{j}{suffix}", self.route.id_prefix());
+            let mut exprs = m.exprs.clone();
+            exprs.extend(v.scheme.clone());
+            out.push(Entry {
+                rank: (
+                    m.rank_path,
+                    !m.methods.is_empty(),
+                    m.headers,
+                    m.queries,
+                    Reverse((
+                        self.created,
+                        ns.to_owned(),
+                        name.to_owned(),
+                        i,
+                        j,
+                        id.clone(),
+                    )),
+                ),
+                route: v1::Route {
+                    id,
+                    source: format!("{} {ns}/{name}", self.route.kind.as_str()),
+                    priority: 0,
+                    hosts: hosts.clone(),
+                    paths: m.paths.clone(),
+                    methods: m.methods.clone(),
+                    exprs,
+                    backends: rule.backends.to_vec(),
+                    plugins,
+                    websocket: rule.websocket,
+                    listeners: v.listeners.clone(),
+                    ..Default::default()
+                },
+            });
+        }
+        Ok(out)
+    }
+
+    fn finish(mut self, rule_count: usize) -> Translated {
+        if self.no_backend_used {
+            self.upstreams.push(v1::Upstream {
+                id: self.no_backend_id,
+                ..Default::default()
+            });
+        }
+        let resolved_refs = match self.unresolved.first() {
+            None => cond(
+                RESOLVED_REFS,
+                true,
+                reason::RESOLVED_REFS,
+                "All references resolved",
             ),
-        ),
-    };
-    Translated {
-        entries,
-        upstreams,
-        resolved_refs,
-        rule_problems: join_capped(&rule_problems),
-        valid_rules,
-        rule_count,
+            Some((r, _)) => {
+                let messages: Vec<String> =
+                    self.unresolved.iter().map(|(_, m)| m.clone()).collect();
+                cond(RESOLVED_REFS, false, r, join_capped(&messages))
+            }
+        };
+        Translated {
+            entries: self.entries,
+            upstreams: self.upstreams,
+            resolved_refs,
+            rule_problems: join_capped(&self.rule_problems),
+            valid_rules: self.valid_rules,
+            rule_count,
+        }
     }
+}
+
+/// What every match of one rule shares.
+struct Rule<'a> {
+    i: usize,
+    /// `spec.rules[i]`.
+    field: &'a str,
+    filters: &'a Filters<'a>,
+    backends: &'a [v1::Backend],
+    extra_plugins: &'a [v1::Plugin],
+    websocket: bool,
 }
 
 /// One copy of a route's matches: the hosts, scheme and per-Gateway ports it serves.

@@ -22,12 +22,14 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass};
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass, IngressRule};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sluice_proto::v1;
 
+use crate::builder::{Builder, RouteOutput};
 use crate::problems::Problems;
-use crate::route::RouteOutput;
+use crate::status::IngressStatus;
+use crate::tls::Unresolved;
 use crate::upstream::{self, BackendRef, UpstreamObject};
 use crate::{Index, Options, validate};
 
@@ -349,6 +351,49 @@ impl Ctx<'_, '_> {
     }
 }
 
+/// Every Ingress of our class: its routes enter the snapshot, or none (`Accepted=False`);
+/// `tls` holds the unresolved `spec.tls[]` entries per Ingress (from [`crate::tls`]). The
+/// verdicts go to [`Builder::ingresses`], apart from the status report.
+pub(crate) fn translate(
+    idx: &Index<'_>,
+    aus: &BTreeMap<(&str, &str), Result<UpstreamObject, ()>>,
+    mut tls: BTreeMap<(String, String), Vec<Unresolved>>,
+    out: &mut Builder,
+) {
+    for (&(ns, name), ing) in &idx.ingresses {
+        let mut problems = Problems::default();
+        let translated = translate_object(ing, ns, name, idx, aus, &mut problems);
+        if let Some(list) = tls.remove(&(ns.to_owned(), name.to_owned())) {
+            for (reason, field, message) in list {
+                problems.unresolved(reason, field, message);
+            }
+        }
+        // An ApisixRoute of the same name with a rule named like `ingress-r0-p0` would take
+        // the same id: reject the Ingress rather than silently replace that route.
+        for r in &translated.routes {
+            if let Some(other) = out.routes.get(&r.id) {
+                problems.error(
+                    "metadata.name",
+                    format!("route id {} is already used by {}", r.id, other.source),
+                );
+            }
+        }
+        let mut conditions = vec![problems.accepted()];
+        let mut ids = Vec::new();
+        if problems.is_valid() {
+            conditions.push(problems.resolved_refs());
+            ids = out.add(translated);
+        }
+        out.ingresses.push(IngressStatus {
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            generation: ing.metadata.generation,
+            conditions,
+            routes: ids,
+        });
+    }
+}
+
 /// Translates one Ingress. The output is only meaningful when `problems` holds no errors
 /// afterwards.
 pub(crate) fn translate_object(
@@ -366,25 +411,68 @@ pub(crate) fn translate_object(
         problems.error("spec", "required");
         return out;
     };
-    let source = format!("Ingress {ns}/{name}");
-    let route = |id: String,
-                 priority: i32,
-                 hosts: Vec<String>,
-                 paths: Vec<String>,
-                 backend: v1::Backend| v1::Route {
-        id,
-        source: source.clone(),
-        priority,
-        hosts,
-        paths,
-        timeout: settings.timeout,
-        websocket: settings.websocket,
-        backends: vec![backend],
-        plugins: settings.plugins.clone(),
-        ..Default::default()
+    let routes = Routes {
+        source: format!("Ingress {ns}/{name}"),
+        settings,
     };
-
     for (i, rule) in spec.rules.iter().flatten().enumerate() {
+        routes.rule(&ctx, name, i, rule, problems, &mut out);
+    }
+    if let Some(b) = &spec.default_backend
+        && let Some((backend, up)) = ctx.backend(b, "spec.defaultBackend", problems)
+    {
+        out.routes.push(routes.route(
+            format!("{ns}/{name}/ingress-default"),
+            i32::MIN,
+            Vec::new(),
+            vec!["/*".to_owned()],
+            backend,
+        ));
+        out.upstreams.push(up);
+    }
+    out
+}
+
+/// What every route of one Ingress shares.
+struct Routes {
+    source: String,
+    settings: Settings,
+}
+
+impl Routes {
+    fn route(
+        &self,
+        id: String,
+        priority: i32,
+        hosts: Vec<String>,
+        paths: Vec<String>,
+        backend: v1::Backend,
+    ) -> v1::Route {
+        v1::Route {
+            id,
+            source: self.source.clone(),
+            priority,
+            hosts,
+            paths,
+            timeout: self.settings.timeout,
+            websocket: self.settings.websocket,
+            backends: vec![backend],
+            plugins: self.settings.plugins.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// The routes of `spec.rules[i]`: one per path.
+    fn rule(
+        &self,
+        ctx: &Ctx<'_, '_>,
+        name: &str,
+        i: usize,
+        rule: &IngressRule,
+        problems: &mut Problems,
+        out: &mut RouteOutput,
+    ) {
+        let ns = ctx.ns;
         let rf = format!("spec.rules[{i}]");
         let mut hosts = Vec::new();
         if let Some(h) = rule.host.as_deref().filter(|h| !h.is_empty()) {
@@ -394,7 +482,7 @@ pub(crate) fn translate_object(
             }
         }
         let Some(http) = &rule.http else {
-            continue;
+            return;
         };
         for (j, p) in http.paths.iter().enumerate() {
             let pf = format!("{rf}.http.paths[{j}]");
@@ -415,30 +503,13 @@ pub(crate) fn translate_object(
                 } else {
                     0
                 };
-                out.routes.push(route(
-                    format!("{ns}/{name}/ingress-r{i}-p{j}"),
-                    priority,
-                    hosts.clone(),
-                    paths,
-                    backend,
-                ));
+                let id = format!("{ns}/{name}/ingress-r{i}-p{j}");
+                out.routes
+                    .push(self.route(id, priority, hosts.clone(), paths, backend));
                 out.upstreams.push(up);
             }
         }
     }
-    if let Some(b) = &spec.default_backend
-        && let Some((backend, up)) = ctx.backend(b, "spec.defaultBackend", problems)
-    {
-        out.routes.push(route(
-            format!("{ns}/{name}/ingress-default"),
-            i32::MIN,
-            Vec::new(),
-            vec!["/*".to_owned()],
-            backend,
-        ));
-        out.upstreams.push(up);
-    }
-    out
 }
 
 #[cfg(test)]
