@@ -54,10 +54,13 @@
 //! API route never takes traffic away from an existing Apisix or Ingress route.
 
 mod attach;
+mod backends;
 mod certificate;
+mod filters;
 mod gateways;
 mod http;
 mod listeners;
+mod matches;
 mod routes;
 mod status;
 
