@@ -1,8 +1,8 @@
 //! Whatever a user writes, translation hands the dataplane a snapshot it compiles.
 //!
 //! Every node a user writes (`spec`, Secret `data`, annotations) of every golden input in
-//! `lib/translate/testdata` is replaced in turn by values of the wrong type, empty or out
-//! of range. Each result is translated and compiled as the dataplane compiles a pushed
+//! `lib/translate/testdata/<family>/` (Gateway API cases aside) is replaced in turn by
+//! values of the wrong type, empty or out of range. Each result is translated and compiled as the dataplane compiles a pushed
 //! snapshot. Neither may panic, every condition that turns an object away must name a
 //! field, and the dataplane must accept the snapshot. A snapshot the
 //! dataplane rejected would hold back every later change, so one bad object would disrupt
@@ -52,15 +52,17 @@ fn testdata() -> PathBuf {
         .join("../lib/translate/testdata")
 }
 
-/// The golden inputs, sorted.
+/// The golden inputs (the translate crate's harness layout, `sluice_translate::golden`),
+/// Gateway API cases aside, sorted.
 fn golden_inputs() -> Vec<PathBuf> {
-    let mut cases: Vec<PathBuf> = std::fs::read_dir(testdata())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.to_string_lossy().ends_with(".in.yaml"))
+    let cases = sluice_translate::golden::cases(&testdata()).unwrap();
+    let mut inputs: Vec<PathBuf> = cases
+        .into_iter()
+        .filter(|c| c.family != sluice_translate::golden::GATEWAY_FAMILY)
+        .map(|c| c.input)
         .collect();
-    cases.sort();
-    cases
+    inputs.sort();
+    inputs
 }
 
 /// A loopback port nothing listens on (endpoints are moved there before compiling).

@@ -1,5 +1,5 @@
 //! Golden tests: run the built `kubectl-sluice` on `tests/fixtures` (and the translate
-//! crate's golden inputs) and compare stdout and the exit code with `tests/golden/<case>.txt`.
+//! crate's golden inputs, `lib/translate/testdata/<family>/<case>.in.yaml`) and compare stdout and the exit code with `tests/golden/<case>.txt`.
 //! Regenerate after an intended change with
 //! `SLUICE_UPDATE_GOLDEN=1 cargo test -p sluice-kubectl --test golden` and review the diff.
 
@@ -65,7 +65,11 @@ fn validate_reports_rejections_and_warnings() {
 fn validate_clean_files_exit_0() {
     golden(
         "validate-basic",
-        &["validate", "-f", "../lib/translate/testdata/basic.in.yaml"],
+        &[
+            "validate",
+            "-f",
+            "../lib/translate/testdata/apisix/basic.in.yaml",
+        ],
         None,
     );
 }
@@ -73,7 +77,8 @@ fn validate_clean_files_exit_0() {
 #[test]
 fn validate_reads_stdin_and_names_bad_documents() {
     let text = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../lib/translate/testdata/load-errors.in.yaml"),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../lib/translate/testdata/load/load-errors.in.yaml"),
     )
     .unwrap();
     golden("validate-stdin", &["validate", "-f", "-"], Some(&text));
@@ -206,7 +211,7 @@ fn diff_of_identical_files_is_empty_exit_0() {
 
 #[test]
 fn diff_never_prints_secret_material() {
-    let tls = "../lib/translate/testdata/tls-apisixtls.in.yaml";
+    let tls = "../lib/translate/testdata/apisix/tls-apisixtls.in.yaml";
     for format in ["text", "json", "yaml"] {
         let (out, code) = run(
             &[
@@ -231,7 +236,7 @@ fn diff_never_prints_secret_material() {
             "-f",
             tls,
             "--against",
-            "../lib/translate/testdata/tls-ingress.in.yaml",
+            "../lib/translate/testdata/ingress/tls.in.yaml",
         ],
         None,
     );
@@ -307,7 +312,7 @@ fn explain_describes_wave2_plugins() {
             "--ingress-class",
             "",
             "-f",
-            "../lib/translate/testdata/plugins-wave2.in.yaml",
+            "../lib/translate/testdata/apisix/plugins-wave2.in.yaml",
         ],
         None,
     );

@@ -41,16 +41,18 @@ fn probes(snapshot: &sluice_proto::v1::Snapshot) -> Vec<(String, String, String,
     out
 }
 
-/// This crate's shop fixture and every golden input of the translate crate.
+/// This crate's shop fixture and the golden inputs of the translate crate (its harness's
+/// layout, `sluice_translate::golden`), Gateway API cases aside.
 fn fixture_sources() -> Vec<String> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut sources = vec![root.join("tests/fixtures/shop.yaml").display().to_string()];
-    for e in std::fs::read_dir(root.join("../lib/translate/testdata")).unwrap() {
-        let p = e.unwrap().path().display().to_string();
-        if p.ends_with(".in.yaml") {
-            sources.push(p);
-        }
-    }
+    let cases = sluice_translate::golden::cases(&root.join("../lib/translate/testdata")).unwrap();
+    sources.extend(
+        cases
+            .iter()
+            .filter(|c| c.family != sluice_translate::golden::GATEWAY_FAMILY)
+            .map(|c| c.input.display().to_string()),
+    );
     sources.sort();
     sources
 }

@@ -300,6 +300,64 @@ fn upsert<T: Resource>(list: &mut Vec<T>, obj: T) -> bool {
     }
 }
 
+/// The error of document `pos` (`doc`).
+fn doc_error(
+    pos: DocPos<'_>,
+    doc: &serde_yaml::Value,
+    kind: Option<String>,
+    field: Option<String>,
+    reason: String,
+) -> DocumentError {
+    let (namespace, name) = untyped_name(doc);
+    DocumentError {
+        file: pos.file.to_owned(),
+        document: pos.document,
+        item: pos.item,
+        kind,
+        namespace,
+        name,
+        field,
+        reason,
+    }
+}
+
+/// The kind `doc` is; `None` (with a note or an error in `report`) when it is not one Sluice
+/// loads.
+fn known_kind(
+    pos: DocPos<'_>,
+    doc: &serde_yaml::Value,
+    api_version: &str,
+    kind: &str,
+    report: &mut LoadReport,
+) -> Option<KnownKind> {
+    match KnownKind::from_type(api_version, kind) {
+        Ok(Some(k)) => Some(k),
+        Ok(None) => {
+            let (ns, name) = untyped_name(doc);
+            let what = match (ns, name) {
+                (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
+                _ => kind.to_owned(),
+            };
+            report.notes.push(format!(
+                "{}: skipped {what} ({api_version} {kind} is not used by Sluice)",
+                pos.label()
+            ));
+            None
+        }
+        Err(reason) => {
+            let error = doc_error(
+                pos,
+                doc,
+                Some(kind.to_owned()),
+                Some("apiVersion".into()),
+                reason,
+            );
+            report.errors.push(error);
+            None
+        }
+    }
+}
+
 /// Reads `metadata.name` / `metadata.namespace` from an untyped document, for messages.
 fn untyped_name(doc: &serde_yaml::Value) -> (Option<String>, Option<String>) {
     let meta = doc.get("metadata");
@@ -376,17 +434,7 @@ impl ClusterState {
             return; // An empty document (`---` at the end, or only comments).
         }
         let fail = |kind: Option<String>, field: Option<String>, reason: String| {
-            let (namespace, name) = untyped_name(&doc);
-            DocumentError {
-                file: pos.file.to_owned(),
-                document: pos.document,
-                item: pos.item,
-                kind,
-                namespace,
-                name,
-                field,
-                reason,
-            }
+            doc_error(pos, &doc, kind, field, reason)
         };
         if !doc.is_mapping() {
             report.errors.push(fail(
@@ -408,83 +456,14 @@ impl ClusterState {
             return;
         };
         let kind = kind.to_owned();
-
         if kind == "List" || kind.ends_with("List") && doc.get("items").is_some() {
-            if pos.item.is_some() {
-                report.errors.push(fail(
-                    Some(kind),
-                    None,
-                    "a List inside a List is not supported".into(),
-                ));
-                return;
-            }
-            let items = match doc.get("items") {
-                Some(serde_yaml::Value::Sequence(items)) => items.clone(),
-                Some(serde_yaml::Value::Null) | None => Vec::new(),
-                Some(_) => {
-                    report.errors.push(fail(
-                        Some(kind),
-                        Some("items".into()),
-                        "expected a list of objects".into(),
-                    ));
-                    return;
-                }
-            };
-            for (j, item) in items.into_iter().enumerate() {
-                let pos = DocPos {
-                    item: Some(j),
-                    ..pos
-                };
-                self.load_document(pos, item, report);
-            }
+            self.load_list(pos, &doc, kind, report);
             return;
         }
-
-        let known = match KnownKind::from_type(api_version, &kind) {
-            Ok(Some(k)) => k,
-            Ok(None) => {
-                let (ns, name) = untyped_name(&doc);
-                let what = match (ns, name) {
-                    (Some(ns), Some(name)) => format!("{kind} {ns}/{name}"),
-                    _ => kind.clone(),
-                };
-                report.notes.push(format!(
-                    "{}: skipped {what} ({api_version} {kind} is not used by Sluice)",
-                    pos.label()
-                ));
-                return;
-            }
-            Err(reason) => {
-                report
-                    .errors
-                    .push(fail(Some(kind), Some("apiVersion".into()), reason));
-                return;
-            }
+        let Some(known) = known_kind(pos, &doc, api_version, &kind, report) else {
+            return;
         };
-
-        let result = match known {
-            KnownKind::ApisixRoute => add(&doc, &mut self.apisix_routes),
-            KnownKind::ApisixUpstream => add(&doc, &mut self.apisix_upstreams)
-                .map_err(|(field, reason)| upstream_error_field(&doc, field, reason)),
-            KnownKind::ApisixTls => add(&doc, &mut self.apisix_tlses),
-            KnownKind::ApisixPluginConfig => add(&doc, &mut self.apisix_plugin_configs),
-            KnownKind::ApisixConsumer => add(&doc, &mut self.apisix_consumers),
-            KnownKind::ApisixGlobalRule => add(&doc, &mut self.apisix_global_rules),
-            KnownKind::Service => add(&doc, &mut self.services),
-            KnownKind::EndpointSlice => add(&doc, &mut self.endpoint_slices),
-            KnownKind::Secret => add(&doc, &mut self.secrets),
-            KnownKind::Pod => add(&doc, &mut self.pods),
-            KnownKind::Ingress => add(&doc, &mut self.ingresses),
-            KnownKind::IngressClass => add(&doc, &mut self.ingress_classes),
-            KnownKind::Namespace => add_cluster_scoped(&doc, &mut self.namespaces),
-            KnownKind::GatewayClass => add_cluster_scoped(&doc, &mut self.gateway_classes),
-            KnownKind::Gateway => add(&doc, &mut self.gateways),
-            KnownKind::HttpRoute => add(&doc, &mut self.http_routes),
-            KnownKind::GrpcRoute => add(&doc, &mut self.grpc_routes),
-            KnownKind::ReferenceGrant => add(&doc, &mut self.reference_grants),
-            KnownKind::BackendTlsPolicy => add(&doc, &mut self.backend_tls_policies),
-        };
-        match result {
+        match self.add_known(known, &doc) {
             Ok(Added { replaced, ns, name }) => {
                 report.loaded += 1;
                 if replaced {
@@ -495,6 +474,77 @@ impl ClusterState {
                 }
             }
             Err((field, reason)) => report.errors.push(fail(Some(kind), field, reason)),
+        }
+    }
+
+    /// The items of a `List` (not inside another List).
+    fn load_list(
+        &mut self,
+        pos: DocPos<'_>,
+        doc: &serde_yaml::Value,
+        kind: String,
+        report: &mut LoadReport,
+    ) {
+        if pos.item.is_some() {
+            report.errors.push(doc_error(
+                pos,
+                doc,
+                Some(kind),
+                None,
+                "a List inside a List is not supported".into(),
+            ));
+            return;
+        }
+        let items = match doc.get("items") {
+            Some(serde_yaml::Value::Sequence(items)) => items.clone(),
+            Some(serde_yaml::Value::Null) | None => Vec::new(),
+            Some(_) => {
+                report.errors.push(doc_error(
+                    pos,
+                    doc,
+                    Some(kind),
+                    Some("items".into()),
+                    "expected a list of objects".into(),
+                ));
+                return;
+            }
+        };
+        for (j, item) in items.into_iter().enumerate() {
+            let pos = DocPos {
+                item: Some(j),
+                ..pos
+            };
+            self.load_document(pos, item, report);
+        }
+    }
+
+    /// Adds `doc` to the list of its kind.
+    fn add_known(
+        &mut self,
+        known: KnownKind,
+        doc: &serde_yaml::Value,
+    ) -> Result<Added, (Option<String>, String)> {
+        match known {
+            KnownKind::ApisixRoute => add(doc, &mut self.apisix_routes),
+            KnownKind::ApisixUpstream => add(doc, &mut self.apisix_upstreams)
+                .map_err(|(field, reason)| upstream_error_field(doc, field, reason)),
+            KnownKind::ApisixTls => add(doc, &mut self.apisix_tlses),
+            KnownKind::ApisixPluginConfig => add(doc, &mut self.apisix_plugin_configs),
+            KnownKind::ApisixConsumer => add(doc, &mut self.apisix_consumers),
+            KnownKind::ApisixGlobalRule => add(doc, &mut self.apisix_global_rules),
+            KnownKind::Service => add(doc, &mut self.services),
+            KnownKind::EndpointSlice => add(doc, &mut self.endpoint_slices),
+            KnownKind::Secret => add(doc, &mut self.secrets),
+            KnownKind::Pod => add(doc, &mut self.pods),
+            KnownKind::Ingress => add(doc, &mut self.ingresses),
+            KnownKind::IngressClass => add(doc, &mut self.ingress_classes),
+            KnownKind::Namespace => add_cluster_scoped(doc, &mut self.namespaces),
+            KnownKind::GatewayClass => add_cluster_scoped(doc, &mut self.gateway_classes),
+            KnownKind::Gateway => add(doc, &mut self.gateways),
+            KnownKind::HttpRoute => add(doc, &mut self.http_routes),
+            KnownKind::GrpcRoute => add(doc, &mut self.grpc_routes),
+            KnownKind::ReferenceGrant => add(doc, &mut self.reference_grants),
+            KnownKind::BackendTlsPolicy => add(doc, &mut self.backend_tls_policies),
         }
     }
 }
@@ -741,6 +791,37 @@ items:
         assert_eq!(
             report.errors[0].to_string(),
             "x.yaml: document 1: kind: required (a string)"
+        );
+    }
+
+    #[test]
+    fn gateway_api_versions_load() {
+        let mut state = ClusterState::new();
+        let report = state
+            .load_yaml(
+                "x.yaml",
+                "apiVersion: gateway.networking.k8s.io/v1\nkind: ReferenceGrant\nmetadata: {name: a}\n\
+                 spec: {from: [], to: []}\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1beta1\nkind: HTTPRoute\nmetadata: {name: b}\n\
+                 spec: {}\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1alpha2\nkind: GRPCRoute\nmetadata: {name: c}\n\
+                 spec: {}\n---\n\
+                 apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {name: d, namespace: x}\n\
+                 spec: {controllerName: c}\n",
+            )
+            .unwrap();
+        assert_eq!(report.loaded, 3, "{report:?}");
+        assert_eq!(state.reference_grants.len(), 1);
+        assert_eq!(state.http_routes.len(), 1);
+        assert_eq!(
+            state.gateway_classes[0].metadata.namespace, None,
+            "cluster-scoped"
+        );
+        assert_eq!(
+            report.errors[0].to_string(),
+            "x.yaml: document 3 (GRPCRoute default/c): apiVersion: apiVersion \
+             \"gateway.networking.k8s.io/v1alpha2\" is not supported for GRPCRoute; use \
+             \"gateway.networking.k8s.io/v1\""
         );
     }
 }

@@ -157,132 +157,182 @@ pub(crate) fn translate(idx: &Index<'_>, opts: &Options) -> TlsTranslation {
         now: opts.now.map(unix_seconds),
         next: Cell::new(None),
     };
-    let now = &clock;
     let mut out = TlsTranslation::default();
-    let mut candidates = Vec::new();
-    // Verdicts of ApisixTls objects that got as far as the conflict check.
-    let mut pending: BTreeMap<(&str, &str), (Option<i64>, Problems)> = BTreeMap::new();
-
-    for (&(ns, name), atls) in &idx.tlses {
-        let mut problems = Problems::default();
-        let created = created(&atls.metadata);
-        match apisix_tls(atls, ns, name, idx, now, &mut problems) {
-            Ok(cert) if problems.is_valid() => {
-                candidates.push(Candidate {
-                    created,
-                    owner: Owner::ApisixTls(ns, name),
-                    cert,
-                });
-                pending.insert((ns, name), (atls.metadata.generation, problems));
-            }
-            Ok(_) => out.apisix.push(status(ns, name, atls, problems.accepted())),
-            Err((reason, message)) => {
-                let condition = if problems.is_valid() {
-                    Condition::new(CONDITION_ACCEPTED, ConditionStatus::False, reason, message)
-                } else {
-                    problems.accepted()
-                };
-                out.apisix.push(status(ns, name, atls, condition));
-            }
-        }
-    }
-    for (&(ns, name), ing) in &idx.ingresses {
-        let created = created(&ing.metadata);
-        for (k, result) in ingress_tls(ing, ns, name, idx, now).into_iter().enumerate() {
-            match result {
-                Ok(Some(cert)) => candidates.push(Candidate {
-                    created,
-                    owner: Owner::Ingress(ns, name, k),
-                    cert,
-                }),
-                Ok(None) => {}
-                Err((field, message)) => out
-                    .ingress
-                    .entry((ns.to_owned(), name.to_owned()))
-                    .or_default()
-                    .push((REASON_INVALID_CERTIFICATE_REF, field, message)),
-            }
-        }
-    }
-
-    // Oldest first; the first claim of a host keeps it.
-    candidates.sort_by(|a, b| (a.created, a.owner).cmp(&(b.created, b.owner)));
-    let mut claimed: BTreeMap<String, Owner<'_>> = BTreeMap::new();
-    let mut certificates = BTreeMap::new();
-    for c in candidates {
-        let conflict = c.cert.hosts.iter().enumerate().find_map(|(i, h)| {
-            claimed
-                .get(h)
-                .map(|holder| (i, h.clone(), holder.describe()))
-        });
-        if let Some((i, host, holder)) = conflict {
-            let field = format!("{}[{i}]", c.owner.hosts_field());
-            let message = format!("host {host} is already served by {holder}");
-            match c.owner {
-                Owner::ApisixTls(ns, name) => {
-                    pending.remove(&(ns, name));
-                    if let Some(atls) = idx.tlses.get(&(ns, name)) {
-                        let condition = Condition::new(
-                            CONDITION_ACCEPTED,
-                            ConditionStatus::False,
-                            REASON_HOST_CONFLICT,
-                            format!("{field}: {message}"),
-                        );
-                        out.apisix.push(status(ns, name, atls, condition));
-                    }
-                }
-                Owner::Ingress(ns, name, _) => out
-                    .ingress
-                    .entry((ns.to_owned(), name.to_owned()))
-                    .or_default()
-                    .push((REASON_HOST_CONFLICT, field, message)),
-            }
-            continue;
-        }
-        for h in &c.cert.hosts {
-            claimed.insert(h.clone(), c.owner);
-        }
-        certificates.insert(c.cert.id.clone(), c.cert);
-    }
-    for ((ns, name), (_, problems)) in pending {
-        if let Some(atls) = idx.tlses.get(&(ns, name)) {
-            out.apisix.push(status(ns, name, atls, problems.accepted()));
-        }
-    }
-    out.certificates = certificates.into_values().collect();
+    let mut claims = Claims::default();
+    claims.apisix_tls(idx, &clock, &mut out);
+    claims.ingresses(idx, &clock, &mut out);
+    claims.settle(idx, &mut out);
     if let Some((ns, name)) = &opts.default_certificate {
-        match server_certificate(idx, ns, name, now) {
-            Ok((cert_chain_pem, private_key_pem)) => {
-                out.default_certificate = Some(v1::TlsCertificate {
-                    id: DEFAULT_CERTIFICATE_ID.into(),
-                    source: format!("{DEFAULT_CERTIFICATE_FLAG} {ns}/{name}"),
-                    hosts: Vec::new(),
-                    cert_chain_pem,
-                    private_key_pem,
-                    client_auth: None,
-                });
-            }
-            Err(e) => out.settings.push(format!(
-                "{DEFAULT_CERTIFICATE_FLAG} {ns}/{name}: {e}; handshakes without SNI or for \
-                 an unknown host are refused"
-            )),
-        }
+        default_certificate(idx, ns, name, &clock, &mut out);
     }
     if let Some(raw) = &opts.fallback_sni {
-        match parse_fallback_sni(raw) {
-            Ok(host) => {
-                if !out.certificates.iter().any(|c| covers(&c.hosts, &host)) {
-                    out.settings.push(format!(
-                        "{FALLBACK_SNI_FLAG} {host}: no certificate is served for this host"
-                    ));
-                }
-                out.fallback_sni = host;
-            }
-            Err(e) => out.settings.push(format!("{FALLBACK_SNI_FLAG}: {e}")),
-        }
+        fallback_sni(raw, &mut out);
     }
     out.changes_at = clock.next.get();
     out
+}
+
+/// Valid certificates waiting for the host conflict check.
+#[derive(Default)]
+struct Claims<'a> {
+    candidates: Vec<Candidate<'a>>,
+    /// Verdicts of ApisixTls objects that got as far as the conflict check.
+    pending: BTreeMap<(&'a str, &'a str), (Option<i64>, Problems)>,
+}
+
+impl<'a> Claims<'a> {
+    /// Checks every ApisixTls: a valid one is a candidate, an invalid one gets its status.
+    fn apisix_tls(&mut self, idx: &Index<'a>, now: &Clock, out: &mut TlsTranslation) {
+        for (&(ns, name), atls) in &idx.tlses {
+            let mut problems = Problems::default();
+            let created = created(&atls.metadata);
+            match apisix_tls(atls, ns, name, idx, now, &mut problems) {
+                Ok(cert) if problems.is_valid() => {
+                    self.candidates.push(Candidate {
+                        created,
+                        owner: Owner::ApisixTls(ns, name),
+                        cert,
+                    });
+                    self.pending
+                        .insert((ns, name), (atls.metadata.generation, problems));
+                }
+                Ok(_) => out.apisix.push(status(ns, name, atls, problems.accepted())),
+                Err((reason, message)) => {
+                    let condition = if problems.is_valid() {
+                        Condition::new(CONDITION_ACCEPTED, ConditionStatus::False, reason, message)
+                    } else {
+                        problems.accepted()
+                    };
+                    out.apisix.push(status(ns, name, atls, condition));
+                }
+            }
+        }
+    }
+
+    /// Checks the `spec.tls[]` entries of every Ingress.
+    fn ingresses(&mut self, idx: &Index<'a>, now: &Clock, out: &mut TlsTranslation) {
+        for (&(ns, name), ing) in &idx.ingresses {
+            let created = created(&ing.metadata);
+            for (k, result) in ingress_tls(ing, ns, name, idx, now).into_iter().enumerate() {
+                match result {
+                    Ok(Some(cert)) => self.candidates.push(Candidate {
+                        created,
+                        owner: Owner::Ingress(ns, name, k),
+                        cert,
+                    }),
+                    Ok(None) => {}
+                    Err((field, message)) => out
+                        .ingress
+                        .entry((ns.to_owned(), name.to_owned()))
+                        .or_default()
+                        .push((REASON_INVALID_CERTIFICATE_REF, field, message)),
+                }
+            }
+        }
+    }
+
+    /// Oldest first; the first claim of a host keeps it. The certificates and the statuses
+    /// of the ApisixTls objects still pending go into `out`.
+    fn settle(mut self, idx: &Index<'a>, out: &mut TlsTranslation) {
+        self.candidates
+            .sort_by(|a, b| (a.created, a.owner).cmp(&(b.created, b.owner)));
+        let mut claimed: BTreeMap<String, Owner<'_>> = BTreeMap::new();
+        let mut certificates = BTreeMap::new();
+        for c in self.candidates {
+            let conflict = c.cert.hosts.iter().enumerate().find_map(|(i, h)| {
+                claimed
+                    .get(h)
+                    .map(|holder| (i, h.clone(), holder.describe()))
+            });
+            if let Some((i, host, holder)) = conflict {
+                let field = format!("{}[{i}]", c.owner.hosts_field());
+                let message = format!("host {host} is already served by {holder}");
+                conflicted(c.owner, field, message, idx, &mut self.pending, out);
+                continue;
+            }
+            for h in &c.cert.hosts {
+                claimed.insert(h.clone(), c.owner);
+            }
+            certificates.insert(c.cert.id.clone(), c.cert);
+        }
+        for ((ns, name), (_, problems)) in self.pending {
+            if let Some(atls) = idx.tlses.get(&(ns, name)) {
+                out.apisix.push(status(ns, name, atls, problems.accepted()));
+            }
+        }
+        out.certificates = certificates.into_values().collect();
+    }
+}
+
+/// A certificate turned away because another owner holds one of its hosts.
+fn conflicted<'a>(
+    owner: Owner<'a>,
+    field: String,
+    message: String,
+    idx: &Index<'_>,
+    pending: &mut BTreeMap<(&'a str, &'a str), (Option<i64>, Problems)>,
+    out: &mut TlsTranslation,
+) {
+    match owner {
+        Owner::ApisixTls(ns, name) => {
+            pending.remove(&(ns, name));
+            if let Some(atls) = idx.tlses.get(&(ns, name)) {
+                let condition = Condition::new(
+                    CONDITION_ACCEPTED,
+                    ConditionStatus::False,
+                    REASON_HOST_CONFLICT,
+                    format!("{field}: {message}"),
+                );
+                out.apisix.push(status(ns, name, atls, condition));
+            }
+        }
+        Owner::Ingress(ns, name, _) => out
+            .ingress
+            .entry((ns.to_owned(), name.to_owned()))
+            .or_default()
+            .push((REASON_HOST_CONFLICT, field, message)),
+    }
+}
+
+/// The `--default-ssl-certificate` Secret `ns/name`, or a settings problem.
+fn default_certificate(
+    idx: &Index<'_>,
+    ns: &str,
+    name: &str,
+    now: &Clock,
+    out: &mut TlsTranslation,
+) {
+    match server_certificate(idx, ns, name, now) {
+        Ok((cert_chain_pem, private_key_pem)) => {
+            out.default_certificate = Some(v1::TlsCertificate {
+                id: DEFAULT_CERTIFICATE_ID.into(),
+                source: format!("{DEFAULT_CERTIFICATE_FLAG} {ns}/{name}"),
+                hosts: Vec::new(),
+                cert_chain_pem,
+                private_key_pem,
+                client_auth: None,
+            });
+        }
+        Err(e) => out.settings.push(format!(
+            "{DEFAULT_CERTIFICATE_FLAG} {ns}/{name}: {e}; handshakes without SNI or for \
+             an unknown host are refused"
+        )),
+    }
+}
+
+/// `--fallback-sni`: a settings problem when it is invalid or no certificate covers it.
+fn fallback_sni(raw: &str, out: &mut TlsTranslation) {
+    match parse_fallback_sni(raw) {
+        Ok(host) => {
+            if !out.certificates.iter().any(|c| covers(&c.hosts, &host)) {
+                out.settings.push(format!(
+                    "{FALLBACK_SNI_FLAG} {host}: no certificate is served for this host"
+                ));
+            }
+            out.fallback_sni = host;
+        }
+        Err(e) => out.settings.push(format!("{FALLBACK_SNI_FLAG}: {e}")),
+    }
 }
 
 /// Whether one of `hosts` (exact or `*.` wildcard of one label) covers `host`.

@@ -1,0 +1,491 @@
+//! The listeners of one Gateway: `Accepted`, `Conflicted`, `ResolvedRefs` and `Programmed`
+//! per listener (see the [module docs](super) for the rules), their certificates
+//! ([`super::certificate`]) and, with per-Gateway ports, the ports they open.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use sluice_crds::gateway::{GATEWAY_GROUP, Gateway, Listener, RouteGroupKind};
+use sluice_proto::v1;
+
+use super::certificate::listener_certificate;
+use super::{
+    ACCEPTED, CONFLICTED, GatewayOptions, GatewayStatus, ListenerStatus, Output, PROGRAMMED,
+    RESOLVED_REFS, RouteKind, Slot, cond, hostname, reason,
+};
+use crate::status::{Condition, ConditionStatus};
+use crate::{ClusterState, Index, Options};
+
+/// Which namespaces a listener admits routes from.
+#[derive(Clone)]
+pub(super) enum From {
+    Same,
+    All,
+    Selector(LabelSelector),
+}
+
+/// One per-Gateway port while its listeners are read.
+#[derive(Default)]
+pub(super) struct PortBuild {
+    /// Rank of its Gateway, oldest first (allocation order).
+    age: usize,
+    tls: bool,
+    certificates: Vec<v1::TlsCertificate>,
+    default_certificate: Option<v1::TlsCertificate>,
+    /// Host → the listener certificate serving it on this port.
+    claimed: BTreeMap<String, String>,
+}
+
+/// A listener as routes see it.
+pub(crate) struct ListenerInfo {
+    pub(super) gateway: (String, String),
+    pub(super) slot: Slot,
+    /// Index in `spec.listeners`.
+    pub(super) index: usize,
+    pub(super) name: String,
+    pub(super) hostname: Option<String>,
+    pub(super) port: i32,
+    /// Accepted and not conflicted: routes attach to it (and count in `attachedRoutes`),
+    /// even while its references do not resolve.
+    pub(super) attachable: bool,
+    /// Attachable and its certificate usable: its routes are served.
+    pub(super) usable: bool,
+    pub(super) kinds: Vec<RouteKind>,
+    pub(super) from: From,
+    pub(super) attached: BTreeSet<(RouteKind, String, String)>,
+}
+
+/// What every Gateway's listeners read.
+pub(super) struct Inputs<'s, 'a> {
+    pub(super) gopts: &'s GatewayOptions,
+    pub(super) state: &'s ClusterState,
+    pub(super) idx: &'s Index<'a>,
+    pub(super) opts: &'s Options,
+}
+
+/// What the listeners of all Gateways share as they are read, oldest Gateway first.
+pub(super) struct Served<'o> {
+    /// Host → holder of its certificate on the shared HTTPS port (ApisixTls and Ingress
+    /// certificates first).
+    pub(super) claimed: BTreeMap<String, String>,
+    /// Per-Gateway ports by id `<ns>/<gateway>/<port>`.
+    pub(super) ports: BTreeMap<String, PortBuild>,
+    pub(super) out: &'o mut Output,
+}
+
+/// One Gateway while its listeners are read.
+pub(super) struct GatewayRef<'g> {
+    pub(super) gw: &'g Gateway,
+    pub(super) ns: &'g str,
+    pub(super) name: &'g str,
+    /// Rank, oldest first.
+    pub(super) age: usize,
+    /// Whether its certificates are served (and claim hosts): not for a Gateway that cannot
+    /// be accepted.
+    pub(super) serve: bool,
+}
+
+/// Validates the listeners of one Gateway, fills `st.listeners` and adds their
+/// certificates to `served`.
+pub(super) fn listeners_of(
+    g: &GatewayRef<'_>,
+    inputs: &Inputs<'_, '_>,
+    served: &mut Served<'_>,
+    st: &mut GatewayStatus,
+) -> Vec<ListenerInfo> {
+    let ls = &g.gw.spec.listeners;
+    let mut infos = Vec::new();
+    for (i, l) in ls.iter().enumerate() {
+        infos.push(listener(g, i, l, inputs, served, st));
+    }
+    infos
+}
+
+/// One listener: its status into `st.listeners`, its certificate into `served`.
+fn listener(
+    g: &GatewayRef<'_>,
+    i: usize,
+    l: &Listener,
+    inputs: &Inputs<'_, '_>,
+    served: &mut Served<'_>,
+    st: &mut GatewayStatus,
+) -> ListenerInfo {
+    let gopts = inputs.gopts;
+    let per_gateway = gopts.listener_ports.is_some();
+    let field = format!("spec.listeners[{i}]");
+    let https = l.protocol == "HTTPS";
+    let want_port = match l.protocol.as_str() {
+        // NB: with per-Gateway ports every port is the Gateway's own.
+        "HTTP" | "HTTPS" if per_gateway => u16::try_from(l.port).ok(),
+        "HTTP" => Some(gopts.http_port),
+        "HTTPS" => Some(gopts.https_port),
+        _ => None,
+    };
+    let host = l.hostname.as_deref().map(hostname);
+    let accepted = accepted(g.gw, l, &field, want_port, host.as_ref());
+    let mut conflicted = conflicted(&g.gw.spec.listeners, i, l, want_port);
+    // ResolvedRefs: route kinds, then certificates.
+    let (kinds, supported, bad_kinds) = route_kinds(l);
+    let mut resolved = kinds_resolved(&field, &bad_kinds);
+    let usable_so_far =
+        accepted.status == ConditionStatus::True && conflicted.status == ConditionStatus::False;
+    let port_id = format!("{}/{}/{}", g.ns, g.name, l.port);
+    if per_gateway && usable_so_far && g.serve {
+        let port = served.ports.entry(port_id.clone()).or_default();
+        port.age = g.age;
+        port.tls = https;
+    }
+    let mut cert_ok = true;
+    if https && usable_so_far && g.serve {
+        let cert = listener_certificate(g, i, l, inputs, served.out);
+        let port = &port_id;
+        if let Err(c) = serve_certificate(cert, l, per_gateway.then_some(port), served, st) {
+            cert_ok = false;
+            if c.type_ == CONFLICTED {
+                conflicted = c;
+            } else {
+                resolved = c;
+            }
+        }
+    }
+    let usable = usable_so_far && cert_ok;
+    st.listeners.push(ListenerStatus {
+        name: l.name.clone(),
+        supported_kinds: supported,
+        attached_routes: 0,
+        conditions: vec![accepted, conflicted, resolved, programmed(usable)],
+    });
+    ListenerInfo {
+        gateway: (g.ns.to_owned(), g.name.to_owned()),
+        slot: if per_gateway {
+            Slot::Listener(port_id, u16::try_from(l.port).unwrap_or_default(), https)
+        } else {
+            Slot::Scheme(https)
+        },
+        index: i,
+        name: l.name.clone(),
+        hostname: host.and_then(Result::ok),
+        port: l.port,
+        attachable: usable_so_far,
+        usable,
+        kinds,
+        from: allowed_from(l),
+        attached: BTreeSet::new(),
+    }
+}
+
+/// `Accepted`: a protocol Sluice serves on the port it serves it on, a valid hostname, TLS
+/// termination.
+fn accepted(
+    gw: &Gateway,
+    l: &Listener,
+    field: &str,
+    want_port: Option<u16>,
+    host: Option<&Result<String, String>>,
+) -> Condition {
+    // NB: checked first: a TLS verdict wins over the port and hostname ones.
+    if l.protocol == "HTTPS" {
+        let mode = l
+            .tls
+            .as_ref()
+            .and_then(|t| t.mode.as_deref())
+            .unwrap_or("Terminate");
+        if mode != "Terminate" {
+            return cond(
+                ACCEPTED,
+                false,
+                reason::UNSUPPORTED_VALUE,
+                format!("{field}.tls.mode: {mode} is not supported for HTTPS (Terminate)"),
+            );
+        } else if gw.spec.tls.is_some() {
+            return cond(
+                ACCEPTED,
+                false,
+                reason::UNSUPPORTED_VALUE,
+                "spec.tls: frontend client-certificate validation is not supported yet",
+            );
+        }
+    }
+    match (want_port, host) {
+        (None, _) => {
+            return cond(
+                ACCEPTED,
+                false,
+                reason::UNSUPPORTED_PROTOCOL,
+                format!(
+                    "{field}.protocol: {} is not supported (HTTP, HTTPS)",
+                    l.protocol
+                ),
+            );
+        }
+        (Some(p), _) if i32::from(p) != l.port => {
+            return cond(
+                ACCEPTED,
+                false,
+                reason::PORT_UNAVAILABLE,
+                format!(
+                    "{field}.port: the dataplanes serve {} on port {p}, not {}",
+                    l.protocol, l.port
+                ),
+            );
+        }
+        (_, Some(Err(e))) => {
+            return cond(
+                ACCEPTED,
+                false,
+                reason::UNSUPPORTED_VALUE,
+                format!("{field}.hostname: {e}"),
+            );
+        }
+        _ => {}
+    }
+    cond(ACCEPTED, true, reason::ACCEPTED, "Accepted")
+}
+
+/// `Conflicted`: same port, other protocol; or same port, protocol and hostname.
+fn conflicted(ls: &[Listener], i: usize, l: &Listener, want_port: Option<u16>) -> Condition {
+    for (j, o) in ls.iter().enumerate() {
+        // NB: only listeners Sluice can serve conflict; a TCP listener is just unsupported.
+        if j == i || o.port != l.port || want_port.is_none() || !is_http(&o.protocol) {
+            continue;
+        }
+        if o.protocol != l.protocol {
+            return cond(
+                CONFLICTED,
+                true,
+                reason::PROTOCOL_CONFLICT,
+                format!(
+                    "listener {} uses port {} with protocol {}",
+                    o.name, o.port, o.protocol
+                ),
+            );
+        }
+        let norm = |h: Option<&str>| h.map(str::to_ascii_lowercase);
+        if norm(o.hostname.as_deref()) == norm(l.hostname.as_deref()) {
+            return cond(
+                CONFLICTED,
+                true,
+                reason::HOSTNAME_CONFLICT,
+                format!(
+                    "listener {} has the same port, protocol and hostname",
+                    o.name
+                ),
+            );
+        }
+    }
+    cond(CONFLICTED, false, reason::NO_CONFLICTS, "No conflicts")
+}
+
+/// `ResolvedRefs` as far as the route kinds go.
+fn kinds_resolved(field: &str, bad_kinds: &[String]) -> Condition {
+    if bad_kinds.is_empty() {
+        cond(
+            RESOLVED_REFS,
+            true,
+            reason::RESOLVED_REFS,
+            "All references resolved",
+        )
+    } else {
+        cond(
+            RESOLVED_REFS,
+            false,
+            reason::INVALID_ROUTE_KINDS,
+            format!(
+                "{field}.allowedRoutes.kinds: not supported: {}",
+                bad_kinds.join(", ")
+            ),
+        )
+    }
+}
+
+fn programmed(usable: bool) -> Condition {
+    if usable {
+        cond(PROGRAMMED, true, reason::PROGRAMMED, "Programmed")
+    } else {
+        cond(
+            PROGRAMMED,
+            false,
+            reason::INVALID,
+            "The listener is not valid",
+        )
+    }
+}
+
+/// Serves the certificate of an HTTPS listener where it belongs: this Gateway's own port
+/// (`port`, with per-Gateway ports), or the shared HTTPS port. `Err` is the condition that
+/// says why it is not served: `ResolvedRefs` (no usable certificate) or `Conflicted` (a host
+/// or the catch-all certificate is held already).
+fn serve_certificate(
+    cert: Result<v1::TlsCertificate, (&'static str, String)>,
+    l: &Listener,
+    port: Option<&String>,
+    served: &mut Served<'_>,
+    st: &mut GatewayStatus,
+) -> Result<(), Condition> {
+    let cert = cert.map_err(|(r, m)| cond(RESOLVED_REFS, false, r, m))?;
+    let (claimed, default_certificate, certificates) =
+        match port.and_then(|id| served.ports.get_mut(id)) {
+            Some(p) => (
+                &mut p.claimed,
+                &mut p.default_certificate,
+                &mut p.certificates,
+            ),
+            None => (
+                &mut served.claimed,
+                &mut served.out.default_certificate,
+                &mut served.out.certificates,
+            ),
+        };
+    // NB: hostless listeners sharing one Secret share the default.
+    let catch_all_holder = if l.hostname.is_none() {
+        default_certificate
+            .as_ref()
+            .filter(|c| c.cert_chain_pem != cert.cert_chain_pem)
+            .map(|c| c.source.clone())
+    } else {
+        None
+    };
+    if let Some(holder) = catch_all_holder {
+        return Err(cond(
+            CONFLICTED,
+            true,
+            reason::HOSTNAME_CONFLICT,
+            format!("the certificate for hosts no listener names is already served by {holder}"),
+        ));
+    }
+    if let Some((h, holder)) = cert
+        .hosts
+        .iter()
+        .find_map(|h| claimed.get(h).map(|o| (h, o)))
+    {
+        return Err(cond(
+            CONFLICTED,
+            true,
+            reason::HOSTNAME_CONFLICT,
+            format!("host {h} is already served by {holder}"),
+        ));
+    }
+    for h in &cert.hosts {
+        claimed.insert(h.clone(), cert.source.clone());
+    }
+    st.certificates.push(cert.id.clone());
+    if l.hostname.is_none() && default_certificate.is_none() {
+        *default_certificate = Some(cert.clone());
+    }
+    // NB: a certificate without DNS names serves only as the default.
+    if !cert.hosts.is_empty() {
+        certificates.push(cert);
+    }
+    Ok(())
+}
+
+/// `allowedRoutes.namespaces`.
+fn allowed_from(l: &Listener) -> From {
+    let Some(n) = l
+        .allowed_routes
+        .as_ref()
+        .and_then(|a| a.namespaces.as_ref())
+    else {
+        return From::Same;
+    };
+    match (n.from.as_deref().unwrap_or("Same"), &n.selector) {
+        ("All", _) => From::All,
+        ("Selector", Some(sel)) => From::Selector(sel.clone()),
+        // NB: `Selector` without a selector admits nothing (fail closed).
+        ("Selector", None) => From::Selector(LabelSelector {
+            match_expressions: Some(vec![LabelSelectorRequirement {
+                key: "sluice.dev/never".into(),
+                operator: "In".into(),
+                values: Some(Vec::new()),
+            }]),
+            match_labels: None,
+        }),
+        _ => From::Same,
+    }
+}
+
+/// Gives each per-Gateway port a port of `range`: where a hash of its id points, else the
+/// next free one, oldest Gateway first, so a port keeps its number while Gateways come and
+/// go (unless two hash alike and the older one goes). Ports the range has no room for are
+/// left out.
+pub(super) fn allocate_ports(
+    range: &std::ops::RangeInclusive<u16>,
+    ports: BTreeMap<String, PortBuild>,
+) -> Vec<v1::Listener> {
+    let (first, last) = (u32::from(*range.start()), u32::from(*range.end()));
+    let size = (last + 1).saturating_sub(first);
+    let mut order: Vec<(String, PortBuild)> = ports.into_iter().collect();
+    order.sort_by(|a, b| (a.1.age, &a.0).cmp(&(b.1.age, &b.0)));
+    let mut used = BTreeSet::new();
+    let mut out = Vec::new();
+    for (id, p) in order {
+        // FNV-1a: stable across Rust versions and processes, unlike std's hasher.
+        let hash = id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        });
+        let start = u32::try_from(hash % u64::from(size.max(1))).unwrap_or(0);
+        let Some(port) = (0..size)
+            .map(|k| first + (start + k) % size)
+            .find(|p| !used.contains(p))
+        else {
+            continue;
+        };
+        used.insert(port);
+        let source = id.rsplit_once('/').map(|x| x.0).unwrap_or_default();
+        let mut certificates = p.certificates;
+        certificates.sort_by(|a, b| a.id.cmp(&b.id));
+        out.push(v1::Listener {
+            id: id.clone(),
+            source: format!("Gateway {source}"),
+            port,
+            tls: p.tls,
+            tls_certificates: certificates,
+            default_certificate: p.default_certificate,
+        });
+    }
+    out.sort_by(|a, b| a.id.cmp(&b.id));
+    out
+}
+
+fn is_http(protocol: &str) -> bool {
+    matches!(protocol, "HTTP" | "HTTPS")
+}
+
+/// (kinds routes may be, supportedKinds for the status, names of unsupported kinds).
+fn route_kinds(l: &Listener) -> (Vec<RouteKind>, Vec<RouteGroupKind>, Vec<String>) {
+    let gk = |kind: &str| RouteGroupKind {
+        group: Some(GATEWAY_GROUP.to_owned()),
+        kind: kind.to_owned(),
+    };
+    if !is_http(&l.protocol) {
+        return (Vec::new(), Vec::new(), Vec::new());
+    }
+    let wanted = l
+        .allowed_routes
+        .as_ref()
+        .map(|a| &a.kinds)
+        .filter(|k| !k.is_empty());
+    let Some(wanted) = wanted else {
+        return (
+            vec![RouteKind::HttpRoute, RouteKind::GrpcRoute],
+            vec![gk("HTTPRoute"), gk("GRPCRoute")],
+            Vec::new(),
+        );
+    };
+    let mut kinds = Vec::new();
+    let mut supported = Vec::new();
+    let mut bad = Vec::new();
+    for k in wanted {
+        let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
+        match (group, k.kind.as_str()) {
+            (GATEWAY_GROUP, "HTTPRoute") => kinds.push(RouteKind::HttpRoute),
+            (GATEWAY_GROUP, "GRPCRoute") => kinds.push(RouteKind::GrpcRoute),
+            _ => {
+                bad.push(format!("{group}/{}", k.kind));
+                continue;
+            }
+        }
+        supported.push(gk(&k.kind));
+    }
+    (kinds, supported, bad)
+}

@@ -1,0 +1,575 @@
+//! `networking.k8s.io/v1` Ingress → snapshot routes.
+//!
+//! - Route ids: `<ns>/<name>/ingress-r<i>-p<j>` for `spec.rules[i].http.paths[j]`, and
+//!   `<ns>/<name>/ingress-default` for `spec.defaultBackend`. Source `Ingress <ns>/<name>`.
+//! - Paths by `pathType`: `Exact` → the path; `Prefix` → element-wise prefix (`/foo` and
+//!   `/foo/` → `["/foo", "/foo/*"]`, `/` → `["/*"]`); `ImplementationSpecific` → the APISIX
+//!   prefix `"/foo*"`. A `*` in an `Exact` or `Prefix` path is rejected (the router would read
+//!   it as a prefix).
+//! - The default backend is a host-less `/*` route with priority `i32::MIN`. `Exact` routes
+//!   get priority 1 (others 0): the router already ranks exact paths above prefixes, and the
+//!   priority settles the tie between `Exact /foo` and the `/foo` of `Prefix /foo`.
+//! - Backends resolve exactly like ApisixRoute backends (same upstream ids), weight 100.
+//! - Annotations `k8s.apisix.apache.org/enable-websocket` and `upstream-{connect,send,read}-timeout`
+//!   are applied to every route of the Ingress, and so is the `redirect` plugin made from
+//!   `http-to-https: "true"` (`{"http_to_https":true}`: APISIX answers 301 for GET/HEAD and
+//!   308 otherwise) or `http-redirect` + `http-redirect-code` (see [`redirect_plugin`]), and
+//!   the `forward-auth` plugin made from `auth-uri` with `auth-ssl-verify`,
+//!   `auth-request-headers`, `auth-upstream-headers` and `auth-client-headers` (see
+//!   [`forward_auth_plugin`]). Access-control annotations that are not
+//!   implemented yet reject the Ingress (fail closed, like ApisixRoute `authentication`);
+//!   other unknown ones are listed in the `Accepted` message.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::networking::v1::{Ingress, IngressBackend, IngressClass, IngressRule};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use sluice_proto::v1;
+
+use crate::builder::{Builder, RouteOutput};
+use crate::problems::Problems;
+use crate::status::IngressStatus;
+use crate::tls::Unresolved;
+use crate::upstream::{self, BackendRef, UpstreamObject};
+use crate::{Index, Options, validate};
+
+/// Prefix of the APISIX Ingress annotations.
+const ANNOTATION_PREFIX: &str = "k8s.apisix.apache.org/";
+/// Legacy class annotation, still honoured.
+const LEGACY_CLASS_ANNOTATION: &str = "kubernetes.io/ingress.class";
+/// IngressClass annotation that makes it the cluster default.
+const DEFAULT_CLASS_ANNOTATION: &str = "ingressclass.kubernetes.io/is-default-class";
+/// Priority of an `Exact` path route (other paths: 0; the default backend: `i32::MIN`).
+const EXACT_PRIORITY: i32 = 1;
+/// Weight of an Ingress backend (there is one per path).
+const BACKEND_WEIGHT: u32 = 100;
+
+/// Annotations that restrict access: serving the Ingress without them would expose more than
+/// the user wrote, so the Ingress is rejected until they are implemented.
+const FAIL_CLOSED_ANNOTATIONS: &[&str] = &[
+    "allowlist-source-range",
+    "blocklist-source-range",
+    "auth-type",
+    "http-allow-methods",
+    "http-block-methods",
+    "plugin-config-name",
+];
+
+/// Whether the Ingress belongs to this controller. `None` (standalone): every Ingress.
+/// Otherwise `spec.ingressClassName` or the legacy annotation must name the class, or neither
+/// is set and the IngressClass of that name is the cluster default.
+pub(crate) fn selected(ing: &Ingress, classes: &[IngressClass], opts: &Options) -> bool {
+    let Some(want) = opts.ingress_class.as_deref() else {
+        return true;
+    };
+    let spec_class = ing
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+        .filter(|c| !c.is_empty());
+    let legacy = ing
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
+        .map(String::as_str)
+        .filter(|c| !c.is_empty());
+    if spec_class == Some(want) || legacy == Some(want) {
+        return true;
+    }
+    if spec_class.is_some() || legacy.is_some() {
+        return false;
+    }
+    classes.iter().any(|c| {
+        c.metadata.name.as_deref() == Some(want)
+            && c.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(DEFAULT_CLASS_ANNOTATION))
+                .is_some_and(|v| v == "true")
+    })
+}
+
+/// Route-wide settings taken from annotations.
+#[derive(Default)]
+struct Settings {
+    websocket: bool,
+    timeout: Option<v1::Timeouts>,
+    /// Plugins from annotations (`forward-auth`, `redirect`), sorted by name.
+    plugins: Vec<v1::Plugin>,
+}
+
+/// `redirect` plugin from `http-to-https`, else `http-redirect` with `http-redirect-code`,
+/// as the APISIX ingress controller translates them: `{"http_to_https": true}`, or
+/// `{"uri": <uri>, "ret_code": <code>}` where a code outside 301..=308 (or unparsable)
+/// becomes 301.
+fn redirect_plugin(ing: &Ingress, problems: &mut Problems) -> Option<v1::Plugin> {
+    let get = |name: &str| {
+        ing.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&format!("{ANNOTATION_PREFIX}{name}")))
+    };
+    let config = match get("http-to-https").map(String::as_str) {
+        Some("true") => serde_json::json!({"http_to_https": true}),
+        Some("false") | None => {
+            let uri = get("http-redirect").filter(|u| !u.is_empty())?;
+            let code = get("http-redirect-code")
+                .and_then(|c| c.parse::<u16>().ok())
+                .filter(|c| (301..=308).contains(c))
+                .unwrap_or(301);
+            serde_json::json!({"uri": uri, "ret_code": code})
+        }
+        Some(other) => {
+            problems.error(
+                annotation_field(&format!("{ANNOTATION_PREFIX}http-to-https")),
+                format!("{other:?} must be \"true\" or \"false\""),
+            );
+            return None;
+        }
+    };
+    Some(v1::Plugin {
+        name: "redirect".into(),
+        config_json: crate::json::canonical(&config),
+    })
+}
+
+/// `forward-auth` plugin from `auth-uri` (required, else the other `auth-*` annotations
+/// do nothing), as the APISIX ingress controller translates them: `ssl_verify` is false
+/// only for `auth-ssl-verify: "false"`; the header lists are comma-separated (blanks
+/// trimmed, empty items dropped). The config is validated like any plugin's, so a bad URI
+/// or header name rejects the Ingress with the annotation named.
+fn forward_auth_plugin(ing: &Ingress, problems: &mut Problems) -> Option<v1::Plugin> {
+    let get = |name: &str| {
+        ing.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(&format!("{ANNOTATION_PREFIX}{name}")))
+    };
+    let uri = get("auth-uri").filter(|u| !u.is_empty())?;
+    let list = |name: &str| -> Vec<String> {
+        get(name)
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let config = serde_json::json!({
+        "uri": uri,
+        "ssl_verify": get("auth-ssl-verify").map(String::as_str) != Some("false"),
+        "request_headers": list("auth-request-headers"),
+        "upstream_headers": list("auth-upstream-headers"),
+        "client_headers": list("auth-client-headers"),
+    });
+    if let Err(e) = sluice_plugin_config::validate("forward-auth", &config) {
+        let (field, reason) = match &e {
+            sluice_plugin_config::ConfigError::Field { field, reason, .. } => {
+                let name = match field.split('[').next().unwrap_or("") {
+                    "request_headers" => "auth-request-headers",
+                    "upstream_headers" => "auth-upstream-headers",
+                    "client_headers" => "auth-client-headers",
+                    _ => "auth-uri",
+                };
+                (name, reason.clone())
+            }
+            other => ("auth-uri", other.to_string()),
+        };
+        problems.error(
+            annotation_field(&format!("{ANNOTATION_PREFIX}{field}")),
+            reason,
+        );
+        return None;
+    }
+    Some(v1::Plugin {
+        name: "forward-auth".into(),
+        config_json: crate::json::canonical(&config),
+    })
+}
+
+fn annotation_field(key: &str) -> String {
+    format!("metadata.annotations[{key:?}]")
+}
+
+fn settings(ing: &Ingress, problems: &mut Problems) -> Settings {
+    let mut out = Settings::default();
+    let mut timeouts = [None, None, None];
+    let mut unknown = Vec::new();
+    for (key, value) in ing.metadata.annotations.iter().flatten() {
+        let Some(name) = key.strip_prefix(ANNOTATION_PREFIX) else {
+            continue;
+        };
+        let slot = match name {
+            "enable-websocket" => {
+                match value.as_str() {
+                    "true" => out.websocket = true,
+                    "false" => out.websocket = false,
+                    _ => problems.error(
+                        annotation_field(key),
+                        format!("{value:?} must be \"true\" or \"false\""),
+                    ),
+                }
+                continue;
+            }
+            "http-to-https" | "http-redirect" | "http-redirect-code" => continue,
+            "auth-uri"
+            | "auth-ssl-verify"
+            | "auth-request-headers"
+            | "auth-upstream-headers"
+            | "auth-client-headers" => continue,
+            "upstream-connect-timeout" => 0,
+            "upstream-send-timeout" => 1,
+            "upstream-read-timeout" => 2,
+            _ if FAIL_CLOSED_ANNOTATIONS.contains(&name) => {
+                problems.error(
+                    annotation_field(key),
+                    "not supported yet (the Ingress is rejected rather than served with less access control than written)",
+                );
+                continue;
+            }
+            _ => {
+                unknown.push(key.as_str());
+                continue;
+            }
+        };
+        match upstream::duration_ms(value) {
+            Ok(ms) => timeouts[slot] = Some(ms),
+            Err(e) => problems.error(annotation_field(key), e),
+        }
+    }
+    out.timeout = upstream::timeouts(timeouts);
+    out.plugins.extend(forward_auth_plugin(ing, problems));
+    out.plugins.extend(redirect_plugin(ing, problems));
+    if !unknown.is_empty() {
+        problems.notes.push(format!(
+            "annotations not supported yet, ignored: {}",
+            unknown.join(", ")
+        ));
+    }
+    out
+}
+
+/// Snapshot paths of one Ingress path; `Err` is the field (`path` or `pathType`) and why it
+/// is invalid.
+fn paths(path: Option<&str>, path_type: &str) -> Result<Vec<String>, (&'static str, String)> {
+    if !matches!(path_type, "Exact" | "Prefix" | "ImplementationSpecific") {
+        return Err((
+            "pathType",
+            format!("unknown pathType {path_type:?} (Exact, Prefix or ImplementationSpecific)"),
+        ));
+    }
+    let path = match (path.filter(|p| !p.is_empty()), path_type) {
+        (Some(p), _) => p,
+        (None, "ImplementationSpecific") => "/",
+        (None, _) => return Err(("path", format!("required for pathType {path_type}"))),
+    };
+    validate::path(path).map_err(|e| ("path", e))?;
+    let out = match path_type {
+        "Exact" | "Prefix" if path.contains('*') => {
+            return Err((
+                "path",
+                format!("{path:?}: `*` is not supported in {path_type} paths"),
+            ));
+        }
+        "Exact" => vec![path.to_owned()],
+        "Prefix" => {
+            let base = path.trim_end_matches('/');
+            if base.is_empty() {
+                vec!["/*".to_owned()]
+            } else {
+                vec![base.to_owned(), format!("{base}/*")]
+            }
+        }
+        "ImplementationSpecific" if path.ends_with('*') => vec![path.to_owned()],
+        _ => vec![format!("{path}*")],
+    };
+    for p in &out {
+        validate::path(p).map_err(|e| ("path", e))?;
+    }
+    Ok(out)
+}
+
+struct Ctx<'c, 'a> {
+    ns: &'c str,
+    idx: &'c Index<'a>,
+    aus: &'c BTreeMap<(&'a str, &'a str), Result<UpstreamObject, ()>>,
+}
+
+impl Ctx<'_, '_> {
+    /// The backend of one path (`field` is its `backend` field path).
+    fn backend(
+        &self,
+        b: &IngressBackend,
+        field: &str,
+        problems: &mut Problems,
+    ) -> Option<(v1::Backend, v1::Upstream)> {
+        if b.resource.is_some() {
+            problems.error(
+                format!("{field}.resource"),
+                "resource backends are not supported (use service)",
+            );
+            return None;
+        }
+        let Some(svc) = &b.service else {
+            problems.error(format!("{field}.service"), "required");
+            return None;
+        };
+        let port = match svc.port.as_ref() {
+            Some(p) => match (p.number, p.name.as_deref()) {
+                (Some(n), _) if n != 0 => IntOrString::Int(n),
+                (_, Some(name)) if !name.is_empty() => IntOrString::String(name.to_owned()),
+                _ => {
+                    problems.error(format!("{field}.service.port"), "number or name required");
+                    return None;
+                }
+            },
+            None => {
+                problems.error(format!("{field}.service.port"), "required");
+                return None;
+            }
+        };
+        let r = BackendRef {
+            namespace: self.ns,
+            service: &svc.name,
+            port: &port,
+            granularity: Default::default(),
+            subset: None,
+            field,
+            field_names: ("service.name", "service.port"),
+        };
+        let up = upstream::service_upstream(&r, self.idx, self.aus, problems)?;
+        Some((
+            v1::Backend {
+                upstream_id: up.id.clone(),
+                weight: BACKEND_WEIGHT,
+            },
+            up,
+        ))
+    }
+}
+
+/// Every Ingress of our class: its routes enter the snapshot, or none (`Accepted=False`);
+/// `tls` holds the unresolved `spec.tls[]` entries per Ingress (from [`crate::tls`]). The
+/// verdicts go to [`Builder::ingresses`], apart from the status report.
+pub(crate) fn translate(
+    idx: &Index<'_>,
+    aus: &BTreeMap<(&str, &str), Result<UpstreamObject, ()>>,
+    mut tls: BTreeMap<(String, String), Vec<Unresolved>>,
+    out: &mut Builder,
+) {
+    for (&(ns, name), ing) in &idx.ingresses {
+        let mut problems = Problems::default();
+        let translated = translate_object(ing, ns, name, idx, aus, &mut problems);
+        if let Some(list) = tls.remove(&(ns.to_owned(), name.to_owned())) {
+            for (reason, field, message) in list {
+                problems.unresolved(reason, field, message);
+            }
+        }
+        // An ApisixRoute of the same name with a rule named like `ingress-r0-p0` would take
+        // the same id: reject the Ingress rather than silently replace that route.
+        for r in &translated.routes {
+            if let Some(other) = out.routes.get(&r.id) {
+                problems.error(
+                    "metadata.name",
+                    format!("route id {} is already used by {}", r.id, other.source),
+                );
+            }
+        }
+        let mut conditions = vec![problems.accepted()];
+        let mut ids = Vec::new();
+        if problems.is_valid() {
+            conditions.push(problems.resolved_refs());
+            ids = out.add(translated);
+        }
+        out.ingresses.push(IngressStatus {
+            namespace: ns.to_owned(),
+            name: name.to_owned(),
+            generation: ing.metadata.generation,
+            conditions,
+            routes: ids,
+        });
+    }
+}
+
+/// Translates one Ingress. The output is only meaningful when `problems` holds no errors
+/// afterwards.
+pub(crate) fn translate_object(
+    ing: &Ingress,
+    ns: &str,
+    name: &str,
+    idx: &Index<'_>,
+    aus: &BTreeMap<(&str, &str), Result<UpstreamObject, ()>>,
+    problems: &mut Problems,
+) -> RouteOutput {
+    let mut out = RouteOutput::default();
+    let settings = settings(ing, problems);
+    let ctx = Ctx { ns, idx, aus };
+    let Some(spec) = ing.spec.as_ref() else {
+        problems.error("spec", "required");
+        return out;
+    };
+    let routes = Routes {
+        source: format!("Ingress {ns}/{name}"),
+        settings,
+    };
+    for (i, rule) in spec.rules.iter().flatten().enumerate() {
+        routes.rule(&ctx, name, i, rule, problems, &mut out);
+    }
+    if let Some(b) = &spec.default_backend
+        && let Some((backend, up)) = ctx.backend(b, "spec.defaultBackend", problems)
+    {
+        out.routes.push(routes.route(
+            format!("{ns}/{name}/ingress-default"),
+            i32::MIN,
+            Vec::new(),
+            vec!["/*".to_owned()],
+            backend,
+        ));
+        out.upstreams.push(up);
+    }
+    out
+}
+
+/// What every route of one Ingress shares.
+struct Routes {
+    source: String,
+    settings: Settings,
+}
+
+impl Routes {
+    fn route(
+        &self,
+        id: String,
+        priority: i32,
+        hosts: Vec<String>,
+        paths: Vec<String>,
+        backend: v1::Backend,
+    ) -> v1::Route {
+        v1::Route {
+            id,
+            source: self.source.clone(),
+            priority,
+            hosts,
+            paths,
+            timeout: self.settings.timeout,
+            websocket: self.settings.websocket,
+            backends: vec![backend],
+            plugins: self.settings.plugins.clone(),
+            ..Default::default()
+        }
+    }
+
+    /// The routes of `spec.rules[i]`: one per path.
+    fn rule(
+        &self,
+        ctx: &Ctx<'_, '_>,
+        name: &str,
+        i: usize,
+        rule: &IngressRule,
+        problems: &mut Problems,
+        out: &mut RouteOutput,
+    ) {
+        let ns = ctx.ns;
+        let rf = format!("spec.rules[{i}]");
+        let mut hosts = Vec::new();
+        if let Some(h) = rule.host.as_deref().filter(|h| !h.is_empty()) {
+            match validate::host(h) {
+                Ok(()) => hosts.push(h.to_owned()),
+                Err(e) => problems.error(format!("{rf}.host"), e),
+            }
+        }
+        let Some(http) = &rule.http else {
+            return;
+        };
+        for (j, p) in http.paths.iter().enumerate() {
+            let pf = format!("{rf}.http.paths[{j}]");
+            let paths = match paths(p.path.as_deref(), &p.path_type) {
+                Ok(paths) => Some(paths),
+                Err((f, e)) => {
+                    problems.error(format!("{pf}.{f}"), e);
+                    None
+                }
+            };
+            let backend = ctx.backend(&p.backend, &format!("{pf}.backend"), problems);
+            if let (Some(paths), Some((backend, up))) = (paths, backend) {
+                // The router ranks an exact path above prefixes already; priority only breaks
+                // the tie between `Exact /foo` and the exact half of `Prefix /foo`, which the
+                // Ingress spec gives to Exact.
+                let priority = if p.path_type == "Exact" {
+                    EXACT_PRIORITY
+                } else {
+                    0
+                };
+                let id = format!("{ns}/{name}/ingress-r{i}-p{j}");
+                out.routes
+                    .push(self.route(id, priority, hosts.clone(), paths, backend));
+                out.upstreams.push(up);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    fn ok(path: &str, path_type: &str) -> Vec<String> {
+        paths(Some(path), path_type).unwrap()
+    }
+
+    #[test]
+    fn prefix_paths_are_element_wise() {
+        assert_eq!(ok("/foo", "Prefix"), ["/foo", "/foo/*"]);
+        assert_eq!(ok("/foo/", "Prefix"), ["/foo", "/foo/*"]);
+        assert_eq!(ok("/", "Prefix"), ["/*"]);
+        assert_eq!(ok("/foo", "Exact"), ["/foo"]);
+        assert_eq!(ok("/foo", "ImplementationSpecific"), ["/foo*"]);
+        assert_eq!(ok("/foo*", "ImplementationSpecific"), ["/foo*"]);
+        assert_eq!(paths(None, "ImplementationSpecific").unwrap(), ["/*"]);
+    }
+
+    #[test]
+    fn bad_paths_name_the_field() {
+        assert_eq!(paths(Some("foo"), "Prefix").unwrap_err().0, "path");
+        assert_eq!(paths(None, "Exact").unwrap_err().0, "path");
+        assert_eq!(paths(Some("/a*"), "Prefix").unwrap_err().0, "path");
+        assert_eq!(paths(Some("/a"), "Regex").unwrap_err().0, "pathType");
+    }
+
+    fn ingress(yaml: &str) -> Ingress {
+        serde_yaml::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn class_selection() {
+        let sluice = Options {
+            ingress_class: Some("sluice".into()),
+            ..Default::default()
+        };
+        let default_class: IngressClass = serde_yaml::from_str(
+            "metadata: {name: sluice, annotations: {ingressclass.kubernetes.io/is-default-class: \"true\"}}",
+        )
+        .unwrap();
+        let unclassed = ingress("metadata: {name: a}\nspec: {}");
+        let named = ingress("metadata: {name: a}\nspec: {ingressClassName: sluice}");
+        let other = ingress("metadata: {name: a}\nspec: {ingressClassName: nginx}");
+        let legacy = ingress(
+            "metadata: {name: a, annotations: {kubernetes.io/ingress.class: sluice}}\nspec: {}",
+        );
+        assert!(selected(&unclassed, &[], &Options::default()));
+        assert!(selected(&other, &[], &Options::default()));
+        assert!(selected(&named, &[], &sluice));
+        assert!(selected(&legacy, &[], &sluice));
+        assert!(!selected(
+            &other,
+            std::slice::from_ref(&default_class),
+            &sluice
+        ));
+        assert!(!selected(&unclassed, &[], &sluice));
+        assert!(selected(&unclassed, &[default_class], &sluice));
+    }
+}
