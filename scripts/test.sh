@@ -15,6 +15,18 @@ step() { echo "==> [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 
 step "installing the test dependencies (cached under $SLUICE_CACHE)"
 scripts/install/test-deps.sh
+# The arm64 binaries of the test image come from Debian's rustc (the only aarch64 standard
+# library here), so nothing of the amd64 build can be reused: cross-build them in the
+# background (cheap profile ci-cross, see Cargo.toml; cached in
+# $SLUICE_CACHE/target-image-arm64) while the stages below download and build, and pick them
+# up for the image. Its packages are installed first, so no two apt-gets overlap.
+scripts/images/build-images.sh --arches arm64 --tools-only
+arm64_log="$SLUICE_CACHE/arm64-build.log"
+# NB: in its own process group (setsid), so that a failing stage stops the whole build too.
+setsid scripts/images/build-images.sh --profile ci-cross --arches arm64 --bins-only >"$arm64_log" 2>&1 &
+arm64_pid=$!
+trap 'kill -- "-$arm64_pid" 2>/dev/null || true' EXIT
+step "arm64 binaries: cross-building in the background (log: $arm64_log)"
 # kube-apiserver + etcd for e2e; with --node also the real node's parts (kubelet,
 # kube-controller-manager, kube-scheduler, kube-proxy, CoreDNS, metrics-server, containerd,
 # runc, CNI plugins): built once from the Go module proxy / apt, cached.
@@ -45,11 +57,17 @@ cargo build --workspace --bins --tests --locked --quiet "${SYSTEM_TIER[@]}"
 export SLUICE_BIN_DIR="$CARGO_TARGET_DIR/debug"
 
 # The image the real-node tests (e2e/tests/realnode.rs) install with helm: the project's own
-# multi-arch build, amd64 from the binaries just built, arm64 cross-built (dev profile,
-# cached in $SLUICE_CACHE/target-image-arm64).
-step "scripts/images/build-images.sh (amd64 from this build, arm64 cross-built)"
-scripts/images/build-images.sh --profile dev --arches "amd64 arm64" --amd64-bins "$SLUICE_BIN_DIR" \
-    --out "$SLUICE_CACHE/test-images"
+# multi-arch build, amd64 from the binaries just built, arm64 from the background build.
+step "waiting for the arm64 binaries"
+if ! wait "$arm64_pid"; then
+    cat "$arm64_log" >&2
+    echo "the arm64 cross build failed (log above)" >&2
+    exit 1
+fi
+arm64_bins=$(sed -n 's/^arm64 //p' "$arm64_log")
+step "scripts/images/build-images.sh (amd64 from this build, arm64 from the cross build)"
+scripts/images/build-images.sh --arches "amd64 arm64" --amd64-bins "$SLUICE_BIN_DIR" \
+    --arm64-bins "$arm64_bins" --out "$SLUICE_CACHE/test-images"
 export SLUICE_TEST_IMAGE="$SLUICE_CACHE/test-images/sluice-$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1).oci.tar"
 
 # Coverage-guided fuzzing of the dataplane's parsers (libFuzzer on stable; a fixed seed,

@@ -299,20 +299,20 @@ fn text_output_fits_80_columns() {
     assert!(checked >= 8, "only {checked} text goldens");
 }
 
-/// The wave-2 plugins in the chain with what can be said of them offline (csrf's header,
+/// The request-guard and hmac-auth plugins in the chain with what can be said of them offline (csrf's header,
 /// hmac-auth's signature, client-control's limit, api-breaker's answer); the csrf key is
 /// never printed.
 #[test]
-fn explain_describes_wave2_plugins() {
+fn explain_describes_guard_and_hmac_plugins() {
     golden(
-        "explain-wave2",
+        "explain-guards-hmac",
         &[
             "explain",
             "http://any.example/good/x",
             "--ingress-class",
             "",
             "-f",
-            "../lib/translate/testdata/apisix/plugins-wave2.in.yaml",
+            "../lib/translate/testdata/apisix/plugins-guards-hmac.in.yaml",
         ],
         None,
     );

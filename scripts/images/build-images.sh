@@ -14,6 +14,10 @@
 #   --amd64-bins / --arm64-bins take that architecture's sluice-controller and
 #   sluice-dataplane from DIR (e.g. a CI artifact) instead of building them.
 #
+#   --tools-only installs what the build needs and stops; --bins-only builds the binaries
+#   and stops (no image): scripts/test.sh cross-builds the arm64 ones in the background
+#   while other stages run, then passes them back with --arm64-bins.
+#
 #   dist/sluice-VERSION.oci.tar     the multi-arch index (reference name sluice:VERSION)
 #   dist/sluice-VERSION-SIZES.txt   per-architecture image sizes
 #
@@ -39,6 +43,8 @@ out=dist
 amd64_prebuilt=
 arm64_prebuilt=
 arches="amd64 arm64"
+tools_only=
+bins_only=
 while [ $# -gt 0 ]; do
     case $1 in
     --profile) profile=${2:?--profile needs a name}; shift 2 ;;
@@ -46,6 +52,8 @@ while [ $# -gt 0 ]; do
     --amd64-bins) amd64_prebuilt=${2:?--amd64-bins needs a directory}; shift 2 ;;
     --arm64-bins) arm64_prebuilt=${2:?--arm64-bins needs a directory}; shift 2 ;;
     --arches) arches=${2:?--arches needs e.g. "amd64 arm64"}; shift 2 ;;
+    --tools-only) tools_only=1; shift ;;
+    --bins-only) bins_only=1; shift ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed -n '/^#/p' | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "build-images: unknown option $1" >&2; exit 2 ;;
     esac
@@ -93,6 +101,8 @@ if [ ${#need[@]} -gt 0 ]; then
     $sudo apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
+
+[ -z "$tools_only" ] || exit 0
 
 profile_amd64=${SLUICE_IMAGE_PROFILE_AMD64:-$profile}
 profile_arm64=${SLUICE_IMAGE_PROFILE_ARM64:-$profile}
@@ -142,6 +152,10 @@ else
     arm64_bin="$SLUICE_CACHE/target-image-arm64/aarch64-unknown-linux-gnu/$(pdir "$profile_arm64")"
 fi
 log "binaries built in $((SECONDS - t0))s"
+if [ -n "$bins_only" ]; then
+    for arch in $arches; do binvar=${arch}_bin; echo "$arch ${!binvar}"; done
+    exit 0
+fi
 
 # ---- images --------------------------------------------------------------------------------
 B=(buildah --storage-driver vfs --root "$work/storage" --runroot "$work/run")
