@@ -10,7 +10,8 @@ use http::request;
 use sluice_plugin_config::expr::{Expr, ExprVar};
 use sluice_plugin_config::rewrite::{HeaderOps, TPiece, ValueTemplate};
 
-use super::{PluginCtx, vars};
+use super::vars;
+use crate::plugins::PluginCtx;
 
 /// Renders `t`: variables from the request (absent ones are empty, as APISIX), captures
 /// from `caps` (missing ones are empty).
@@ -179,4 +180,26 @@ pub fn stashed_request(ctx: &PluginCtx) -> Option<Arc<request::Parts>> {
     ctx.extensions
         .get::<RequestHead>()
         .map(|h| Arc::clone(&h.0))
+}
+/// Removes query argument `name` from the request URI (for `hide_credentials`).
+pub fn remove_query_arg(req: &mut request::Parts, name: &str) {
+    let Some(q) = req.uri.query() else {
+        return;
+    };
+    let kept: Vec<&str> = q
+        .split('&')
+        .filter(|kv| kv.split_once('=').map_or(*kv, |(k, _)| k) != name)
+        .collect();
+    let mut pq = req.uri.path().to_owned();
+    if !kept.is_empty() {
+        pq.push('?');
+        pq.push_str(&kept.join("&"));
+    }
+    let mut parts = req.uri.clone().into_parts();
+    if let Ok(v) = pq.parse() {
+        parts.path_and_query = Some(v);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            req.uri = uri;
+        }
+    }
 }
