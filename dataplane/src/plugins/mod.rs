@@ -118,3 +118,141 @@ pub const BUILTINS: &[Registration] = &[
     builtin::<proxy_mirror::ProxyMirror>(),
     builtin::<request_validation::RequestValidation>(),
 ];
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use sluice_proto::v1;
+
+    use super::framework::plugin::probe;
+    use super::*;
+
+    /// A config each built-in builds from without I/O.
+    fn sample(name: &str) -> &'static str {
+        match name {
+            "limit-count" => r#"{"count":1,"time_window":1}"#,
+            "limit-req" => r#"{"rate":1,"burst":0,"key":"remote_addr"}"#,
+            "limit-conn" => r#"{"conn":1,"burst":0,"default_conn_delay":0.1,"key":"remote_addr"}"#,
+            "consumer-restriction" => r#"{"whitelist":["a"]}"#,
+            "proxy-rewrite" | "redirect" => r#"{"uri":"/x"}"#,
+            "ip-restriction" => r#"{"whitelist":["127.0.0.1"]}"#,
+            "real-ip" => r#"{"source":"http_x_forwarded_for"}"#,
+            "response-rewrite" => r#"{"body":"x"}"#,
+            "fault-injection" => r#"{"abort":{"http_status":403}}"#,
+            "ua-restriction" => r#"{"allowlist":["x"]}"#,
+            "uri-blocker" => r#"{"block_rules":["x"]}"#,
+            "csrf" => r#"{"key":"k"}"#,
+            "api-breaker" => r#"{"break_response_code":502}"#,
+            "forward-auth" => r#"{"uri":"http://127.0.0.1:1/auth"}"#,
+            "openid-connect" => {
+                r#"{"client_id":"c","client_secret":"s","bearer_only":true,
+                    "discovery":"http://127.0.0.1:1/.well-known/openid-configuration"}"#
+            }
+            "opentelemetry" => r#"{"sampler":{"name":"always_on"}}"#,
+            "http-logger" => r#"{"uri":"http://127.0.0.1:1/log","include_req_body":true}"#,
+            "file-logger" => r#"{"path":"/nonexistent/sluice-test.log","include_req_body":true}"#,
+            "proxy-mirror" => r#"{"host":"http://127.0.0.1:1"}"#,
+            "request-validation" => r#"{"header_schema":{"type":"object"}}"#,
+            _ => "{}",
+        }
+    }
+
+    #[test]
+    fn every_known_plugin_is_built_in_with_its_schemas_name_and_priority() {
+        for e in sluice_plugin_config::REGISTRY {
+            let r = BUILTINS.iter().find(|r| r.name == e.name);
+            let r = r.unwrap_or_else(|| {
+                panic!(
+                    "{} validates in translate but the dataplane cannot build it",
+                    e.name
+                )
+            });
+            assert_eq!(r.priority, e.priority, "{}", e.name);
+        }
+        assert_eq!(BUILTINS.len(), sluice_plugin_config::REGISTRY.len());
+    }
+
+    /// `Builtin::HOOKS` names exactly the `Plugin` methods each built-in overrides: every
+    /// method is called once, and the defaults that ran are the methods not overridden.
+    #[tokio::test]
+    async fn every_builtin_declares_exactly_the_methods_it_overrides() {
+        let state = PluginState::default();
+        let consumers = Arc::new(ConsumerTable::default());
+        let upstreams = UpstreamMap::new();
+        let cx = BuildCtx {
+            owner: "t",
+            state: &state,
+            consumers: &consumers,
+            upstreams: Some(&upstreams),
+        };
+        let route = v1::Route {
+            id: "r".into(),
+            ..Default::default()
+        };
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let mut wrong = Vec::new();
+        for r in BUILTINS {
+            let p = match r.build(sample(r.name), &cx) {
+                Ok(p) => p,
+                Err(e) => {
+                    wrong.push(format!("{}: {e}", r.name));
+                    continue;
+                }
+            };
+            assert_eq!((p.name, p.priority), (r.name, r.priority));
+            assert!(
+                r.hooks.has(p.hooks),
+                "{}: instance hooks beyond HOOKS",
+                r.name
+            );
+            let chain =
+                PluginChain::new(&route, Vec::new(), vec![p.clone()], Arc::clone(&consumers));
+            let mut ctx = PluginCtx::new(chain.unwrap(), addr, addr, "http", Instant::now());
+            let (mut req, ()) = http::Request::get("http://a.test/p?apikey=k")
+                .body(())
+                .unwrap()
+                .into_parts();
+            let (mut resp, ()) = http::Response::new(()).into_parts();
+            probe::take();
+            drop(p.rewrite(&mut req, &mut ctx));
+            drop(p.access(&mut req, &mut ctx));
+            p.before_proxy(&mut req, &mut ctx);
+            p.response_headers(&mut resp, &mut ctx);
+            drop(p.body_filter(&mut ctx));
+            p.log(&mut ctx);
+            let overridden = Hooks::METHODS.without(probe::take());
+            if overridden != r.hooks.and(Hooks::METHODS) {
+                wrong.push(format!(
+                    "{}: overrides {overridden:?}, declares {:?}",
+                    r.name, r.hooks
+                ));
+            }
+        }
+        assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    }
+
+    #[test]
+    fn a_plugin_is_built_with_its_priority() {
+        let state = PluginState::default();
+        let consumers = Arc::new(ConsumerTable::default());
+        let cx = BuildCtx {
+            owner: "t",
+            state: &state,
+            consumers: &consumers,
+            upstreams: None,
+        };
+        let p = build(
+            &v1::Plugin {
+                name: "limit-count".into(),
+                config_json: r#"{"count":1,"time_window":1}"#.into(),
+            },
+            &cx,
+        )
+        .unwrap();
+        assert_eq!(p.priority(), 1002);
+    }
+}

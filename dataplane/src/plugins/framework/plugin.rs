@@ -47,9 +47,9 @@ impl std::fmt::Debug for Flow<'_> {
 /// and log phases must be run. A chain calls a plugin only for the hooks it has.
 ///
 /// A built-in plugin declares them once, as [`super::registry::Builtin::HOOKS`]; a unit test
-/// (`registry::tests`) calls every method of every built-in and checks that the methods it
+/// (`plugins::tests`) calls every method of every built-in and checks that the methods it
 /// overrides are exactly the method hooks it declares.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub struct Hooks(u16);
 
 impl Hooks {
@@ -109,6 +109,28 @@ impl Hooks {
     /// Whether some hook of `other` is in `self`.
     pub const fn has_any(self, other: Hooks) -> bool {
         self.0 & other.0 != 0
+    }
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        const NAMES: [&str; 9] = [
+            "rewrite",
+            "access",
+            "before_proxy",
+            "response_headers",
+            "body_filter",
+            "log",
+            "encodes_body",
+            "request_head",
+            "reads_body",
+        ];
+        let on = NAMES
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.0 & (1 << i) != 0)
+            .map(|(_, n)| *n);
+        f.debug_set().entries(on).finish()
     }
 }
 

@@ -39,7 +39,7 @@ pub trait Builtin: Plugin + Sized + 'static {
     /// Its typed config.
     type Config: PluginSchema;
 
-    /// The [`Plugin`] methods it overrides (exactly those: `registry::tests` checks) and how
+    /// The [`Plugin`] methods it overrides (exactly those: `plugins::tests` checks) and how
     /// to run them ([`Hooks::ENCODES_BODY`], [`Hooks::REQUEST_HEAD`], [`Hooks::READS_BODY`]).
     const HOOKS: Hooks;
 
