@@ -7,7 +7,7 @@ use http::request;
 use sluice_plugin_config::proxy_rewrite::{Compiled, ProxyRewrite as Config};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::support::rewrite::{self, render_escaped};
+use super::support::rewrite::{self, encode_path, render_escaped};
 use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 
 /// The plugin.
@@ -34,21 +34,6 @@ impl Builtin for ProxyRewrite {
             raw_uri: conf.use_real_request_uri_unsafe,
         })
     }
-}
-
-/// Percent-encodes what may not appear in a URI path (as APISIX's `uri_safe_encode`):
-/// everything but unreserved, sub-delims, `:@/%` characters.
-pub fn encode_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for b in p.bytes() {
-        let keep = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/%".contains(&b);
-        if keep {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 /// Sets the path-and-query of `req` to `pq` (keeps the URI when `pq` is not valid).
@@ -208,7 +193,6 @@ mod tests {
 
     #[test]
     fn encodes_only_what_a_path_cannot_hold() {
-        assert_eq!(encode_path("/a b/ü/%20/x:y@z"), "/a%20b/%C3%BC/%20/x:y@z");
         assert_eq!(encode_query("a=1&b=x y\r\n?"), "a=1&b=x%20y%0D%0A?");
     }
 }

@@ -15,8 +15,7 @@ use http::{Method, Response, StatusCode, request};
 use sluice_plugin_config::redirect::{Redirect as Config, Target};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::proxy_rewrite::encode_path;
-use super::support::rewrite::{self, render};
+use super::support::rewrite::{self, encode_path, render};
 use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, support::vars};
 use crate::upstream::body::ProxyBody;
 

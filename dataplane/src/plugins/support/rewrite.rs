@@ -181,6 +181,21 @@ pub fn stashed_request(ctx: &PluginCtx) -> Option<Arc<request::Parts>> {
         .get::<RequestHead>()
         .map(|h| Arc::clone(&h.0))
 }
+/// Percent-encodes what may not appear in a URI path (as APISIX's `uri_safe_encode`):
+/// everything but unreserved, sub-delims, `:@/%` characters.
+pub fn encode_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for b in p.bytes() {
+        let keep = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/%".contains(&b);
+        if keep {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
 /// Removes query argument `name` from the request URI (for `hide_credentials`).
 pub fn remove_query_arg(req: &mut request::Parts, name: &str) {
     let Some(q) = req.uri.query() else {
@@ -201,5 +216,15 @@ pub fn remove_query_arg(req: &mut request::Parts, name: &str) {
         if let Ok(uri) = http::Uri::from_parts(parts) {
             req.uri = uri;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_only_what_a_path_cannot_hold() {
+        assert_eq!(encode_path("/a b/ü/%20/x:y@z"), "/a%20b/%C3%BC/%20/x:y@z");
     }
 }
