@@ -248,9 +248,9 @@ fn main() -> anyhow::Result<()> {
         dns_refresh: args.upstream_dns_refresh,
     })?);
     if let Some(names) = &args.plugins {
-        let known: Vec<&str> = sluice_dataplane::plugins::BUILDERS
+        let known: Vec<&str> = sluice_dataplane::plugins::BUILTINS
             .iter()
-            .map(|(n, _)| *n)
+            .map(|r| r.name)
             .collect();
         if let Some(bad) = names.iter().find(|n| !known.contains(&n.as_str())) {
             anyhow::bail!(
@@ -263,7 +263,7 @@ fn main() -> anyhow::Result<()> {
     if let Some(path) = &args.plugin_metadata {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading --plugin-metadata {}", path.display()))?;
-        let metadata = sluice_dataplane::plugins::state::PluginMetadata::parse(&text)
+        let metadata = sluice_dataplane::plugins::PluginMetadata::parse(&text)
             .with_context(|| format!("--plugin-metadata {}", path.display()))?;
         store.plugin_state().set_metadata(metadata);
     }
@@ -433,7 +433,7 @@ fn main() -> anyhow::Result<()> {
         let left = deadline
             .saturating_duration_since(tokio::time::Instant::now())
             .max(Duration::from_secs(1));
-        if !sluice_dataplane::plugins::log::flush_all(left).await {
+        if !sluice_dataplane::plugins::support::batch::flush_all(left).await {
             tracing::warn!("access-log entries still unsent at exit");
         }
     });

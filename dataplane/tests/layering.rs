@@ -184,6 +184,60 @@ fn folders_import_only_the_layers_below_them() {
     }
 }
 
+/// The plugin modules `code` names through `crate::plugins::` (not the framework or
+/// support folders, and not the names `plugins` re-exports, which start upper-case or are
+/// functions of the framework).
+fn plugin_refs(code: &str, plugins: &[String]) -> Vec<String> {
+    let mut refs = Vec::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::plugins::") {
+        rest = &rest[at + "crate::plugins::".len()..];
+        let name: String = rest
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        if plugins.contains(&name) {
+            refs.push(name);
+        }
+    }
+    refs
+}
+
+/// Inside `plugins/`, the helpers in `support/` serve the plugins and never import one (a
+/// helper two plugins share lives in `support/`, not in one of them).
+#[test]
+fn plugin_support_imports_no_plugin() {
+    let dir = manifest_dir().join("src/plugins");
+    let plugins: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(|e| {
+            let name = e.unwrap().file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".rs")
+                .filter(|n| *n != "mod")
+                .map(str::to_owned)
+        })
+        .collect();
+    assert!(plugins.contains(&"limit_count".to_owned()), "{plugins:?}");
+    let mut files = Vec::new();
+    rust_files(&dir.join("support"), &mut files);
+    assert!(!files.is_empty(), "no src/plugins/support");
+    let mut broken = Vec::new();
+    for file in &files {
+        let code = code_only(&std::fs::read_to_string(file).unwrap());
+        for p in plugin_refs(&code, &plugins) {
+            broken.push(format!("{}: imports the plugin `{p}`", file.display()));
+        }
+    }
+    assert!(broken.is_empty(), "{}", broken.join("\n"));
+    assert_eq!(
+        plugin_refs(
+            "use crate::plugins::limit_count::Quota; use crate::plugins::{PluginCtx};",
+            &plugins
+        ),
+        ["limit_count"]
+    );
+}
+
 #[test]
 fn an_upward_import_is_reported() {
     let upward = "use crate::request::handle;\nfn f() { crate::listener::server::serve(); }";

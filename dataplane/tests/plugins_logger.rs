@@ -415,7 +415,7 @@ async fn a_stalled_log_server_never_holds_requests_and_overflow_is_counted() {
     )])
     .await;
     // The first entry is being sent (and never answered); the queue holds 8192 more.
-    let n = sluice_dataplane::plugins::log::MAX_PENDING_ENTRIES + 100;
+    let n = sluice_dataplane::plugins::support::batch::MAX_PENDING_ENTRIES + 100;
     let ok = burst(dp.addr, n).await;
     assert_eq!(ok, n, "every request answered while the log server stalls");
     eventually(|| logs.batches().len() == 1).await;

@@ -19,7 +19,7 @@ use std::time::Duration;
 use common::*;
 use http::StatusCode;
 use serde_json::{Value, json};
-use sluice_dataplane::plugins::state::PluginMetadata;
+use sluice_dataplane::plugins::PluginMetadata;
 use sluice_testkit::EchoServer;
 
 const TRACE: &str = "4bf92f3577b34da6a3ce929d0e0e4736";

@@ -24,8 +24,8 @@ use sluice_plugin_config::api_breaker::ApiBreaker as Config;
 use sluice_plugin_config::rewrite::ValueTemplate;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::rewrite::render;
-use super::{BuildCtx, Flow, Plugin, PluginCtx};
+use super::support::rewrite::render;
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 use crate::upstream::body::ProxyBody;
 
 /// One route's breaker.
@@ -64,35 +64,40 @@ pub struct ApiBreaker {
     state: Arc<Breakers>,
 }
 
-/// Builds `api-breaker`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let field = |field: String, reason: String| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field,
-        reason,
-    };
-    let mut headers = Vec::new();
-    for (i, h) in conf.break_response_headers.iter().flatten().enumerate() {
-        let name = HeaderName::from_bytes(h.key.to_ascii_lowercase().as_bytes())
-            .map_err(|e| field(format!("break_response_headers[{i}].key"), e.to_string()))?;
-        let value = ValueTemplate::parse(&h.value)
-            .map_err(|r| field(format!("break_response_headers[{i}].value"), r))?;
-        headers.push((name, value));
+impl Builtin for ApiBreaker {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS.with(Hooks::LOG);
+
+    /// Builds `api-breaker`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let field = |field: String, reason: String| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field,
+            reason,
+        };
+        let mut headers = Vec::new();
+        for (i, h) in conf.break_response_headers.iter().flatten().enumerate() {
+            let name = HeaderName::from_bytes(h.key.to_ascii_lowercase().as_bytes())
+                .map_err(|e| field(format!("break_response_headers[{i}].key"), e.to_string()))?;
+            let value = ValueTemplate::parse(&h.value)
+                .map_err(|r| field(format!("break_response_headers[{i}].value"), r))?;
+            headers.push((name, value));
+        }
+        // NB: keyed by the config too, so that a changed config starts with a closed breaker.
+        let key = format!("{}:{}:{json}", Config::NAME, cx.owner);
+        Ok(ApiBreaker {
+            code: super::status(conf.break_response_code),
+            body: conf.break_response_body,
+            headers,
+            max_open: Duration::from_secs(conf.max_breaker_sec),
+            unhealthy: conf.unhealthy.http_statuses,
+            failures: conf.unhealthy.failures,
+            healthy: conf.healthy.http_statuses,
+            successes: conf.healthy.successes,
+            state: cx.state.shared(&key, Breakers::default),
+        })
     }
-    // NB: keyed by the config too, so that a changed config starts with a closed breaker.
-    let key = format!("{}:{}:{json}", Config::NAME, cx.owner);
-    Ok(Arc::new(ApiBreaker {
-        code: super::status(conf.break_response_code),
-        body: conf.break_response_body,
-        headers,
-        max_open: Duration::from_secs(conf.max_breaker_sec),
-        unhealthy: conf.unhealthy.http_statuses,
-        failures: conf.unhealthy.failures,
-        healthy: conf.healthy.http_statuses,
-        successes: conf.healthy.successes,
-        state: cx.state.shared(&key, Breakers::default),
-    }))
 }
 
 impl ApiBreaker {
@@ -140,26 +145,6 @@ impl ApiBreaker {
 }
 
 impl Plugin for ApiBreaker {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::ACCESS
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
-    fn wants_log(&self) -> bool {
-        true
-    }
-
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if self.is_open(&ctx.chain.route_id) {
             Flow::respond(self.answer(req, ctx))

@@ -15,7 +15,7 @@ use serde_json::json;
 use sluice_plugin_config::basic_auth::{BasicAuth as Config, BasicAuthConsumer};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Consumer, Flow, Plugin, PluginCtx, json_response};
+use super::{BuildCtx, Builtin, Consumer, Flow, Hooks, Plugin, PluginCtx, json_response};
 
 type Users = HashMap<String, (String, Arc<Consumer>)>;
 
@@ -26,24 +26,29 @@ pub struct BasicAuth {
     users: Arc<Users>,
 }
 
-/// Builds `basic-auth`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let users = cx.consumers.index(Config::NAME, |consumers| {
-        let mut users = Users::new();
-        for c in consumers {
-            if let Some(cred) = c.credential(Config::NAME) {
-                let u: BasicAuthConsumer =
-                    sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
-                users.insert(u.username, (u.password, Arc::clone(c)));
+impl Builtin for BasicAuth {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
+
+    /// Builds `basic-auth`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let users = cx.consumers.index(Config::NAME, |consumers| {
+            let mut users = Users::new();
+            for c in consumers {
+                if let Some(cred) = c.credential(Config::NAME) {
+                    let u: BasicAuthConsumer =
+                        sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
+                    users.insert(u.username, (u.password, Arc::clone(c)));
+                }
             }
-        }
-        Ok(users)
-    })?;
-    Ok(Arc::new(BasicAuth {
-        hide_credentials: conf.hide_credentials,
-        users,
-    }))
+            Ok(users)
+        })?;
+        Ok(BasicAuth {
+            hide_credentials: conf.hide_credentials,
+            users,
+        })
+    }
 }
 
 fn unauthorized(msg: &str, challenge: bool) -> Flow<'static> {
@@ -71,22 +76,6 @@ fn credentials(value: &str) -> Option<(String, String)> {
 }
 
 impl Plugin for BasicAuth {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let Some(value) = req.headers.get(header::AUTHORIZATION) else {
             return unauthorized("Missing authorization in request", true);

@@ -8,13 +8,11 @@
 //! the HTTP/1.1 upstream path only; to HTTP/2, gRPC and TLS upstreams such a body is not
 //! limited yet (docs/plugins.md says so).
 
-use std::sync::Arc;
-
 use http::{StatusCode, request};
+use sluice_plugin_config::ConfigError;
 use sluice_plugin_config::client_control::ClientControl as Config;
-use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx, rejection};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, rejection};
 use crate::upstream::body::BodyLimit;
 
 /// The plugin.
@@ -23,31 +21,20 @@ pub struct ClientControl {
     max_body_size: Option<u64>,
 }
 
-/// Builds `client-control`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    Ok(Arc::new(ClientControl {
-        max_body_size: conf.max_body_size.filter(|&n| n > 0),
-    }))
+impl Builtin for ClientControl {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
+
+    /// Builds `client-control`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        Ok(ClientControl {
+            max_body_size: conf.max_body_size.filter(|&n| n > 0),
+        })
+    }
 }
 
 impl Plugin for ClientControl {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, _ctx: &'a mut PluginCtx) -> Flow<'a> {
         let Some(max) = self.max_body_size else {
             return Flow::Continue;

@@ -5,14 +5,12 @@
 //! verification."}`. Denied: `rejected_code` (403) with `{"message":"<rejected_msg>"}`, by
 //! default `The consumer_name is forbidden.` / `The route_id is forbidden.`
 
-use std::sync::Arc;
-
 use http::{StatusCode, request};
 use serde_json::json;
+use sluice_plugin_config::ConfigError;
 use sluice_plugin_config::consumer_restriction::{ConsumerRestriction as Config, RestrictionType};
-use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx, json_response};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, json_response};
 
 /// The plugin.
 #[derive(Debug)]
@@ -21,20 +19,25 @@ pub struct ConsumerRestriction {
     message: String,
 }
 
-/// Builds `consumer-restriction`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let ty = match conf.type_ {
-        RestrictionType::RouteId => "route_id",
-        RestrictionType::ServiceId => "service_id",
-        RestrictionType::ConsumerGroupId => "consumer_group_id",
-        RestrictionType::ConsumerName => "consumer_name",
-    };
-    let message = conf
-        .rejected_msg
-        .clone()
-        .unwrap_or_else(|| format!("The {ty} is forbidden."));
-    Ok(Arc::new(ConsumerRestriction { conf, message }))
+impl Builtin for ConsumerRestriction {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS;
+
+    /// Builds `consumer-restriction`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let ty = match conf.type_ {
+            RestrictionType::RouteId => "route_id",
+            RestrictionType::ServiceId => "service_id",
+            RestrictionType::ConsumerGroupId => "consumer_group_id",
+            RestrictionType::ConsumerName => "consumer_name",
+        };
+        let message = conf
+            .rejected_msg
+            .clone()
+            .unwrap_or_else(|| format!("The {ty} is forbidden."));
+        Ok(ConsumerRestriction { conf, message })
+    }
 }
 
 impl ConsumerRestriction {
@@ -47,18 +50,6 @@ impl ConsumerRestriction {
 }
 
 impl Plugin for ConsumerRestriction {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::ACCESS
-    }
-
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let value: &str = match self.conf.type_ {
             RestrictionType::RouteId => &ctx.chain.route_id,

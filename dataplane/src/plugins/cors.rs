@@ -12,15 +12,13 @@
 //!   `-Allow-Credentials: true` with `allow_credential`;
 //! - `Timing-Allow-Origin` when `timing_allow_origins(_by_regex)` allows the Origin.
 
-use std::sync::Arc;
-
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, request, response};
 use regex::Regex;
 use sluice_plugin_config::cors::Cors as Config;
 use sluice_plugin_config::{ConfigError, FieldError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 use crate::upstream::body::ProxyBody;
 
 const ALL_METHODS: &str = "GET,POST,PUT,DELETE,PATCH,HEAD,OPTIONS,CONNECT,TRACE";
@@ -116,61 +114,54 @@ fn field(e: FieldError) -> ConfigError {
     }
 }
 
-/// Builds `cors`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let regexes = conf.origin_regexes().map_err(field)?;
-    let vary = conf.allow_origins.trim() != "*" || !regexes.is_empty();
-    let origins = Origins::new(&conf.allow_origins, regexes, "allow_origins")?;
-    let timing_regexes = conf.timing_regexes().map_err(field)?;
-    let timing = match (&conf.timing_allow_origins, timing_regexes.is_empty()) {
-        (None, true) => None,
-        (list, _) => Some(Origins::new(
-            list.as_deref().unwrap_or(""),
-            timing_regexes,
-            "timing_allow_origins",
-        )?),
-    };
-    let methods = match conf.allow_methods.trim() {
-        "**" => HeaderValue::from_static(ALL_METHODS),
-        m => value("allow_methods", m)?,
-    };
-    let headers = match conf.allow_headers.trim() {
-        "**" => None,
-        h => Some(value("allow_headers", h)?),
-    };
-    let expose = match conf.expose_headers.as_deref() {
-        None | Some("") => None,
-        Some(e) => Some(value("expose_headers", e)?),
-    };
-    Ok(Arc::new(Cors {
-        origins,
-        vary,
-        methods,
-        headers,
-        expose,
-        max_age: HeaderValue::from(conf.max_age),
-        credential: conf.allow_credential,
-        timing,
-    }))
+impl Builtin for Cors {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE.with(Hooks::RESPONSE_HEADERS);
+
+    /// Builds `cors`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let regexes = conf.origin_regexes().map_err(field)?;
+        let vary = conf.allow_origins.trim() != "*" || !regexes.is_empty();
+        let origins = Origins::new(&conf.allow_origins, regexes, "allow_origins")?;
+        let timing_regexes = conf.timing_regexes().map_err(field)?;
+        let timing = match (&conf.timing_allow_origins, timing_regexes.is_empty()) {
+            (None, true) => None,
+            (list, _) => Some(Origins::new(
+                list.as_deref().unwrap_or(""),
+                timing_regexes,
+                "timing_allow_origins",
+            )?),
+        };
+        let methods = match conf.allow_methods.trim() {
+            "**" => HeaderValue::from_static(ALL_METHODS),
+            m => value("allow_methods", m)?,
+        };
+        let headers = match conf.allow_headers.trim() {
+            "**" => None,
+            h => Some(value("allow_headers", h)?),
+        };
+        let expose = match conf.expose_headers.as_deref() {
+            None | Some("") => None,
+            Some(e) => Some(value("expose_headers", e)?),
+        };
+        Ok(Cors {
+            origins,
+            vary,
+            methods,
+            headers,
+            expose,
+            max_age: HeaderValue::from(conf.max_age),
+            credential: conf.allow_credential,
+            timing,
+        })
+    }
 }
 
 static ACRH: HeaderName = HeaderName::from_static("access-control-request-headers");
 static TIMING: HeaderName = HeaderName::from_static("timing-allow-origin");
 
 impl Plugin for Cors {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         // NB: kept before other plugins may change the request, as APISIX does.
         ctx.extensions.insert(CorsRequest {

@@ -13,7 +13,6 @@
 //! Sluice signs with HMAC-SHA256 (keyed by `key`, checked in constant time), so tokens
 //! are not interchangeable between the two.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
@@ -23,7 +22,7 @@ use ring::hmac;
 use sluice_plugin_config::csrf::Csrf as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx, rejection, vars};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, rejection, support::vars};
 
 /// The plugin.
 #[derive(Debug)]
@@ -34,23 +33,28 @@ pub struct Csrf {
     header: HeaderName,
 }
 
-/// Builds `csrf`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let header =
-        HeaderName::from_bytes(conf.name.to_ascii_lowercase().as_bytes()).map_err(|_| {
-            ConfigError::Field {
-                plugin: Config::NAME.into(),
-                field: "name".into(),
-                reason: "must be a valid header and cookie name".into(),
-            }
-        })?;
-    Ok(Arc::new(Csrf {
-        key: hmac::Key::new(hmac::HMAC_SHA256, conf.key.as_bytes()),
-        expires: conf.expires,
-        name: conf.name,
-        header,
-    }))
+impl Builtin for Csrf {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS.with(Hooks::RESPONSE_HEADERS);
+
+    /// Builds `csrf`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let header =
+            HeaderName::from_bytes(conf.name.to_ascii_lowercase().as_bytes()).map_err(|_| {
+                ConfigError::Field {
+                    plugin: Config::NAME.into(),
+                    field: "name".into(),
+                    reason: "must be a valid header and cookie name".into(),
+                }
+            })?;
+        Ok(Csrf {
+            key: hmac::Key::new(hmac::HMAC_SHA256, conf.key.as_bytes()),
+            expires: conf.expires,
+            name: conf.name,
+            header,
+        })
+    }
 }
 
 fn now() -> i64 {
@@ -122,18 +126,6 @@ impl Csrf {
 }
 
 impl Plugin for Csrf {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::ACCESS
-    }
-
     fn access<'a>(&'a self, req: &'a mut request::Parts, _ctx: &'a mut PluginCtx) -> Flow<'a> {
         if matches!(req.method, Method::GET | Method::HEAD | Method::OPTIONS) {
             return Flow::Continue;

@@ -2,7 +2,6 @@
 //! then `abort` answers `http_status` with `body` (and `headers`) instead of the upstream —
 //! each for `percentage` of the requests (all when unset) and only when its `vars` hold.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{self, HeaderValue};
@@ -12,8 +11,8 @@ use sluice_plugin_config::fault_injection::{FaultInjection as Config, compile_va
 use sluice_plugin_config::rewrite::{HeaderOps, ValueTemplate, compile_header_ops};
 use sluice_plugin_config::{ConfigError, FieldError, PluginSchema};
 
-use super::rewrite::{self, render};
-use super::{BuildCtx, Flow, Plugin, PluginCtx};
+use super::support::rewrite::{self, render};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 use crate::upstream::body::ProxyBody;
 
 #[derive(Debug)]
@@ -47,39 +46,44 @@ fn field(e: FieldError) -> ConfigError {
     }
 }
 
-/// Builds `fault-injection`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let abort = match conf.abort {
-        Some(a) => Some(Abort {
-            status: super::status(a.http_status),
-            body: a
-                .body
-                .as_deref()
-                .map(ValueTemplate::parse)
-                .transpose()
-                .map_err(|r| field(FieldError::new("abort.body", r)))?,
-            headers: match &a.headers {
-                Some(h) => {
-                    compile_header_ops("abort.headers", &serde_json::Value::Object(h.clone()))
-                        .map_err(field)?
-                }
-                None => HeaderOps::default(),
-            },
-            percentage: a.percentage,
-            vars: compile_vars("abort.vars", a.vars.as_ref()).map_err(field)?,
-        }),
-        None => None,
-    };
-    let delay = match conf.delay {
-        Some(d) => Some(Delay {
-            duration: Duration::from_secs_f64(d.duration),
-            percentage: d.percentage,
-            vars: compile_vars("delay.vars", d.vars.as_ref()).map_err(field)?,
-        }),
-        None => None,
-    };
-    Ok(Arc::new(FaultInjection { abort, delay }))
+impl Builtin for FaultInjection {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
+
+    /// Builds `fault-injection`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let abort = match conf.abort {
+            Some(a) => Some(Abort {
+                status: super::status(a.http_status),
+                body: a
+                    .body
+                    .as_deref()
+                    .map(ValueTemplate::parse)
+                    .transpose()
+                    .map_err(|r| field(FieldError::new("abort.body", r)))?,
+                headers: match &a.headers {
+                    Some(h) => {
+                        compile_header_ops("abort.headers", &serde_json::Value::Object(h.clone()))
+                            .map_err(field)?
+                    }
+                    None => HeaderOps::default(),
+                },
+                percentage: a.percentage,
+                vars: compile_vars("abort.vars", a.vars.as_ref()).map_err(field)?,
+            }),
+            None => None,
+        };
+        let delay = match conf.delay {
+            Some(d) => Some(Delay {
+                duration: Duration::from_secs_f64(d.duration),
+                percentage: d.percentage,
+                vars: compile_vars("delay.vars", d.vars.as_ref()).map_err(field)?,
+            }),
+            None => None,
+        };
+        Ok(FaultInjection { abort, delay })
+    }
 }
 
 /// Whether a request falls in `percentage` (all when unset).
@@ -120,18 +124,6 @@ impl FaultInjection {
 }
 
 impl Plugin for FaultInjection {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let delay = self.delay.as_ref().filter(|d| {
             d.vars

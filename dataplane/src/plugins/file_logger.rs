@@ -1,7 +1,7 @@
 //! `file-logger` (priority 399, log phase): APISIX's access-log entry appended to a file,
 //! one JSON object per line.
 //!
-//! The request path only queues the entry ([`super::log`]); a task writes what is queued
+//! The request path only queues the entry ([`super::support::batch`]); a task writes what is queued
 //! on a blocking thread, as soon as it arrives (no batching delay), each batch with one
 //! `write` on a file opened with `O_APPEND` (created `0640` when missing). Before each
 //! write the path is checked: when the file was moved or removed (log rotation), it is
@@ -11,50 +11,59 @@
 use std::fs::File;
 use std::io::Write as _;
 use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use sluice_plugin_config::file_logger::FileLogger as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::log::{Batcher, Logger, Policy, Sink};
-use super::{BuildCtx, Plugin};
+use super::support::batch::{Batcher, Policy, Sink};
+use super::support::log::Logger;
+use super::{BuildCtx, Builtin, Hooks};
 
-/// Builds `file-logger`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let format = conf.format().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    let key = format!("file-logger:{}:{json}", cx.owner);
-    let (owner, metrics) = (cx.owner, &cx.state.log_metrics);
-    let batcher = cx.state.shared(&key, || {
-        let policy = Policy {
-            max_size: 1000,
-            inactive: None,
-            buffer_duration: Duration::from_secs(1),
-            max_retries: 0,
-            retry_delay: Duration::ZERO,
-        };
-        let sink = FileSink {
-            path: conf.path.clone(),
-            file: None,
-        };
-        Batcher::start(Config::NAME, owner, policy, sink, metrics)
-    });
-    Ok(Arc::new(Logger::new(
-        Config::NAME,
-        Config::PRIORITY,
-        format,
-        (
-            conf.include_req_body.then_some(conf.max_req_body_bytes),
-            conf.include_resp_body.then_some(conf.max_resp_body_bytes),
-        ),
-        batcher,
-    )))
+/// The plugin: a [`Logger`] appending to a file.
+pub type FileLogger = Logger<Config>;
+
+impl Builtin for FileLogger {
+    type Config = Config;
+    const HOOKS: Hooks = Logger::<Config>::HOOKS;
+
+    fn hooks(&self) -> Hooks {
+        Logger::hooks(self)
+    }
+
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let format = conf.format().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        let key = format!("file-logger:{}:{json}", cx.owner);
+        let (owner, metrics) = (cx.owner, &cx.state.log_metrics);
+        let batcher = cx.state.shared(&key, || {
+            let policy = Policy {
+                max_size: 1000,
+                inactive: None,
+                buffer_duration: Duration::from_secs(1),
+                max_retries: 0,
+                retry_delay: Duration::ZERO,
+            };
+            let sink = FileSink {
+                path: conf.path.clone(),
+                file: None,
+            };
+            Batcher::start(Config::NAME, owner, policy, sink, metrics)
+        });
+        Ok(Logger::new(
+            format,
+            (
+                conf.include_req_body.then_some(conf.max_req_body_bytes),
+                conf.include_resp_body.then_some(conf.max_resp_body_bytes),
+            ),
+            batcher,
+        ))
+    }
 }
 
 /// An open log file with the identity (device, inode) it had when opened.

@@ -45,7 +45,8 @@ use sluice_plugin_config::vars::Var;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
 use super::{
-    BodyRefusal, BuildCtx, Flow, Phases, Plugin, PluginCtx, read_whole_body, rejection, vars,
+    BodyRefusal, BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, read_whole_body, rejection,
+    support::vars,
 };
 use crate::upstream::body::ProxyBody;
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
@@ -89,62 +90,75 @@ pub struct ForwardAuth {
     client: Arc<AuthClient>,
 }
 
-/// Builds `forward-auth`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let field = |field: &str, reason: String| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: field.into(),
-        reason,
-    };
-    let target = conf.target().map_err(|e| field(&e.field, e.reason))?;
-    let names = |list: &[String]| -> Vec<HeaderName> {
-        // Checked by the config already.
-        list.iter()
-            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
-            .collect()
-    };
-    let tls = if target.tls {
-        Some(
-            UpstreamTlsClient::for_probes(None, None, conf.ssl_verify)
-                .map_err(|e| field("uri", e.to_string()))?,
-        )
-    } else {
-        None
-    };
-    let host_header = HeaderValue::from_str(&target.authority)
-        .map_err(|_| field("uri", "host is not a valid Host header".into()))?;
-    // NB: one pool per service and connection settings, shared by routes and kept across
-    // snapshots.
-    let key = format!(
-        "forward-auth:{}:{}:{}:{}:{}",
-        conf.uri, conf.ssl_verify, conf.keepalive, conf.keepalive_timeout, conf.keepalive_pool
-    );
-    let client = cx.state.shared(&key, || AuthClient {
-        dial: if target.host.contains(':') {
-            format!("[{}]:{}", target.host, target.port)
+impl Builtin for ForwardAuth {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE.with(Hooks::ACCESS).with(Hooks::READS_BODY);
+
+    /// Builds `forward-auth`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let field = |field: &str, reason: String| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: field.into(),
+            reason,
+        };
+        let target = conf.target().map_err(|e| field(&e.field, e.reason))?;
+        let names = |list: &[String]| -> Vec<HeaderName> {
+            // Checked by the config already.
+            list.iter()
+                .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+                .collect()
+        };
+        let tls = if target.tls {
+            Some(
+                UpstreamTlsClient::for_probes(None, None, conf.ssl_verify)
+                    .map_err(|e| field("uri", e.to_string()))?,
+            )
         } else {
-            format!("{}:{}", target.host, target.port)
-        },
-        target,
-        host_header,
-        tls,
-        keepalive: conf.keepalive,
-        keepalive_timeout: Duration::from_millis(conf.keepalive_timeout),
-        pool_max: usize::try_from(conf.keepalive_pool).unwrap_or(usize::MAX),
-        idle: Mutex::new(Vec::new()),
-    });
-    Ok(Arc::new(ForwardAuth {
-        request_headers: names(&conf.request_headers),
-        upstream_headers: names(&conf.upstream_headers),
-        client_headers: names(&conf.client_headers),
-        post_body_cap: (conf.request_method == RequestMethod::Post)
-            .then_some(conf.max_req_body_size),
-        timeout: Duration::from_millis(conf.timeout),
-        allow_degradation: conf.allow_degradation,
-        status_on_error: super::status(conf.status_on_error),
-        client,
-    }))
+            None
+        };
+        let host_header = HeaderValue::from_str(&target.authority)
+            .map_err(|_| field("uri", "host is not a valid Host header".into()))?;
+        // NB: one pool per service and connection settings, shared by routes and kept across
+        // snapshots.
+        let key = format!(
+            "forward-auth:{}:{}:{}:{}:{}",
+            conf.uri, conf.ssl_verify, conf.keepalive, conf.keepalive_timeout, conf.keepalive_pool
+        );
+        let client = cx.state.shared(&key, || AuthClient {
+            dial: if target.host.contains(':') {
+                format!("[{}]:{}", target.host, target.port)
+            } else {
+                format!("{}:{}", target.host, target.port)
+            },
+            target,
+            host_header,
+            tls,
+            keepalive: conf.keepalive,
+            keepalive_timeout: Duration::from_millis(conf.keepalive_timeout),
+            pool_max: usize::try_from(conf.keepalive_pool).unwrap_or(usize::MAX),
+            idle: Mutex::new(Vec::new()),
+        });
+        Ok(ForwardAuth {
+            request_headers: names(&conf.request_headers),
+            upstream_headers: names(&conf.upstream_headers),
+            client_headers: names(&conf.client_headers),
+            post_body_cap: (conf.request_method == RequestMethod::Post)
+                .then_some(conf.max_req_body_size),
+            timeout: Duration::from_millis(conf.timeout),
+            allow_degradation: conf.allow_degradation,
+            status_on_error: super::status(conf.status_on_error),
+            client,
+        })
+    }
+
+    fn hooks(&self) -> Hooks {
+        if self.post_body_cap.is_some() {
+            Self::HOOKS
+        } else {
+            Self::HOOKS.without(Hooks::READS_BODY)
+        }
+    }
 }
 
 /// Marks a request whose rewrite phase asked the service already (the access phase then
@@ -269,26 +283,6 @@ impl ForwardAuth {
 }
 
 impl Plugin for ForwardAuth {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> Phases {
-        Phases::REWRITE.with(Phases::ACCESS)
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
-    fn reads_body(&self) -> bool {
-        self.post_body_cap.is_some()
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         self.check(req, ctx)
     }

@@ -7,7 +7,6 @@
 //! ignored.
 
 use std::io::Write as _;
-use std::sync::Arc;
 
 use bytes::Bytes;
 use flate2::Compression;
@@ -17,7 +16,7 @@ use http::{Method, StatusCode, Version, request, response};
 use sluice_plugin_config::gzip::Gzip as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BodyFilter, BuildCtx, Flow, Plugin, PluginCtx};
+use super::{BodyFilter, BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 
 /// The plugin.
 #[derive(Debug)]
@@ -37,25 +36,33 @@ struct Accepts;
 #[derive(Debug, Clone, Copy)]
 struct On;
 
-/// Builds `gzip`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let types = conf.type_list().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    Ok(Arc::new(Gzip {
-        types,
-        min_length: conf.min_length,
-        level: conf.comp_level,
-        min_version: if conf.http_version < 1.1 {
-            Version::HTTP_10
-        } else {
-            Version::HTTP_11
-        },
-        vary: conf.vary,
-    }))
+impl Builtin for Gzip {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE
+        .with(Hooks::RESPONSE_HEADERS)
+        .with(Hooks::BODY_FILTER)
+        .with(Hooks::ENCODES_BODY);
+
+    /// Builds `gzip`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let types = conf.type_list().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        Ok(Gzip {
+            types,
+            min_length: conf.min_length,
+            level: conf.comp_level,
+            min_version: if conf.http_version < 1.1 {
+                Version::HTTP_10
+            } else {
+                Version::HTTP_11
+            },
+            vary: conf.vary,
+        })
+    }
 }
 
 /// Whether `Accept-Encoding` values accept gzip (a `gzip` or `*` coding with q > 0).
@@ -82,18 +89,6 @@ pub fn accepts_gzip(headers: &http::HeaderMap) -> bool {
 }
 
 impl Plugin for Gzip {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if req.method != Method::HEAD
             && req.version >= self.min_version
@@ -146,10 +141,6 @@ impl Plugin for Gzip {
                 .append(header::VARY, HeaderValue::from_static("Accept-Encoding"));
         }
         ctx.extensions.insert(On);
-    }
-
-    fn encodes_body(&self) -> bool {
-        true
     }
 
     fn body_filter(&self, ctx: &mut PluginCtx) -> Option<Box<dyn BodyFilter>> {

@@ -35,7 +35,8 @@ use sluice_plugin_config::hmac_auth::{HmacAlgorithm, HmacAuth as Config, HmacAut
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
 use super::{
-    BodyRefusal, BuildCtx, Consumer, Flow, Plugin, PluginCtx, json_response, read_whole_body,
+    BodyRefusal, BuildCtx, Builtin, Consumer, Flow, Hooks, Plugin, PluginCtx, json_response,
+    read_whole_body,
 };
 use crate::http::path::RequestTarget;
 use crate::upstream::body::ProxyBody;
@@ -85,46 +86,59 @@ pub struct HmacAuth {
     by_id: Arc<ById>,
 }
 
-/// Builds `hmac-auth`; the consumers' keys are indexed once per snapshot.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let challenge =
-        HeaderValue::from_str(&format!("hmac realm=\"{}\"", conf.realm)).map_err(|_| {
-            ConfigError::Field {
-                plugin: Config::NAME.into(),
-                field: "realm".into(),
-                reason: "not a valid header value".into(),
+impl Builtin for HmacAuth {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE.with(Hooks::READS_BODY);
+
+    /// Builds `hmac-auth`; the consumers' keys are indexed once per snapshot.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let challenge =
+            HeaderValue::from_str(&format!("hmac realm=\"{}\"", conf.realm)).map_err(|_| {
+                ConfigError::Field {
+                    plugin: Config::NAME.into(),
+                    field: "realm".into(),
+                    reason: "not a valid header value".into(),
+                }
+            })?;
+        let by_id = cx.consumers.index(Config::NAME, |consumers| {
+            let mut by_id = ById::new();
+            for c in consumers {
+                if let Some(cred) = c.credential(Config::NAME) {
+                    let k: HmacAuthConsumer =
+                        sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
+                    let secret = k.secret_key.as_bytes();
+                    by_id.insert(
+                        k.key_id().to_owned(),
+                        Keys {
+                            consumer: Arc::clone(c),
+                            sha1: hmac::Key::new(hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, secret),
+                            sha256: hmac::Key::new(hmac::HMAC_SHA256, secret),
+                            sha512: hmac::Key::new(hmac::HMAC_SHA512, secret),
+                        },
+                    );
+                }
             }
+            Ok(by_id)
         })?;
-    let by_id = cx.consumers.index(Config::NAME, |consumers| {
-        let mut by_id = ById::new();
-        for c in consumers {
-            if let Some(cred) = c.credential(Config::NAME) {
-                let k: HmacAuthConsumer =
-                    sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
-                let secret = k.secret_key.as_bytes();
-                by_id.insert(
-                    k.key_id().to_owned(),
-                    Keys {
-                        consumer: Arc::clone(c),
-                        sha1: hmac::Key::new(hmac::HMAC_SHA1_FOR_LEGACY_USE_ONLY, secret),
-                        sha256: hmac::Key::new(hmac::HMAC_SHA256, secret),
-                        sha512: hmac::Key::new(hmac::HMAC_SHA512, secret),
-                    },
-                );
-            }
+        Ok(HmacAuth {
+            allowed: conf.allowed_algorithms,
+            clock_skew: conf.clock_skew,
+            signed_headers: conf.signed_headers,
+            hide_credentials: conf.hide_credentials,
+            body_cap: conf.validate_request_body.then_some(conf.max_req_body_size),
+            challenge,
+            by_id,
+        })
+    }
+
+    fn hooks(&self) -> Hooks {
+        if self.body_cap.is_some() {
+            Self::HOOKS
+        } else {
+            Self::HOOKS.without(Hooks::READS_BODY)
         }
-        Ok(by_id)
-    })?;
-    Ok(Arc::new(HmacAuth {
-        allowed: conf.allowed_algorithms,
-        clock_skew: conf.clock_skew,
-        signed_headers: conf.signed_headers,
-        hide_credentials: conf.hide_credentials,
-        body_cap: conf.validate_request_body.then_some(conf.max_req_body_size),
-        challenge,
-        by_id,
-    }))
+    }
 }
 
 /// The fields of a `Signature` authorization.
@@ -325,26 +339,6 @@ fn too_large(req: &request::Parts, cap: u64) -> String {
 }
 
 impl Plugin for HmacAuth {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
-    fn reads_body(&self) -> bool {
-        self.body_cap.is_some()
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let Some(auth) = req.headers.get(AUTHORIZATION) else {
             return self

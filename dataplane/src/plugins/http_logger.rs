@@ -1,5 +1,5 @@
 //! `http-logger` (priority 410, log phase): APISIX's access-log entry, sent in batches
-//! to an HTTP(S) server by a task off the request path ([`super::log`]).
+//! to an HTTP(S) server by a task off the request path ([`super::support::batch`]).
 //!
 //! Each batch is one `POST` to `uri` (path and query as written) with `Host` from the URL,
 //! `Content-Type: application/json` (`concat_method: json`: a JSON array, or the single
@@ -11,7 +11,6 @@
 //!
 //! NB: the `auth_header` value never reaches a log line or an error message.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -19,75 +18,85 @@ use http::header::{self, HeaderValue};
 use sluice_plugin_config::http_logger::{ConcatMethod, HttpLogger as Config};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::log::{Batcher, Logger, Policy, Sink};
-use super::post::HttpPost;
-use super::{BuildCtx, Plugin};
+use super::support::batch::{Batcher, Policy, Sink};
+use super::support::log::Logger;
+use super::support::post::HttpPost;
+use super::{BuildCtx, Builtin, Hooks};
 use crate::upstream::tls::UpstreamTlsClient;
 
-/// Builds `http-logger`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let field = |field: &str, reason: String| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: field.into(),
-        reason,
-    };
-    let target = conf.target().map_err(|e| field(&e.field, e.reason))?;
-    let format = conf.format().map_err(|e| field(&e.field, e.reason))?;
-    let tls = if target.tls {
-        Some(
-            UpstreamTlsClient::for_probes(None, None, conf.ssl_verify)
-                .map_err(|e| field("uri", e.to_string()))?,
-        )
-    } else {
-        None
-    };
-    let mut headers = Vec::new();
-    if let Some(a) = &conf.auth_header {
-        let v = HeaderValue::from_str(a)
-            .map_err(|_| field("auth_header", "is not a valid header value".into()))?;
-        headers.push((header::AUTHORIZATION, v));
+/// The plugin: a [`Logger`] sending to an HTTP server.
+pub type HttpLogger = Logger<Config>;
+
+impl Builtin for HttpLogger {
+    type Config = Config;
+    const HOOKS: Hooks = Logger::<Config>::HOOKS;
+
+    fn hooks(&self) -> Hooks {
+        Logger::hooks(self)
     }
-    let post = HttpPost::new(
-        &target.host,
-        target.port,
-        &target.authority,
-        &target.path_and_query,
-        tls,
-        headers,
-        Duration::from_secs(conf.timeout),
-    )
-    .map_err(|e| field("uri", e))?;
-    // NB: one queue and task per route and config, kept across snapshots while both are.
-    let key = format!("http-logger:{}:{json}", cx.owner);
-    let metrics = &cx.state.log_metrics;
-    let owner = cx.owner;
-    let batcher = cx.state.shared(&key, || {
-        let policy = Policy {
-            max_size: usize::try_from(conf.batch_max_size).unwrap_or(usize::MAX),
-            inactive: Some(Duration::from_secs(conf.inactive_timeout)),
-            buffer_duration: Duration::from_secs(conf.buffer_duration),
-            max_retries: conf.max_retry_count,
-            retry_delay: Duration::from_secs(conf.retry_delay),
+
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let field = |field: &str, reason: String| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: field.into(),
+            reason,
         };
-        let sink = HttpSink {
-            post,
-            concat: conf.concat_method,
-            single: conf.batch_max_size == 1,
-            name: conf.name.clone(),
+        let target = conf.target().map_err(|e| field(&e.field, e.reason))?;
+        let format = conf.format().map_err(|e| field(&e.field, e.reason))?;
+        let tls = if target.tls {
+            Some(
+                UpstreamTlsClient::for_probes(None, None, conf.ssl_verify)
+                    .map_err(|e| field("uri", e.to_string()))?,
+            )
+        } else {
+            None
         };
-        Batcher::start(Config::NAME, owner, policy, sink, metrics)
-    });
-    Ok(Arc::new(Logger::new(
-        Config::NAME,
-        Config::PRIORITY,
-        format,
-        (
-            conf.include_req_body.then_some(conf.max_req_body_bytes),
-            conf.include_resp_body.then_some(conf.max_resp_body_bytes),
-        ),
-        batcher,
-    )))
+        let mut headers = Vec::new();
+        if let Some(a) = &conf.auth_header {
+            let v = HeaderValue::from_str(a)
+                .map_err(|_| field("auth_header", "is not a valid header value".into()))?;
+            headers.push((header::AUTHORIZATION, v));
+        }
+        let post = HttpPost::new(
+            &target.host,
+            target.port,
+            &target.authority,
+            &target.path_and_query,
+            tls,
+            headers,
+            Duration::from_secs(conf.timeout),
+        )
+        .map_err(|e| field("uri", e))?;
+        // NB: one queue and task per route and config, kept across snapshots while both are.
+        let key = format!("http-logger:{}:{json}", cx.owner);
+        let metrics = &cx.state.log_metrics;
+        let owner = cx.owner;
+        let batcher = cx.state.shared(&key, || {
+            let policy = Policy {
+                max_size: usize::try_from(conf.batch_max_size).unwrap_or(usize::MAX),
+                inactive: Some(Duration::from_secs(conf.inactive_timeout)),
+                buffer_duration: Duration::from_secs(conf.buffer_duration),
+                max_retries: conf.max_retry_count,
+                retry_delay: Duration::from_secs(conf.retry_delay),
+            };
+            let sink = HttpSink {
+                post,
+                concat: conf.concat_method,
+                single: conf.batch_max_size == 1,
+                name: conf.name.clone(),
+            };
+            Batcher::start(Config::NAME, owner, policy, sink, metrics)
+        });
+        Ok(Logger::new(
+            format,
+            (
+                conf.include_req_body.then_some(conf.max_req_body_bytes),
+                conf.include_resp_body.then_some(conf.max_resp_body_bytes),
+            ),
+            batcher,
+        ))
+    }
 }
 
 /// Sends batches to one log server.

@@ -3,15 +3,13 @@
 //! `{"message":"Your IP address is not allowed"}` (or `message`). The client address is
 //! the one `real-ip` set, if it ran.
 
-use std::sync::Arc;
-
 use http::request;
 use ipnet::IpNet;
 use serde_json::json;
 use sluice_plugin_config::ip_restriction::IpRestriction as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx, json_response};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, json_response};
 
 /// The plugin.
 #[derive(Debug)]
@@ -22,35 +20,28 @@ pub struct IpRestriction {
     code: http::StatusCode,
 }
 
-/// Builds `ip-restriction`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let (nets, whitelist) = conf.nets().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    Ok(Arc::new(IpRestriction {
-        nets,
-        whitelist,
-        message: json!({ "message": conf.message }),
-        code: super::status(conf.response_code),
-    }))
+impl Builtin for IpRestriction {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS;
+
+    /// Builds `ip-restriction`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let (nets, whitelist) = conf.nets().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        Ok(IpRestriction {
+            nets,
+            whitelist,
+            message: json!({ "message": conf.message }),
+            code: super::status(conf.response_code),
+        })
+    }
 }
 
 impl Plugin for IpRestriction {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::ACCESS
-    }
-
     fn access<'a>(&'a self, _req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let ip = ctx.remote_addr.ip().to_canonical();
         let listed = self.nets.iter().any(|n| n.contains(&ip));

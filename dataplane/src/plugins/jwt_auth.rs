@@ -18,7 +18,9 @@ use serde_json::{Value, json};
 use sluice_plugin_config::jwt_auth::{JwtAlgorithm, JwtAuth as Config, JwtAuthConsumer};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Consumer, Flow, Plugin, PluginCtx, json_response, vars};
+use super::{
+    BuildCtx, Builtin, Consumer, Flow, Hooks, Plugin, PluginCtx, json_response, support::vars,
+};
 
 struct Verifier {
     key: DecodingKey,
@@ -61,52 +63,57 @@ fn algorithm(a: JwtAlgorithm) -> Algorithm {
     }
 }
 
-/// Builds `jwt-auth`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let header =
-        HeaderName::from_bytes(conf.header.to_ascii_lowercase().as_bytes()).map_err(|_| {
-            ConfigError::Field {
-                plugin: Config::NAME.into(),
-                field: "header".into(),
-                reason: "not a valid header name".into(),
-            }
-        })?;
-    let keys = cx.consumers.index(Config::NAME, |consumers| {
-        let mut keys = Keys::new();
-        for c in consumers {
-            let Some(cred) = c.credential(Config::NAME) else {
-                continue;
-            };
-            let j: JwtAuthConsumer = sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
-            // NB: translation rejects a consumer whose key does not parse (same code); should
-            // a snapshot carry one anyway, only that consumer is disabled (its requests get
-            // 401), rather than every route of the snapshot rejected.
-            let key = match j.decoding_key() {
-                Ok(k) => k,
-                Err(e) => {
-                    tracing::warn!(consumer = %c.name, error = %e, "jwt-auth credential unusable");
-                    continue;
+impl Builtin for JwtAuth {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
+
+    /// Builds `jwt-auth`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let header =
+            HeaderName::from_bytes(conf.header.to_ascii_lowercase().as_bytes()).map_err(|_| {
+                ConfigError::Field {
+                    plugin: Config::NAME.into(),
+                    field: "header".into(),
+                    reason: "not a valid header name".into(),
                 }
-            };
-            let mut validation = Validation::new(algorithm(j.algorithm));
-            validation.required_spec_claims.clear();
-            validation.leeway = j.lifetime_grace_period;
-            validation.validate_exp = true;
-            validation.validate_nbf = true;
-            validation.validate_aud = false;
-            keys.insert(
-                j.key,
-                Verifier {
-                    key,
-                    validation,
-                    consumer: Arc::clone(c),
-                },
-            );
-        }
-        Ok(keys)
-    })?;
-    Ok(Arc::new(JwtAuth { conf, header, keys }))
+            })?;
+        let keys = cx.consumers.index(Config::NAME, |consumers| {
+            let mut keys = Keys::new();
+            for c in consumers {
+                let Some(cred) = c.credential(Config::NAME) else {
+                    continue;
+                };
+                let j: JwtAuthConsumer = sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
+                // NB: translation rejects a consumer whose key does not parse (same code); should
+                // a snapshot carry one anyway, only that consumer is disabled (its requests get
+                // 401), rather than every route of the snapshot rejected.
+                let key = match j.decoding_key() {
+                    Ok(k) => k,
+                    Err(e) => {
+                        tracing::warn!(consumer = %c.name, error = %e, "jwt-auth credential unusable");
+                        continue;
+                    }
+                };
+                let mut validation = Validation::new(algorithm(j.algorithm));
+                validation.required_spec_claims.clear();
+                validation.leeway = j.lifetime_grace_period;
+                validation.validate_exp = true;
+                validation.validate_nbf = true;
+                validation.validate_aud = false;
+                keys.insert(
+                    j.key,
+                    Verifier {
+                        key,
+                        validation,
+                        consumer: Arc::clone(c),
+                    },
+                );
+            }
+            Ok(keys)
+        })?;
+        Ok(JwtAuth { conf, header, keys })
+    }
 }
 
 fn unauthorized(msg: &str) -> Flow<'static> {
@@ -156,22 +163,6 @@ impl JwtAuth {
 }
 
 impl Plugin for JwtAuth {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let Some((token, source)) = self.token(req) else {
             return unauthorized("Missing JWT token in request");
@@ -197,7 +188,7 @@ impl Plugin for JwtAuth {
                 Source::Header => {
                     req.headers.remove(&self.header);
                 }
-                Source::Query => super::remove_query_arg(req, &self.conf.query),
+                Source::Query => super::support::rewrite::remove_query_arg(req, &self.conf.query),
                 // NB: the cookie header may carry other cookies; it is left as it is.
                 Source::Cookie => {}
             }

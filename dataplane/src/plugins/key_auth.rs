@@ -13,7 +13,9 @@ use serde_json::json;
 use sluice_plugin_config::key_auth::{KeyAuth as Config, KeyAuthConsumer};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Consumer, Flow, Plugin, PluginCtx, json_response, vars};
+use super::{
+    BuildCtx, Builtin, Consumer, Flow, Hooks, Plugin, PluginCtx, json_response, support::vars,
+};
 
 type Keys = HashMap<String, Arc<Consumer>>;
 
@@ -26,34 +28,39 @@ pub struct KeyAuth {
     keys: Arc<Keys>,
 }
 
-/// Builds `key-auth`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let header =
-        HeaderName::from_bytes(conf.header.to_ascii_lowercase().as_bytes()).map_err(|_| {
-            ConfigError::Field {
-                plugin: Config::NAME.into(),
-                field: "header".into(),
-                reason: "not a valid header name".into(),
+impl Builtin for KeyAuth {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
+
+    /// Builds `key-auth`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let header =
+            HeaderName::from_bytes(conf.header.to_ascii_lowercase().as_bytes()).map_err(|_| {
+                ConfigError::Field {
+                    plugin: Config::NAME.into(),
+                    field: "header".into(),
+                    reason: "not a valid header name".into(),
+                }
+            })?;
+        let keys = cx.consumers.index(Config::NAME, |consumers| {
+            let mut keys = Keys::new();
+            for c in consumers {
+                if let Some(cred) = c.credential(Config::NAME) {
+                    let k: KeyAuthConsumer =
+                        sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
+                    keys.insert(k.key, Arc::clone(c));
+                }
             }
+            Ok(keys)
         })?;
-    let keys = cx.consumers.index(Config::NAME, |consumers| {
-        let mut keys = Keys::new();
-        for c in consumers {
-            if let Some(cred) = c.credential(Config::NAME) {
-                let k: KeyAuthConsumer =
-                    sluice_plugin_config::parse_consumer_json::<Config, _>(cred)?;
-                keys.insert(k.key, Arc::clone(c));
-            }
-        }
-        Ok(keys)
-    })?;
-    Ok(Arc::new(KeyAuth {
-        header,
-        query: conf.query,
-        hide_credentials: conf.hide_credentials,
-        keys,
-    }))
+        Ok(KeyAuth {
+            header,
+            query: conf.query,
+            hide_credentials: conf.hide_credentials,
+            keys,
+        })
+    }
 }
 
 fn unauthorized(msg: &str) -> Flow<'static> {
@@ -64,22 +71,6 @@ fn unauthorized(msg: &str) -> Flow<'static> {
 }
 
 impl Plugin for KeyAuth {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let from_header = req.headers.get(&self.header).and_then(|v| v.to_str().ok());
         let (key, in_header) = match from_header {
@@ -103,7 +94,7 @@ impl Plugin for KeyAuth {
             if in_header {
                 req.headers.remove(&self.header);
             } else {
-                super::remove_query_arg(req, &self.query);
+                super::support::rewrite::remove_query_arg(req, &self.query);
             }
         }
         Flow::Continue

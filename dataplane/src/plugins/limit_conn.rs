@@ -19,9 +19,9 @@ use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::limit_conn::LimitConn as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::redis::{LimitStore, RedisClient, compiled_key, limit_store};
-use super::vars::{self, KeyValue};
-use super::{BuildCtx, Flow, Plugin, PluginCtx};
+use super::support::redis::{LimitStore, RedisClient, compiled_key, limit_store};
+use super::support::vars::{self, KeyValue};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 
 const SHARDS: usize = 16;
 
@@ -129,25 +129,30 @@ pub struct LimitConn {
     script: redis::Script,
 }
 
-/// Builds `limit-conn`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let key = compiled_key(Config::NAME, conf.limit_key())?;
-    let backend = limit_store(
-        Config::NAME,
-        conf.policy,
-        &conf.redis,
-        cx.state,
-        cx.owner,
-        json,
-        &format!("limit-conn:{}:{json}", cx.owner),
-    )?;
-    Ok(Arc::new(LimitConn {
-        conf,
-        key,
-        backend,
-        script: redis::Script::new(ENTER_SCRIPT),
-    }))
+impl Builtin for LimitConn {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS;
+
+    /// Builds `limit-conn`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let key = compiled_key(Config::NAME, conf.limit_key())?;
+        let backend = limit_store(
+            Config::NAME,
+            conf.policy,
+            &conf.redis,
+            cx.state,
+            cx.owner,
+            json,
+            &format!("limit-conn:{}:{json}", cx.owner),
+        )?;
+        Ok(LimitConn {
+            conf,
+            key,
+            backend,
+            script: redis::Script::new(ENTER_SCRIPT),
+        })
+    }
 }
 
 impl LimitConn {
@@ -174,22 +179,6 @@ impl LimitConn {
 }
 
 impl Plugin for LimitConn {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::ACCESS
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let key = vars::limit_key(&self.key, req, ctx);
         let max = self.conf.conn.saturating_add(self.conf.burst);

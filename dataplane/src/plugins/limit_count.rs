@@ -11,7 +11,7 @@
 //! snapshot reloads while the route's config stays the same (or by `group`).
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use http::header::{HeaderMap, HeaderName, HeaderValue};
@@ -20,10 +20,10 @@ use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::limit_count::LimitCount as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::fasthash::{MixBuildHasher, Prehashed};
-use super::redis::{LimitStore, compiled_key, limit_store};
-use super::vars::{self, KeyValue};
-use super::{BuildCtx, Flow, Phases, Plugin, PluginCtx};
+use super::support::fasthash::{MixBuildHasher, Prehashed};
+use super::support::redis::{LimitStore, compiled_key, limit_store};
+use super::support::vars::{self, KeyValue};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 
 const SHARDS: usize = 16;
 
@@ -195,35 +195,40 @@ pub struct LimitCount {
     script: redis::Script,
 }
 
-/// Builds `limit-count` from its config.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let key = compiled_key(Config::NAME, conf.limit_key())?;
-    // NB: routes in one group share one budget, as in APISIX.
-    let (scope, local_key) = match &conf.group {
-        Some(g) => (format!("group:{g}"), format!("limit-count:group:{g}")),
-        None => (
-            cx.owner.to_owned(),
-            format!("limit-count:{}:{json}", cx.owner),
-        ),
-    };
-    let backend = limit_store(
-        Config::NAME,
-        conf.policy,
-        &conf.redis,
-        cx.state,
-        &scope,
-        json,
-        &local_key,
-    )?;
-    Ok(Arc::new(LimitCount {
-        window: Duration::from_secs(conf.time_window),
-        limit_value: lasting_number_value(conf.count),
-        key,
-        conf,
-        backend,
-        script: redis::Script::new(REDIS_SCRIPT),
-    }))
+impl Builtin for LimitCount {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS;
+
+    /// Builds `limit-count` from its config.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let key = compiled_key(Config::NAME, conf.limit_key())?;
+        // NB: routes in one group share one budget, as in APISIX.
+        let (scope, local_key) = match &conf.group {
+            Some(g) => (format!("group:{g}"), format!("limit-count:group:{g}")),
+            None => (
+                cx.owner.to_owned(),
+                format!("limit-count:{}:{json}", cx.owner),
+            ),
+        };
+        let backend = limit_store(
+            Config::NAME,
+            conf.policy,
+            &conf.redis,
+            cx.state,
+            &scope,
+            json,
+            &local_key,
+        )?;
+        Ok(LimitCount {
+            window: Duration::from_secs(conf.time_window),
+            limit_value: lasting_number_value(conf.count),
+            key,
+            conf,
+            backend,
+            script: redis::Script::new(REDIS_SCRIPT),
+        })
+    }
 }
 
 impl LimitCount {
@@ -338,22 +343,6 @@ fn lasting_number_value(n: u64) -> HeaderValue {
 const LASTING_MAX: usize = 1024;
 
 impl Plugin for LimitCount {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
-    fn phases(&self) -> Phases {
-        Phases::ACCESS
-    }
-
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let key = vars::limit_key(&self.key, req, ctx);
         match &self.backend {

@@ -10,7 +10,7 @@
 
 use std::collections::HashMap;
 use std::hash::BuildHasher;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use http::request;
@@ -18,9 +18,9 @@ use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::limit_req::LimitReq as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::redis::{LimitStore, compiled_key, limit_store};
-use super::vars::{self, KeyValue};
-use super::{BuildCtx, Flow, Plugin, PluginCtx};
+use super::support::redis::{LimitStore, compiled_key, limit_store};
+use super::support::vars::{self, KeyValue};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 
 const SHARDS: usize = 16;
 
@@ -132,25 +132,30 @@ pub struct LimitReq {
     script: redis::Script,
 }
 
-/// Builds `limit-req`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let key = compiled_key(Config::NAME, conf.limit_key())?;
-    let backend = limit_store(
-        Config::NAME,
-        conf.policy,
-        &conf.redis,
-        cx.state,
-        cx.owner,
-        json,
-        &format!("limit-req:{}:{json}", cx.owner),
-    )?;
-    Ok(Arc::new(LimitReq {
-        conf,
-        key,
-        backend,
-        script: redis::Script::new(REDIS_SCRIPT),
-    }))
+impl Builtin for LimitReq {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS;
+
+    /// Builds `limit-req`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let key = compiled_key(Config::NAME, conf.limit_key())?;
+        let backend = limit_store(
+            Config::NAME,
+            conf.policy,
+            &conf.redis,
+            cx.state,
+            cx.owner,
+            json,
+            &format!("limit-req:{}:{json}", cx.owner),
+        )?;
+        Ok(LimitReq {
+            conf,
+            key,
+            backend,
+            script: redis::Script::new(REDIS_SCRIPT),
+        })
+    }
 }
 
 impl LimitReq {
@@ -167,22 +172,6 @@ impl LimitReq {
 }
 
 impl Plugin for LimitReq {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::ACCESS
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let key = vars::limit_key(&self.key, req, ctx);
         match &self.backend {

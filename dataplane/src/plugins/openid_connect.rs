@@ -52,7 +52,7 @@ use sluice_plugin_config::openid_connect::{
 };
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Phases, Plugin, PluginCtx, json_response, rejection};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, json_response, rejection};
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
 
 /// Most bytes of a discovery document, JWKS or introspection answer.
@@ -446,79 +446,84 @@ impl std::fmt::Debug for KeySet {
     }
 }
 
-/// Builds `openid-connect`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let field = |field: &str, reason: String| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: field.into(),
-        reason,
-    };
-    let discovery = conf
-        .discovery_target()
-        .map_err(|e| field(&e.field, e.reason))?;
-    let introspection = conf
-        .introspection_target()
-        .map_err(|e| field(&e.field, e.reason))?;
-    let public_key = match &conf.public_key {
-        Some(pem) => Some(Arc::new(
-            KeySet::from_pem(pem).map_err(|e| field("public_key", e))?,
-        )),
-        None => None,
-    };
-    // A TLS client can be made (checked now, so that a bad trust store fails the build).
-    if conf.ssl_verify {
-        UpstreamTlsClient::for_probes(None, None, true)
-            .map_err(|e| field("ssl_verify", e.to_string()))?;
+impl Builtin for OpenidConnect {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE.with(Hooks::ACCESS);
+
+    /// Builds `openid-connect`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let field = |field: &str, reason: String| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: field.into(),
+            reason,
+        };
+        let discovery = conf
+            .discovery_target()
+            .map_err(|e| field(&e.field, e.reason))?;
+        let introspection = conf
+            .introspection_target()
+            .map_err(|e| field(&e.field, e.reason))?;
+        let public_key = match &conf.public_key {
+            Some(pem) => Some(Arc::new(
+                KeySet::from_pem(pem).map_err(|e| field("public_key", e))?,
+            )),
+            None => None,
+        };
+        // A TLS client can be made (checked now, so that a bad trust store fails the build).
+        if conf.ssl_verify {
+            UpstreamTlsClient::for_probes(None, None, true)
+                .map_err(|e| field("ssl_verify", e.to_string()))?;
+        }
+        let algorithms = match &conf.token_signing_alg_values_expected {
+            Some(a) => ALL_ALGS
+                .iter()
+                .copied()
+                .filter(|x| format!("{x:?}") == *a)
+                .collect(),
+            None => ALL_ALGS.to_vec(),
+        };
+        let key = format!(
+            "openid-connect:{}:{}:{}:{}",
+            conf.discovery, conf.ssl_verify, conf.timeout, conf.jwk_expires_in
+        );
+        let provider = cx.state.shared(&key, || Provider {
+            discovery,
+            http: SideHttp {
+                ssl_verify: conf.ssl_verify,
+                timeout: Duration::from_secs(conf.timeout),
+                origins: Mutex::new(HashMap::new()),
+            },
+            ttl: Duration::from_secs(conf.jwk_expires_in),
+            cache: Mutex::new(Cache::default()),
+            fetch: tokio::sync::Mutex::new(()),
+        });
+        let cv = conf.claim_validator.clone().unwrap_or_default();
+        Ok(OpenidConnect {
+            mode: conf.mode(),
+            client_id: conf.client_id.clone(),
+            client_secret: conf.client_secret.clone().unwrap_or_default(),
+            realm: conf.realm.clone(),
+            provider,
+            public_key,
+            algorithms,
+            valid_issuers: cv.issuer.and_then(|i| i.valid_issuers),
+            leeway: conf.iat_slack,
+            introspection,
+            introspection_auth: conf.introspection_endpoint_auth_method,
+            addon_headers: conf
+                .introspection_addon_headers
+                .iter()
+                .flatten()
+                .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+                .collect(),
+            required_scopes: conf.required_scopes.clone().unwrap_or_default(),
+            audience: cv.audience,
+            set_access_token_header: conf.set_access_token_header,
+            access_token_in_authorization_header: conf.access_token_in_authorization_header,
+            set_userinfo_header: conf.set_userinfo_header,
+        })
     }
-    let algorithms = match &conf.token_signing_alg_values_expected {
-        Some(a) => ALL_ALGS
-            .iter()
-            .copied()
-            .filter(|x| format!("{x:?}") == *a)
-            .collect(),
-        None => ALL_ALGS.to_vec(),
-    };
-    let key = format!(
-        "openid-connect:{}:{}:{}:{}",
-        conf.discovery, conf.ssl_verify, conf.timeout, conf.jwk_expires_in
-    );
-    let provider = cx.state.shared(&key, || Provider {
-        discovery,
-        http: SideHttp {
-            ssl_verify: conf.ssl_verify,
-            timeout: Duration::from_secs(conf.timeout),
-            origins: Mutex::new(HashMap::new()),
-        },
-        ttl: Duration::from_secs(conf.jwk_expires_in),
-        cache: Mutex::new(Cache::default()),
-        fetch: tokio::sync::Mutex::new(()),
-    });
-    let cv = conf.claim_validator.clone().unwrap_or_default();
-    Ok(Arc::new(OpenidConnect {
-        mode: conf.mode(),
-        client_id: conf.client_id.clone(),
-        client_secret: conf.client_secret.clone().unwrap_or_default(),
-        realm: conf.realm.clone(),
-        provider,
-        public_key,
-        algorithms,
-        valid_issuers: cv.issuer.and_then(|i| i.valid_issuers),
-        leeway: conf.iat_slack,
-        introspection,
-        introspection_auth: conf.introspection_endpoint_auth_method,
-        addon_headers: conf
-            .introspection_addon_headers
-            .iter()
-            .flatten()
-            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
-            .collect(),
-        required_scopes: conf.required_scopes.clone().unwrap_or_default(),
-        audience: cv.audience,
-        set_access_token_header: conf.set_access_token_header,
-        access_token_in_authorization_header: conf.access_token_in_authorization_header,
-        set_userinfo_header: conf.set_userinfo_header,
-    }))
 }
 
 /// Marks a request whose rewrite phase ran the plugin (the access phase then does nothing).
@@ -819,22 +824,6 @@ impl OpenidConnect {
 }
 
 impl Plugin for OpenidConnect {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> Phases {
-        Phases::REWRITE.with(Phases::ACCESS)
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         self.check(req, ctx)
     }

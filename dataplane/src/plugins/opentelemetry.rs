@@ -51,9 +51,10 @@ use sluice_plugin_config::opentelemetry::{
 use sluice_plugin_config::vars::Var;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::log::{Batcher, Counters, Item, Policy, Sink};
-use super::post::HttpPost;
-use super::{BuildCtx, Flow, Phases, Plugin, PluginCtx, vars};
+use super::support::batch::{Batcher, Counters, Item, Policy, Sink};
+use super::support::post::HttpPost;
+use super::support::trace::{Parent, TraceContext, parse_traceparent, unhex};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, support::vars};
 use crate::upstream::tls::UpstreamTlsClient;
 
 const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
@@ -109,123 +110,6 @@ impl OtelMetrics {
             Box::new(self.dropped.clone()),
         ]
     }
-}
-
-/// The trace context of one request: the span the dataplane made for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TraceContext {
-    /// Trace id (the client's, or new).
-    pub trace_id: [u8; 16],
-    /// This request's span id.
-    pub span_id: [u8; 8],
-    /// The client's span id, when its `traceparent` was valid.
-    pub parent_span_id: Option<[u8; 8]>,
-    /// Whether the span is sampled (exported).
-    pub sampled: bool,
-}
-
-impl TraceContext {
-    /// The trace id, 32 lower-case hex digits.
-    pub fn trace_id_hex(&self) -> String {
-        hex(&self.trace_id)
-    }
-
-    /// The span id, 16 lower-case hex digits.
-    pub fn span_id_hex(&self) -> String {
-        hex(&self.span_id)
-    }
-
-    /// The `traceparent` sent upstream.
-    pub fn traceparent(&self) -> String {
-        String::from_utf8_lossy(&self.traceparent_bytes()).into_owned()
-    }
-
-    /// The `traceparent`, on the stack: `00-<trace id>-<span id>-<flags>`.
-    fn traceparent_bytes(&self) -> [u8; 55] {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let mut out = *b"00-00000000000000000000000000000000-0000000000000000-00";
-        for (i, &x) in self.trace_id.iter().enumerate() {
-            out[3 + 2 * i] = DIGITS[usize::from(x >> 4)];
-            out[4 + 2 * i] = DIGITS[usize::from(x & 15)];
-        }
-        for (i, &x) in self.span_id.iter().enumerate() {
-            out[36 + 2 * i] = DIGITS[usize::from(x >> 4)];
-            out[37 + 2 * i] = DIGITS[usize::from(x & 15)];
-        }
-        if self.sampled {
-            out[54] = b'1';
-        }
-        out
-    }
-}
-
-fn push_hex(s: &mut String, b: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    for &x in b {
-        s.push(DIGITS[usize::from(x >> 4)] as char);
-        s.push(DIGITS[usize::from(x & 15)] as char);
-    }
-}
-
-fn hex(b: &[u8]) -> String {
-    let mut s = String::with_capacity(b.len() * 2);
-    push_hex(&mut s, b);
-    s
-}
-
-/// A client's valid `traceparent`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Parent {
-    /// Its trace id.
-    pub trace_id: [u8; 16],
-    /// Its span id (the parent of the dataplane's span).
-    pub span_id: [u8; 8],
-    /// Its sampled flag.
-    pub sampled: bool,
-}
-
-fn unhex<const N: usize>(s: &[u8]) -> Option<[u8; N]> {
-    if s.len() != 2 * N {
-        return None;
-    }
-    let digit = |c: u8| match c {
-        b'0'..=b'9' => Some(c - b'0'),
-        // NB: W3C: lower-case only; upper-case hex makes the header invalid.
-        b'a'..=b'f' => Some(c - b'a' + 10),
-        _ => None,
-    };
-    let mut out = [0u8; N];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = (digit(s[2 * i])? << 4) | digit(s[2 * i + 1])?;
-    }
-    Some(out)
-}
-
-/// Parses one `traceparent` value (W3C Trace Context level 1); `None` when malformed.
-pub fn parse_traceparent(v: &[u8]) -> Option<Parent> {
-    // version "-" trace-id "-" parent-id "-" flags: 2+1+32+1+16+1+2 = 55 bytes.
-    if v.len() < 55 {
-        return None;
-    }
-    let version: [u8; 1] = unhex(&v[0..2])?;
-    if version[0] == 0xff || v[2] != b'-' || v[35] != b'-' || v[52] != b'-' {
-        return None;
-    }
-    // Version 00 is exactly 55 bytes; a later version may append "-" and more fields.
-    if v.len() > 55 && (version[0] == 0 || v[55] != b'-') {
-        return None;
-    }
-    let trace_id: [u8; 16] = unhex(&v[3..35])?;
-    let span_id: [u8; 8] = unhex(&v[36..52])?;
-    let flags: [u8; 1] = unhex(&v[53..55])?;
-    if trace_id == [0; 16] || span_id == [0; 8] {
-        return None;
-    }
-    Some(Parent {
-        trace_id,
-        span_id,
-        sampled: flags[0] & 1 == 1,
-    })
 }
 
 /// The client's trace context: its one valid `traceparent` and its `tracestate` (several
@@ -581,7 +465,7 @@ impl Exporter {
 /// The resource of every span: `hostname`, `service.name` (default `APISIX`) and the
 /// metadata's `resource`.
 fn resource(md: &OpentelemetryMetadata) -> Resource {
-    let mut attributes = vec![attr("hostname", super::prometheus::hostname())];
+    let mut attributes = vec![attr("hostname", super::support::vars::hostname())];
     if !md.resource.contains_key("service.name") {
         attributes.push(attr("service.name", "APISIX"));
     }
@@ -620,59 +504,74 @@ pub struct Opentelemetry {
     exporter: Arc<Option<Exporter>>,
 }
 
-/// Builds `opentelemetry`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let field = |field: &str, reason: String| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: field.into(),
-        reason,
-    };
-    let mut vars_ = Vec::new();
-    for (i, a) in conf.additional_attributes.iter().enumerate() {
-        let v = Var::parse(a).ok_or_else(|| {
-            field(
-                &format!("additional_attributes[{i}]"),
-                "unknown variable".into(),
-            )
-        })?;
-        vars_.push((a.clone(), v));
+impl Builtin for Opentelemetry {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE.with(Hooks::LOG);
+
+    /// Builds `opentelemetry`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let field = |field: &str, reason: String| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: field.into(),
+            reason,
+        };
+        let mut vars_ = Vec::new();
+        for (i, a) in conf.additional_attributes.iter().enumerate() {
+            let v = Var::parse(a).ok_or_else(|| {
+                field(
+                    &format!("additional_attributes[{i}]"),
+                    "unknown variable".into(),
+                )
+            })?;
+            vars_.push((a.clone(), v));
+        }
+        let mut headers = Vec::new();
+        for (i, h) in conf.additional_header_prefix_attributes.iter().enumerate() {
+            let h = h.to_ascii_lowercase();
+            // As APISIX: a trailing `*` makes a prefix when something stands before it.
+            match h.strip_suffix('*').filter(|p| !p.is_empty()) {
+                Some(prefix) => headers.push(HeaderAttr::Prefix(prefix.to_owned())),
+                None => headers.push(HeaderAttr::Exact(
+                    HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
+                        field(
+                            &format!("additional_header_prefix_attributes[{i}]"),
+                            "is not a header name".into(),
+                        )
+                    })?,
+                )),
+            }
+        }
+        // NB: one exporter for the process, made from the metadata when a route first needs it.
+        let md = cx.state.metadata().opentelemetry.unwrap_or_default();
+        let metrics = &cx.state.otel;
+        let mut failed = None;
+        let exporter = cx.state.shared("opentelemetry:exporter", || {
+            Exporter::start(&md, metrics)
+                .map_err(|e| failed = Some(e))
+                .ok()
+        });
+        if exporter.is_none() {
+            let why = failed.unwrap_or_else(|| "the exporter did not start".into());
+            return Err(field("metadata", why));
+        }
+        Ok(Opentelemetry {
+            sampler: conf.sampler,
+            vars: vars_,
+            headers,
+            exporter,
+        })
     }
-    let mut headers = Vec::new();
-    for (i, h) in conf.additional_header_prefix_attributes.iter().enumerate() {
-        let h = h.to_ascii_lowercase();
-        // As APISIX: a trailing `*` makes a prefix when something stands before it.
-        match h.strip_suffix('*').filter(|p| !p.is_empty()) {
-            Some(prefix) => headers.push(HeaderAttr::Prefix(prefix.to_owned())),
-            None => headers.push(HeaderAttr::Exact(
-                HeaderName::from_bytes(h.as_bytes()).map_err(|_| {
-                    field(
-                        &format!("additional_header_prefix_attributes[{i}]"),
-                        "is not a header name".into(),
-                    )
-                })?,
-            )),
+
+    fn hooks(&self) -> Hooks {
+        // NB: a sampler that never samples exports nothing: no log phase (and no wrapped
+        // response body) for it, which is most of what tracing costs with sampling off.
+        if matches!(self.sampler.name, SamplerName::AlwaysOff) {
+            Self::HOOKS.without(Hooks::LOG)
+        } else {
+            Self::HOOKS
         }
     }
-    // NB: one exporter for the process, made from the metadata when a route first needs it.
-    let md = cx.state.metadata().opentelemetry.unwrap_or_default();
-    let metrics = &cx.state.otel;
-    let mut failed = None;
-    let exporter = cx.state.shared("opentelemetry:exporter", || {
-        Exporter::start(&md, metrics)
-            .map_err(|e| failed = Some(e))
-            .ok()
-    });
-    if exporter.is_none() {
-        let why = failed.unwrap_or_else(|| "the exporter did not start".into());
-        return Err(field("metadata", why));
-    }
-    Ok(Arc::new(Opentelemetry {
-        sampler: conf.sampler,
-        vars: vars_,
-        headers,
-        exporter,
-    }))
 }
 
 impl Opentelemetry {
@@ -738,28 +637,6 @@ impl Opentelemetry {
 }
 
 impl Plugin for Opentelemetry {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> Phases {
-        Phases::REWRITE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
-    fn wants_log(&self) -> bool {
-        // NB: a sampler that never samples exports nothing: no log phase (and no wrapped
-        // response body) for it, which is most of what tracing costs with sampling off.
-        !matches!(self.sampler.name, SamplerName::AlwaysOff)
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let incoming = extract(&req.headers);
         let parent = incoming.as_ref().map(|(p, _)| *p);
@@ -832,6 +709,7 @@ impl Plugin for Opentelemetry {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::plugins::support::trace::hex;
     use sluice_plugin_config::opentelemetry::{RootSampler, RootSamplerOptions, SamplerOptions};
 
     const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";

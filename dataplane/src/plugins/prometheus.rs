@@ -25,15 +25,15 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 
-use super::fasthash::MixBuildHasher;
+use super::support::fasthash::MixBuildHasher;
 use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use sluice_plugin_config::ConfigError;
 use sluice_plugin_config::prometheus::Prometheus as Config;
-use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Plugin, PluginCtx};
+use super::{BuildCtx, Builtin, Hooks, Plugin, PluginCtx};
 use crate::upstream::Upstream;
 
 /// APISIX's latency buckets, milliseconds.
@@ -195,7 +195,7 @@ impl ApisixMetrics {
         let _ = writeln!(
             out,
             "apisix_node_info{{hostname=\"{}\"}} 1",
-            escape(&hostname())
+            escape(&super::support::vars::hostname())
         );
 
         out.push_str("# HELP apisix_http_status HTTP status codes per service in APISIX\n");
@@ -339,12 +339,6 @@ fn split_address(addr: &str) -> (&str, &str) {
     addr.rsplit_once(':').unwrap_or((addr, ""))
 }
 
-pub(crate) fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_default()
-}
-
 fn escape(s: &str) -> std::borrow::Cow<'_, str> {
     if s.bytes().any(|b| b == b'\\' || b == b'"' || b == b'\n') {
         std::borrow::Cow::Owned(
@@ -401,14 +395,19 @@ pub struct Prometheus {
     id: u64,
 }
 
-/// Builds `prometheus`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-    let _conf: Config = sluice_plugin_config::parse_json(json)?;
-    Ok(Arc::new(Prometheus {
-        metrics: Arc::clone(&cx.state.apisix),
-        id: NEXT_ID.fetch_add(1, Relaxed),
-    }))
+impl Builtin for Prometheus {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::LOG;
+
+    /// Builds `prometheus`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let _conf: Config = sluice_plugin_config::parse_json(json)?;
+        Ok(Prometheus {
+            metrics: Arc::clone(&cx.state.apisix),
+            id: NEXT_ID.fetch_add(1, Relaxed),
+        })
+    }
 }
 
 impl Prometheus {
@@ -466,26 +465,6 @@ fn node_ip(addr: &str) -> &str {
 }
 
 impl Plugin for Prometheus {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::NONE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
-    fn wants_log(&self) -> bool {
-        true
-    }
-
     fn log(&self, ctx: &mut PluginCtx) {
         // NB: the thread's own series, from its cache: no lock, no `Arc` clone, and plain
         // stores into counters only this thread writes.

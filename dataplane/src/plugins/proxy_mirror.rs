@@ -37,7 +37,7 @@ use sluice_plugin_config::proxy_mirror::{MirrorTarget, PathConcatMode, ProxyMirr
 use sluice_plugin_config::{ConfigError, PluginSchema};
 use tokio::sync::Semaphore;
 
-use super::{BuildCtx, Flow, Phases, Plugin, PluginCtx};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 use crate::upstream::request_body::{BodyTap, TapLoss};
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
 
@@ -117,40 +117,45 @@ pub struct ProxyMirror {
     metrics: Arc<MirrorMetrics>,
 }
 
-/// Builds `proxy-mirror`.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn super::Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let field = |field: &str, reason: String| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: field.into(),
-        reason,
-    };
-    let target = conf.target().map_err(|e| field(&e.field, e.reason))?;
-    let tls = if target.tls {
-        Some(
-            UpstreamTlsClient::for_probes(None, None, true)
-                .map_err(|e| field("host", e.to_string()))?,
-        )
-    } else {
-        None
-    };
-    // NB: one client (connections, in-flight bound) per mirror service, shared by routes
-    // and kept across snapshots.
-    let key = format!("proxy-mirror:{}", conf.host);
-    let client = cx.state.shared(&key, || MirrorClient {
-        dial: target.dial(),
-        target,
-        tls,
-        permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
-        idle: Mutex::new(Vec::new()),
-    });
-    Ok(Arc::new(ProxyMirror {
-        path: conf.path,
-        mode: conf.path_concat_mode,
-        sample_ratio: conf.sample_ratio,
-        client,
-        metrics: Arc::clone(&cx.state.mirror),
-    }))
+impl Builtin for ProxyMirror {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE.with(Hooks::BEFORE_PROXY);
+
+    /// Builds `proxy-mirror`.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let field = |field: &str, reason: String| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: field.into(),
+            reason,
+        };
+        let target = conf.target().map_err(|e| field(&e.field, e.reason))?;
+        let tls = if target.tls {
+            Some(
+                UpstreamTlsClient::for_probes(None, None, true)
+                    .map_err(|e| field("host", e.to_string()))?,
+            )
+        } else {
+            None
+        };
+        // NB: one client (connections, in-flight bound) per mirror service, shared by routes
+        // and kept across snapshots.
+        let key = format!("proxy-mirror:{}", conf.host);
+        let client = cx.state.shared(&key, || MirrorClient {
+            dial: target.dial(),
+            target,
+            tls,
+            permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
+            idle: Mutex::new(Vec::new()),
+        });
+        Ok(ProxyMirror {
+            path: conf.path,
+            mode: conf.path_concat_mode,
+            sample_ratio: conf.sample_ratio,
+            client,
+            metrics: Arc::clone(&cx.state.mirror),
+        })
+    }
 }
 
 /// The target of this request's mirror, chosen in the rewrite phase.
@@ -198,22 +203,6 @@ impl ProxyMirror {
 }
 
 impl Plugin for ProxyMirror {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> Phases {
-        Phases::REWRITE.with(Phases::BEFORE_PROXY)
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     /// Samples the request and fixes the mirror's target (as APISIX, before proxy-rewrite
     /// changes the upstream path).
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {

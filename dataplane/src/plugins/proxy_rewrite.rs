@@ -3,14 +3,12 @@
 //! captures; the query string of the request is appended), method, `Host`, and headers
 //! (`add`, `set`, `remove`, in that order; values may hold `$var`s and captures).
 
-use std::sync::Arc;
-
 use http::request;
 use sluice_plugin_config::proxy_rewrite::{Compiled, ProxyRewrite as Config};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::rewrite::{self, render_escaped};
-use super::{BuildCtx, Flow, Plugin, PluginCtx};
+use super::support::rewrite::{self, encode_path, render_escaped};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 
 /// The plugin.
 #[derive(Debug)]
@@ -19,33 +17,23 @@ pub struct ProxyRewrite {
     raw_uri: bool,
 }
 
-/// Builds `proxy-rewrite`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let c = conf.compile().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    Ok(Arc::new(ProxyRewrite {
-        c,
-        raw_uri: conf.use_real_request_uri_unsafe,
-    }))
-}
+impl Builtin for ProxyRewrite {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
 
-/// Percent-encodes what may not appear in a URI path (as APISIX's `uri_safe_encode`):
-/// everything but unreserved, sub-delims, `:@/%` characters.
-pub fn encode_path(p: &str) -> String {
-    let mut out = String::with_capacity(p.len());
-    for b in p.bytes() {
-        let keep = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/%".contains(&b);
-        if keep {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
+    /// Builds `proxy-rewrite`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let c = conf.compile().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        Ok(ProxyRewrite {
+            c,
+            raw_uri: conf.use_real_request_uri_unsafe,
+        })
     }
-    out
 }
 
 /// Sets the path-and-query of `req` to `pq` (keeps the URI when `pq` is not valid).
@@ -140,18 +128,6 @@ impl ProxyRewrite {
 }
 
 impl Plugin for ProxyRewrite {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if self.raw_uri {
             return self.rewrite_raw(req, ctx);
@@ -217,7 +193,6 @@ mod tests {
 
     #[test]
     fn encodes_only_what_a_path_cannot_hold() {
-        assert_eq!(encode_path("/a b/ü/%20/x:y@z"), "/a%20b/%C3%BC/%20/x:y@z");
         assert_eq!(encode_query("a=1&b=x y\r\n?"), "a=1&b=x%20y%0D%0A?");
     }
 }

@@ -9,7 +9,6 @@
 //! nothing.
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
 
 use http::request;
 use ipnet::IpNet;
@@ -17,7 +16,7 @@ use sluice_plugin_config::real_ip::RealIp as Config;
 use sluice_plugin_config::vars::Var;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx, vars};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, support::vars};
 
 /// The plugin.
 #[derive(Debug)]
@@ -27,19 +26,24 @@ pub struct RealIp {
     recursive: bool,
 }
 
-/// Builds `real-ip`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let (source, trusted) = conf.compile().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    Ok(Arc::new(RealIp {
-        source,
-        trusted,
-        recursive: conf.recursive,
-    }))
+impl Builtin for RealIp {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
+
+    /// Builds `real-ip`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let (source, trusted) = conf.compile().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        Ok(RealIp {
+            source,
+            trusted,
+            recursive: conf.recursive,
+        })
+    }
 }
 
 /// Parses `1.2.3.4`, `1.2.3.4:80`, `::1`, `[::1]:80`.
@@ -75,18 +79,6 @@ impl RealIp {
 }
 
 impl Plugin for RealIp {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if !self.trusted.is_empty() && !self.trusted(ctx.remote_addr.ip()) {
             return Flow::Continue;

@@ -10,16 +10,13 @@
 //!
 //! The body is empty.
 
-use std::sync::Arc;
-
 use http::header::{self, HeaderValue};
 use http::{Method, Response, StatusCode, request};
 use sluice_plugin_config::redirect::{Redirect as Config, Target};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::proxy_rewrite::encode_path;
-use super::rewrite::{self, render};
-use super::{BuildCtx, Flow, Plugin, PluginCtx, vars};
+use super::support::rewrite::{self, encode_path, render};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, support::vars};
 use crate::upstream::body::ProxyBody;
 
 /// The plugin.
@@ -31,20 +28,25 @@ pub struct Redirect {
     append_query_string: bool,
 }
 
-/// Builds `redirect`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let target = conf.target().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    Ok(Arc::new(Redirect {
-        target,
-        ret_code: super::status(conf.ret_code),
-        encode_uri: conf.encode_uri,
-        append_query_string: conf.append_query_string,
-    }))
+impl Builtin for Redirect {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
+
+    /// Builds `redirect`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let target = conf.target().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        Ok(Redirect {
+            target,
+            ret_code: super::status(conf.ret_code),
+            encode_uri: conf.encode_uri,
+            append_query_string: conf.append_query_string,
+        })
+    }
 }
 
 fn redirect(code: StatusCode, location: &str) -> Flow<'static> {
@@ -81,18 +83,6 @@ impl Redirect {
 }
 
 impl Plugin for Redirect {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         match &self.target {
             Target::HttpToHttps => {

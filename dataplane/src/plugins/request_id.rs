@@ -4,14 +4,12 @@
 //! `nanoid` (21 characters of `A-Za-z0-9_-`), `range_id` (`length` characters of
 //! `char_set`), `ksuid` or `uuidv7`. An id the upstream answers with is kept.
 
-use std::sync::Arc;
-
 use http::header::{HeaderName, HeaderValue};
 use http::{request, response};
 use sluice_plugin_config::request_id::{Algorithm, RequestId as Config};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 
 const NANOID: &[u8] = b"_-0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
 
@@ -28,24 +26,27 @@ pub struct RequestId {
 #[derive(Debug, Clone)]
 struct Id(HeaderValue);
 
-/// Builds `request-id`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let header =
-        HeaderName::from_bytes(conf.header_name.to_ascii_lowercase().as_bytes()).map_err(|_| {
-            ConfigError::Field {
+impl Builtin for RequestId {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE.with(Hooks::RESPONSE_HEADERS);
+
+    /// Builds `request-id`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let header = HeaderName::from_bytes(conf.header_name.to_ascii_lowercase().as_bytes())
+            .map_err(|_| ConfigError::Field {
                 plugin: Config::NAME.into(),
                 field: "header_name".into(),
                 reason: "not a valid header name".into(),
-            }
-        })?;
-    Ok(Arc::new(RequestId {
-        header,
-        in_response: conf.include_in_response,
-        algorithm: conf.algorithm,
-        charset: conf.range_id.char_set.into_bytes(),
-        length: conf.range_id.length,
-    }))
+            })?;
+        Ok(RequestId {
+            header,
+            in_response: conf.include_in_response,
+            algorithm: conf.algorithm,
+            charset: conf.range_id.char_set.into_bytes(),
+            length: conf.range_id.length,
+        })
+    }
 }
 
 /// A random UUID v4, lower-case with dashes.
@@ -128,18 +129,6 @@ impl RequestId {
 }
 
 impl Plugin for RequestId {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         let id = match req.headers.get(&self.header).filter(|v| !v.is_empty()) {
             Some(v) => v.clone(),

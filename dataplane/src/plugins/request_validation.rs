@@ -14,8 +14,6 @@
 //!   (`text/plain`). An empty or unreadable body, a body over the limit and a repeated
 //!   `Content-Type` are rejections too.
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use http::header::{self, HeaderValue};
 use http::{Response, StatusCode, request};
@@ -25,7 +23,7 @@ use sluice_plugin_config::request_validation::{
 };
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Phases, Plugin, PluginCtx, ReadBodyError, rejection};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, ReadBodyError, rejection};
 use crate::upstream::body::{BodyLimit, ProxyBody};
 
 /// The plugin on one route.
@@ -38,21 +36,34 @@ pub struct RequestValidation {
     rejected_msg: Option<String>,
 }
 
-/// Builds `request-validation`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let field = |e: sluice_plugin_config::FieldError| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    };
-    Ok(Arc::new(RequestValidation {
-        header_schema: conf.compiled_header_schema().map_err(field)?,
-        body_schema: conf.compiled_body_schema().map_err(field)?,
-        max_body: conf.max_req_body_size.unwrap_or(DEFAULT_MAX_BODY),
-        rejected_code: super::status(conf.rejected_code),
-        rejected_msg: conf.rejected_msg,
-    }))
+impl Builtin for RequestValidation {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE.with(Hooks::READS_BODY);
+
+    /// Builds `request-validation`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let field = |e: sluice_plugin_config::FieldError| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        };
+        Ok(RequestValidation {
+            header_schema: conf.compiled_header_schema().map_err(field)?,
+            body_schema: conf.compiled_body_schema().map_err(field)?,
+            max_body: conf.max_req_body_size.unwrap_or(DEFAULT_MAX_BODY),
+            rejected_code: super::status(conf.rejected_code),
+            rejected_msg: conf.rejected_msg,
+        })
+    }
+
+    fn hooks(&self) -> Hooks {
+        if self.body_schema.is_some() {
+            Self::HOOKS
+        } else {
+            Self::HOOKS.without(Hooks::READS_BODY)
+        }
+    }
 }
 
 /// The request headers as APISIX's validator sees them.
@@ -186,26 +197,6 @@ impl RequestValidation {
 }
 
 impl Plugin for RequestValidation {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> Phases {
-        Phases::REWRITE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
-    fn reads_body(&self) -> bool {
-        self.body_schema.is_some()
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if let Some(schema) = &self.header_schema
             && let Err(e) = schema.check(&headers_value(req))

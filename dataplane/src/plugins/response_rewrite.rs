@@ -17,8 +17,8 @@ use http::{request, response};
 use sluice_plugin_config::response_rewrite::{Compiled, ResponseRewrite as Config};
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::rewrite::{self, stash_request, stashed_request};
-use super::{BodyFilter, BuildCtx, Flow, Plugin, PluginCtx};
+use super::support::rewrite::{self, stash_request, stashed_request};
+use super::{BodyFilter, BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx};
 
 /// The plugin.
 #[derive(Debug)]
@@ -34,40 +34,35 @@ struct Applied {
     gzip: bool,
 }
 
-/// Builds `response-rewrite`.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let c = conf.compile().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    let templated = c
-        .headers
-        .add
-        .iter()
-        .map(|(_, t)| t)
-        .chain(c.headers.set.iter().flat_map(|(_, ts)| ts.iter()))
-        .any(|t| t.as_literal().is_none());
-    Ok(Arc::new(ResponseRewrite {
-        needs_request: templated || c.vars.is_some(),
-        c: Arc::new(c),
-    }))
+impl Builtin for ResponseRewrite {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE
+        .with(Hooks::RESPONSE_HEADERS)
+        .with(Hooks::BODY_FILTER);
+
+    /// Builds `response-rewrite`.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let c = conf.compile().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        let templated = c
+            .headers
+            .add
+            .iter()
+            .map(|(_, t)| t)
+            .chain(c.headers.set.iter().flat_map(|(_, ts)| ts.iter()))
+            .any(|t| t.as_literal().is_none());
+        Ok(ResponseRewrite {
+            needs_request: templated || c.vars.is_some(),
+            c: Arc::new(c),
+        })
+    }
 }
 
 impl Plugin for ResponseRewrite {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if self.needs_request {
             stash_request(req, ctx);

@@ -15,7 +15,7 @@ use sluice_plugin_config::expr::{Expr, ExprVar};
 use sluice_plugin_config::traffic_split::TrafficSplit as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx, vars};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, support::vars};
 use crate::upstream::{Upstream, WeightedSequence};
 
 #[derive(Debug)]
@@ -41,73 +41,66 @@ fn field(field: String, reason: impl Into<String>) -> ConfigError {
     }
 }
 
-/// Builds `traffic-split` for a route, resolving `upstream_id`s in the snapshot.
-pub fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let Some(upstreams) = cx.upstreams else {
-        return Err(field(
-            String::new(),
-            "traffic-split picks a route's upstream; it only works on routes",
-        ));
-    };
-    let mut rules = Vec::with_capacity(conf.rules.len());
-    for (j, r) in conf.rules.iter().enumerate() {
-        let matches = r
-            .compile_match(&format!("rules[{j}]"))
-            .map_err(|e| field(e.field, e.reason))?;
-        let mut choices = Vec::new();
-        let mut weights = Vec::new();
-        for (k, wu) in r.weighted_upstreams().iter().enumerate() {
-            let at = format!("rules[{j}].weighted_upstreams[{k}]");
-            if wu.upstream.is_some() {
-                return Err(field(
-                    format!("{at}.upstream"),
-                    "inline upstreams are turned into snapshot upstreams by the translator; \
-                     reference one by upstream_id",
-                ));
+impl Builtin for TrafficSplit {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS;
+
+    /// Builds `traffic-split` for a route, resolving `upstream_id`s in the snapshot.
+    fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let Some(upstreams) = cx.upstreams else {
+            return Err(field(
+                String::new(),
+                "traffic-split picks a route's upstream; it only works on routes",
+            ));
+        };
+        let mut rules = Vec::with_capacity(conf.rules.len());
+        for (j, r) in conf.rules.iter().enumerate() {
+            let matches = r
+                .compile_match(&format!("rules[{j}]"))
+                .map_err(|e| field(e.field, e.reason))?;
+            let mut choices = Vec::new();
+            let mut weights = Vec::new();
+            for (k, wu) in r.weighted_upstreams().iter().enumerate() {
+                let at = format!("rules[{j}].weighted_upstreams[{k}]");
+                if wu.upstream.is_some() {
+                    return Err(field(
+                        format!("{at}.upstream"),
+                        "inline upstreams are turned into snapshot upstreams by the translator; \
+                         reference one by upstream_id",
+                    ));
+                }
+                let up = match wu.upstream_id() {
+                    None => None,
+                    Some(id) => Some(Arc::clone(upstreams.get(id.as_str()).ok_or_else(|| {
+                        field(
+                            format!("{at}.upstream_id"),
+                            format!("unknown upstream `{id}`"),
+                        )
+                    })?)),
+                };
+                if wu.weight() > 0 {
+                    choices.push(up);
+                    weights.push(wu.weight());
+                }
             }
-            let up = match wu.upstream_id() {
-                None => None,
-                Some(id) => Some(Arc::clone(upstreams.get(id.as_str()).ok_or_else(|| {
-                    field(
-                        format!("{at}.upstream_id"),
-                        format!("unknown upstream `{id}`"),
-                    )
-                })?)),
-            };
-            if wu.weight() > 0 {
-                choices.push(up);
-                weights.push(wu.weight());
-            }
+            let order = WeightedSequence::new(&weights).ok_or_else(|| {
+                field(
+                    format!("rules[{j}].weighted_upstreams"),
+                    "every weight is 0; at least one must be positive",
+                )
+            })?;
+            rules.push(Rule {
+                matches,
+                choices,
+                order,
+            });
         }
-        let order = WeightedSequence::new(&weights).ok_or_else(|| {
-            field(
-                format!("rules[{j}].weighted_upstreams"),
-                "every weight is 0; at least one must be positive",
-            )
-        })?;
-        rules.push(Rule {
-            matches,
-            choices,
-            order,
-        });
+        Ok(TrafficSplit { rules })
     }
-    Ok(Arc::new(TrafficSplit { rules }))
 }
 
 impl Plugin for TrafficSplit {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::ACCESS
-    }
-
     fn access<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         for rule in &self.rules {
             let applies = match &rule.matches {

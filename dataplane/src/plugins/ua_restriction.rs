@@ -4,15 +4,13 @@
 //! unless `bypass_missing`. With several `User-Agent` headers, an allowlist passes when any
 //! matches and a denylist refuses when any matches, as APISIX. Values are trimmed.
 
-use std::sync::Arc;
-
 use http::{StatusCode, request};
 use regex::RegexSet;
 use serde_json::json;
 use sluice_plugin_config::ua_restriction::UaRestriction as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx, json_response};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, json_response};
 
 /// The plugin.
 #[derive(Debug)]
@@ -23,20 +21,25 @@ pub struct UaRestriction {
     message: serde_json::Value,
 }
 
-/// Builds `ua-restriction`; the regexes compile here, once.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let (rules, allow) = conf.rules().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    Ok(Arc::new(UaRestriction {
-        rules,
-        allow,
-        bypass_missing: conf.bypass_missing,
-        message: json!({ "message": conf.message }),
-    }))
+impl Builtin for UaRestriction {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::ACCESS;
+
+    /// Builds `ua-restriction`; the regexes compile here, once.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let (rules, allow) = conf.rules().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        Ok(UaRestriction {
+            rules,
+            allow,
+            bypass_missing: conf.bypass_missing,
+            message: json!({ "message": conf.message }),
+        })
+    }
 }
 
 impl UaRestriction {
@@ -46,22 +49,6 @@ impl UaRestriction {
 }
 
 impl Plugin for UaRestriction {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::ACCESS
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn access<'a>(&'a self, req: &'a mut request::Parts, _ctx: &'a mut PluginCtx) -> Flow<'a> {
         let mut values = req
             .headers

@@ -10,14 +10,12 @@
 //! an encoding cannot get around a rule. The rules are compiled into one set when the
 //! snapshot compiles and matched in one pass.
 
-use std::sync::Arc;
-
 use http::request;
 use regex::RegexSet;
 use sluice_plugin_config::uri_blocker::UriBlocker as Config;
 use sluice_plugin_config::{ConfigError, PluginSchema};
 
-use super::{BuildCtx, Flow, Plugin, PluginCtx, rejection};
+use super::{BuildCtx, Builtin, Flow, Hooks, Plugin, PluginCtx, rejection};
 use crate::http::path::{self, RequestTarget};
 
 /// The plugin.
@@ -28,19 +26,24 @@ pub struct UriBlocker {
     msg: Option<String>,
 }
 
-/// Builds `uri-blocker`; the rules compile here, once.
-pub fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Arc<dyn Plugin>, ConfigError> {
-    let conf: Config = sluice_plugin_config::parse_json(json)?;
-    let rules = conf.rules().map_err(|e| ConfigError::Field {
-        plugin: Config::NAME.into(),
-        field: e.field,
-        reason: e.reason,
-    })?;
-    Ok(Arc::new(UriBlocker {
-        rules,
-        code: super::status(conf.rejected_code),
-        msg: conf.rejected_msg,
-    }))
+impl Builtin for UriBlocker {
+    type Config = Config;
+    const HOOKS: Hooks = Hooks::REWRITE;
+
+    /// Builds `uri-blocker`; the rules compile here, once.
+    fn build(json: &str, _cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
+        let conf: Config = sluice_plugin_config::parse_json(json)?;
+        let rules = conf.rules().map_err(|e| ConfigError::Field {
+            plugin: Config::NAME.into(),
+            field: e.field,
+            reason: e.reason,
+        })?;
+        Ok(UriBlocker {
+            rules,
+            code: super::status(conf.rejected_code),
+            msg: conf.rejected_msg,
+        })
+    }
 }
 
 impl UriBlocker {
@@ -70,22 +73,6 @@ impl UriBlocker {
 }
 
 impl Plugin for UriBlocker {
-    fn name(&self) -> &'static str {
-        Config::NAME
-    }
-
-    fn priority(&self) -> i32 {
-        Config::PRIORITY
-    }
-
-    fn phases(&self) -> super::Phases {
-        super::Phases::REWRITE
-    }
-
-    fn has_response_phases(&self) -> bool {
-        false
-    }
-
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, _ctx: &'a mut PluginCtx) -> Flow<'a> {
         if self.blocked(req) {
             Flow::respond(rejection(self.code, self.msg.as_deref()))

@@ -14,7 +14,7 @@ use sluice_plugin_config::ConfigError;
 use sluice_plugin_config::common::{LimitKey, Policy, RedisConf};
 use tokio::sync::OnceCell;
 
-use super::PluginState;
+use crate::plugins::PluginState;
 
 /// What went wrong talking to Redis.
 #[derive(Debug, thiserror::Error)]

@@ -17,13 +17,13 @@ type Shared = Arc<dyn Any + Send + Sync>;
 pub struct PluginState {
     shared: Mutex<HashMap<String, Shared>>,
     /// APISIX metric families (prometheus plugin, connection and request counts).
-    pub apisix: Arc<super::prometheus::ApisixMetrics>,
+    pub apisix: Arc<crate::plugins::prometheus::ApisixMetrics>,
     /// The logger plugins' counters (registered in the store's registry).
-    pub log_metrics: super::log::LogMetrics,
+    pub log_metrics: crate::plugins::support::batch::LogMetrics,
     /// proxy-mirror's counts (`sluice_mirror_*`).
-    pub mirror: Arc<super::proxy_mirror::MirrorMetrics>,
+    pub mirror: Arc<crate::plugins::proxy_mirror::MirrorMetrics>,
     /// opentelemetry's counts (`sluice_opentelemetry_spans_*`).
-    pub otel: super::opentelemetry::OtelMetrics,
+    pub otel: crate::plugins::opentelemetry::OtelMetrics,
     /// Plugins this dataplane runs (`--plugins`); `None` = every built-in plugin.
     enabled: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
     /// The plugin metadata (`--plugin-metadata`), checked.

@@ -8,7 +8,7 @@ use http::request;
 use sluice_plugin_config::common::LimitKey;
 use sluice_plugin_config::vars::{Piece, Template, Var};
 
-use super::PluginCtx;
+use crate::plugins::PluginCtx;
 
 /// The value of `var` for this request; `None` when absent (no such header, ...).
 pub fn get<'r>(var: &Var, req: &'r request::Parts, ctx: &'r PluginCtx) -> Option<Cow<'r, str>> {
@@ -173,6 +173,14 @@ pub fn render(t: &Template, req: &request::Parts, ctx: &PluginCtx) -> Option<Str
         }
     }
     any.then_some(out)
+}
+
+/// The node's host name (the `hostname` variable, the `apisix_node_info` label, the spans'
+/// resource); empty when unknown.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@ use http::request;
 use sluice_plugin_config::expr::{Expr, ExprVar};
 use sluice_plugin_config::rewrite::{HeaderOps, TPiece, ValueTemplate};
 
-use super::{PluginCtx, vars};
+use super::vars;
+use crate::plugins::PluginCtx;
 
 /// Renders `t`: variables from the request (absent ones are empty, as APISIX), captures
 /// from `caps` (missing ones are empty).
@@ -179,4 +180,51 @@ pub fn stashed_request(ctx: &PluginCtx) -> Option<Arc<request::Parts>> {
     ctx.extensions
         .get::<RequestHead>()
         .map(|h| Arc::clone(&h.0))
+}
+/// Percent-encodes what may not appear in a URI path (as APISIX's `uri_safe_encode`):
+/// everything but unreserved, sub-delims, `:@/%` characters.
+pub fn encode_path(p: &str) -> String {
+    let mut out = String::with_capacity(p.len());
+    for b in p.bytes() {
+        let keep = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/%".contains(&b);
+        if keep {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Removes query argument `name` from the request URI (for `hide_credentials`).
+pub fn remove_query_arg(req: &mut request::Parts, name: &str) {
+    let Some(q) = req.uri.query() else {
+        return;
+    };
+    let kept: Vec<&str> = q
+        .split('&')
+        .filter(|kv| kv.split_once('=').map_or(*kv, |(k, _)| k) != name)
+        .collect();
+    let mut pq = req.uri.path().to_owned();
+    if !kept.is_empty() {
+        pq.push('?');
+        pq.push_str(&kept.join("&"));
+    }
+    let mut parts = req.uri.clone().into_parts();
+    if let Ok(v) = pq.parse() {
+        parts.path_and_query = Some(v);
+        if let Ok(uri) = http::Uri::from_parts(parts) {
+            req.uri = uri;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_only_what_a_path_cannot_hold() {
+        assert_eq!(encode_path("/a b/ü/%20/x:y@z"), "/a%20b/%C3%BC/%20/x:y@z");
+    }
 }

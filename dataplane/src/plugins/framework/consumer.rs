@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 use sluice_plugin_config::ConfigError;
 use sluice_proto::v1;
 
-use super::{BuildCtx, Plugin, PluginState};
+use super::plugin::{Hooks, Instance};
+use super::registry::{self, BuildCtx};
+use super::state::PluginState;
 
 /// One consumer (ApisixConsumer `<namespace>_<name>`).
 #[derive(Debug)]
@@ -17,7 +19,7 @@ pub struct Consumer {
     /// Credentials by auth plugin name: the consumer config as canonical JSON.
     pub credentials: Vec<(String, String)>,
     /// Plugins applied to this consumer's requests (merged into the route's).
-    pub plugins: Vec<Arc<dyn Plugin>>,
+    pub plugins: Vec<Instance>,
 }
 
 impl Consumer {
@@ -47,9 +49,8 @@ type Index = Arc<dyn Any + Send + Sync>;
 pub struct ConsumerTable {
     consumers: Vec<Arc<Consumer>>,
     indexes: Mutex<HashMap<&'static str, Index>>,
-    wants_log: bool,
-    wants_request_head: bool,
-    reads_body: bool,
+    /// The hooks of every consumer's plugins.
+    hooks: Hooks,
 }
 
 impl ConsumerTable {
@@ -60,9 +61,7 @@ impl ConsumerTable {
     ) -> Result<Arc<Self>, InvalidConsumer> {
         let empty = Arc::new(ConsumerTable::default());
         let mut out = Vec::with_capacity(consumers.len());
-        let mut wants_log = false;
-        let mut wants_request_head = false;
-        let mut reads_body = false;
+        let mut hooks = Hooks::NONE;
         for c in consumers {
             let owner = format!("consumer:{}", c.name);
             let cx = BuildCtx {
@@ -84,14 +83,12 @@ impl ConsumerTable {
                     sluice_plugin_config::validate_consumer(&p.name, &v).map_err(err)?;
                     credentials.push((p.name.clone(), p.config_json.clone()));
                 } else {
-                    let built = super::build(p, &cx).map_err(err)?;
-                    wants_log |= built.wants_log();
-                    wants_request_head |= built.wants_request_head();
-                    reads_body |= built.reads_body();
+                    let built = registry::build(p, &cx).map_err(err)?;
+                    hooks = hooks.with(built.hooks);
                     plugins.push(built);
                 }
             }
-            plugins.sort_by_key(|p| std::cmp::Reverse(p.priority()));
+            plugins.sort_by_key(|p| std::cmp::Reverse(p.priority));
             out.push(Arc::new(Consumer {
                 name: Arc::from(c.name.as_str()),
                 credentials,
@@ -101,9 +98,7 @@ impl ConsumerTable {
         Ok(Arc::new(ConsumerTable {
             consumers: out,
             indexes: Mutex::new(HashMap::new()),
-            wants_log,
-            wants_request_head,
-            reads_body,
+            hooks,
         }))
     }
 
@@ -112,20 +107,11 @@ impl ConsumerTable {
         &self.consumers
     }
 
-    /// Whether some consumer plugin logs (so bodies must be wrapped).
-    pub fn any_wants_log(&self) -> bool {
-        self.wants_log
-    }
-
-    /// Whether some consumer plugin wants the request head as received (a logger): every
-    /// chain of the snapshot then copies it.
-    pub fn any_wants_request_head(&self) -> bool {
-        self.wants_request_head
-    }
-
-    /// Whether a consumer's plugin reads the request body ([`super::Plugin::reads_body`]).
-    pub fn any_reads_body(&self) -> bool {
-        self.reads_body
+    /// The hooks of every consumer's plugins: whether one logs (so bodies must be
+    /// wrapped), wants the request head as received (a logger: every chain of the snapshot
+    /// then copies it) or reads the request body.
+    pub fn hooks(&self) -> Hooks {
+        self.hooks
     }
 
     /// The index `plugin` keeps over the consumers (e.g. key → consumer), built by `make`
