@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 use http::Request;
 use http::header::{self, HeaderValue};
 
-use crate::net::timer::CoarseTimer;
+use sluice_io::timer::CoarseTimer;
 
 /// Facts about the downstream connection, computed once per connection.
 #[derive(Debug, Clone)]

@@ -46,10 +46,10 @@ use hyper::body::Incoming;
 
 use crate::config::store::Store;
 use crate::listener::server::{Drain, until_drained};
-use crate::net::send_timeout::SendTimeout;
-use crate::net::timer::{CoarseSleep, CoarseTimer};
-use crate::net::wbatch::BatchedStream;
 use crate::upstream::body::ProxyBody;
+use sluice_io::send_timeout::SendTimeout;
+use sluice_io::timer::{CoarseSleep, CoarseTimer};
+use sluice_io::wbatch::BatchedStream;
 
 /// How long a connection waits for its next request before it is parked (fired on the
 /// worker's coarse timer: 250 to 350 ms).
@@ -440,8 +440,8 @@ where
 /// Waits while the connection on `io` is parked: true once its next request is coming (the
 /// socket is readable), false when it is to be closed (`drain` fired, it waited
 /// `header_read_timeout` in all, counting the [`GRACE`] before it parked, up to a second
-/// more: [`crate::net::timer::FAR_RESOLUTION`] and a
-/// [`crate::net::timer::RESOLUTION`]; or an error).
+/// more: [`sluice_io::timer::FAR_RESOLUTION`] and a
+/// [`sluice_io::timer::RESOLUTION`]; or an error).
 /// Counted in `sluice_dataplane_parked_connections` meanwhile.
 pub(crate) async fn parked<S: Parkable>(
     io: &S,

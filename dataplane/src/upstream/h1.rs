@@ -18,7 +18,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use crate::http::headers::ProxyHeaders;
-use crate::net::wbatch::BatchedStream;
+use sluice_io::wbatch::BatchedStream;
 
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
