@@ -9,7 +9,7 @@
 //! - [`path`]: request path normalisation (what routes match, what is forwarded).
 //! - [`request_host`]: the request's host, checked (one `Host`, `:authority` agreeing).
 
-pub mod headers;
+pub use sluice_io::headers;
 pub mod path;
 
 use std::net::{IpAddr, SocketAddr};

@@ -5,6 +5,11 @@
 //! - [`wbatch`]: write batching of small sends per event-loop turn (send(2), io_uring).
 //! - [`timer`]: the per-worker coarse timer (request timeouts, hyper's timer).
 //! - [`send_timeout`]: the bound on a write a client does not read.
+//! - [`h1`]: the HTTP/1.1 client codec and connection of the upstream path (response head
+//!   parser, request head encoder, body decoder), fuzzed against hyper and httparse
+//!   (`dataplane/fuzz`).
+//! - [`headers`]: the header rules every protocol path shares (hop-by-hop headers, the
+//!   forwarding headers a proxy adds).
 //! - [`allocator`]: the global allocator (mimalloc's calls), heap trimming and the
 //!   transparent-huge-pages switch.
 //! - [`lock`]: the one way the dataplane takes a mutex.
@@ -18,6 +23,8 @@
 #![deny(unsafe_code)]
 
 pub mod allocator;
+pub mod h1;
+pub mod headers;
 pub mod send_timeout;
 pub mod timer;
 pub mod wbatch;
