@@ -5,6 +5,8 @@
 //! - [`wbatch`]: write batching of small sends per event-loop turn (send(2), io_uring).
 //! - [`timer`]: the per-worker coarse timer (request timeouts, hyper's timer).
 //! - [`send_timeout`]: the bound on a write a client does not read.
+//! - [`park`]: the stream wrapper that parks an idle HTTP/1.1 keep-alive connection
+//!   without its buffers.
 //! - [`h1`]: the HTTP/1.1 client codec and connection of the upstream path (response head
 //!   parser, request head encoder, body decoder), fuzzed against hyper and httparse
 //!   (`dataplane/fuzz`).
@@ -25,6 +27,7 @@
 pub mod allocator;
 pub mod h1;
 pub mod headers;
+pub mod park;
 pub mod send_timeout;
 pub mod timer;
 pub mod wbatch;
