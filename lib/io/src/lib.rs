@@ -23,6 +23,7 @@
 // io_uring submissions) are `unsafe` FFI, and [`allocator`] (mimalloc's calls, prctl(2),
 // malloc_trim(3)), each allowed where it stands with its safety argument.
 #![deny(unsafe_code)]
+#![warn(missing_docs)]
 
 pub mod allocator;
 pub mod h1;

@@ -145,6 +145,7 @@ pub struct Watch<S> {
 }
 
 impl<S> Watch<S> {
+    /// A connection's watch: no request in flight, nothing read, not upgraded or parked.
     pub fn new() -> Arc<Self> {
         Arc::new(Watch {
             in_flight: AtomicUsize::new(0),
@@ -246,6 +247,8 @@ pub struct Watched<S: Parkable> {
 }
 
 impl<S: Parkable> Watched<S> {
+    /// `io` for one hyper connection, sharing `watch` with its service; the grace is timed
+    /// on `timer` (the worker's).
     pub fn new(io: S, watch: Arc<Watch<S>>, timer: CoarseTimer) -> Self {
         Watched {
             io: Some(io),
