@@ -12,9 +12,9 @@ use std::hint::black_box;
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, HeaderValue, Method};
-use sluice_dataplane::http::headers::ProxyHeaders;
-use sluice_dataplane::http::headers::strip_hop_by_hop;
-use sluice_dataplane::upstream::h1::{Framing, encode_request_head};
+use sluice_io::h1::{Framing, encode_request_head};
+use sluice_io::headers::ProxyHeaders;
+use sluice_io::headers::strip_hop_by_hop;
 
 fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
     let mut h = HeaderMap::new();

@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 // NB: the allocator of the `sluice-dataplane` binary, so that the figures are the binary's
 // (with glibc malloc, malloc/free were about 45% of compile-and-swap).
 #[global_allocator]
-static GLOBAL: sluice_dataplane::allocator::Mimalloc = sluice_dataplane::allocator::Mimalloc;
+static GLOBAL: sluice_io::allocator::Mimalloc = sluice_io::allocator::Mimalloc;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use http::{HeaderMap, Method};

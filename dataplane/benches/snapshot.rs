@@ -6,7 +6,7 @@ use std::hint::black_box;
 // NB: the allocator of the `sluice-dataplane` binary, so that the figures are the binary's
 // (with glibc malloc, malloc/free were about 45% of compile-and-swap).
 #[global_allocator]
-static GLOBAL: sluice_dataplane::allocator::Mimalloc = sluice_dataplane::allocator::Mimalloc;
+static GLOBAL: sluice_io::allocator::Mimalloc = sluice_io::allocator::Mimalloc;
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use sluice_dataplane::config::store::Store;

@@ -12,9 +12,11 @@
 //! plugins    the APISIX-compatible plugin chain            │
 //! upstream   pools, balancers, health, h1/h2/WebSocket/TLS │
 //! http       shared HTTP facts and header rules            │
-//! net        write batching, coarse timer                  │
-//! allocator  the global allocator (mimalloc's calls)      ─┘
+//! net        (only `lock`, re-exported from sluice-io)    ─┘
 //! ```
+//!
+//! Below them all, the `sluice-io` crate (`lib/io`): write batching, the coarse timer, the
+//! send timeout and the allocator, the dataplane's only `unsafe` code.
 //!
 //! Request flow: [`listener::server`] accepts → [`request::handle`] reads the current
 //! [`config::table::RouteTable`] once → [`router`] picks a route → [`plugins`] run their
@@ -22,16 +24,12 @@
 //! streams back through [`upstream::body::ProxyBody`]. Errors become responses in
 //! [`request::error`] only. `docs/architecture.md` has the whole picture.
 
-// NB: `deny`, not `forbid`: the exceptions are [`net::wbatch`], whose system calls (send(2),
-// io_uring submissions) are `unsafe` FFI, and [`allocator`] (mimalloc's calls), each with
-// its safety argument.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
-pub mod allocator;
 pub mod config;
 pub mod http;
 pub mod listener;
-pub mod net;
+mod net;
 pub mod plugins;
 pub mod request;
 pub mod router;

@@ -1,4 +1,5 @@
 //! `sluice-dataplane`: parses flags and wires the dataplane library together.
+#![forbid(unsafe_code)]
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -10,15 +11,22 @@ use clap::Parser;
 use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::config::{standalone, store::Store};
 use sluice_dataplane::listener::{admin, gateway, server, tls};
-use sluice_dataplane::net::wbatch;
 use sluice_dataplane::upstream::PoolConfig;
+use sluice_io::allocator::no_transparent_huge_pages;
+// Returns memory freed by this thread to the OS: mimalloc's, or glibc's with
+// `--features system-allocator`.
+#[cfg(not(feature = "system-allocator"))]
+use sluice_io::allocator::trim_heap;
+#[cfg(feature = "system-allocator")]
+use sluice_io::allocator::trim_system_heap as trim_heap;
+use sluice_io::wbatch;
 use sluice_process::{LogFormat, init_logs, shutdown_signal};
 
 /// mimalloc, unless built with `--features system-allocator`: glibc's malloc, which heap
 /// profilers (heaptrack, massif) can see (`bench/idle-heap.sh`).
 #[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
-static GLOBAL: sluice_dataplane::allocator::Mimalloc = sluice_dataplane::allocator::Mimalloc;
+static GLOBAL: sluice_io::allocator::Mimalloc = sluice_io::allocator::Mimalloc;
 
 /// Sluice dataplane: proxies HTTP traffic by the routes of a snapshot, taken from YAML files
 /// (standalone mode) or from the Sluice controller.
@@ -316,7 +324,7 @@ fn main() -> anyhow::Result<()> {
         send_timeout: args.send_timeout,
         ..Default::default()
     };
-    sluice_dataplane::net::wbatch::set_policy(match args.write_batching {
+    wbatch::set_policy(match args.write_batching {
         WriteBatching::Auto => wbatch::Policy::Auto,
         WriteBatching::Send => wbatch::Policy::Send,
         WriteBatching::Off => wbatch::Policy::Off,
@@ -439,57 +447,4 @@ fn main() -> anyhow::Result<()> {
     });
     tracing::info!("shut down");
     Ok(())
-}
-
-/// Turns transparent huge pages off for this process. mimalloc asked for them on its arenas
-/// (`madvise(MADV_HUGEPAGE)`; its `no_thp` build feature now stops that, which matters
-/// where the host's THP mode is `madvise`, the default), and the kernel's khugepaged then
-/// filled every 2 MiB range
-/// that still holds a live allocation back up to a whole huge page: after connections
-/// close or park and their buffers go back to the OS, resident memory climbed again by
-/// about 9 MiB every 10 s (khugepaged's scan period). Measured with 9,000 parked keep-alive
-/// connections: 64 MiB and rising after 30 s with huge pages, 24 MiB and flat without
-/// (issue 21; nginx holds 21 MiB). A proxy's heap is small and its accesses scattered, so
-/// huge pages buy it little. The idle process's anonymous memory (no connection yet) went
-/// from 5.9 MiB (2 MiB of it one huge page taken before this call) to 1.3 MiB once mimalloc
-/// stopped asking for them. On a host whose THP mode is `always` a range touched before
-/// this call may still be a huge page.
-#[cfg(target_os = "linux")]
-#[allow(unsafe_code)]
-fn no_transparent_huge_pages() -> std::io::Result<()> {
-    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes nothing but this
-    // process's huge-page policy; it fails (harmlessly) on kernels without it.
-    if unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
-#[cfg(not(target_os = "linux"))]
-fn no_transparent_huge_pages() -> std::io::Result<()> {
-    Ok(())
-}
-
-/// Returns memory freed by this thread to the OS. mimalloc otherwise keeps the pages of a
-/// reload's transient parse trees until the thread allocates again, which an idle reload
-/// thread never does: measured with 10k routes, 96 MiB resident instead of about 30 MiB.
-/// Workers call it too once connections closed (`server::set_idle_trim`).
-#[cfg(not(feature = "system-allocator"))]
-#[allow(unsafe_code)]
-fn trim_heap() {
-    // SAFETY: `mi_collect` has no preconditions; it only releases memory mimalloc owns and
-    // that no live allocation uses.
-    unsafe { libmimalloc_sys::mi_collect(true) }
-}
-
-/// With glibc's malloc (`system-allocator`): gives the free memory at the top of the heap and
-/// in whole free pages back to the OS.
-#[cfg(feature = "system-allocator")]
-#[allow(unsafe_code)]
-fn trim_heap() {
-    // SAFETY: `malloc_trim` has no preconditions; it only releases memory malloc owns and
-    // that no live allocation uses.
-    unsafe {
-        libc::malloc_trim(0);
-    }
 }

@@ -151,7 +151,7 @@ async fn echo_dataplane() -> (EchoServer, Dataplane) {
 /// (issue 21: it allocated an `Arc` each, freed only at the next sweep).
 #[test]
 fn a_coarse_sleep_allocates_nothing() {
-    use sluice_dataplane::net::timer::{CoarseSleep, CoarseTimer};
+    use sluice_io::timer::{CoarseSleep, CoarseTimer};
     use std::future::Future;
     use std::pin::Pin;
     let timer = CoarseTimer::new();

@@ -9,16 +9,10 @@ use std::path::{Path, PathBuf};
 
 /// The top-level modules from the top of the request path down. A module may import the
 /// ones after it, never the ones before it. Keep `src/lib.rs`'s picture in step.
-const LAYERS: [&str; 9] = [
-    "listener",
-    "request",
-    "config",
-    "router",
-    "plugins",
-    "upstream",
-    "http",
-    "net",
-    "allocator",
+/// The I/O plumbing below them all is the `sluice-io` crate (`lib/io`), which cannot import
+/// the dataplane (cargo refuses a cycle); `net` only re-exports its `lock`.
+const LAYERS: [&str; 8] = [
+    "listener", "request", "config", "router", "plugins", "upstream", "http", "net",
 ];
 
 /// This crate's directory, read when the test runs (cargo sets `CARGO_MANIFEST_DIR` for
@@ -261,7 +255,7 @@ fn comments_strings_and_downward_imports_are_not_reported() {
          // crate::listener\n\
          /* crate::config */\n\
          let s = \"crate::request\"; let c = '\"'; let l: &'static str = s;\n\
-         use crate::net::timer::CoarseTimer;\n\
+         use crate::net::lock;\n\
          use crate::upstream::{self, body::ProxyBody};",
     );
     assert!(violations("upstream", &code).is_empty(), "{code}");

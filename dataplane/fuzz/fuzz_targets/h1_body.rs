@@ -1,6 +1,6 @@
 //! Upstream HTTP/1.1 body framing against hyper's client on the same bytes: a chunked body
 //! (chunk sizes, extensions, trailers, CRLFs, the last chunk) or a `Content-Length` body,
-//! read to its end by our reader (`upstream::h1::Conn`) and by
+//! read to its end by our reader (`sluice_io::h1::Conn`) and by
 //! `hyper::client::conn::http1`.
 //!
 //! Input: the first byte picks the variant (bit 0: chunked or `Content-Length`; bit 4 for a
@@ -29,7 +29,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::Bytes;
 use http::Method;
 use http_body_util::{BodyExt as _, Empty};
-use sluice_dataplane::upstream::h1::{BodyPoll, BodyState, Conn};
+use sluice_io::h1::{BodyPoll, BodyState, Conn};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;

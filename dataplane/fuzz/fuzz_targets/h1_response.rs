@@ -4,7 +4,7 @@
 
 use bytes::BytesMut;
 use http::Method;
-use sluice_dataplane::upstream::h1::{Framing, MAX_HEAD_BYTES, MAX_HEADERS, parse_response_head};
+use sluice_io::h1::{Framing, MAX_HEAD_BYTES, MAX_HEADERS, parse_response_head};
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let (method, wire) = match data.split_first() {

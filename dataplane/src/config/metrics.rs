@@ -145,7 +145,7 @@ impl Metrics {
     /// The Prometheus text exposition.
     pub fn render(&self) -> String {
         // NB: the workers choose their mode once, at start, after this registry exists.
-        for mode in crate::net::wbatch::modes_in_use() {
+        for mode in sluice_io::wbatch::modes_in_use() {
             self.write_batching.with_label_values(&[mode]).set(1);
         }
         let mut buf = Vec::new();

@@ -8,9 +8,9 @@ use sluice_proto::v1;
 
 use crate::config::metrics::Metrics;
 use crate::config::table::{InvalidSnapshot, RouteTable};
-use crate::net::lock;
 use crate::plugins::PluginState;
 use crate::upstream::{PoolConfig, PoolRegistry};
+use sluice_io::lock;
 
 /// What `/snapshot` reports.
 #[derive(Debug, Clone, Default, Serialize)]

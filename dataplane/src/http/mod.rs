@@ -9,7 +9,7 @@
 //! - [`path`]: request path normalisation (what routes match, what is forwarded).
 //! - [`request_host`]: the request's host, checked (one `Host`, `:authority` agreeing).
 
-pub mod headers;
+pub use sluice_io::headers;
 pub mod path;
 
 use std::net::{IpAddr, SocketAddr};
@@ -19,7 +19,7 @@ use std::sync::atomic::AtomicBool;
 use http::Request;
 use http::header::{self, HeaderValue};
 
-use crate::net::timer::CoarseTimer;
+use sluice_io::timer::CoarseTimer;
 
 /// Facts about the downstream connection, computed once per connection.
 #[derive(Debug, Clone)]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use crate::config::store::Store;
 use crate::listener::server::{Drain, DrainTrigger, Limits, serve_scoped, spawn_listener_workers};
 use crate::listener::tls::serve_https_scoped;
-use crate::net::lock;
+use sluice_io::lock;
 
 /// How long a port that could not be bound waits before the next try.
 pub const RETRY: Duration = Duration::from_secs(5);

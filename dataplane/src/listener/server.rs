@@ -19,9 +19,9 @@ use tokio::sync::Semaphore;
 use crate::config::store::Store;
 use crate::http::ConnInfo;
 use crate::listener::idle;
-use crate::net::send_timeout::SendTimeout;
-use crate::net::timer::CoarseTimer;
 use crate::request::handle;
+use sluice_io::send_timeout::SendTimeout;
+use sluice_io::timer::CoarseTimer;
 
 /// Limits on the downstream side.
 #[derive(Debug, Clone, Copy)]
@@ -223,7 +223,7 @@ const SNIFF_READ: usize = 2048;
 
 /// Whether the client speaks HTTP/2 with prior knowledge (h2c), judged from its first bytes,
 /// which are returned too: they are read (not peeked) and handed to hyper before the socket
-/// ([`crate::net::wbatch::BatchedStream::with_unread`]). `None` when the client sent
+/// ([`sluice_io::wbatch::BatchedStream::with_unread`]). `None` when the client sent
 /// nothing conclusive within `timeout` (the header read timeout) or closed: the connection
 /// is then closed.
 ///
@@ -361,7 +361,7 @@ impl Slots {
 
 impl Waiters {
     fn lock(&self) -> std::sync::MutexGuard<'_, Slots> {
-        crate::net::lock(&self.slots)
+        sluice_io::lock(&self.slots)
     }
 
     fn is_draining(&self) -> bool {
@@ -644,7 +644,7 @@ pub async fn serve_scoped(
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     spawn_idle_trim(&permits, limits.max_connections);
     nodelay_for_accepted(&listener);
-    crate::net::wbatch::enable_on_this_thread();
+    sluice_io::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
@@ -822,7 +822,7 @@ fn sniff_or_drain<'a>(
 }
 
 /// A plain-HTTP connection's stream while it serves requests.
-type PlainStream = SendTimeout<crate::net::wbatch::BatchedStream>;
+type PlainStream = SendTimeout<sluice_io::wbatch::BatchedStream>;
 
 /// The [`ConnInfo`] of a plain-HTTP connection from `remote`, and its stream, which reads
 /// `read` (bytes already taken from the socket) first.
@@ -839,7 +839,7 @@ fn plain_conn(
     conn.going_away = Some(worker.drain.going_away_flag());
     conn.listener = worker.scope.clone();
     let io = SendTimeout::new(
-        crate::net::wbatch::BatchedStream::with_unread(stream, read),
+        sluice_io::wbatch::BatchedStream::with_unread(stream, read),
         worker.timer.clone(),
         worker.limits.send_timeout,
     );

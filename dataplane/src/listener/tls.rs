@@ -40,10 +40,10 @@ use crate::listener::server::{
     Activity, Drain, Limits, close_if_going_away, connection_builders, serve_h2,
     spawn_listener_workers,
 };
-use crate::net::send_timeout::SendTimeout;
-use crate::net::timer::CoarseTimer;
 use crate::request::handle;
 use crate::upstream::body::ProxyBody;
+use sluice_io::send_timeout::SendTimeout;
+use sluice_io::timer::CoarseTimer;
 
 /// Body of the 400 for a request without a client certificate on a path that needs one.
 const NO_CLIENT_CERT_BODY: &str =
@@ -156,7 +156,7 @@ pub async fn serve_https_scoped(
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     super::server::spawn_idle_trim(&permits, limits.max_connections);
     super::server::nodelay_for_accepted(&listener);
-    crate::net::wbatch::enable_on_this_thread();
+    sluice_io::wbatch::enable_on_this_thread();
     let timer = CoarseTimer::new();
     tokio::spawn(timer.clone().run());
     let (h1, h2) = connection_builders(&limits, &timer);
@@ -201,7 +201,7 @@ pub async fn serve_https_scoped(
                     deadline,
                     handshake(
                         SendTimeout::new(
-                            crate::net::wbatch::BatchedStream::new(stream),
+                            sluice_io::wbatch::BatchedStream::new(stream),
                             timer.clone(),
                             limits.send_timeout,
                         ),
@@ -276,7 +276,7 @@ pub async fn serve_https_scoped(
 /// An HTTP/2 connection over TLS, served to its end by `answer`. NB: a plain function
 /// returning a box, so that HTTP/1.1 connections' tasks keep no room for it.
 fn serve_tls_h2<A, F>(
-    tls: tokio_rustls::server::TlsStream<SendTimeout<crate::net::wbatch::BatchedStream>>,
+    tls: tokio_rustls::server::TlsStream<SendTimeout<sluice_io::wbatch::BatchedStream>>,
     h2: &hyper::server::conn::http2::Builder<hyper_util::rt::TokioExecutor>,
     limits: Limits,
     drain: Drain,
@@ -306,13 +306,13 @@ where
 /// Reads the ClientHello, picks the configuration for its SNI from the current table and
 /// completes the handshake. `None` when the handshake failed (logged at debug level).
 async fn handshake(
-    stream: SendTimeout<crate::net::wbatch::BatchedStream>,
+    stream: SendTimeout<sluice_io::wbatch::BatchedStream>,
     remote: SocketAddr,
     store: &Store,
     refuse: Arc<ServerConfig>,
     listener: Option<Arc<str>>,
 ) -> Option<(
-    tokio_rustls::server::TlsStream<SendTimeout<crate::net::wbatch::BatchedStream>>,
+    tokio_rustls::server::TlsStream<SendTimeout<sluice_io::wbatch::BatchedStream>>,
     TlsConn,
 )> {
     let start = match LazyConfigAcceptor::new(Acceptor::default(), stream).await {

@@ -10,10 +10,10 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 
-use crate::net::timer::{CoarseSleep, CoarseTimer};
 use crate::upstream::PooledConn;
-use crate::upstream::h1::{BodyPoll, BodyState, Framing, H1Error};
 use crate::upstream::health::InFlight;
+use sluice_io::h1::{BodyPoll, BodyState, Framing, H1Error};
+use sluice_io::timer::{CoarseSleep, CoarseTimer};
 
 /// The most request-body bytes the upstream may receive, set by a plugin (client-control's
 /// `max_body_size`) in the request's extensions when the body's length is not announced

@@ -60,7 +60,7 @@ pub enum ProxyError {
         /// Endpoint address.
         addr: String,
         /// What went wrong.
-        source: crate::upstream::h1::H1Error,
+        source: sluice_io::h1::H1Error,
     },
     /// The client paused its request body longer than the client body timeout.
     #[error("client request body timed out")]

@@ -23,10 +23,10 @@ use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
 use crate::upstream::body::{BodyLimit, ProxyBody, ReadWatch, UpstreamBody};
 use crate::upstream::error::ProxyError;
 use crate::upstream::failover::Picked;
-use crate::upstream::h1::{Framing, H1Error, ResponseHead, encode_request_head};
 use crate::upstream::request_body::RequestBody;
 use crate::upstream::retry::{Attempts, failed, succeeded};
 use crate::upstream::{Endpoint, PooledConn, Timeouts, Upstream};
+use sluice_io::h1::{Framing, H1Error, ResponseHead, encode_request_head};
 
 /// Where an HTTP/1.1 request goes, and what is sent with it.
 #[derive(Debug, Clone, Copy)]
@@ -53,7 +53,7 @@ impl H1Forward<'_> {
     ///   (the log phase's `node` and upstream time); when `None` the clock is not read for it.
     ///
     /// Once the response head came, `parts.headers` is empty: the map's allocation is kept
-    /// for the connection's next response head ([`crate::upstream::h1::Conn::keep_for_next_head`]).
+    /// for the connection's next response head ([`sluice_io::h1::Conn::keep_for_next_head`]).
     ///
     /// NB: the request by reference, so that the request's future does not store the head
     /// twice (an async fn keeps its arguments for its whole life).

@@ -31,10 +31,10 @@ use crate::http::headers::{ProxyHeaders, strip_hop_by_hop, wants_trailers};
 use crate::upstream::Timeouts;
 use crate::upstream::body::{ProxyBody, StreamBody};
 use crate::upstream::error::ProxyError;
-use crate::upstream::h1::H1Error;
 use crate::upstream::health::InFlight;
 use crate::upstream::request_body::RequestBody;
 use crate::upstream::tls::{Alpn, InvalidUpstreamTls, UpstreamTlsClient, negotiated_h2};
+use sluice_io::h1::H1Error;
 
 /// Most HTTP/1.1-over-TLS connections kept per endpoint.
 const MAX_H1_CONNS: usize = 256;

@@ -26,8 +26,8 @@ use prometheus::{IntCounterVec, IntGauge, IntGaugeVec, Opts};
 use sluice_proto::v1;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
-use crate::net::lock;
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
+use sluice_io::lock;
 
 /// What one request (or probe) to an endpoint came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

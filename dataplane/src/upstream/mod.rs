@@ -5,7 +5,7 @@
 //! - [`balancer`]: load-balancing policies (round robin, consistent hash, least_conn, ewma).
 //! - [`health`]: active and passive health checks.
 //! - [`forward`]: the plain HTTP/1.1 path (endpoint choice, retries, passive health) over
-//!   the in-task client of [`h1`]; [`failover`]: the same rules for [`h2`] (HTTP/2, gRPC,
+//!   the in-task client of [`h1`] (the `sluice-io` crate's codec and connection); [`failover`]: the same rules for [`h2`] (HTTP/2, gRPC,
 //!   TLS upstreams) and [`websocket`] upgrades.
 //! - [`tls`]: TLS and mTLS to upstreams; [`dns`]: endpoints named by host name.
 //! - [`body`]: the response body type that streams downstream; [`error`]: what can stop a
@@ -19,7 +19,8 @@ pub mod dns;
 pub mod error;
 pub mod failover;
 pub mod forward;
-pub mod h1;
+/// The in-task HTTP/1.1 client, `sluice_io::h1` (also named by this path in the plugins).
+pub use sluice_io::h1;
 pub mod h2;
 pub mod health;
 pub mod request_body;
@@ -41,10 +42,10 @@ use tokio::net::TcpStream;
 
 use crate::upstream::balancer::{HashSource, Policy, Tried};
 use crate::upstream::error::ProxyError;
-use crate::upstream::h1::Conn;
 use crate::upstream::health::{
     Checker, EndpointState, HealthConfig, HealthRegistry, InFlight, Outcome, Rules,
 };
+use sluice_io::h1::Conn;
 
 /// Most entries a precomputed weighted sequence may have; larger weight sums are scaled.
 const MAX_SEQUENCE: u64 = 4096;
@@ -611,7 +612,7 @@ impl Pool {
     /// the socket become readable, as nginx's keepalive cache closes a connection on any
     /// read event while it is idle. A connection the upstream closes between the check and
     /// the request stays possible: the caller retries a replayable request on a fresh
-    /// connection (see [`crate::upstream::h1::H1Error::is_stale_connection`]). `now`, when
+    /// connection (see [`sluice_io::h1::H1Error::is_stale_connection`]). `now`, when
     /// the caller has read the clock already, saves reading it again for the idle timeout.
     pub async fn checkout(
         self: &Arc<Self>,

@@ -33,9 +33,9 @@ use crate::http::headers::strip_hop_by_hop;
 use crate::upstream::Timeouts;
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
-use crate::upstream::h1::{Framing, H1Error, MAX_HEAD_BYTES, MAX_HEADERS, encode_request_head};
 use crate::upstream::health::InFlight;
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
+use sluice_io::h1::{Framing, H1Error, MAX_HEAD_BYTES, MAX_HEADERS, encode_request_head};
 
 /// Upgraded sessions running on one worker thread.
 #[derive(Debug, Default)]

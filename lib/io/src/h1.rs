@@ -17,8 +17,8 @@ use http::{Method, StatusCode, Version};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::http::headers::ProxyHeaders;
-use crate::net::wbatch::BatchedStream;
+use crate::headers::ProxyHeaders;
+use crate::wbatch::BatchedStream;
 
 /// Largest response head accepted from an upstream.
 pub const MAX_HEAD_BYTES: usize = 64 * 1024;
@@ -55,6 +55,7 @@ impl H1Error {
     /// Whether nothing of a response arrived, so that a request that had no body can be sent
     /// again on a fresh connection (the usual cause: the upstream closed an idle keep-alive
     /// connection just as it was reused).
+    #[inline]
     pub fn is_stale_connection(&self) -> bool {
         match self {
             H1Error::ClosedBeforeResponse => true,
@@ -122,6 +123,7 @@ impl Conn {
     /// NB: issue 21. hyper parses each request into the header map of the previous
     /// response it wrote; handing the request's map on to the next response closes that
     /// loop, so a proxied request allocates no header map (two allocations before).
+    #[inline]
     pub fn keep_for_next_head(&mut self, mut headers: HeaderMap) {
         headers.clear();
         *self.spare_headers = headers;
@@ -311,7 +313,7 @@ fn parse_response_head_in(
     // all are kept for `strip_hop_by_hop`, which removes the named ones too.
     let skip_hop_by_hop = !facts_nominates;
     for (name, start, end) in spans {
-        if skip_hop_by_hop && crate::http::headers::hop_by_hop_bit(name.as_str()) != 0 {
+        if skip_hop_by_hop && crate::headers::hop_by_hop_bit(name.as_str()) != 0 {
             continue;
         }
         if ambiguous && name == header::CONTENT_LENGTH {
@@ -428,7 +430,7 @@ impl FramingFacts {
             for token in s.split(',').map(str::trim) {
                 if token.eq_ignore_ascii_case("close") {
                     self.close = true;
-                } else if !token.is_empty() && !crate::http::headers::is_hop_by_hop_token(token) {
+                } else if !token.is_empty() && !crate::headers::is_hop_by_hop_token(token) {
                     self.nominates = true;
                 }
             }
@@ -549,6 +551,7 @@ pub enum BodyState {
 
 impl BodyState {
     /// The decoder state at the start of a body with `framing`.
+    #[inline]
     pub fn new(framing: Framing) -> Self {
         match framing {
             Framing::Empty => BodyState::Done,
@@ -570,6 +573,7 @@ pub enum BodyPoll {
 
 impl Conn {
     /// The next `n` body bytes, if they have all arrived already (with the head).
+    #[inline]
     pub fn take_buffered(&mut self, n: usize) -> Option<Bytes> {
         (self.buf.len() >= n).then(|| self.buf.split_to(n).freeze())
     }
@@ -922,7 +926,7 @@ mod tests {
         let h = head(b"HTTP/1.1 200 OK\r\nConnection: Keep-Alive, X-Secret\r\nX-Secret: 1\r\nContent-Length: 0\r\n\r\n").await.unwrap();
         assert!(h.parts.headers.contains_key("connection"));
         let mut stripped = h.parts.headers.clone();
-        crate::http::headers::strip_hop_by_hop(&mut stripped);
+        crate::headers::strip_hop_by_hop(&mut stripped);
         assert_eq!(stripped.len(), 1, "{stripped:?}");
         // No length, no transfer-encoding: until close, never kept alive.
         let h = head(b"HTTP/1.1 200 OK\r\nServer: x\r\n\r\n").await.unwrap();

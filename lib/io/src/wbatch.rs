@@ -293,7 +293,7 @@ fn set_waker(slot: &mut Option<Waker>, cx: &Context<'_>) {
 fn lock(shared: &Shared) -> MutexGuard<'_, State> {
     // A panic while the lock was held cannot leave the state inconsistent (every field
     // is valid on its own), so a poisoned lock is used as is.
-    super::lock(&shared.state)
+    crate::lock(&shared.state)
 }
 
 /// A TCP stream whose small writes are batched per event-loop turn (see the module
@@ -361,6 +361,7 @@ impl BatchedStream {
     }
 
     /// The socket.
+    #[inline]
     pub fn get_ref(&self) -> &TcpStream {
         &self.io
     }
@@ -380,12 +381,14 @@ impl BatchedStream {
     }
 
     /// Whether writes on this stream are batched.
+    #[inline]
     pub fn is_batched(&self) -> bool {
         self.shared.is_some()
     }
 
     /// Whether written bytes still wait to be sent (queued for the batch, or left by a full
     /// socket) or a send error waits to be returned.
+    #[inline]
     pub fn has_pending(&self) -> bool {
         self.shared.as_ref().is_some_and(|shared| {
             let st = lock(shared);
@@ -395,6 +398,7 @@ impl BatchedStream {
 
     /// Frees the send buffer kept between writes (up to 4 KiB) when nothing is pending: for
     /// a connection that goes idle.
+    #[inline]
     pub fn release_buffer(&mut self) {
         if let Some(shared) = &self.shared {
             let mut st = lock(shared);
@@ -504,6 +508,7 @@ impl BatchedStream {
 }
 
 impl AsyncRead for BatchedStream {
+    #[inline]
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -528,6 +533,7 @@ impl AsyncRead for BatchedStream {
 }
 
 impl AsyncWrite for BatchedStream {
+    #[inline]
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -542,6 +548,7 @@ impl AsyncWrite for BatchedStream {
         }
     }
 
+    #[inline]
     fn poll_write_vectored(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -557,12 +564,14 @@ impl AsyncWrite for BatchedStream {
         }
     }
 
+    #[inline]
     fn is_write_vectored(&self) -> bool {
         true
     }
 
     /// Queued bytes count as flushed (they are sent when the turn ends); bytes the socket
     /// could not take yet are written first.
+    #[inline]
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         match this.poll_pending(cx, false) {

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::net::timer::{CoarseSleep, CoarseTimer};
+use crate::timer::{CoarseSleep, CoarseTimer};
 
 /// `io` whose writes fail with `TimedOut` once they have waited `timeout`.
 #[derive(Debug)]

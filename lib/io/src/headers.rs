@@ -7,7 +7,7 @@ use http::header::{self, HeaderMap, HeaderValue};
 /// `X-Real-IP`, `X-Forwarded-Proto` and `X-Forwarded-Host`, replacing any the client sent.
 ///
 /// The HTTP/1.1 client writes them while it serializes the head
-/// ([`crate::upstream::h1::encode_request_head`]); the hyper-based clients (HTTP/2, TLS)
+/// ([`crate::h1::encode_request_head`]); the hyper-based clients (HTTP/2, TLS)
 /// insert them into the header map with [`ProxyHeaders::insert_into`].
 #[derive(Debug, Clone, Copy)]
 pub struct ProxyHeaders<'a> {

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::net::lock;
+use crate::lock;
 
 /// How often the sweeper checks deadlines; a timeout fires up to twice this late (see the
 /// module's documentation).
@@ -217,6 +217,7 @@ impl CoarseTimer {
     }
 
     /// A future that completes `duration` from now (up to two [`RESOLUTION`]s later).
+    #[inline]
     pub fn sleep(&self, duration: Duration) -> CoarseSleep {
         self.sleep_until_ms(self.deadline_in(duration))
     }
@@ -224,6 +225,7 @@ impl CoarseTimer {
     /// Like [`CoarseTimer::sleep`], for a long wait that many idle things may share: it
     /// fires up to [`FAR_RESOLUTION`] (and a [`RESOLUTION`]) late, and a sweep every
     /// [`RESOLUTION`] does not touch it.
+    #[inline]
     pub fn sleep_far(&self, duration: Duration) -> CoarseSleep {
         self.sleep_on(true, self.deadline_in(duration))
     }
@@ -290,6 +292,7 @@ pub struct CoarseSleep {
 impl Future for CoarseSleep {
     type Output = ();
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = self.get_mut();
         // NB: the first poll completes a deadline already past (a zero duration) against
@@ -319,6 +322,7 @@ impl Future for CoarseSleep {
 }
 
 impl Drop for CoarseSleep {
+    #[inline]
     fn drop(&mut self) {
         let waker = lock(self.timer.list(self.far)).give_back(self.slot);
         drop(waker);
