@@ -11,12 +11,12 @@
 //! router     host index, path trie, exprs                  │
 //! plugins    the APISIX-compatible plugin chain            │
 //! upstream   pools, balancers, health, h1/h2/WebSocket/TLS │
-//! http       shared HTTP facts and header rules            │
-//! net        (only `lock`, re-exported from sluice-io)    ─┘
+//! http       shared HTTP facts and header rules            ─┘
 //! ```
 //!
 //! Below them all, the `sluice-io` crate (`lib/io`): write batching, the coarse timer, the
-//! send timeout and the allocator, the dataplane's only `unsafe` code.
+//! send timeout, idle parking, the HTTP/1.1 upstream codec and the allocator: the only
+//! `unsafe` code (this crate forbids it).
 //!
 //! Request flow: [`listener::server`] accepts → [`request::handle`] reads the current
 //! [`config::table::RouteTable`] once → [`router`] picks a route → [`plugins`] run their
@@ -29,7 +29,6 @@
 pub mod config;
 pub mod http;
 pub mod listener;
-mod net;
 pub mod plugins;
 pub mod request;
 pub mod router;

@@ -15,6 +15,7 @@ const LEVELS: &[(&str, &str, Option<u8>)] = &[
     ("crds", "sluice-crds", Some(0)),
     ("lib/proto", "sluice-proto", Some(0)),
     ("lib/process", "sluice-process", Some(0)),
+    ("lib/io", "sluice-io", Some(0)),
     ("lib/plugin-config", "sluice-plugin-config", Some(1)),
     ("lib/translate", "sluice-translate", Some(2)),
     ("dataplane", "sluice-dataplane", Some(3)),

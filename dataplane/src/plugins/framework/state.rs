@@ -1,7 +1,7 @@
 //! Plugin state that outlives snapshots: rate-limit counters, so that a reload does not
 //! hand out a fresh budget, and anything else a plugin shares across routes.
 
-use crate::net::lock;
+use sluice_io::lock;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
