@@ -24,18 +24,9 @@ fn consumer(name: &str, plugins: Vec<v1::Plugin>) -> v1::Consumer {
     }
 }
 
-async fn serve(routes: Vec<v1::Route>, consumers: Vec<v1::Consumer>) -> (Dataplane, EchoServer) {
-    let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    let mut snap = snapshot(1, routes, vec![upstream("u", &[(echo.addr, 1)])]);
-    snap.consumers = consumers;
-    dp.store.apply(snap, vec![]).unwrap();
-    (dp, echo)
-}
-
 #[tokio::test]
 async fn key_auth_header_query_and_failures() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with(
                 "default/r/k",
@@ -96,7 +87,7 @@ async fn key_auth_header_query_and_failures() {
 
 #[tokio::test]
 async fn basic_auth_messages_and_challenge() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![route_with(
             "default/r/b",
             &["/*"],
@@ -178,7 +169,7 @@ async fn jwt_auth_all_algorithm_families() {
     let ec = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
     let ed = rcgen::KeyPair::generate_for(&rcgen::PKCS_ED25519).unwrap();
     let (rsa_priv, rsa_pub) = rsa_pems();
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![route_with(
             "default/r/j",
             &["/*"],
@@ -300,7 +291,7 @@ async fn jwt_auth_all_algorithm_families() {
 
 #[tokio::test]
 async fn consumer_restriction_and_consumer_plugins() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with(
                 "default/r/wl",
@@ -432,7 +423,7 @@ async fn chash_on_consumer_keeps_each_consumer_on_one_endpoint() {
 /// consumer's merged plugin that has them (response-rewrite) must still run.
 #[tokio::test]
 async fn a_consumer_plugin_with_response_phases_runs_on_a_route_without_any() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![route_with(
             "default/r/k",
             &["/k*"],

@@ -174,10 +174,6 @@ async fn serve(conf: serde_json::Value) -> (Dataplane, EchoServer) {
     (dp, echo)
 }
 
-fn from_origin(r: &Resp) -> bool {
-    serde_json::from_slice::<serde_json::Value>(&r.body).is_ok_and(|v| v.get("path").is_some())
-}
-
 fn hv<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).map(|v| v.to_str().unwrap())
 }

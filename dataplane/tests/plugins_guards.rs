@@ -16,21 +16,6 @@ use serde_json::json;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
 
-/// An echo origin behind `routes` (all to upstream `u`), with `consumers`.
-async fn serve(routes: Vec<v1::Route>, consumers: Vec<v1::Consumer>) -> (Dataplane, EchoServer) {
-    let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    let mut snap = snapshot(1, routes, vec![upstream("u", &[(echo.addr, 1)])]);
-    snap.consumers = consumers;
-    dp.store.apply(snap, vec![]).unwrap();
-    (dp, echo)
-}
-
-/// Whether the origin answered (the echo origin answers JSON with the request's path).
-fn from_origin(r: &Resp) -> bool {
-    serde_json::from_slice::<serde_json::Value>(&r.body).is_ok_and(|v| v.get("path").is_some())
-}
-
 /// Sends `method path` with `headers` and `body`.
 async fn send_body(
     addr: std::net::SocketAddr,
@@ -58,7 +43,7 @@ async fn send_body(
 
 #[tokio::test]
 async fn ua_restriction_allow_and_deny_lists() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with(
                 "default/r/deny",
@@ -139,7 +124,7 @@ async fn ua_restriction_allow_and_deny_lists() {
 
 #[tokio::test]
 async fn uri_blocker_matches_the_request_uri_however_encoded() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with(
                 "default/r/p",
@@ -211,7 +196,7 @@ async fn uri_blocker_matches_the_request_uri_however_encoded() {
 
 #[tokio::test]
 async fn client_control_refuses_a_declared_oversized_body_first() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with(
                 "default/r/small",
@@ -277,7 +262,7 @@ fn csrf_cookie(r: &Resp, name: &str) -> String {
 
 #[tokio::test]
 async fn csrf_double_submit() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with(
                 "default/r/p",
@@ -425,7 +410,7 @@ async fn csrf_double_submit() {
 
 #[tokio::test]
 async fn api_breaker_opens_on_failures_and_closes_on_successes() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with(
                 "default/r/p",
@@ -496,7 +481,7 @@ async fn api_breaker_opens_on_failures_and_closes_on_successes() {
 
 #[tokio::test]
 async fn api_breaker_without_body_answers_an_empty_break_response_code() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![route_with(
             "default/r/p",
             &["/*"],

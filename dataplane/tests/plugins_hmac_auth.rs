@@ -15,22 +15,6 @@ use http_body_util::Full;
 use ring::hmac;
 use serde_json::json;
 use sluice_proto::v1;
-use sluice_testkit::EchoServer;
-
-/// An echo origin behind `routes` (all to upstream `u`), with `consumers`.
-async fn serve(routes: Vec<v1::Route>, consumers: Vec<v1::Consumer>) -> (Dataplane, EchoServer) {
-    let echo = EchoServer::start("a", any()).await.unwrap();
-    let dp = dataplane().await;
-    let mut snap = snapshot(1, routes, vec![upstream("u", &[(echo.addr, 1)])]);
-    snap.consumers = consumers;
-    dp.store.apply(snap, vec![]).unwrap();
-    (dp, echo)
-}
-
-/// Whether the origin answered (the echo origin answers JSON with the request's path).
-fn from_origin(r: &Resp) -> bool {
-    serde_json::from_slice::<serde_json::Value>(&r.body).is_ok_and(|v| v.get("path").is_some())
-}
 
 // ---------------------------------------------------------------- hmac-auth
 
@@ -109,7 +93,7 @@ async fn signed_get(
 
 #[tokio::test]
 async fn hmac_auth_signatures() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with("default/r/p", &["/*"], "u", vec![plugin("hmac-auth", json!({}))]),
             route_with(
@@ -562,7 +546,7 @@ fn chunked(pieces: Vec<Bytes>) -> Chunked {
 
 #[tokio::test]
 async fn hmac_auth_validates_the_body_digest() {
-    let (dp, _echo) = serve(
+    let (dp, _echo) = serve_echo(
         vec![
             route_with(
                 "default/r/body",

@@ -296,3 +296,22 @@ pub fn health_of(dp: &Dataplane, upstream: &str, endpoint: SocketAddr) -> Option
         ],
     )
 }
+
+/// A dataplane with `routes` (all to upstream `u`) and `consumers`, in front of an echo
+/// origin.
+pub async fn serve_echo(
+    routes: Vec<v1::Route>,
+    consumers: Vec<v1::Consumer>,
+) -> (Dataplane, sluice_testkit::EchoServer) {
+    let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
+    let dp = dataplane().await;
+    let mut snap = snapshot(1, routes, vec![upstream("u", &[(echo.addr, 1)])]);
+    snap.consumers = consumers;
+    dp.store.apply(snap, vec![]).unwrap();
+    (dp, echo)
+}
+
+/// Whether the origin answered (the echo origin answers JSON with the request's path).
+pub fn from_origin(r: &Resp) -> bool {
+    serde_json::from_slice::<serde_json::Value>(&r.body).is_ok_and(|v| v.get("path").is_some())
+}
