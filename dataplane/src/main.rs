@@ -127,6 +127,11 @@ struct Args {
     /// dataplane with the plugin and field named. Default: the plugins' default metadata.
     #[arg(long, value_name = "FILE", env = "SLUICE_PLUGIN_METADATA")]
     plugin_metadata: Option<PathBuf>,
+    /// Directory file-logger may write into (repeatable); a route's file-logger `path`
+    /// elsewhere (except /dev/stdout and /dev/stderr) is refused, so that no route can
+    /// overwrite the state directory or fill another volume.
+    #[arg(long, value_name = "DIR", default_value = "/var/log/sluice")]
+    file_logger_dir: Vec<PathBuf>,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -268,6 +273,12 @@ fn main() -> anyhow::Result<()> {
         }
     }
     store.plugin_state().set_enabled(args.plugins.clone());
+    if let Some(bad) = args.file_logger_dir.iter().find(|d| !d.is_absolute()) {
+        anyhow::bail!("--file-logger-dir: {} is not absolute", bad.display());
+    }
+    store
+        .plugin_state()
+        .set_file_log_dirs(Some(args.file_logger_dir.clone()));
     if let Some(path) = &args.plugin_metadata {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("reading --plugin-metadata {}", path.display()))?;

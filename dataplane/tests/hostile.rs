@@ -459,20 +459,54 @@ async fn admin_connections_are_bounded_in_time_and_number() {
         )
         .await
     );
-    // Past the connection limit a client waits (in the backlog) until one is closed, and is
-    // then served: four silent connections hold every slot for their header timeout.
-    let mut idle = Vec::new();
-    for _ in 0..4 {
-        idle.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+}
+
+/// Idle and silent connections cannot starve the status port (kubelet's probes): past the
+/// limit the oldest connection not serving a request is closed for the newcomer, however
+/// long the header timeout.
+#[tokio::test]
+async fn idle_connections_cannot_starve_the_admin_listener() {
+    use sluice_dataplane::listener::admin::{Endpoints, serve_limited};
+    let store = Arc::new(Store::new().unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    // NB: a header timeout of an hour: only an eviction can free a slot.
+    tokio::spawn(serve_limited(
+        listener,
+        store,
+        Endpoints::Status,
+        Duration::from_secs(3600),
+        4,
+    ));
+    // Every slot taken: two silent connections, a half-sent head, an idle keep-alive one.
+    let mut held = Vec::new();
+    for first in [&b""[..], b"", b"GET /healthz HTTP/1.1\r\nHo"] {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(first).await.unwrap();
+        held.push(s);
     }
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let started = std::time::Instant::now();
-    let resp = get(addr, "admin", "/healthz").await;
-    assert_eq!(resp.status, StatusCode::OK);
-    assert!(
-        started.elapsed() >= Duration::from_millis(300),
-        "served at once although every slot was taken"
-    );
+    let mut keep_alive = tokio::net::TcpStream::connect(addr).await.unwrap();
+    keep_alive
+        .write_all(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 1024];
+    let n = keep_alive.read(&mut buf).await.unwrap();
+    assert!(buf[..n].starts_with(b"HTTP/1.1 200"));
+    // Probes keep being answered, each evicting the oldest idle connection. The guard
+    // only turns a hang (a probe waiting behind the held slots) into a failure.
+    for round in 0..8 {
+        let probe = tokio::time::timeout(Duration::from_secs(30), get(addr, "admin", "/readyz"))
+            .await
+            .unwrap_or_else(|_| panic!("probe {round} starved by idle connections"));
+        assert_eq!(probe.status, StatusCode::OK);
+        // A new idle connection takes the freed slot again.
+        held.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // The evicted ones were closed (the oldest first): the first silent connection.
+    let first = &mut held[0];
+    let closed = tokio::time::timeout(Duration::from_secs(30), first.read(&mut buf)).await;
+    assert!(matches!(closed, Ok(Ok(0) | Err(_))), "{closed:?}");
 }
 
 #[tokio::test]
@@ -1049,4 +1083,85 @@ async fn a_request_body_that_stalls_over_http2_times_out_too() {
         .unwrap();
     assert_eq!(resp.status(), 408);
     drop(tx);
+}
+
+/// An origin that answers every request with an endless body (as fast as it can be sent)
+/// and counts the connections that ended.
+async fn endless_origin() -> (SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let ended = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&ended);
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let ended = Arc::clone(&counted);
+            tokio::spawn(async move {
+                let mut head = [0u8; 4096];
+                let _ = s.read(&mut head).await;
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 1000000000\r\n\r\n")
+                    .await;
+                let chunk = vec![b'x'; 64 * 1024];
+                while s.write_all(&chunk).await.is_ok() {}
+                ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, ended)
+}
+
+/// A client that opens HTTP/2 streams and never opens their flow-control window cannot pin
+/// upstream connections: past send_timeout the connection is closed and every upstream
+/// connection its streams held is released.
+#[tokio::test]
+async fn http2_streams_with_a_closed_window_do_not_pin_upstream_connections() {
+    let (origin, ended) = endless_origin().await;
+    let limits = Limits {
+        send_timeout: Duration::from_millis(500),
+        ..Limits::default()
+    };
+    let dp = dataplane_limited(Arc::new(Store::new().unwrap()), limits).await;
+    let snap = snapshot(
+        1,
+        vec![route("default/big/r", &["/big"], "big")],
+        vec![upstream("big", &[(origin, 1)])],
+    );
+    dp.store.apply(snap, vec![]).unwrap();
+    let stream = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
+    let mut client = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new());
+    client.adaptive_window(false).initial_stream_window_size(0);
+    let (sender, conn) = client
+        .handshake(hyper_util::rt::TokioIo::new(stream))
+        .await
+        .unwrap();
+    let conn = tokio::spawn(conn);
+    let mut heads = Vec::new();
+    for _ in 0..5 {
+        let mut sender = sender.clone();
+        let req = http::Request::get("http://h/big")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        heads.push(tokio::spawn(async move { sender.send_request(req).await }));
+    }
+    let mut bodies = Vec::new();
+    for h in heads {
+        let resp = h.await.unwrap().unwrap();
+        assert_eq!(resp.status(), 200);
+        bodies.push(resp); // NB: kept, never read: the window stays closed.
+    }
+    // NB: the guards only turn a hang (streams pinned for ever) into a failure.
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while ended.load(std::sync::atomic::Ordering::SeqCst) < 5 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("upstream connections still pinned by streams the client never reads");
+    tokio::time::timeout(Duration::from_secs(60), conn)
+        .await
+        .expect("the client connection is still open")
+        .unwrap()
+        .ok();
+    drop(bodies);
 }

@@ -331,6 +331,33 @@ async fn a_head_sent_slowly_after_a_request_is_not_cut_off() {
     assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
 }
 
+/// A pipelined head whose start came in the same read as the request before it, and whose
+/// rest comes after a pause longer than the grace, is served, not lost: the connection is
+/// not parked while hyper holds the start. Heads cut at every point of the head.
+#[tokio::test]
+async fn a_pipelined_head_that_straddles_the_grace_is_served() {
+    let (_echo, dp) = echo_dataplane().await;
+    let next = b"GET /second HTTP/1.1\r\nHost: h\r\n\r\n";
+    for cut in [1, 5, 17, next.len() - 3, next.len() - 1] {
+        let mut s = TcpStream::connect(dp.addr).await.unwrap();
+        let mut buf = Vec::new();
+        let mut first = GET.to_vec();
+        first.extend_from_slice(&next[..cut]);
+        s.write_all(&first).await.unwrap();
+        assert_eq!(read_response(&mut s, &mut buf).await.0, 200, "cut {cut}");
+        tokio::time::sleep(PARKED_AFTER).await;
+        assert_eq!(parked(&dp), 0.0, "cut {cut}: parked with half a head in hyper's buffer");
+        s.write_all(&next[cut..]).await.unwrap();
+        let (status, body) = read_response(&mut s, &mut buf).await;
+        assert_eq!(status, 200, "cut {cut}");
+        assert!(
+            String::from_utf8_lossy(&body).contains("/second"),
+            "cut {cut}: {}",
+            String::from_utf8_lossy(&body)
+        );
+    }
+}
+
 /// An upstream that reads each request head and then hands the connection to `answer`.
 async fn upstream_answering<F, Fut>(answer: F) -> SocketAddr
 where

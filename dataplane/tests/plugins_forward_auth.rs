@@ -300,6 +300,31 @@ async fn a_slow_service_is_an_error_after_the_timeout() {
     let r = get_with(dp.addr, "/x", &[("authorization", "Bearer slow")]).await;
     assert_eq!(r.status, StatusCode::OK);
     assert!(from_origin(&r));
+
+    // Degraded by the timeout: the client's copies of the service's headers are dropped.
+    let (dp, _echo) = serve(json!({
+        "uri": auth.uri("/verify"),
+        "request_headers": ["Authorization"],
+        "upstream_headers": ["X-User-ID", "X-Roles"],
+        "timeout": 200,
+        "allow_degradation": true,
+    }))
+    .await;
+    let r = get_with(
+        dp.addr,
+        "/x",
+        &[
+            ("authorization", "Bearer slow"),
+            ("x-user-id", "mallory"),
+            ("X-Roles", "admin"),
+            ("x-roles", "root"),
+        ],
+    )
+    .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let h = &r.json()["headers"];
+    assert!(h.get("x-user-id").is_none(), "{h}");
+    assert!(h.get("x-roles").is_none(), "{h}");
 }
 
 #[tokio::test]
@@ -316,9 +341,20 @@ async fn an_unreachable_service_denies_or_degrades() {
         "upstream_headers": ["X-User-ID"],
     }))
     .await;
-    let r = get_with(dp.addr, "/x", &[("x-user-id", "mallory")]).await;
+    let r = get_with(
+        dp.addr,
+        "/x",
+        &[("x-user-id", "mallory"), ("x-other", "kept")],
+    )
+    .await;
     assert_eq!(r.status, StatusCode::OK);
     assert!(from_origin(&r));
+    let h = &r.json()["headers"];
+    assert!(
+        h.get("x-user-id").is_none(),
+        "a client-sent upstream header passed while degraded: {h}"
+    );
+    assert_eq!(h["x-other"], "kept", "only the listed headers are dropped");
 }
 
 #[tokio::test]

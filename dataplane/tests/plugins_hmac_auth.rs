@@ -39,7 +39,8 @@ fn now_date(offset_secs: i64) -> String {
 }
 
 /// A client's `Authorization` for `method target`, signing `signed` (names, in order) whose
-/// values are in `headers`.
+/// values are in `headers` (a repeated header: its values joined by `, `, in order, as the
+/// HTTP signatures draft says).
 fn signature(
     key_id: &str,
     secret: &str,
@@ -53,8 +54,15 @@ fn signature(
     for h in signed {
         if *h == "@request-target" {
             text.push_str(&format!("{method} {target}\n"));
-        } else if let Some((_, v)) = headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(h)) {
-            text.push_str(&format!("{h}: {v}\n"));
+        } else {
+            let values: Vec<&str> = headers
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(h))
+                .map(|(_, v)| *v)
+                .collect();
+            if !values.is_empty() {
+                text.push_str(&format!("{h}: {}\n", values.join(", ")));
+            }
         }
     }
     let a = match alg {
@@ -446,6 +454,36 @@ async fn hmac_auth_signatures() {
     )
     .await;
     assert_eq!(r.status, StatusCode::UNAUTHORIZED, "x-custom changed");
+    // A signed header sent twice: every value is signed, or none passes (an upstream that
+    // reads the second copy must not get an unsigned value).
+    let only_first = signature(
+        "jack-key",
+        "jack-secret",
+        "hmac-sha512",
+        "GET",
+        "/strict/a",
+        &strict,
+        &hs,
+    );
+    let both = [("date", date.as_str()), ("x-custom", "v1"), ("x-custom", "evil")];
+    let all_signed = signature(
+        "jack-key",
+        "jack-secret",
+        "hmac-sha512",
+        "GET",
+        "/strict/a",
+        &strict,
+        &both,
+    );
+    for (auth, want) in [
+        (&only_first, StatusCode::UNAUTHORIZED),
+        (&all_signed, StatusCode::OK),
+    ] {
+        let mut sent = both.to_vec();
+        sent.push(("authorization", auth));
+        let r = get_with(dp.addr, "/strict/a", &sent).await;
+        assert_eq!(r.status, want, "x-custom twice: {}", r.text());
+    }
 
     // The consumer is identified: consumer-restriction sees who signed.
     let r = signed_get(

@@ -537,6 +537,64 @@ async fn file_logger_appends_json_lines_and_reopens_a_rotated_file() {
     .await;
 }
 
+/// file-logger writes only into the dataplane's `--file-logger-dir` directories (and
+/// /dev/stdout, /dev/stderr): a route cannot overwrite the state directory's snapshot, or
+/// any other file, by naming it; the refusal names the plugin and field, and the last good
+/// snapshot keeps serving.
+#[tokio::test]
+async fn file_logger_writes_only_into_its_directories() {
+    let logs = tempfile::tempdir().unwrap();
+    let state = tempfile::tempdir().unwrap();
+    let snapshot_pb = state.path().join("snapshot.pb");
+    std::fs::write(&snapshot_pb, b"last good").unwrap();
+    let inside = logs.path().join("access.log");
+    let (dp, echo) = serve(vec![plugin(
+        "file-logger",
+        json!({"path": inside.to_str().unwrap()}),
+    )])
+    .await;
+    dp.store
+        .plugin_state()
+        .set_file_log_dirs(Some(vec![logs.path().to_path_buf()]));
+    let with_path = |path: &str| {
+        snapshot(
+            2,
+            vec![route_with(
+                "default/r/p",
+                &["/*"],
+                "u",
+                vec![plugin("file-logger", json!({ "path": path }))],
+            )],
+            vec![upstream("u", &[(echo.addr, 1)])],
+        )
+    };
+    let sibling = format!("{}-other/access.log", logs.path().display());
+    for outside in [
+        snapshot_pb.to_str().unwrap(),
+        "/etc/passwd",
+        "/var/lib/sluice/snapshot.pb",
+        sibling.as_str(),
+    ] {
+        let e = dp.store.apply(with_path(outside), vec![]).unwrap_err().to_string();
+        assert!(
+            e.contains("file-logger") && e.contains("path") && e.contains(outside),
+            "{outside}: {e}"
+        );
+        assert!(e.contains("--file-logger-dir"), "{e}");
+    }
+    assert_eq!(std::fs::read(&snapshot_pb).unwrap(), b"last good");
+    // The last good snapshot still serves and logs.
+    assert_eq!(get_with(dp.addr, "/kept", &[]).await.status, StatusCode::OK);
+    eventually(|| std::fs::read_to_string(&inside).is_ok_and(|t| t.contains("/kept"))).await;
+    for ok in [
+        "/dev/stdout",
+        "/dev/stderr",
+        logs.path().join("sub/x.log").to_str().unwrap(),
+    ] {
+        dp.store.apply(with_path(ok), vec![]).unwrap();
+    }
+}
+
 #[tokio::test]
 async fn https_log_servers_with_and_without_verification() {
     let logs = LogServer::start_with(Some(self_signed())).await;

@@ -550,8 +550,13 @@ fn opentelemetry_loggers_and_proxy_mirror_on_the_real_api_server() {
         .to_string(),
     )
     .unwrap();
-    p.restart_dataplane_with(&["--plugin-metadata", &metadata.to_string_lossy()])
-        .unwrap();
+    p.restart_dataplane_with(&[
+        "--plugin-metadata",
+        &metadata.to_string_lossy(),
+        "--file-logger-dir",
+        &dir.to_string_lossy(),
+    ])
+    .unwrap();
 
     let logs = HttpRecorder::start(|_| Reply::new(200, "")).unwrap();
     let mirror = HttpRecorder::start(|_| Reply::new(200, "the mirror's answer")).unwrap();

@@ -2,18 +2,25 @@
 //! pod's with `kubectl port-forward`): the snapshot it serves (`/snapshot?full=1`, which
 //! the dataplane redacts before it leaves the process) and its endpoints' live health
 //! (`sluice_upstream_endpoint_healthy` in `/metrics`).
+//!
+//! The answer is untrusted: read within one deadline for the whole exchange (a server that
+//! trickles bytes cannot hold the CLI), at most [`MAX_ANSWER`] bytes, and an error body is
+//! cut to [`MAX_ERROR_BODY`] bytes (the caller prints it through
+//! [`crate::terminal::sanitize`]).
 
 use std::collections::BTreeMap;
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use sluice_proto::v1;
 
 /// Largest answer read from an admin listener (a snapshot of 10,000 routes is ~10 MiB).
 pub const MAX_ANSWER: u64 = 256 * 1024 * 1024;
-/// Time to connect and between two reads.
+/// Longest wait to connect and between two reads (within the whole exchange's deadline).
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// Most bytes of a non-200 answer's body shown in the error.
+pub const MAX_ERROR_BODY: usize = 1024;
 /// The gauge that says whether an endpoint is in the rotation.
 const HEALTH_METRIC: &str = "sluice_upstream_endpoint_healthy";
 
@@ -26,6 +33,9 @@ pub enum AdminError {
     /// Network error.
     #[error("{0}: {1}")]
     Io(String, std::io::Error),
+    /// The whole exchange took longer than the deadline (`--request-timeout`).
+    #[error("{0}: no complete answer within {1:?} (--request-timeout)")]
+    Deadline(String, Duration),
     /// The answer is not what was asked for.
     #[error("{0}: {1}")]
     Body(String, String),
@@ -42,8 +52,9 @@ pub struct Served {
     pub snapshot: v1::Snapshot,
 }
 
-/// `GET path` on the admin listener at `url` (`http://HOST:PORT`); the body of a 200.
-pub fn get(url: &str, path: &str) -> Result<String, AdminError> {
+/// `GET path` on the admin listener at `url` (`http://HOST:PORT`); the body of a 200, the
+/// whole exchange within `deadline`.
+pub fn get(url: &str, path: &str, deadline: Duration) -> Result<String, AdminError> {
     let rest = url
         .strip_prefix("http://")
         .ok_or_else(|| AdminError::Url(url.into()))?;
@@ -51,14 +62,24 @@ pub fn get(url: &str, path: &str) -> Result<String, AdminError> {
     if authority.is_empty() {
         return Err(AdminError::Url(url.into()));
     }
+    let start = Instant::now();
     let io = |e| AdminError::Io(url.into(), e);
+    let late = || AdminError::Deadline(url.into(), deadline);
+    // The time left, at most TIMEOUT; an error once the deadline passed.
+    let left = || {
+        deadline
+            .checked_sub(start.elapsed())
+            .filter(|d| !d.is_zero())
+            .map(|d| d.min(TIMEOUT))
+            .ok_or_else(late)
+    };
     let addrs: Vec<_> = std::net::ToSocketAddrs::to_socket_addrs(authority)
         .map_err(io)?
         .collect();
     let mut last = None;
     let mut stream = None;
     for a in addrs {
-        match TcpStream::connect_timeout(&a, TIMEOUT) {
+        match TcpStream::connect_timeout(&a, left()?) {
             Ok(s) => {
                 stream = Some(s);
                 break;
@@ -69,8 +90,7 @@ pub fn get(url: &str, path: &str) -> Result<String, AdminError> {
     let mut stream = stream.ok_or_else(|| {
         io(last.unwrap_or_else(|| std::io::Error::other("no address for the host")))
     })?;
-    stream.set_read_timeout(Some(TIMEOUT)).map_err(io)?;
-    stream.set_write_timeout(Some(TIMEOUT)).map_err(io)?;
+    stream.set_write_timeout(Some(left()?)).map_err(io)?;
     // NB: HTTP/1.0 so the body is not chunked and ends with the connection.
     write!(
         stream,
@@ -78,15 +98,29 @@ pub fn get(url: &str, path: &str) -> Result<String, AdminError> {
     )
     .map_err(io)?;
     let mut raw = Vec::new();
-    stream
-        .take(MAX_ANSWER + 1)
-        .read_to_end(&mut raw)
-        .map_err(io)?;
-    if raw.len() as u64 > MAX_ANSWER {
-        return Err(AdminError::Body(
-            url.into(),
-            format!("{path}: answer larger than {MAX_ANSWER} bytes"),
-        ));
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        stream.set_read_timeout(Some(left()?)).map_err(io)?;
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) && left().is_err() =>
+            {
+                return Err(late());
+            }
+            Err(e) => return Err(io(e)),
+        }
+        if raw.len() as u64 > MAX_ANSWER {
+            return Err(AdminError::Body(
+                url.into(),
+                format!("{path}: answer larger than {MAX_ANSWER} bytes"),
+            ));
+        }
     }
     let text = String::from_utf8_lossy(&raw);
     let (head, body) = text
@@ -94,17 +128,25 @@ pub fn get(url: &str, path: &str) -> Result<String, AdminError> {
         .ok_or_else(|| AdminError::Body(url.into(), "no HTTP response".into()))?;
     if !head.starts_with("HTTP/1.1 200") && !head.starts_with("HTTP/1.0 200") {
         let status = head.lines().next().unwrap_or_default();
+        let mut body = body.trim();
+        if body.len() > MAX_ERROR_BODY {
+            let mut end = MAX_ERROR_BODY;
+            while !body.is_char_boundary(end) {
+                end -= 1;
+            }
+            body = &body[..end];
+        }
         return Err(AdminError::Body(
             url.into(),
-            format!("{path}: {status}: {}", body.trim()),
+            format!("{path}: {}: {body}", status.chars().take(200).collect::<String>()),
         ));
     }
     Ok(body.to_owned())
 }
 
 /// The snapshot the dataplane at `url` serves (redacted by the dataplane).
-pub fn served(url: &str) -> Result<Served, AdminError> {
-    let body = get(url, "/snapshot?full=1")?;
+pub fn served(url: &str, deadline: Duration) -> Result<Served, AdminError> {
+    let body = get(url, "/snapshot?full=1", deadline)?;
     let bad = |e: String| AdminError::Body(url.into(), e);
     let doc: serde_json::Value = serde_json::from_str(&body).map_err(|e| bad(e.to_string()))?;
     let snap = doc
@@ -126,8 +168,8 @@ pub fn served(url: &str) -> Result<Served, AdminError> {
 pub type Health = BTreeMap<(String, String), bool>;
 
 /// The endpoints' health read from the dataplane's `/metrics`.
-pub fn health(url: &str) -> Result<Health, AdminError> {
-    Ok(parse_health(&get(url, "/metrics")?))
+pub fn health(url: &str, deadline: Duration) -> Result<Health, AdminError> {
+    Ok(parse_health(&get(url, "/metrics", deadline)?))
 }
 
 /// Reads the `sluice_upstream_endpoint_healthy{upstream="..",endpoint=".."} 0|1` samples of

@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueHint};
 
@@ -151,6 +152,9 @@ pub enum Command {
         /// Output format.
         #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
         output: Format,
+        /// Longest the whole read of --admin may take (`30s`, `2m`, or seconds).
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+        request_timeout: Duration,
     },
     /// What changes in the snapshot if the files are applied: added, removed and changed
     /// routes, upstreams, certificates (never secret material). Exit 1 on differences.
@@ -163,6 +167,9 @@ pub enum Command {
         /// (http://HOST:PORT, reads /snapshot?full=1).
         #[arg(long, value_name = "FILE|DIR|URL", value_hint = ValueHint::AnyPath, required = true)]
         against: Vec<String>,
+        /// Longest the whole read of an --against URL may take (`30s`, `2m`, or seconds).
+        #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
+        request_timeout: Duration,
     },
     /// Every dataplane (its controller replica, the snapshot version and hash it serves,
     /// ACK/NACK with reasons) and every object not Accepted or not Programmed, read from
@@ -229,4 +236,20 @@ mod tests {
             );
         }
     }
+}
+
+/// A duration: `<n>s`, `<n>m` or `<n>` seconds, at least one second and at most an hour.
+fn duration(text: &str) -> Result<Duration, String> {
+    let (digits, unit) = match text.strip_suffix('m') {
+        Some(d) => (d, 60),
+        None => (text.strip_suffix('s').unwrap_or(text), 1),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s or 2m"))?;
+    let secs = n.saturating_mul(unit);
+    if !(1..=3600).contains(&secs) {
+        return Err(format!("{text:?} is not between 1s and 1h"));
+    }
+    Ok(Duration::from_secs(secs))
 }

@@ -23,6 +23,7 @@ pub mod offline;
 pub mod status;
 pub mod synthetic;
 pub mod table;
+pub mod terminal;
 pub mod validate;
 
 /// Output format of a report.

@@ -6,11 +6,12 @@ use clap::{CommandFactory as _, Parser as _};
 use sluice_kubectl::cli::{Cli, Command};
 use sluice_kubectl::cluster::{self, Scope, Target};
 use sluice_kubectl::offline::{self, Offline};
+use sluice_kubectl::terminal::sanitize;
 use sluice_kubectl::{Format, admin, completion, diff, explain, render_structured, validate};
 
 fn print<T: serde::Serialize>(report: &T, format: Format, text: impl FnOnce() -> String) {
     match format {
-        Format::Text => print!("{}", text()),
+        Format::Text => print!("{}", sanitize(&text())),
         f => print!("{}", render_structured(report, f)),
     }
 }
@@ -37,13 +38,14 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
             namespace,
             ingress_class,
             output,
+            request_timeout,
         } => {
             let req = explain::Request::parse(&url, &method, &headers, client_ip, sni)?;
             let opts = offline::controller_options(&ingress_class);
             let mut notes = Vec::new();
             let (snapshot, table, cx) = if let Some(url) = admin {
-                let served = admin::served(&url)?;
-                let health = admin::health(&url)?;
+                let served = admin::served(&url, request_timeout)?;
+                let health = admin::health(&url, request_timeout)?;
                 // NB: a dataplane's snapshot comes redacted; compile it without the key
                 // material it no longer has (certificates are chosen by id, see explain).
                 let table = offline::compile_redacted(&served.snapshot).map_err(|e| {
@@ -108,17 +110,21 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
             };
             let ex = explain::explain(&table, &snapshot, &req, &cx);
             for n in &notes {
-                eprintln!("note: {n}");
+                eprintln!("note: {}", sanitize(n));
             }
             print(&ex, output, || ex.render_text());
             Ok(0)
         }
-        Command::Diff { input, against } => {
+        Command::Diff {
+            input,
+            against,
+            request_timeout,
+        } => {
             let opts = offline::controller_options(&input.ingress_class);
             let new = Offline::from_sources(&input.files, &opts)?;
             let (old, remote) = match against.as_slice() {
                 [url] if url.starts_with("http://") || url.starts_with("https://") => {
-                    (admin::served(url)?.snapshot, true)
+                    (admin::served(url, request_timeout)?.snapshot, true)
                 }
                 files => (
                     Offline::from_sources(files, &opts)?.translation.snapshot,
@@ -186,7 +192,7 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", sanitize(&e.to_string()));
             ExitCode::from(2)
         }
     }

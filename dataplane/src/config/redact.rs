@@ -7,7 +7,11 @@
 //! upstream client certificates), and in every plugin configuration (routes, global rules,
 //! consumers) the values of fields named as credentials: `password`, `secret`,
 //! `private_key`, `token`, `secret_key` (hmac-auth), any field ending in `_password`,
-//! `_secret`, `_token` or `_private_key` (openid-connect's `client_rsa_private_key`), and the `key` of key-auth and csrf. Public keys, CA bundles and certificate chains are shown.
+//! `_secret`, `_token` or `_private_key` (openid-connect's `client_rsa_private_key`), the
+//! `key` of key-auth and csrf, http-logger's `auth_header`, and in any header map the
+//! values of credential headers (`Authorization`, `Proxy-Authorization`, `Cookie`,
+//! `Set-Cookie`, `X-Api-Key`, ...). Public keys, CA bundles and certificate chains are
+//! shown.
 
 use sluice_proto::v1;
 
@@ -64,6 +68,23 @@ fn is_secret(plugin: &str, name: &str) -> bool {
         || name.ends_with("_token")
         || name.ends_with("_private_key")
         || ((plugin == "key-auth" || plugin == "csrf") && name == "key")
+}
+
+/// Whether a header of this (lowercase) name carries a credential: the value of such a key
+/// in any header map of a configuration (proxy-rewrite's `headers.set`, a logger's or
+/// collector's headers) is hidden.
+fn is_credential_header(name: &str) -> bool {
+    matches!(
+        name,
+        "authorization"
+            | "proxy-authorization"
+            | "cookie"
+            | "set-cookie"
+            | "x-api-key"
+            | "api-key"
+            | "apikey"
+            | "api_key"
+    )
 }
 
 /// `config_json` with the values of secret fields, at any depth, replaced; a configuration
@@ -148,6 +169,43 @@ mod tests {
             "pw-1",
         ] {
             assert!(!shown.contains(secret), "{shown}");
+        }
+    }
+
+    /// Credentials a plugin sends elsewhere: a logger's `auth_header`, the credential
+    /// headers of any header map (any case, any depth); other headers are shown.
+    #[test]
+    fn credentials_sent_onwards_are_hidden() {
+        for (name, config, secret, kept) in [
+            (
+                "http-logger",
+                serde_json::json!({"uri": "http://log:9000/x", "auth_header": "Bearer LOG-TOKEN"}),
+                "LOG-TOKEN",
+                "log:9000",
+            ),
+            (
+                "proxy-rewrite",
+                serde_json::json!({"headers": {"set": {"Authorization": "Basic UP-CRED", "X-Env": "prod"}}}),
+                "UP-CRED",
+                "prod",
+            ),
+            (
+                "proxy-rewrite",
+                serde_json::json!({"headers": {"add": {"X-API-KEY": "APIKEY-1"}, "remove": ["Cookie"]}}),
+                "APIKEY-1",
+                "Cookie",
+            ),
+            (
+                "opentelemetry",
+                serde_json::json!({"collector": {"address": "otel:4318", "request_headers": {"proxy-authorization": "PXY-1", "cookie": "sid=COOKIE-1"}}}),
+                "PXY-1",
+                "otel:4318",
+            ),
+        ] {
+            let shown = redacted_config(name, &config.to_string());
+            assert!(!shown.contains(secret), "{name}: {secret} shown: {shown}");
+            assert!(!shown.contains("COOKIE-1"), "{name}: {shown}");
+            assert!(shown.contains(kept), "{name}: {kept} hidden: {shown}");
         }
     }
 

@@ -28,6 +28,9 @@ pub struct PluginState {
     enabled: std::sync::RwLock<Option<std::collections::HashSet<String>>>,
     /// The plugin metadata (`--plugin-metadata`), checked.
     metadata: std::sync::RwLock<PluginMetadata>,
+    /// Directories file-logger may write into (`--file-logger-dir`); `None` = anywhere
+    /// (the library's default; the dataplane binary always sets it).
+    file_log_dirs: std::sync::RwLock<Option<Vec<std::path::PathBuf>>>,
 }
 
 /// Plugin metadata: APISIX's `plugin_metadata`, process-wide settings of a plugin shared by
@@ -92,6 +95,37 @@ impl PluginState {
         match self.metadata.write() {
             Ok(mut g) => *g = metadata,
             Err(poisoned) => *poisoned.into_inner() = metadata,
+        }
+    }
+
+    /// Confines file-logger to `dirs` (`--file-logger-dir`); `None` = anywhere.
+    pub fn set_file_log_dirs(&self, dirs: Option<Vec<std::path::PathBuf>>) {
+        match self.file_log_dirs.write() {
+            Ok(mut g) => *g = dirs,
+            Err(poisoned) => *poisoned.into_inner() = dirs,
+        }
+    }
+
+    /// Whether file-logger may write `path` (absolute, without `.`/`..` segments: the
+    /// schema checked): `Err` names the directories it may write into.
+    pub fn file_log_allowed(&self, path: &str) -> Result<(), String> {
+        let check = |g: &Option<Vec<std::path::PathBuf>>| match g {
+            None => Ok(()),
+            Some(dirs) if dirs.iter().any(|d| std::path::Path::new(path).starts_with(d)) => {
+                Ok(())
+            }
+            Some(dirs) => Err(format!(
+                "{path:?} is outside the dataplane's file-logger directories ({}; \
+                 --file-logger-dir), /dev/stdout and /dev/stderr",
+                dirs.iter()
+                    .map(|d| d.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        };
+        match self.file_log_dirs.read() {
+            Ok(g) => check(&g),
+            Err(poisoned) => check(&poisoned.into_inner()),
         }
     }
 
