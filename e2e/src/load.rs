@@ -42,9 +42,34 @@ pub struct LoadReport {
     pub retried: u64,
     /// How long the load ran.
     pub elapsed: Duration,
+    /// How long each request took (sent to answered or failed), in order.
+    pub latencies: Vec<Duration>,
 }
 
 impl LoadReport {
+    /// The latency below which a fraction `q` (0..=1) of the requests took (nearest rank);
+    /// zero without requests.
+    pub fn latency_quantile(&self, q: f64) -> Duration {
+        let mut sorted = self.latencies.clone();
+        sorted.sort_unstable();
+        let rank = (q.clamp(0.0, 1.0) * sorted.len() as f64).ceil() as usize;
+        sorted
+            .get(rank.saturating_sub(1).min(sorted.len().saturating_sub(1)))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    /// Adds `other`'s counts, failures and latencies to this report.
+    pub fn merge(&mut self, other: LoadReport) {
+        self.ok += other.ok;
+        self.failed += other.failed;
+        self.connections += other.connections;
+        self.retried += other.retried;
+        self.elapsed = self.elapsed.max(other.elapsed);
+        self.failures.extend(other.failures);
+        self.latencies.extend(other.latencies);
+    }
+
     fn record(&mut self, failure: Failure) {
         self.failed += 1;
         if self.failures.len() < KEPT_FAILURES {
@@ -153,6 +178,7 @@ impl Load {
                         }
                     }
                 }
+                report.latencies.push(started.elapsed().saturating_sub(at));
                 sent += 1;
                 if reconnect_every > 0 && sent.is_multiple_of(reconnect_every) {
                     conn = None;

@@ -471,13 +471,7 @@ impl Traffic {
     fn stop(self) -> LoadReport {
         let mut all = LoadReport::default();
         for l in self.0 {
-            let r = l.stop();
-            all.ok += r.ok;
-            all.failed += r.failed;
-            all.connections += r.connections;
-            all.retried += r.retried;
-            all.elapsed = all.elapsed.max(r.elapsed);
-            all.failures.extend(r.failures);
+            all.merge(l.stop());
         }
         all
     }
@@ -849,6 +843,56 @@ fn helm_upgrade_to_a_new_image_tag_under_traffic_fails_no_request() {
         );
     }
     assert_no_failures("helm upgrade to a new image tag", &report);
+}
+
+/// A backend pod deleted at once (`--grace-period=0 --force`: no preStop, its address may
+/// stop answering before its endpoint is gone) under traffic: every request is answered,
+/// none waits longer than the default connect timeout (5 s) and a little, the retry's
+/// time; p50/p99/max latencies are printed for the note.
+#[test]
+fn force_deleting_a_backend_pod_under_traffic_delays_no_request_past_the_connect_timeout() {
+    let n = node();
+    let _s = serial();
+    let c = &n.cluster;
+    let traffic = Traffic::start(n.service, HOST);
+    std::thread::sleep(Duration::from_secs(3));
+    let (victim, _) = ready_pods(c, APPS, "app=echo").remove(0);
+    c.kubectl_ok(&[
+        "-n",
+        APPS,
+        "delete",
+        "pod",
+        &victim,
+        "--grace-period=0",
+        "--force",
+    ])
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(15));
+    let report = traffic.stop();
+    let (p50, p99, max) = (
+        report.latency_quantile(0.5),
+        report.latency_quantile(0.99),
+        report.latency_quantile(1.0),
+    );
+    eprintln!(
+        "force-deleted backend pod under traffic: {} requests, p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        report.latencies.len(),
+        p50.as_secs_f64() * 1e3,
+        p99.as_secs_f64() * 1e3,
+        max.as_secs_f64() * 1e3
+    );
+    assert_no_failures("force-deleting a backend pod", &report);
+    // NB: the bound is the property asked (connect timeout 5 s + the retry), not a speed
+    // figure; APISIX's 60 s default made it a minute.
+    assert!(
+        max < Duration::from_secs(8),
+        "a request waited {max:?} (p99 {p99:?})"
+    );
+    // The Deployment brings the replica back for the next tests.
+    wait(Duration::from_secs(120), "3 echo pods", || {
+        (ready_pods(c, APPS, "app=echo").len() == 3).then_some(())
+    })
+    .expect("the echo Deployment did not come back to 3 ready pods");
 }
 
 fn lease_holder(c: &Cluster) -> Option<String> {
