@@ -141,8 +141,12 @@ elif [ -n "$arm64_prebuilt" ]; then
 else
     log "building linux/arm64 binaries (Debian rustc $(/usr/bin/rustc --version | cut -d' ' -f2), profile $profile_arm64) ..."
     # NB: the rustup cargo and rustc come first on PATH; the arm64 standard library exists only
-    # for Debian's toolchain, so name it by full path.
+    # for Debian's toolchain, so name it by full path. Debian's cargo gets a CARGO_HOME of its
+    # own (its crates downloaded once, cached): a newer cargo holds the package cache's lock
+    # for its whole build, and the test script's cargo, sharing ~/.cargo, waited for the
+    # background arm64 build to end before it could start.
     env -u RUSTUP_TOOLCHAIN RUSTC=/usr/bin/rustc \
+        CARGO_HOME="$SLUICE_CACHE/cargo-home-debian" \
         CARGO_TARGET_DIR="$SLUICE_CACHE/target-image-arm64" \
         CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
         CC_aarch64_unknown_linux_gnu=aarch64-linux-gnu-gcc \
