@@ -1165,3 +1165,73 @@ async fn http2_streams_with_a_closed_window_do_not_pin_upstream_connections() {
         .ok();
     drop(bodies);
 }
+
+/// One HTTP/2 connection cannot open an upstream connection per stream without bound:
+/// the dataplane allows 128 concurrent streams per connection (nginx's
+/// `http2_max_concurrent_streams`), so 400 requests in flight on one h2c connection to an
+/// HTTP/1.1 upstream that holds every request hold at most 128 upstream connections.
+#[tokio::test]
+async fn one_http2_connection_holds_at_most_128_upstream_connections() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let origin = listener.local_addr().unwrap();
+    let opened = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let release = Arc::new(tokio::sync::Notify::new());
+    {
+        let (opened, release) = (Arc::clone(&opened), Arc::clone(&release));
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = listener.accept().await.unwrap();
+                opened.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let release = Arc::clone(&release);
+                tokio::spawn(async move {
+                    let mut head = [0u8; 4096];
+                    let _ = s.read(&mut head).await;
+                    release.notified().await;
+                    let _ = s
+                        .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                        .await;
+                });
+            }
+        });
+    }
+    let dp = dataplane().await;
+    let snap = snapshot(
+        1,
+        vec![route("default/held/r", &["/held"], "held")],
+        vec![upstream("held", &[(origin, 1)])],
+    );
+    dp.store.apply(snap, vec![]).unwrap();
+    let stream = tokio::net::TcpStream::connect(dp.addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .unwrap();
+    tokio::spawn(conn);
+    let mut inflight = Vec::new();
+    for _ in 0..400 {
+        let mut sender = sender.clone();
+        inflight.push(tokio::spawn(async move {
+            let req = http::Request::get("http://h/held")
+                .body(http_body_util::Empty::<bytes::Bytes>::new())
+                .unwrap();
+            sender.send_request(req).await.map(|r| r.status())
+        }));
+    }
+    // Until the count settles (the guard only bounds the wait).
+    let mut last = usize::MAX;
+    for _ in 0..40 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let now = opened.load(std::sync::atomic::Ordering::SeqCst);
+        if now == last && now > 0 {
+            break;
+        }
+        last = now;
+    }
+    let held = opened.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(held <= 128, "{held} upstream connections for one client connection");
+    assert!(held >= 100, "{held}: the streams did not reach the upstream");
+    release.notify_waiters();
+    drop(inflight);
+}
