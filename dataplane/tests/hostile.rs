@@ -496,7 +496,7 @@ async fn idle_connections_cannot_starve_the_admin_listener() {
     // Probes keep being answered, each evicting the oldest idle connection. The guard
     // only turns a hang (a probe waiting behind the held slots) into a failure.
     for round in 0..8 {
-        let probe = tokio::time::timeout(Duration::from_secs(30), get(addr, "admin", "/readyz"))
+        let probe = tokio::time::timeout(Duration::from_secs(30), get(addr, "admin", "/healthz"))
             .await
             .unwrap_or_else(|_| panic!("probe {round} starved by idle connections"));
         assert_eq!(probe.status, StatusCode::OK);
@@ -1230,8 +1230,14 @@ async fn one_http2_connection_holds_at_most_128_upstream_connections() {
         last = now;
     }
     let held = opened.load(std::sync::atomic::Ordering::SeqCst);
-    assert!(held <= 128, "{held} upstream connections for one client connection");
-    assert!(held >= 100, "{held}: the streams did not reach the upstream");
+    assert!(
+        held <= 128,
+        "{held} upstream connections for one client connection"
+    );
+    assert!(
+        held >= 100,
+        "{held}: the streams did not reach the upstream"
+    );
     release.notify_waiters();
     drop(inflight);
 }

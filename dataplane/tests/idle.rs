@@ -346,7 +346,11 @@ async fn a_pipelined_head_that_straddles_the_grace_is_served() {
         s.write_all(&first).await.unwrap();
         assert_eq!(read_response(&mut s, &mut buf).await.0, 200, "cut {cut}");
         tokio::time::sleep(PARKED_AFTER).await;
-        assert_eq!(parked(&dp), 0.0, "cut {cut}: parked with half a head in hyper's buffer");
+        assert_eq!(
+            parked(&dp),
+            0.0,
+            "cut {cut}: parked with half a head in hyper's buffer"
+        );
         s.write_all(&next[cut..]).await.unwrap();
         let (status, body) = read_response(&mut s, &mut buf).await;
         assert_eq!(status, 200, "cut {cut}");

@@ -465,7 +465,11 @@ async fn hmac_auth_signatures() {
         &strict,
         &hs,
     );
-    let both = [("date", date.as_str()), ("x-custom", "v1"), ("x-custom", "evil")];
+    let both = [
+        ("date", date.as_str()),
+        ("x-custom", "v1"),
+        ("x-custom", "evil"),
+    ];
     let all_signed = signature(
         "jack-key",
         "jack-secret",

@@ -575,7 +575,11 @@ async fn file_logger_writes_only_into_its_directories() {
         "/var/lib/sluice/snapshot.pb",
         sibling.as_str(),
     ] {
-        let e = dp.store.apply(with_path(outside), vec![]).unwrap_err().to_string();
+        let e = dp
+            .store
+            .apply(with_path(outside), vec![])
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("file-logger") && e.contains("path") && e.contains(outside),
             "{outside}: {e}"

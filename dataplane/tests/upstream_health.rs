@@ -409,7 +409,10 @@ async fn a_failed_connect_ejects_the_endpoint_at_once_without_health_checks() {
             failed += 1;
         }
     }
-    assert_eq!(failed, 1, "only the request that found the endpoint dead fails");
+    assert_eq!(
+        failed, 1,
+        "only the request that found the endpoint dead fails"
+    );
     // Default retries (endpoints - 1): none fails; the ejection outlives the snapshot swap,
     // so at most one retry.
     up.retries = None;

@@ -138,7 +138,10 @@ pub fn get(url: &str, path: &str, deadline: Duration) -> Result<String, AdminErr
         }
         return Err(AdminError::Body(
             url.into(),
-            format!("{path}: {}: {body}", status.chars().take(200).collect::<String>()),
+            format!(
+                "{path}: {}: {body}",
+                status.chars().take(200).collect::<String>()
+            ),
         ));
     }
     Ok(body.to_owned())

@@ -40,7 +40,13 @@ fn serve(answer: Vec<u8>, trickle: bool) -> SocketAddr {
 fn diff_against(addr: SocketAddr, extra: &[&str]) -> Output {
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/fixtures/shop.yaml");
     let mut child = Command::new(env!("CARGO_BIN_EXE_kubectl-sluice"))
-        .args(["diff", "-f", fixture, "--against", &format!("http://{addr}")])
+        .args([
+            "diff",
+            "-f",
+            fixture,
+            "--against",
+            &format!("http://{addr}"),
+        ])
         .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -69,7 +75,8 @@ fn assert_no_controls(what: &str, bytes: &[u8]) {
 
 #[test]
 fn an_error_body_is_cut_and_its_escape_sequences_shown_escaped() {
-    let mut answer = b"HTTP/1.0 500 Oops\x1b[2J\r\n\r\n\x1b]0;pwned\x07\x1b[2J\rgone\xc2\x9b".to_vec();
+    let mut answer =
+        b"HTTP/1.0 500 Oops\x1b[2J\r\n\r\n\x1b]0;pwned\x07\x1b[2J\rgone\xc2\x9b".to_vec();
     answer.extend(std::iter::repeat_n(b'x', 50_000));
     let addr = serve(answer, false);
     let out = diff_against(addr, &[]);

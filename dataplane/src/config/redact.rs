@@ -68,6 +68,8 @@ fn is_secret(plugin: &str, name: &str) -> bool {
         || name.ends_with("_token")
         || name.ends_with("_private_key")
         || ((plugin == "key-auth" || plugin == "csrf") && name == "key")
+        || name == "auth_header"
+        || is_credential_header(&name)
 }
 
 /// Whether a header of this (lowercase) name carries a credential: the value of such a key

@@ -134,7 +134,7 @@ where
     let watch = Watch::new();
     let service = {
         let watch = Arc::clone(&watch);
-        service_fn(move |req| attached(watch.begin(), handle(req)))
+        service_fn(move |req| attached(watch.begin_for(&req), handle(req)))
     };
     let watched = Watched::new(io, Arc::clone(&watch), timer.clone());
     let result = {

@@ -76,6 +76,53 @@ struct ActivityState {
     in_flight: std::sync::atomic::AtomicUsize,
     /// Milliseconds from `started` to the end of the last request; `u64::MAX` before any.
     last_ms: std::sync::atomic::AtomicU64,
+    /// The response bodies being sent (see [`Activity::watch`]).
+    bodies: std::sync::Mutex<Vec<std::sync::Weak<BodyClock>>>,
+}
+
+/// When a response body last handed a frame to hyper without being asked for the next one
+/// since: milliseconds from the connection's start, `u64::MAX` while it is asked (waiting
+/// for its upstream) or done. A value that stays is a stream hyper cannot send: the
+/// client's flow-control window is closed (or its socket is full).
+#[derive(Debug)]
+struct BodyClock(std::sync::atomic::AtomicU64);
+
+/// A response body on an HTTP/2 connection, watched for a client that stops reading it
+/// ([`Activity::stalled`]).
+pub(crate) struct Watched<B> {
+    body: B,
+    clock: Arc<BodyClock>,
+    started: std::time::Instant,
+}
+
+impl<B: http_body::Body + Unpin> http_body::Body for Watched<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let this = &mut *self;
+        this.clock.0.store(u64::MAX, Relaxed);
+        let polled = Pin::new(&mut this.body).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && frame.is_data()
+        {
+            let ms = u64::try_from(this.started.elapsed().as_millis()).unwrap_or(u64::MAX - 1);
+            this.clock.0.store(ms, Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Counts one request in flight until dropped (see [`Activity::begin`]).
@@ -97,7 +144,47 @@ impl Activity {
             started: std::time::Instant::now(),
             in_flight: std::sync::atomic::AtomicUsize::new(0),
             last_ms: std::sync::atomic::AtomicU64::new(u64::MAX),
+            bodies: std::sync::Mutex::new(Vec::new()),
         }))
+    }
+
+    /// `resp` with its body watched for a client that stops reading it.
+    pub(crate) fn watch<B>(&self, resp: http::Response<B>) -> http::Response<Watched<B>> {
+        let clock = Arc::new(BodyClock(std::sync::atomic::AtomicU64::new(u64::MAX)));
+        {
+            let mut bodies = sluice_io::lock(&self.0.bodies);
+            if bodies.len() >= 64 {
+                bodies.retain(|w| w.strong_count() > 0);
+            }
+            bodies.push(Arc::downgrade(&clock));
+        }
+        let started = self.0.started;
+        resp.map(|body| Watched {
+            body,
+            clock,
+            started,
+        })
+    }
+
+    /// Resolves once a response body has waited longer than `limit` for the client to
+    /// take its data (nginx's `send_timeout`, per stream): checked every `limit / 4`.
+    async fn stalled(&self, limit: Duration) {
+        use std::sync::atomic::Ordering::Relaxed;
+        let every = (limit / 4).max(Duration::from_millis(50));
+        loop {
+            tokio::time::sleep(every).await;
+            let now = u64::try_from(self.0.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            let limit = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX);
+            let mut bodies = sluice_io::lock(&self.0.bodies);
+            bodies.retain(|w| w.strong_count() > 0);
+            let stalled = bodies.iter().filter_map(std::sync::Weak::upgrade).any(|c| {
+                let handed = c.0.load(Relaxed);
+                handed != u64::MAX && now.saturating_sub(handed) > limit
+            });
+            if stalled {
+                return;
+            }
+        }
     }
 
     /// A request started; it counts until the returned guard is dropped.
@@ -147,7 +234,9 @@ impl Activity {
 /// the connection has carried a request, or it has had no request in flight past the
 /// limits (`activity` is what its requests report to); all but the first shut it down
 /// gracefully: GOAWAY, and the streams already open finish (a connection that never
-/// carried a request is closed at once).
+/// carried a request is closed at once). A response whose data the client has not taken
+/// for `send_timeout` (a flow-control window left closed) closes the connection at once:
+/// its streams would otherwise pin their upstream connections for ever.
 ///
 /// NB: during the shutdown delay a new connection gets its GOAWAY only after its first
 /// request has arrived: a GOAWAY right after the preface could reach a client before it
@@ -174,6 +263,13 @@ where
             away.going_away().await;
             activity.first_request().await;
         } => {}
+        () = activity.stalled(limits.send_timeout) => {
+            // NB: a stream whose data the client does not take (a closed flow-control
+            // window) would pin its upstream connection forever; a graceful shutdown would
+            // wait for it. The connection is closed, as nginx's send_timeout closes it.
+            tracing::debug!("HTTP/2 connection closed: a response waited past send_timeout");
+            return Ok(());
+        }
         _ = activity.idle(limits.header_read_timeout, limits.idle_timeout) => {
             // Never a request (a preface that never completed, or silence): nothing to
             // finish, and no GOAWAY owed to a peer that has not spoken HTTP/2.
@@ -538,6 +634,12 @@ pub(crate) async fn until_drained<F: Future>(
     }
 }
 
+/// Streams one HTTP/2 client connection may have open at once (nginx's
+/// `http2_max_concurrent_streams`): each may hold an upstream connection (HTTP/1.1
+/// upstreams take one per request), so this also bounds what one client connection holds
+/// upstream.
+pub const MAX_CONCURRENT_STREAMS: u32 = 128;
+
 /// hyper's HTTP/1.1 and HTTP/2 connection builders with the downstream limits; shared by
 /// the HTTP and HTTPS listeners.
 #[allow(clippy::type_complexity)]
@@ -557,7 +659,7 @@ pub(crate) fn connection_builders(
     let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
     h2.timer(timer.clone())
         .max_header_list_size(limits.max_header_bytes as u32)
-        .max_concurrent_streams(1024);
+        .max_concurrent_streams(MAX_CONCURRENT_STREAMS);
     (Arc::new(h1), Arc::new(h2))
 }
 
@@ -885,10 +987,11 @@ fn serve_plain_h2(
         let store = Arc::clone(&store);
         let conn = Arc::clone(&conn);
         let request = counted.begin();
+        let watch = counted.clone();
         async move {
             let resp = handle(req, &conn, &store).await;
             drop(request);
-            Ok::<_, std::convert::Infallible>(resp)
+            Ok::<_, std::convert::Infallible>(watch.watch(resp))
         }
     });
     let served = worker.h2.serve_connection(TokioIo::new(io), service);

@@ -291,10 +291,11 @@ where
     let service = service_fn(move |req: Request<Incoming>| {
         let request = counted.begin();
         let answer = answer(req);
+        let watch = counted.clone();
         async move {
             let resp = answer.await;
             drop(request);
-            Ok::<_, std::convert::Infallible>(resp)
+            Ok::<_, std::convert::Infallible>(watch.watch(resp))
         }
     });
     let conn = h2.serve_connection(TokioIo::new(tls), service);

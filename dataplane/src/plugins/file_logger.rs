@@ -7,6 +7,12 @@
 //! write the path is checked: when the file was moved or removed (log rotation), it is
 //! opened again, so `logrotate` without `copytruncate` works. A failed write drops its
 //! entries and counts them (`sluice_log_entries_dropped_total{reason="send_failed"}`).
+//!
+//! `path` must be `/dev/stdout`, `/dev/stderr`, or a file under one of the dataplane's
+//! `--file-logger-dir` directories (default `/var/log/sluice`, an emptyDir in the chart):
+//! a route's configuration cannot write into the state directory (`snapshot.pb`), fill
+//! another volume or reach a file the dataplane can write for other reasons. Another path
+//! is a plugin error naming the field (the route is refused, the rest keeps serving).
 
 use std::fs::File;
 use std::io::Write as _;
@@ -34,6 +40,15 @@ impl Builtin for FileLogger {
 
     fn build(json: &str, cx: &BuildCtx<'_>) -> Result<Self, ConfigError> {
         let conf: Config = sluice_plugin_config::parse_json(json)?;
+        if !sluice_plugin_config::file_logger::DEV_ALLOWED.contains(&conf.path.as_str()) {
+            cx.state
+                .file_log_allowed(&conf.path)
+                .map_err(|reason| ConfigError::Field {
+                    plugin: Config::NAME.into(),
+                    field: "path".into(),
+                    reason,
+                })?;
+        }
         let format = conf.format().map_err(|e| ConfigError::Field {
             plugin: Config::NAME.into(),
             field: e.field,

@@ -25,7 +25,8 @@
 //! - When the service cannot be reached, or does not answer within `timeout` (the whole
 //!   exchange: connect, TLS, request, answer head and body), the client gets
 //!   `status_on_error` (403) with an empty body, or the request goes on with
-//!   `allow_degradation`.
+//!   `allow_degradation`, stripped of the client's copies of the `upstream_headers` (a
+//!   stricter rule than APISIX's, which lets them through: the upstream trusts them).
 //!
 //! Connections are HTTP/1.1 (hyper's client), kept per service URL in a pool of at most
 //! `keepalive_pool` idle connections, each closed after `keepalive_timeout` idle (checked
@@ -239,8 +240,8 @@ impl ForwardAuth {
             let answer = tokio::time::timeout(self.timeout, self.client.call(auth, body)).await;
             let answer = match answer {
                 Ok(Ok(a)) => a,
-                Ok(Err(e)) => return self.unreachable(ctx, &e),
-                Err(_) => return self.unreachable(ctx, "timed out"),
+                Ok(Err(e)) => return self.unreachable(req, ctx, &e),
+                Err(_) => return self.unreachable(req, ctx, "timed out"),
             };
             if answer.status.is_success() {
                 for name in &self.upstream_headers {
@@ -266,7 +267,15 @@ impl ForwardAuth {
         }))
     }
 
-    fn unreachable(&self, ctx: &PluginCtx, error: &str) -> super::PhaseResult {
+    /// The service failed: `status_on_error`, or with `allow_degradation` the request goes
+    /// on without any client-sent copy of the `upstream_headers` (the upstream trusts them
+    /// as the service's; a client must not set them by making the service unreachable).
+    fn unreachable(
+        &self,
+        req: &mut request::Parts,
+        ctx: &PluginCtx,
+        error: &str,
+    ) -> super::PhaseResult {
         tracing::warn!(
             route = %ctx.chain.route_id,
             service = %self.client.dial,
@@ -275,6 +284,9 @@ impl ForwardAuth {
             "forward-auth: the authorization service failed"
         );
         if self.allow_degradation {
+            for name in &self.upstream_headers {
+                req.headers.remove(name);
+            }
             Ok(())
         } else {
             Err(Box::new(rejection(self.status_on_error, None)))

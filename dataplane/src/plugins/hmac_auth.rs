@@ -4,7 +4,8 @@
 //!
 //! The signed text is the `keyId`, then per name of `headers` a line `<name>: <value>`
 //! (`@request-target` is `<METHOD> <target as sent>`; a listed header the request lacks
-//! adds nothing), each line ending in `\n`. Checks, in APISIX's order: the algorithm is in
+//! adds nothing; a repeated header's values are joined by `, `, in order, so every copy
+//! is signed), each line ending in `\n`. Checks, in APISIX's order: the algorithm is in
 //! `allowed_algorithms`; `Date` is within `clock_skew` seconds of now; every name of the
 //! route's `signed_headers` is in `headers`; the signature matches (constant time).
 //!
@@ -291,11 +292,18 @@ fn signing_text(req: &request::Parts, key_id: &str, headers: &[&str]) -> String 
     text.push_str(key_id);
     text.push('\n');
     for h in headers {
-        match req.headers.get(*h) {
-            Some(v) => {
+        let mut values = req.headers.get_all(*h).iter();
+        match values.next() {
+            Some(first) => {
+                // NB: every value of a repeated header, joined by `, ` in the order sent
+                // (the HTTP signatures draft): an unsigned second copy must not pass.
                 text.push_str(h);
                 text.push_str(": ");
-                text.push_str(&String::from_utf8_lossy(v.as_bytes()));
+                text.push_str(&String::from_utf8_lossy(first.as_bytes()));
+                for v in values {
+                    text.push_str(", ");
+                    text.push_str(&String::from_utf8_lossy(v.as_bytes()));
+                }
                 text.push('\n');
             }
             None if *h == "@request-target" => {

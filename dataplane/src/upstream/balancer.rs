@@ -420,7 +420,8 @@ impl Policy {
         matches!(self, Policy::Chash { .. })
     }
 
-    /// Picks an endpoint index: healthy and untried first, then untried at all.
+    /// Picks an endpoint index: available (healthy, not ejected) and untried first, then
+    /// untried at all.
     pub fn pick(
         &self,
         states: &[Arc<EndpointState>],
@@ -429,7 +430,7 @@ impl Policy {
         tried: &Tried,
     ) -> Option<usize> {
         let healthy =
-            |i: usize| !tried.contains(i) && states.get(i).is_some_and(|s| s.is_healthy());
+            |i: usize| !tried.contains(i) && states.get(i).is_some_and(|s| s.is_available());
         let untried = |i: usize| i < states.len() && !tried.contains(i);
         self.pick_with(states, weights, hash, healthy)
             .or_else(|| self.pick_with(states, weights, hash, untried))

@@ -17,7 +17,7 @@
 //! handshake is a TCP failure.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant};
 
@@ -281,6 +281,11 @@ pub struct EndpointState {
     upstream: String,
     address: String,
     healthy: AtomicBool,
+    /// Out of the rotation after failed connects until this instant (milliseconds since
+    /// [`epoch`]); 0 = not ejected. See [`EndpointState::connect_failed`].
+    ejected_until: AtomicU64,
+    /// Connect failures in a row (each doubles the ejection).
+    connect_failures: AtomicU32,
     counters: Mutex<Counters>,
     ewma: Mutex<Ewma>,
     /// Requests in flight to this endpoint (for `least_conn`, `ewma` and the metric).
@@ -297,11 +302,65 @@ impl Drop for EndpointState {
     }
 }
 
+/// First ejection after a failed connect; each failure in a row doubles it, up to
+/// [`MAX_EJECTION`].
+pub const EJECTION: Duration = Duration::from_secs(5);
+/// Longest ejection after failed connects.
+pub const MAX_EJECTION: Duration = Duration::from_secs(160);
+
+/// The clock of ejections: a process-wide start.
+fn epoch() -> Instant {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    *EPOCH.get_or_init(Instant::now)
+}
+
+fn now_ms() -> u64 {
+    u64::try_from(epoch().elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
 impl EndpointState {
-    /// Whether the endpoint is in the rotation.
+    /// Whether the endpoint is in the rotation (its health checks).
     #[inline]
     pub fn is_healthy(&self) -> bool {
         self.healthy.load(Ordering::Relaxed)
+    }
+
+    /// Whether the balancer should pick it: healthy and not ejected after a failed
+    /// connect. (When no endpoint is, the balancer picks among all: see
+    /// `balancer::Policy::pick`.)
+    #[inline]
+    pub fn is_available(&self) -> bool {
+        self.is_healthy() && {
+            let until = self.ejected_until.load(Ordering::Relaxed);
+            until == 0 || now_ms() >= until
+        }
+    }
+
+    /// A connect to the endpoint failed (refused, unreachable, timed out): it leaves the
+    /// rotation at once, with or without health checks, for [`EJECTION`], doubled for each
+    /// failure in a row (a deleted pod whose address no longer answers costs one request
+    /// one connect timeout, not every request until its EndpointSlice changes).
+    pub fn connect_failed(&self) {
+        let n = self.connect_failures.fetch_add(1, Ordering::Relaxed).min(5);
+        let ejection = (EJECTION * (1u32 << n)).min(MAX_EJECTION);
+        let until = now_ms().saturating_add(u64::try_from(ejection.as_millis()).unwrap_or(0));
+        self.ejected_until.store(until.max(1), Ordering::Relaxed);
+        tracing::info!(
+            upstream = %self.upstream,
+            endpoint = %self.address,
+            seconds = ejection.as_secs(),
+            "endpoint ejected after a failed connect"
+        );
+    }
+
+    /// The endpoint answered (a request, or an active probe): its connect failures are
+    /// forgotten and it is back in the rotation.
+    #[inline]
+    pub fn connected(&self) {
+        if self.connect_failures.load(Ordering::Relaxed) != 0 {
+            self.connect_failures.store(0, Ordering::Relaxed);
+            self.ejected_until.store(0, Ordering::Relaxed);
+        }
     }
 
     /// Requests in flight.
@@ -367,6 +426,7 @@ impl EndpointState {
                     }
                 } else if rules.healthy.codes.contains(&code) {
                     success(&mut c);
+                    self.connected();
                     if !healthy && trip(c.successes, rules.healthy.successes) {
                         self.set_healthy(true);
                     }
@@ -374,6 +434,7 @@ impl EndpointState {
             }
             Outcome::Status(_) => {
                 success(&mut c);
+                self.connected();
                 if !healthy && trip(c.successes, rules.healthy.successes) {
                     self.set_healthy(true);
                 }
@@ -529,6 +590,8 @@ impl HealthRegistry {
             upstream: upstream.to_owned(),
             address: address.to_owned(),
             healthy: AtomicBool::new(true),
+            ejected_until: AtomicU64::new(0),
+            connect_failures: AtomicU32::new(0),
             counters: Mutex::new(Counters::default()),
             ewma: Mutex::new(Ewma {
                 value_us: 0.0,
@@ -784,6 +847,42 @@ mod tests {
                 .with_label_values(&["u", "a:1"])
                 .get(),
             0
+        );
+    }
+
+    /// A failed connect takes the endpoint out of the balancer's picks at once (its health
+    /// is untouched), each failure in a row for twice as long, up to the cap; an answer
+    /// brings it back.
+    #[test]
+    fn a_failed_connect_ejects_for_a_doubling_time_and_an_answer_restores() {
+        let reg = HealthRegistry::default();
+        let s = reg.state("u", "a:1");
+        assert!(s.is_available());
+        let ejected_for = |s: &EndpointState| {
+            let until = s.ejected_until.load(Ordering::Relaxed);
+            Duration::from_millis(until.saturating_sub(now_ms()))
+        };
+        let mut last = Duration::ZERO;
+        for _ in 0..8 {
+            s.connect_failed();
+            assert!(!s.is_available());
+            assert!(s.is_healthy(), "ejection is not the health checks' state");
+            let d = ejected_for(&s);
+            assert!(
+                d > last || d > MAX_EJECTION - Duration::from_secs(1),
+                "{d:?}"
+            );
+            assert!(d <= MAX_EJECTION, "{d:?}");
+            last = d;
+        }
+        assert!(last > MAX_EJECTION - Duration::from_secs(1), "{last:?}");
+        s.connected();
+        assert!(s.is_available());
+        s.connect_failed();
+        let d = ejected_for(&s);
+        assert!(
+            d <= EJECTION && d > EJECTION - Duration::from_secs(1),
+            "{d:?}"
         );
     }
 

@@ -120,12 +120,17 @@ pub struct Timeouts {
     pub read: Duration,
 }
 
+/// The connect timeout of an upstream that sets none: 5 s, as Envoy and Istio (APISIX: 60
+/// s, so a request to a pod that was just deleted, whose address no longer answers, waited
+/// a minute before its retry).
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
 impl Default for Timeouts {
-    /// 60 s each, as APISIX.
+    /// Send and read 60 s, as APISIX; connect [`DEFAULT_CONNECT_TIMEOUT`].
     fn default() -> Self {
         let d = Duration::from_secs(60);
         Timeouts {
-            connect: d,
+            connect: DEFAULT_CONNECT_TIMEOUT,
             send: d,
             read: d,
         }

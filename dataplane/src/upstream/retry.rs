@@ -83,6 +83,7 @@ pub(crate) fn succeeded(
     started: Option<Instant>,
 ) {
     upstream.report(endpoint, Outcome::Status(status.as_u16()));
+    endpoint.state.connected();
     if let Some(t) = started {
         endpoint.state.observe_latency(t.elapsed());
     }
@@ -97,6 +98,10 @@ pub(crate) fn failed(
     started: Option<Instant>,
     timeouts: Timeouts,
 ) {
+    if e.retryable() {
+        // NB: a connect that failed (nothing was sent): ejected at once, checks or not.
+        endpoint.state.connect_failed();
+    }
     if let Some(outcome) = e.health_outcome() {
         upstream.report(endpoint, outcome);
         if let Some(t) = started {

@@ -21,9 +21,15 @@
 //! whether a write waits for its flush. hyper reads the socket between requests only when
 //! its buffer holds no complete request head. With no byte read since the last request
 //! ended, that buffer is empty, except in one case: a read that carried a request and also
-//! the start of the next one (pipelining), after which the client stops mid-head for
-//! [`GRACE`]. hyper then sees a head cut short and closes the connection, as its header
-//! timeout would have later.
+//! the start of the next one (pipelining), after which the client stops mid-head. Parking
+//! then would lose that start (hyper sees a head cut short), so a connection whose last
+//! bytes read do not end a request head (`\r\n\r\n`) is not parked after a request
+//! without a body: hyper keeps it, and its header timeout bounds the wait for the rest.
+//! After a request with a body, the bytes read end with the body, which cannot be told
+//! from a pipelined head's start without parsing; such a connection parks as before (a
+//! client pipelining after a request with a body and stopping mid-head for [`GRACE`] has
+//! that head dropped: RFC 9112 §9.3.2 asks clients not to pipeline after non-idempotent
+//! requests, and the client retries it as after any closed keep-alive connection).
 //!
 //! An upgraded connection (101: WebSocket) is never parked, and neither is one with bytes
 //! it could not send yet (a client that does not read).
@@ -140,6 +146,8 @@ pub struct Watch<S> {
     read: AtomicBool,
     /// A 101 was sent: the stream belongs to the upgraded session from then on.
     upgraded: AtomicBool,
+    /// The last request that started had a body.
+    had_body: AtomicBool,
     /// The stream, once its hyper connection was told end-of-stream and dropped it.
     parked: Mutex<Option<S>>,
 }
@@ -151,6 +159,7 @@ impl<S> Watch<S> {
             in_flight: AtomicUsize::new(0),
             read: AtomicBool::new(false),
             upgraded: AtomicBool::new(false),
+            had_body: AtomicBool::new(false),
             parked: Mutex::new(None),
         })
     }
@@ -160,6 +169,13 @@ impl<S> Watch<S> {
     pub fn begin(self: &Arc<Self>) -> InFlight<S> {
         self.in_flight.fetch_add(1, Relaxed);
         InFlight(Arc::clone(self))
+    }
+
+    /// [`Watch::begin`] for `req`, noting whether it has a body (see the module docs: what
+    /// the bytes read last may end with).
+    pub fn begin_for<B: Body>(self: &Arc<Self>, req: &http::Request<B>) -> InFlight<S> {
+        self.had_body.store(!req.body().is_end_stream(), Relaxed);
+        self.begin()
     }
 
     /// The stream, if its hyper connection ended because it was parked.
@@ -244,7 +260,12 @@ pub struct Watched<S: Parkable> {
     unflushed: bool,
     /// End-of-stream was returned: the stream is parked when hyper drops it.
     parking: bool,
+    /// The last four bytes read (a request head ends with `\r\n\r\n`).
+    tail: u32,
 }
+
+/// `\r\n\r\n` as [`Watched::tail`] holds it.
+const HEAD_END: u32 = u32::from_be_bytes(*b"\r\n\r\n");
 
 impl<S: Parkable> Watched<S> {
     /// `io` for one hyper connection, sharing `watch` with its service; the grace is timed
@@ -257,6 +278,8 @@ impl<S: Parkable> Watched<S> {
             grace: None,
             unflushed: false,
             parking: false,
+            // NB: nothing read yet is a boundary too.
+            tail: HEAD_END,
         }
     }
 
@@ -292,15 +315,21 @@ impl<S: Parkable> AsyncRead for Watched<S> {
         let io = this.io()?;
         match Pin::new(io).poll_read(cx, buf) {
             Poll::Ready(Ok(())) => {
-                if buf.filled().len() > before {
+                let read = &buf.filled()[before..];
+                if !read.is_empty() {
                     this.watch.read.store(true, Relaxed);
+                    let last = &read[read.len().saturating_sub(4)..];
+                    this.tail = last.iter().fold(this.tail, |t, &b| (t << 8) | u32::from(b));
                 }
                 this.grace = None;
                 Poll::Ready(Ok(()))
             }
             Poll::Ready(Err(e)) => Poll::Ready(Err(e)),
             Poll::Pending => {
-                if !this.watch.quiet() {
+                // NB: after a request without a body, bytes read that do not end a head
+                // are the start of a pipelined one, in hyper's buffer: never parked.
+                let boundary = this.tail == HEAD_END || this.watch.had_body.load(Relaxed);
+                if !this.watch.quiet() || !boundary {
                     this.grace = None;
                     return Poll::Pending;
                 }

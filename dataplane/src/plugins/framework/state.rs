@@ -111,7 +111,11 @@ impl PluginState {
     pub fn file_log_allowed(&self, path: &str) -> Result<(), String> {
         let check = |g: &Option<Vec<std::path::PathBuf>>| match g {
             None => Ok(()),
-            Some(dirs) if dirs.iter().any(|d| std::path::Path::new(path).starts_with(d)) => {
+            Some(dirs)
+                if dirs
+                    .iter()
+                    .any(|d| std::path::Path::new(path).starts_with(d)) =>
+            {
                 Ok(())
             }
             Some(dirs) => Err(format!(
