@@ -262,15 +262,17 @@ mod tests {
         assert!(canon(&"a".repeat(MAX_HOST_LEN + 1)).is_err());
     }
 
-    fn req(version: http::Version, target: &str, hosts: &[&str]) -> Request<()> {
+    /// `None` when the target does not even parse (hyper answers that 400 itself).
+    fn req(version: http::Version, target: &str, hosts: &[&str]) -> Option<Request<()>> {
         let mut b = Request::get(target).version(version);
         for h in hosts {
             b = b.header("host", *h);
         }
-        b.body(()).unwrap()
+        b.body(()).ok()
     }
 
-    fn host(r: &Request<()>) -> Result<Option<String>, &'static str> {
+    fn host(r: &Option<Request<()>>) -> Result<Option<String>, &'static str> {
+        let r = r.as_ref().ok_or("unparsable target")?;
         effective_host(r).map(|h| h.map(|h| h.as_str().to_owned()))
     }
 
