@@ -1051,3 +1051,418 @@ async fn an_idle_https_connection_is_parked_and_keeps_its_session() {
         StatusCode::OK
     );
 }
+
+// ---- the mTLS guard: every way a request names its host, every path spelling --------------
+
+/// An HTTPS and a plain-HTTP listener on one store. Certificates: `mtls.test` and
+/// `*.wild.test` require a client certificate, `mixed.test` asks for an optional one
+/// (`skip_mtls_uri_regex: ^/public/`), `public.test` none. Routes: `mtls.test`,
+/// `*.wild.test` and `mixed.test` go to the echo server "secret"; `public.test` and `[::1]`
+/// to "open"; no host-less route, so the server named in a 200 is the router's decision.
+struct Guarded {
+    https: SocketAddr,
+    http: SocketAddr,
+    server_ca: Ca,
+    client_ca: Ca,
+    _echoes: (EchoServer, EchoServer),
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for Guarded {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+impl Guarded {
+    async fn start() -> Guarded {
+        let server_ca = Ca::new("server CA");
+        let client_ca = Ca::new("client CA");
+        let secret = EchoServer::start("secret", any()).await.unwrap();
+        let open = EchoServer::start("open", any()).await.unwrap();
+        let store = Arc::new(Store::new().unwrap());
+        let tls_listener =
+            tokio::net::TcpListener::from_std(server::bind_reuseport(any()).unwrap()).unwrap();
+        let plain_listener =
+            tokio::net::TcpListener::from_std(server::bind_reuseport(any()).unwrap()).unwrap();
+        let (https, http) = (
+            tls_listener.local_addr().unwrap(),
+            plain_listener.local_addr().unwrap(),
+        );
+        let tasks = vec![
+            tokio::spawn(sluice_dataplane::listener::tls::serve_https(
+                tls_listener,
+                Arc::clone(&store),
+                Limits::default(),
+            )),
+            tokio::spawn(server::serve(
+                plain_listener,
+                Arc::clone(&store),
+                Limits::default(),
+            )),
+        ];
+        let mut to_secret = route("default/secret/r", &["/*"], "secret");
+        to_secret.hosts = vec![
+            "mtls.test".into(),
+            "*.wild.test".into(),
+            "mixed.test".into(),
+        ];
+        let mut to_open = route("default/open/r", &["/*"], "open");
+        to_open.hosts = vec!["public.test".into(), "[::1]".into()];
+        let mut snap = snapshot(
+            1,
+            vec![to_secret, to_open],
+            vec![
+                upstream("secret", &[(secret.addr, 1)]),
+                upstream("open", &[(open.addr, 1)]),
+            ],
+        );
+        let leaf = |names: &[&str], id: &str| server_ca.leaf(names).cert(id, names);
+        snap.tls_certificates = vec![
+            with_client_auth(leaf(&["mtls.test"], "default/mtls"), &client_ca, 1, &[]),
+            with_client_auth(leaf(&["*.wild.test"], "default/wild"), &client_ca, 1, &[]),
+            with_client_auth(
+                leaf(&["mixed.test"], "default/mixed"),
+                &client_ca,
+                1,
+                &["^/public/"],
+            ),
+            leaf(&["public.test"], "default/public"),
+        ];
+        store
+            .apply(sluice_proto::seal(snap, 1), vec![])
+            .map_err(|e| e.to_string())
+            .unwrap();
+        Guarded {
+            https,
+            http,
+            server_ca,
+            client_ca,
+            _echoes: (secret, open),
+            tasks,
+        }
+    }
+
+    /// A client trusting the server CA, with ALPN `alpn`, and a client certificate when
+    /// `cert`.
+    fn client(&self, alpn: &[u8], cert: bool) -> Arc<ClientConfig> {
+        let identity = cert.then(|| self.client_ca.leaf(&["client.test"]).client_identity());
+        client_config(&[&self.server_ca.der], &[alpn], identity)
+    }
+}
+
+/// What a request got: status, and the echo server that answered (the route it took).
+#[derive(Debug, PartialEq, Eq)]
+struct Got {
+    status: u16,
+    server: Option<String>,
+    body: String,
+}
+
+/// Sends an HTTP/1.1 request head (`GET target`, one `Host` line per entry of `hosts`,
+/// `Connection: close`) on `stream` and reads the answer to the end.
+async fn raw_h1<S>(mut stream: S, target: &str, hosts: &[&str]) -> Got
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = format!("GET {target} HTTP/1.1\r\n");
+    for h in hosts {
+        head.push_str(&format!("Host: {h}\r\n"));
+    }
+    head.push_str("Connection: close\r\n\r\n");
+    stream.write_all(head.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    // NB: the dataplane may close without close_notify: what was read is the answer.
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        stream.read_to_end(&mut buf),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    got(status, body)
+}
+
+fn got(status: u16, body: String) -> Got {
+    let server = serde_json::from_str::<serde_json::Value>(body.trim())
+        .ok()
+        .and_then(|j| j["server"].as_str().map(str::to_owned));
+    Got {
+        status,
+        server,
+        body,
+    }
+}
+
+/// An HTTP/2 request for `uri` (its authority is `:authority`) with the `host` headers given.
+async fn h2_on<S>(stream: S, uri: &str, hosts: &[&str]) -> Got
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let mut req = Request::get(uri);
+    for h in hosts {
+        req = req.header("host", *h);
+    }
+    let resp = sender
+        .send_request(req.body(Full::new(Bytes::new())).unwrap())
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    got(status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// Checks each case, collecting every mismatch, so one run shows the whole class.
+fn check(failures: &mut Vec<String>, what: &str, got: Got, status: u16, server: Option<&str>) {
+    if got.status != status || (server.is_some() && got.server.as_deref() != server) {
+        failures.push(format!(
+            "{what}: expected {status} {server:?}, got {} {:?} {:?}",
+            got.status,
+            got.server,
+            got.body.chars().take(120).collect::<String>()
+        ));
+    }
+}
+
+const SECRET: Option<&str> = Some("secret");
+const OPEN: Option<&str> = Some("open");
+
+/// Issue 39, finding 1: over a TLS connection made for a public host, every way of naming
+/// an mTLS host (absolute-form target with and without port, either scheme, upper case, a
+/// trailing dot, a deeper subdomain of an mTLS wildcard, `Host` with a port, HTTP/2
+/// `:authority`) gets 421; the 421 check and the router decide on the same host, so a
+/// target naming a public host is routed there whatever `Host` says; what cannot be decided
+/// (userinfo, two `Host` headers, `:authority` and `host` disagreeing) is 400.
+#[tokio::test]
+async fn every_way_of_naming_an_mtls_host_over_another_hosts_connection_is_refused() {
+    let g = Guarded::start().await;
+    let mut failures = Vec::new();
+    let h1_cases: &[(&str, &[&str], u16, Option<&str>)] = &[
+        ("https://mtls.test/private", &["public.test"], 421, None),
+        ("http://mtls.test/private", &["public.test"], 421, None),
+        ("https://mtls.test:443/private", &["public.test"], 421, None),
+        ("http://mtls.test:8080/private", &["public.test"], 421, None),
+        ("https://MTLS.TEST/private", &["public.test"], 421, None),
+        ("https://mtls.test./private", &["public.test"], 421, None),
+        (
+            "https://Mtls.Test.:443/private",
+            &["public.test"],
+            421,
+            None,
+        ),
+        ("https://mtls.test/private", &[], 421, None),
+        ("https://a.b.wild.test/private", &["public.test"], 421, None),
+        ("https://a@mtls.test/private", &["public.test"], 400, None),
+        (
+            "https://public.test@mtls.test/private",
+            &["public.test"],
+            400,
+            None,
+        ),
+        (
+            "https://mtls.test/private",
+            &["public.test", "public.test"],
+            400,
+            None,
+        ),
+        ("/private", &["mtls.test"], 421, None),
+        ("/private", &["mtls.test:443"], 421, None),
+        ("/private", &["MTLS.test."], 421, None),
+        ("/private", &["x.wild.test"], 421, None),
+        ("/private", &["a.b.wild.test"], 421, None),
+        ("/private", &["public.test", "mtls.test"], 400, None),
+        ("/private", &["mtls.test", "public.test"], 400, None),
+        ("/private", &[""], 400, None),
+        ("/private", &["mtls..test"], 400, None),
+        // The target's authority wins over Host for a public host too, and an IPv6 literal.
+        ("https://public.test/x", &["mtls.test"], 200, OPEN),
+        ("https://public.test:443/x", &["MTLS.test"], 200, OPEN),
+        ("https://[::1]:8443/x", &["mtls.test"], 200, OPEN),
+        ("https://[0:0::1]/x", &["mtls.test"], 200, OPEN),
+        ("/x", &["public.test"], 200, OPEN),
+    ];
+    for (target, hosts, status, server) in h1_cases {
+        let tls = connect(g.https, "public.test", g.client(b"http/1.1", false))
+            .await
+            .unwrap();
+        let got = raw_h1(tls, target, hosts).await;
+        let what = format!("h1 on public.test: GET {target} Host {hosts:?}");
+        check(&mut failures, &what, got, *status, *server);
+    }
+    let h2_cases: &[(&str, &[&str], u16, Option<&str>)] = &[
+        ("https://mtls.test/private", &[], 421, None),
+        ("https://MTLS.test.:443/private", &[], 421, None),
+        ("https://a.b.wild.test/private", &[], 421, None),
+        ("https://mtls.test/private", &["public.test"], 400, None),
+        ("https://public.test/x", &["mtls.test"], 400, None),
+        ("https://public.test/x", &[], 200, OPEN),
+    ];
+    for (uri, hosts, status, server) in h2_cases {
+        let tls = connect(g.https, "public.test", g.client(b"h2", false))
+            .await
+            .unwrap();
+        let got = h2_on(tls, uri, hosts).await;
+        let what = format!("h2 on public.test: {uri} host {hosts:?}");
+        check(&mut failures, &what, got, *status, *server);
+    }
+    // With the client certificate, on the mTLS host's own connection: served, also in
+    // absolute form; a public host stays reachable from it.
+    for (target, hosts, status, server) in [
+        ("/private", &["mtls.test"][..], 200, SECRET),
+        (
+            "https://mtls.test:443/private",
+            &["mtls.test"][..],
+            200,
+            SECRET,
+        ),
+        ("https://public.test/x", &["mtls.test"][..], 200, OPEN),
+        ("https://x.wild.test/x", &["mtls.test"][..], 421, None),
+    ] {
+        let tls = connect(g.https, "mtls.test", g.client(b"http/1.1", true))
+            .await
+            .unwrap();
+        let got = raw_h1(tls, target, hosts).await;
+        let what = format!("h1 on mtls.test with a certificate: GET {target} Host {hosts:?}");
+        check(&mut failures, &what, got, status, server);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Issue 39, finding 2: `skip_mtls_uri_regex` is matched on the path routes match, so no
+/// spelling of a way out of `/public/` (dot segments, `%2e`, `%2E`, `..%2F`, `..%2f`, runs of
+/// slashes, `..;`, backslashes) skips the client certificate; what really is under
+/// `/public/` still does.
+#[tokio::test]
+async fn no_spelling_of_a_path_escapes_the_mtls_skip_regex() {
+    let g = Guarded::start().await;
+    let mut failures = Vec::new();
+    let skipping = [
+        "/public/logo.png",
+        "/public//logo.png",
+        "/public/./logo.png",
+        "/public/a/../logo.png",
+        "/public/%6Cogo.png",
+        "/x/../public/logo.png",
+    ];
+    let refused = [
+        "/private",
+        "/public/../private/x",
+        "/public/%2e%2e/private/x",
+        "/public/%2E%2E/private/x",
+        "/public/.%2e/private/x",
+        "/public/%2e./private/x",
+        "/public/..%2Fprivate/x",
+        "/public/..%2fprivate/x",
+        "/public/%2e%2e%2fprivate/x",
+        "/public/a/..//..//private/x",
+        "/public/..;/private/x",
+        "/public/.;/x",
+        "/public/..%3Bprivate/x",
+        "/public/..%5Cprivate/x",
+        "/public/%5C..%5Cprivate/x",
+        "/publicx/../private",
+    ];
+    let anon = || connect(g.https, "mixed.test", g.client(b"http/1.1", false));
+    for path in skipping {
+        let got = raw_h1(anon().await.unwrap(), path, &["mixed.test"]).await;
+        check(&mut failures, &format!("h1 {path}"), got, 200, SECRET);
+    }
+    for path in refused {
+        let got = raw_h1(anon().await.unwrap(), path, &["mixed.test"]).await;
+        if !got
+            .body
+            .contains("client certificate verification is not passed")
+        {
+            failures.push(format!(
+                "h1 {path}: expected the 400 of a missing certificate, got {} {:?}",
+                got.status, got.body
+            ));
+        }
+        check(&mut failures, &format!("h1 {path}"), got, 400, None);
+        let abs = format!("https://mixed.test{path}");
+        let got = raw_h1(anon().await.unwrap(), &abs, &["public.test"]).await;
+        check(&mut failures, &format!("h1 {abs}"), got, 400, None);
+    }
+    // HTTP/2 alike.
+    for (path, status, server) in [
+        ("/public/logo.png", 200, SECRET),
+        ("/public/%2e%2e/private/x", 400, None),
+        ("/public/..%2Fprivate/x", 400, None),
+    ] {
+        let tls = connect(g.https, "mixed.test", g.client(b"h2", false))
+            .await
+            .unwrap();
+        let got = h2_on(tls, &format!("https://mixed.test{path}"), &[]).await;
+        check(&mut failures, &format!("h2 {path}"), got, status, server);
+    }
+    // A backslash the router keeps as it is, if the HTTP parser lets it through at all.
+    let got = raw_h1(
+        anon().await.unwrap(),
+        "/public/..\\private",
+        &["mixed.test"],
+    )
+    .await;
+    if got.status == 200 {
+        failures.push(format!("h1 backslash: skipped: {:?}", got.body));
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Issue 39, finding 9: a host that requires a client certificate is refused over plain
+/// HTTP (403), however it is named, in HTTP/1.1 and h2c; an optional one serves its skip
+/// paths (normalised) and refuses the rest; other hosts are served as before.
+#[tokio::test]
+async fn mtls_hosts_are_refused_over_plain_http() {
+    let g = Guarded::start().await;
+    let mut failures = Vec::new();
+    let cases: &[(&str, &[&str], u16, Option<&str>)] = &[
+        ("/private", &["mtls.test"], 403, None),
+        ("/private", &["MTLS.test.:80"], 403, None),
+        ("http://mtls.test/private", &["public.test"], 403, None),
+        ("http://mtls.test:8080/private", &[], 403, None),
+        ("/private", &["a.b.wild.test"], 403, None),
+        ("/private", &["mixed.test"], 403, None),
+        ("/public/../private", &["mixed.test"], 403, None),
+        ("/public/%2e%2e/private", &["mixed.test"], 403, None),
+        ("/public/logo.png", &["mixed.test"], 200, SECRET),
+        ("/x", &["public.test"], 200, OPEN),
+        ("http://public.test/x", &["mtls.test"], 200, OPEN),
+        ("/x", &["public.test", "mtls.test"], 400, None),
+        ("http://a@mtls.test/x", &["public.test"], 400, None),
+    ];
+    for (target, hosts, status, server) in cases {
+        let tcp = TcpStream::connect(g.http).await.unwrap();
+        let got = raw_h1(tcp, target, hosts).await;
+        if *status == 403 && !got.body.contains("requires a client certificate") {
+            failures.push(format!("GET {target} Host {hosts:?}: body {:?}", got.body));
+        }
+        let what = format!("plain GET {target} Host {hosts:?}");
+        check(&mut failures, &what, got, *status, *server);
+    }
+    for (uri, status, server) in [
+        ("http://mtls.test/private", 403, None),
+        ("http://x.wild.test/private", 403, None),
+        ("http://public.test/x", 200, OPEN),
+    ] {
+        let tcp = TcpStream::connect(g.http).await.unwrap();
+        let got = h2_on(tcp, uri, &[]).await;
+        check(&mut failures, &format!("h2c {uri}"), got, status, server);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

@@ -1,5 +1,6 @@
 //! The router against a brute-force reference written here from its documented semantics
-//! (`dataplane/src/router/mod.rs`, `expr.rs`, `host.rs`).
+//! (`dataplane/src/router/mod.rs`, `expr.rs`, `host.rs`; request hosts as
+//! `dataplane/src/http/host.rs` canonicalises them, `host_oracle.rs`).
 //!
 //! From the input: one request, then up to six routes aimed at it (exact and `*` prefix
 //! paths, exact, wildcard and IPv6 hosts, methods, remote addresses, exprs with every scope
@@ -18,6 +19,9 @@
 //!   `priority`, then route id, then position. `None` exactly when there is no such route.
 #![no_main]
 
+#[path = "host_oracle.rs"]
+mod host_oracle;
+
 use std::net::{IpAddr, SocketAddr};
 
 use arbitrary::{Result, Unstructured};
@@ -31,8 +35,6 @@ const MAX_ROUTES: usize = 6;
 const MAX_REGEX: usize = 24;
 /// The router's size limit for one compiled regex (`expr.rs`).
 const REGEX_SIZE_LIMIT: usize = 1 << 20;
-/// Longest host name the router considers (`sluice_proto::validate::MAX_HOST_LEN`).
-const MAX_HOST_LEN: usize = 255;
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
@@ -615,7 +617,7 @@ fn model(r: &Route) -> Option<Model> {
 
 /// Letters, digits, `-` and `_` in non-empty labels between dots, at most 255 bytes.
 fn is_dns_name(s: &str) -> bool {
-    s.len() <= MAX_HOST_LEN
+    s.len() <= host_oracle::MAX_HOST_LEN
         && s.split('.').all(|label| {
             !label.is_empty()
                 && label
@@ -773,25 +775,10 @@ fn lua_tonumber(raw: &[u8]) -> Option<f64> {
     Some(if negative { -magnitude } else { magnitude })
 }
 
-/// The request host as routes see it: port stripped (after `[v6]` too), lower-case; `None`
-/// when absent, empty or longer than a host name.
+/// The request host as routes see it: its canonical form (`host_oracle`); `None` when
+/// absent or refused (then only routes without hosts match).
 fn normal_host(raw: Option<&str>) -> Option<String> {
-    let raw = raw?;
-    // NB: as the router does, whatever follows a `]` is dropped, port or not (`[::1]x` is
-    // `[::1]`), although `host.rs` documents anything but `[v6]:port` as left unchanged.
-    let host = if raw.starts_with('[') {
-        raw.find(']').map_or(raw, |end| &raw[..=end])
-    } else {
-        match raw.rfind(':') {
-            Some(i)
-                if !raw[..i].contains(':') && raw[i + 1..].bytes().all(|b| b.is_ascii_digit()) =>
-            {
-                &raw[..i]
-            }
-            _ => raw,
-        }
-    };
-    (!host.is_empty() && host.len() <= MAX_HOST_LEN).then(|| host.to_ascii_lowercase())
+    host_oracle::canonical(raw?)
 }
 
 fn net_contains((net, len): (IpAddr, u8), ip: IpAddr) -> bool {

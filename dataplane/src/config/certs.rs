@@ -201,6 +201,26 @@ impl<T> SniIndex<T> {
         self.wildcard.get(parent)
     }
 
+    /// The certificate whose hosts cover a request's host (canonical, see
+    /// [`crate::http::host::HostName`]) most specifically, for the mTLS guard: the exact
+    /// host, else the wildcard of the longest parent domain. NB: unlike [`SniIndex::lookup`],
+    /// a wildcard covers any depth of subdomain here (`*.example.com` covers
+    /// `a.b.example.com`), as a route's `*.example.com` matches it: a host the router serves
+    /// under an mTLS wildcard is guarded by it. The default certificate covers nothing.
+    pub fn covering(&self, host: &str) -> Option<&T> {
+        if let Some(e) = self.exact.get(host) {
+            return Some(e);
+        }
+        let mut rest = host;
+        while let Some((_, parent)) = rest.split_once('.') {
+            if let Some(e) = self.wildcard.get(parent) {
+                return Some(e);
+            }
+            rest = parent;
+        }
+        None
+    }
+
     /// Number of certificates chosen by host (the default not counted).
     pub fn len(&self) -> usize {
         self.count
@@ -251,6 +271,12 @@ impl TlsTable {
     /// docs. `None` when the handshake must be refused.
     pub fn select(&self, server_name: Option<&str>) -> Option<&Arc<SniEntry>> {
         self.index.select(server_name)
+    }
+
+    /// The certificate covering a request's host for the mTLS guard
+    /// ([`SniIndex::covering`]).
+    pub fn covering(&self, host: &str) -> Option<&Arc<SniEntry>> {
+        self.index.covering(host)
     }
 
     /// Number of certificates.

@@ -80,6 +80,13 @@ impl Store {
         self.table.load_full()
     }
 
+    /// The current table for a short look (no reference count taken: cheaper than
+    /// [`Store::table`] for a check before the request is served). Do not hold it across an
+    /// await.
+    pub fn peek_table(&self) -> arc_swap::Guard<Arc<RouteTable>> {
+        self.table.load()
+    }
+
     /// Plugin state that outlives snapshots.
     pub fn plugin_state(&self) -> &PluginState {
         &self.plugin_state

@@ -7,17 +7,20 @@
 //! - [`headers`]: hop-by-hop headers (RFC 9110 §7.6.1) and the forwarding headers a proxy
 //!   adds (`X-Forwarded-*`, `X-Real-IP`).
 //! - [`path`]: request path normalisation (what routes match, what is forwarded).
-//! - [`request_host`]: the request's host, checked (one `Host`, `:authority` agreeing).
+//! - [`host`]: the request's host, the one decision the router and the mTLS guard share
+//!   ([`request_host`] as sent, [`host::effective_host`] canonical).
 
 pub use sluice_io::headers;
+pub mod host;
 pub mod path;
+
+pub use host::request_host;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 
 use http::Request;
-use http::header::{self, HeaderValue};
 
 use sluice_io::timer::CoarseTimer;
 
@@ -226,98 +229,6 @@ pub struct RequestInfo<'a> {
     pub local_addr: SocketAddr,
     /// `"http"` or `"https"`.
     pub scheme: &'a str,
-}
-
-/// The request's host, checked as RFC 9112 §3.2 and RFC 9113 §8.3.1 ask; `Err` names why
-/// the request must be refused with 400.
-///
-/// - More than one `Host` header: refused (nginx answers 400 too), as a proxy and its
-///   upstream could each pick a different one. A `Host` that is not `host[:port]`: refused.
-/// - HTTP/1.1 without `Host` (and not in absolute form): refused. HTTP/1.0 may omit it.
-/// - HTTP/1.x absolute form (`GET http://a.example/x`): the target's authority wins over
-///   any `Host` header (RFC 9112 §3.2.2).
-/// - HTTP/2: `:authority`, else `Host`; both present and different: refused.
-pub fn request_host<B>(req: &Request<B>) -> Result<Option<HeaderValue>, &'static str> {
-    let mut hosts = req.headers().get_all(header::HOST).iter();
-    let first = hosts.next();
-    if hosts.next().is_some() {
-        return Err("more than one Host header");
-    }
-    let authority = req.uri().authority();
-    if req.version() >= http::Version::HTTP_2 {
-        return match (authority, first) {
-            (Some(a), Some(h)) if !a.as_str().as_bytes().eq_ignore_ascii_case(h.as_bytes()) => {
-                Err("Host header differs from :authority")
-            }
-            (Some(a), _) => Ok(HeaderValue::from_str(a.as_str()).ok()),
-            (None, Some(h)) if !is_host(h.as_bytes()) => Err("invalid Host header"),
-            (None, h) => Ok(h.cloned()),
-        };
-    }
-    if let Some(a) = authority {
-        return Ok(HeaderValue::from_str(a.as_str()).ok());
-    }
-    match first {
-        Some(h) if !is_host(h.as_bytes()) => Err("invalid Host header"),
-        Some(h) => Ok(Some(h.clone())),
-        None if req.version() == http::Version::HTTP_11 => Err("missing Host header"),
-        None => Ok(None),
-    }
-}
-
-/// Whether `host` is `uri-host [ ":" port ]` (RFC 9110 §7.2, RFC 3986 §3.2.2): a bracketed
-/// IP literal or a name of unreserved, sub-delims and `%` characters, then at most a port
-/// of digits. Empty is allowed (RFC 9112 §3.2). Anything else (a path, `@`, spaces, a
-/// second colon, text after `]`) could be read as another host by a router and by an
-/// upstream, so the request is refused, as nginx does.
-fn is_host(host: &[u8]) -> bool {
-    let (name, port) = match host.first() {
-        Some(b'[') => match host.iter().position(|&b| b == b']') {
-            Some(end) => {
-                let literal = &host[1..end];
-                let ok = !literal.is_empty()
-                    && literal
-                        .iter()
-                        .all(|&b| b.is_ascii_hexdigit() || matches!(b, b':' | b'.'));
-                if !ok {
-                    return false;
-                }
-                (&[][..], &host[end + 1..])
-            }
-            None => return false,
-        },
-        _ => match host.iter().position(|&b| b == b':') {
-            Some(colon) => (&host[..colon], &host[colon..]),
-            None => (host, &[][..]),
-        },
-    };
-    let name_ok = name.iter().all(|&b| {
-        b.is_ascii_alphanumeric()
-            || matches!(
-                b,
-                b'-' | b'.'
-                    | b'_'
-                    | b'~'
-                    | b'%'
-                    | b'!'
-                    | b'$'
-                    | b'&'
-                    | b'\''
-                    | b'('
-                    | b')'
-                    | b'*'
-                    | b'+'
-                    | b','
-                    | b';'
-                    | b'='
-            )
-    });
-    let port_ok = match port.split_first() {
-        None => true,
-        Some((b':', digits)) => digits.len() <= 5 && digits.iter().all(u8::is_ascii_digit),
-        Some(_) => false,
-    };
-    name_ok && port_ok
 }
 
 #[cfg(test)]

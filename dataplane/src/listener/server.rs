@@ -963,12 +963,34 @@ fn serve_plain_h1<'a>(
         let store = Arc::clone(&store);
         let conn = Arc::clone(&conn);
         async move {
+            if let Some(mut refused) = plain_refusal(&req, &conn, &store) {
+                close_if_going_away(&mut refused, &conn);
+                return refused;
+            }
             let mut resp = handle(req, &conn, &store).await;
             close_if_going_away(&mut resp, &conn);
             resp
         }
     };
     idle::until_parked(io, &worker.timer, &worker.h1, &worker.drain, answer)
+}
+
+/// The mTLS guard's answer to a plain-HTTP request for a host that requires client
+/// certificates ([`crate::listener::mtls`]); `None` for every other request.
+#[inline]
+fn plain_refusal<B>(
+    req: &http::Request<B>,
+    conn: &ConnInfo,
+    store: &Store,
+) -> Option<http::Response<crate::upstream::body::ProxyBody>> {
+    let table = store.peek_table();
+    let refused = crate::listener::mtls::refuse(
+        req,
+        crate::listener::mtls::Conn::Plain,
+        table.tls_for(conn.listener.as_deref()),
+    )?;
+    store.metrics().observe_status(refused.status());
+    Some(refused)
 }
 
 /// An h2c connection, served to its end; boxed, so that HTTP/1.1 connections' tasks do not
@@ -989,6 +1011,9 @@ fn serve_plain_h2(
         let request = counted.begin();
         let watch = counted.clone();
         async move {
+            if let Some(refused) = plain_refusal(&req, &conn, &store) {
+                return Ok::<_, std::convert::Infallible>(refused);
+            }
             let resp = handle(req, &conn, &store).await;
             drop(request);
             Ok::<_, std::convert::Infallible>(watch.watch(resp))

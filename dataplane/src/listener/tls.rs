@@ -10,9 +10,11 @@
 //! - A handshake takes the table current at its ClientHello and keeps that configuration for
 //!   its whole life, so a rotation (the next snapshot) serves new handshakes with the new
 //!   certificate while open connections carry on.
-//! - With `skip_mtls_uri_regex`, a request without a client certificate whose path matches
-//!   none of the regexes gets 400 `client certificate verification is not passed`.
-//! - A request on a TLS connection whose Host header names a host served by a different
+//! - Client certificates per request ([`super::mtls`], the plain-HTTP listener runs the
+//!   same guard): with `skip_mtls_uri_regex`, a request without a client certificate whose
+//!   normalised path matches none of the regexes gets 400 `client certificate verification
+//!   is not passed`; a request whose host (the one it is routed by: an absolute-form
+//!   target's authority, else `Host`; `:authority` in HTTP/2) is covered by a different
 //!   certificate that requires client certificates gets 421 Misdirected Request, so a
 //!   handshake for a public host cannot be used to reach an mTLS-protected one.
 
@@ -21,9 +23,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use bytes::Bytes;
-use http::header::{self, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
@@ -33,9 +33,10 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::LazyConfigAcceptor;
 
-use crate::config::certs::{ClientAuth, SniEntry, refusing_config};
+use crate::config::certs::{SniEntry, refusing_config};
 use crate::config::store::Store;
 use crate::http::ConnInfo;
+use crate::listener::mtls::Conn;
 use crate::listener::server::{
     Activity, Drain, Limits, close_if_going_away, connection_builders, serve_h2,
     spawn_listener_workers,
@@ -44,12 +45,6 @@ use crate::request::handle;
 use crate::upstream::body::ProxyBody;
 use sluice_io::send_timeout::SendTimeout;
 use sluice_io::timer::CoarseTimer;
-
-/// Body of the 400 for a request without a client certificate on a path that needs one.
-const NO_CLIENT_CERT_BODY: &str =
-    "{\"error_msg\":\"client certificate verification is not passed\"}\n";
-/// Body of the 421 for a request whose host needs a different handshake.
-const MISDIRECTED_BODY: &str = "{\"error_msg\":\"421 Misdirected Request: this host needs its own TLS connection (SNI must match Host)\"}\n";
 
 /// What a TLS connection brings to each of its requests.
 #[derive(Debug)]
@@ -61,51 +56,17 @@ struct TlsConn {
 }
 
 impl TlsConn {
-    /// A response refusing the request, if the connection may not serve it.
+    /// A response refusing the request, if the connection may not serve it
+    /// ([`super::mtls`]).
     fn refuse(&self, req: &Request<Incoming>, store: &Store) -> Option<Response<ProxyBody>> {
-        if let ClientAuth::Optional(skip) = &self.entry.client_auth
-            && !self.has_client_cert
-            && !skip.is_match(req.uri().path())
-        {
-            return Some(small_response(StatusCode::BAD_REQUEST, NO_CLIENT_CERT_BODY));
-        }
-        let table = store.table();
-        let tls = table.tls_for(self.listener.as_deref())?;
-        if !tls.any_client_auth {
-            return None;
-        }
-        let host = req
-            .headers()
-            .get(header::HOST)
-            .and_then(|h| h.to_str().ok())
-            .or_else(|| req.uri().host())?;
-        let host = strip_port(host);
-        let other = tls.lookup(host)?;
-        if other.id != self.entry.id && !matches!(other.client_auth, ClientAuth::None) {
-            return Some(small_response(
-                StatusCode::MISDIRECTED_REQUEST,
-                MISDIRECTED_BODY,
-            ));
-        }
-        None
+        let conn = Conn::Tls {
+            cert_id: &self.entry.id,
+            client_auth: &self.entry.client_auth,
+            client_cert: self.has_client_cert,
+        };
+        let table = store.peek_table();
+        super::mtls::refuse(req, conn, table.tls_for(self.listener.as_deref()))
     }
-}
-
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host;
-    }
-    host.rsplit_once(':').map_or(host, |(h, _)| h)
-}
-
-fn small_response(status: StatusCode, body: &'static str) -> Response<ProxyBody> {
-    let mut resp = Response::new(ProxyBody::full(Bytes::from_static(body.as_bytes())));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    resp
 }
 
 /// Like [`crate::listener::server::spawn_workers_until`], for the HTTPS listener
@@ -352,17 +313,5 @@ async fn handshake(
             tracing::debug!(%remote, sni = ?sni, error = %e, "TLS handshake failed");
             None
         }
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ports_are_stripped() {
-        assert_eq!(strip_port("a.com:8443"), "a.com");
-        assert_eq!(strip_port("a.com"), "a.com");
     }
 }

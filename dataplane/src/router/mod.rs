@@ -3,8 +3,9 @@
 //! [`Router::new`] compiles the `routes` of a snapshot into an index; [`Router::lookup`]
 //! returns the index of the winning route for one request. Matching, in order:
 //!
-//! 1. **Host class.** Routes whose `hosts` contain the request host exactly
-//!    (case-insensitive, port stripped) come first; then routes with a wildcard
+//! 1. **Host class.** Routes whose `hosts` contain the request host exactly (its canonical
+//!    form, [`crate::http::host::HostName`]: case-insensitive, port and one trailing dot
+//!    stripped) come first; then routes with a wildcard
 //!    `*.suffix` matching it (any depth of subdomain, never the bare suffix), longest
 //!    suffix first; then routes without hosts. If nothing in a class matches, the next class
 //!    is tried (APISIX `radixtree_host_uri`).
@@ -40,8 +41,9 @@ use ipnet::IpNet;
 use sluice_proto::v1::Route;
 
 use self::expr::{CompiledExpr, EvalCtx};
-use self::host::{HostBuf, RouteHost};
+use self::host::RouteHost;
 use self::radix::RadixTree;
+use crate::http::host::HostName;
 
 pub use crate::http::RequestInfo;
 
@@ -460,8 +462,10 @@ impl Router {
         req: &RequestInfo<'_>,
         mut visit: impl FnMut(&EvalCtx<'_, '_>, Class<'_>, PathKind, usize) -> Option<T>,
     ) -> Option<T> {
-        let mut host_buf = HostBuf::new();
-        let host = host_buf.normalize(req.host);
+        // NB: the canonical form the mTLS guard checks too (`crate::http::host`); a host it
+        // refuses matches only host-less routes here (the request path answers it 400 first).
+        let name = req.host.and_then(|h| HostName::parse(h.as_bytes()).ok());
+        let host = name.as_ref().map(HostName::as_str);
         let ctx = EvalCtx { req, host };
         if let Some(host) = host {
             if let Some(found) = self

@@ -193,6 +193,29 @@ fn exact_host_is_case_insensitive_and_ignores_the_port() {
     );
 }
 
+/// The canonical host of `crate::http::host` (issue 39): one trailing dot is the same host,
+/// as the mTLS guard sees it; a host it refuses matches only host-less routes.
+#[test]
+fn exact_host_ignores_one_trailing_dot_and_refused_hosts_match_no_host() {
+    let t = table(&[
+        route("h").host("api.example.com").path("/"),
+        route("w").host("*.example.com").path("/"),
+        route("any").path("/"),
+    ]);
+    assert_eq!(t.get(&req("/").host("api.example.com.")), Some("h"));
+    assert_eq!(t.get(&req("/").host("API.example.com.:443")), Some("h"));
+    assert_eq!(t.get(&req("/").host("a.b.example.com.")), Some("w"));
+    for refused in [
+        "api.example.com..",
+        "api..example.com",
+        "a@api.example.com",
+        "api.example.com:x",
+        "",
+    ] {
+        assert_eq!(t.get(&req("/").host(refused)), Some("any"), "{refused:?}");
+    }
+}
+
 #[test]
 fn ipv6_literal_hosts() {
     let t = table(&[
@@ -203,6 +226,9 @@ fn ipv6_literal_hosts() {
     assert_eq!(t.get(&req("/").host("[2001:DB8::1]")), Some("v6"));
     assert_eq!(t.get(&req("/").host("[::1]:80")), Some("bare"));
     assert_eq!(t.get(&req("/").host("[::2]:80")), None);
+    // Written another way, the same address.
+    assert_eq!(t.get(&req("/").host("[2001:db8:0:0::1]")), Some("v6"));
+    assert_eq!(t.get(&req("/").host("[0:0::1]:80")), Some("bare"));
 }
 
 #[test]
