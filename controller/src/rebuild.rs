@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 use sluice_proto::v1;
 use sluice_translate::gateway::{GatewayOptions, GatewayStatusReport};
 use sluice_translate::status::{ConditionStatus, IngressStatus};
-use sluice_translate::{ObjectKind, ObjectStatus, Options, translate};
+use sluice_translate::{CrossNamespaceRefs, ObjectKind, ObjectStatus, Options, translate};
 use tokio::sync::watch;
 
 use crate::cluster::{Inputs, assemble};
@@ -172,6 +172,7 @@ pub struct Rebuilder {
     settings_problems: Vec<String>,
     gateway: GatewayOptions,
     gateway_since: HashMap<(String, String), (String, u64)>,
+    cross_namespace_refs: CrossNamespaceRefs,
 }
 
 impl Rebuilder {
@@ -190,12 +191,20 @@ impl Rebuilder {
             settings_problems: Vec::new(),
             gateway: GatewayOptions::default(),
             gateway_since: HashMap::new(),
+            cross_namespace_refs: CrossNamespaceRefs::default(),
         }
     }
 
     /// Uses these Gateway API settings (controller name, fleet ports) from the next rebuild.
     pub fn with_gateway(mut self, gateway: GatewayOptions) -> Self {
         self.gateway = gateway;
+        self
+    }
+
+    /// Honours these cross-namespace references of the APISIX kinds from the next rebuild
+    /// on (`--allow-cross-namespace-refs`).
+    pub fn with_cross_namespace_refs(mut self, refs: CrossNamespaceRefs) -> Self {
+        self.cross_namespace_refs = refs;
         self
     }
 
@@ -227,6 +236,7 @@ impl Rebuilder {
             default_certificate: self.tls.default_certificate.clone(),
             fallback_sni: self.tls.fallback_sni.clone(),
             gateway: self.gateway.clone(),
+            cross_namespace_refs: self.cross_namespace_refs,
             ..Options::default()
         };
         let translation = translate(&state, &opts);

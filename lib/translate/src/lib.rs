@@ -91,6 +91,7 @@ mod ingress;
 mod json;
 mod options;
 mod problems;
+pub mod refs;
 pub mod state;
 pub mod status;
 mod tls;
@@ -100,6 +101,7 @@ mod validate;
 pub use builder::Translation;
 pub use index::SERVICE_NAME_LABEL;
 pub use options::Options;
+pub use refs::CrossNamespaceRefs;
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
 pub use status::{
     Condition, ConditionStatus, IngressStatus, ObjectKind, ObjectStatus, StatusReport,
