@@ -775,6 +775,42 @@ mod tests {
         assert!(p.rejected_objects.is_empty(), "{:?}", p.rejected_objects);
     }
 
+    /// `--allow-cross-namespace-refs` reaches translation: without it an ApisixTls of
+    /// namespace shop cannot serve Secret default/a-cert (no ReferenceGrant), with it it can.
+    #[test]
+    fn cross_namespace_references_need_a_grant_unless_the_flag_allows_them() {
+        let (rb, hub, _) = rebuilder();
+        let later = SystemTime::now() + Duration::from_secs(86_400);
+        let yaml = format!(
+            "{}apiVersion: apisix.apache.org/v2\nkind: ApisixTls\nmetadata: {{name: b, namespace: shop, generation: 1}}\nspec:\n  ingressClassName: apisix\n  hosts: [b.example.com]\n  secret: {{name: a-cert, namespace: default}}\n---\n",
+            tls_objects("a", "a.example.com", later)
+        );
+        let ids = || -> Vec<String> {
+            let p = hub.current().unwrap();
+            p.snapshot
+                .tls_certificates
+                .iter()
+                .map(|c| c.id.clone())
+                .collect()
+        };
+        let mut rb = rb;
+        rb.rebuild(&inputs(&yaml));
+        assert_eq!(ids(), ["default/a"]);
+        let p = hub.current().unwrap();
+        assert!(
+            p.rejected_objects.iter().any(|l| l.starts_with(
+                "ApisixTls shop/b: RefNotPermitted: spec.secret: Secret default/a-cert is in another namespace"
+            )),
+            "{:?}",
+            p.rejected_objects
+        );
+
+        let mut rb = rb.with_cross_namespace_refs(CrossNamespaceRefs::Allow);
+        rb.rebuild(&inputs(&yaml));
+        assert_eq!(ids(), ["default/a", "shop/b"]);
+        assert!(hub.current().unwrap().rejected_objects.is_empty());
+    }
+
     #[tokio::test]
     async fn loop_waits_for_sync_then_rebuilds_per_batch() {
         let (_rb, hub, _) = rebuilder();
