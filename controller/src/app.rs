@@ -9,6 +9,7 @@ use kube::Client;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use sluice_translate::CrossNamespaceRefs;
 use sluice_translate::gateway::GatewayOptions;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -56,6 +57,9 @@ pub struct Settings {
     /// One Service per Gateway (`--gateway-service-namespace` and friends); `None`: every
     /// Gateway shares the dataplane Service's address.
     pub gateway_services: Option<GatewayServices>,
+    /// Which cross-namespace references of the APISIX kinds are honoured
+    /// (`--allow-cross-namespace-refs`); default: only those a ReferenceGrant allows.
+    pub cross_namespace_refs: CrossNamespaceRefs,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -93,7 +97,8 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
     let fleet = Fleet::watch(&client, &settings, &metrics);
     let rebuilder = Rebuilder::new(Arc::clone(&hub), metrics.clone(), &settings.ingress_class)
         .with_tls(settings.tls.clone())
-        .with_gateway(settings.gateway.clone());
+        .with_gateway(settings.gateway.clone())
+        .with_cross_namespace_refs(settings.cross_namespace_refs);
     let (leader_tx, leader_rx) = watch::channel(settings.lease.is_none());
     metrics.leader.set(i64::from(settings.lease.is_none()));
     let ctx = Context {

@@ -19,6 +19,7 @@ use sluice_controller::status::Publish;
 use sluice_controller::tls::{self, TlsFiles};
 use sluice_controller::watch::Scope;
 use sluice_process::{LogFormat, init_logs, shutdown_signal};
+use sluice_translate::CrossNamespaceRefs;
 use sluice_translate::gateway::{DEFAULT_CONTROLLER_NAME, GatewayOptions};
 
 /// Sluice controller: watches ApisixRoute & co., Ingress, the Gateway API (when installed),
@@ -132,6 +133,13 @@ struct Args {
     /// `--gateway-service-namespace`. Keep them clear of the dataplanes' other ports.
     #[arg(long, value_name = "FIRST-LAST", default_value = "20000-29999", value_parser = port_range)]
     gateway_listener_ports: std::ops::RangeInclusive<u16>,
+    /// Honour every cross-namespace reference of the APISIX kinds (ApisixUpstream
+    /// `tlsSecret`, ApisixTls `secret` and `client.caSecret`, ApisixRoute
+    /// `plugin_config_namespace`), as APISIX does. Default: a reference to another namespace
+    /// is honoured only when a Gateway API ReferenceGrant there allows it; others are refused
+    /// (`RefNotPermitted`), so one tenant cannot use another's Secrets or plugin configs.
+    #[arg(long)]
+    allow_cross_namespace_refs: bool,
     /// Log format.
     #[arg(long, value_enum, default_value = "text")]
     log_format: LogFormat,
@@ -271,6 +279,11 @@ async fn main() -> anyhow::Result<()> {
                 type_: args.gateway_service_type.clone(),
             }),
             _ => None,
+        },
+        cross_namespace_refs: if args.allow_cross_namespace_refs {
+            CrossNamespaceRefs::Allow
+        } else {
+            CrossNamespaceRefs::RequireGrant
         },
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);

@@ -25,7 +25,7 @@ use std::time::{Duration, Instant, SystemTime};
 use sluice_proto::v1;
 use sluice_translate::gateway::{GatewayOptions, GatewayStatusReport};
 use sluice_translate::status::{ConditionStatus, IngressStatus};
-use sluice_translate::{ObjectKind, ObjectStatus, Options, translate};
+use sluice_translate::{CrossNamespaceRefs, ObjectKind, ObjectStatus, Options, translate};
 use tokio::sync::watch;
 
 use crate::cluster::{Inputs, assemble};
@@ -172,6 +172,7 @@ pub struct Rebuilder {
     settings_problems: Vec<String>,
     gateway: GatewayOptions,
     gateway_since: HashMap<(String, String), (String, u64)>,
+    cross_namespace_refs: CrossNamespaceRefs,
 }
 
 impl Rebuilder {
@@ -190,12 +191,20 @@ impl Rebuilder {
             settings_problems: Vec::new(),
             gateway: GatewayOptions::default(),
             gateway_since: HashMap::new(),
+            cross_namespace_refs: CrossNamespaceRefs::default(),
         }
     }
 
     /// Uses these Gateway API settings (controller name, fleet ports) from the next rebuild.
     pub fn with_gateway(mut self, gateway: GatewayOptions) -> Self {
         self.gateway = gateway;
+        self
+    }
+
+    /// Honours these cross-namespace references of the APISIX kinds from the next rebuild
+    /// on (`--allow-cross-namespace-refs`).
+    pub fn with_cross_namespace_refs(mut self, refs: CrossNamespaceRefs) -> Self {
+        self.cross_namespace_refs = refs;
         self
     }
 
@@ -227,6 +236,7 @@ impl Rebuilder {
             default_certificate: self.tls.default_certificate.clone(),
             fallback_sni: self.tls.fallback_sni.clone(),
             gateway: self.gateway.clone(),
+            cross_namespace_refs: self.cross_namespace_refs,
             ..Options::default()
         };
         let translation = translate(&state, &opts);
@@ -763,6 +773,42 @@ mod tests {
         assert_eq!(default.id, "default-certificate");
         assert_eq!(p.snapshot.fallback_sni, "a.example.com");
         assert!(p.rejected_objects.is_empty(), "{:?}", p.rejected_objects);
+    }
+
+    /// `--allow-cross-namespace-refs` reaches translation: without it an ApisixTls of
+    /// namespace shop cannot serve Secret default/a-cert (no ReferenceGrant), with it it can.
+    #[test]
+    fn cross_namespace_references_need_a_grant_unless_the_flag_allows_them() {
+        let (rb, hub, _) = rebuilder();
+        let later = SystemTime::now() + Duration::from_secs(86_400);
+        let yaml = format!(
+            "{}apiVersion: apisix.apache.org/v2\nkind: ApisixTls\nmetadata: {{name: b, namespace: shop, generation: 1}}\nspec:\n  ingressClassName: apisix\n  hosts: [b.example.com]\n  secret: {{name: a-cert, namespace: default}}\n---\n",
+            tls_objects("a", "a.example.com", later)
+        );
+        let ids = || -> Vec<String> {
+            let p = hub.current().unwrap();
+            p.snapshot
+                .tls_certificates
+                .iter()
+                .map(|c| c.id.clone())
+                .collect()
+        };
+        let mut rb = rb;
+        rb.rebuild(&inputs(&yaml));
+        assert_eq!(ids(), ["default/a"]);
+        let p = hub.current().unwrap();
+        assert!(
+            p.rejected_objects.iter().any(|l| l.starts_with(
+                "ApisixTls shop/b: RefNotPermitted: spec.secret: Secret default/a-cert is in another namespace"
+            )),
+            "{:?}",
+            p.rejected_objects
+        );
+
+        let mut rb = rb.with_cross_namespace_refs(CrossNamespaceRefs::Allow);
+        rb.rebuild(&inputs(&yaml));
+        assert_eq!(ids(), ["default/a", "shop/b"]);
+        assert!(hub.current().unwrap().rejected_objects.is_empty());
     }
 
     #[tokio::test]

@@ -65,6 +65,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
         dataplane_service: None,
         gateway: Default::default(),
         gateway_services: None,
+        cross_namespace_refs: Default::default(),
     }
 }
 

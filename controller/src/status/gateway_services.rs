@@ -65,9 +65,20 @@ pub fn parse_selector(raw: &str) -> Result<BTreeMap<String, String>, String> {
     Ok(out)
 }
 
-/// Name of the Service of Gateway `ns/name`: a DNS label (63 bytes at most) that starts
-/// with a letter, readable, and unique by a hash of the Gateway's key.
+/// Hex digits of the hash in a Service name: 64 bits of SHA-256, so that no one can pick a
+/// Gateway name whose Service name is another Gateway's (a 32-bit hash can be matched by
+/// trying names for minutes).
+const NAME_HASH_HEX: usize = 16;
+/// Longest DNS label, the limit of a Service name.
+const MAX_NAME: usize = 63;
+
+/// Name of the Service of Gateway `ns/name`: `gw-<ns>-<name>` (lower-cased, other
+/// characters as `-`, cut to fit) then `-` and [`NAME_HASH_HEX`] hex digits of the SHA-256
+/// of `<ns>/<name>`. A DNS label of at most 63 bytes that starts with a letter; the readable
+/// part may be the same for two Gateways (`a-b`/`c` and `a`/`b-c`, or long names that
+/// differ only past the cut), the hash makes the names differ.
 pub fn service_name(ns: &str, name: &str) -> String {
+    use sha2::{Digest, Sha256};
     let clean = |s: &str| -> String {
         s.chars()
             .map(|c| {
@@ -79,15 +90,16 @@ pub fn service_name(ns: &str, name: &str) -> String {
             })
             .collect()
     };
-    let key = format!("{ns}/{name}");
-    // FNV-1a: stable across processes and Rust versions.
-    let hash = key.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
-        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
-    });
+    let digest = Sha256::digest(format!("{ns}/{name}").as_bytes());
+    let hash: String = digest
+        .iter()
+        .take(NAME_HASH_HEX / 2)
+        .map(|b| format!("{b:02x}"))
+        .collect();
     let mut readable = format!("gw-{}-{}", clean(ns), clean(name));
-    readable.truncate(50);
+    readable.truncate(MAX_NAME - 1 - NAME_HASH_HEX);
     let readable = readable.trim_end_matches('-');
-    format!("{readable}-{:08x}", hash & 0xffff_ffff)
+    format!("{readable}-{hash}")
 }
 
 /// The Services `listeners` (id `<ns>/<gateway>/<port>`, dataplane port, TLS) ask for.
@@ -112,8 +124,19 @@ pub fn desired(listeners: &[(String, u16, bool)], cfg: &GatewayServices) -> Vec<
                 ..Default::default()
             });
     }
+    let mut names = BTreeSet::new();
     by_gateway
         .into_iter()
+        .filter(|(key, _)| {
+            // NB: two Gateways with one Service name take a SHA-256 collision; should it
+            // happen, the first (by namespace/name) keeps the Service rather than both
+            // overwriting it in turn.
+            let fresh = names.insert(service_name(&key.0, &key.1));
+            if !fresh {
+                tracing::error!(gateway = %format!("{}/{}", key.0, key.1), "Gateway Service name taken by another Gateway; no Service written");
+            }
+            fresh
+        })
         .map(|((ns, name), ports)| Service {
             metadata: ObjectMeta {
                 name: Some(service_name(&ns, &name)),
@@ -262,6 +285,38 @@ mod tests {
             );
         }
         assert_ne!(service_name("a-b", "c"), service_name("a", "b-c"));
+    }
+
+    /// Gateways in different namespaces never share a Service, even when the readable part
+    /// of their names is the same: neighbours after cleaning (`a-b`/`c` vs `a`/`b-c`,
+    /// `.` vs `-`), names that differ only past the cut, and a pair whose 32-bit FNV-1a
+    /// hashes collide (what the names used to end in: found by trying 2^19 names).
+    #[test]
+    fn names_do_not_collide_across_namespaces() {
+        let (ns47, ns48) = ("a".repeat(47), "a".repeat(48));
+        let long = "x".repeat(60);
+        let pairs = [
+            (("a-b", "c"), ("a", "b-c")),
+            (("team", "web.v1"), ("team", "web-v1")),
+            ((ns47.as_str(), "gw355805"), (ns48.as_str(), "gx643100")),
+            (("team-a", long.as_str()), ("team-b", long.as_str())),
+            ((long.as_str(), "one"), (long.as_str(), "two")),
+        ];
+        for ((ns1, n1), (ns2, n2)) in pairs {
+            let (a, b) = (service_name(ns1, n1), service_name(ns2, n2));
+            assert_ne!(a, b, "{ns1}/{n1} and {ns2}/{n2}");
+            assert!(a.len() <= 63 && b.len() <= 63, "{a} {b}");
+        }
+        // Each Gateway of such a pair gets its own Service.
+        let want = desired(
+            &[
+                (format!("{ns47}/gw355805/80"), 20001, false),
+                (format!("{ns48}/gx643100/80"), 20002, false),
+            ],
+            &cfg(),
+        );
+        let names: BTreeSet<_> = want.iter().map(|s| s.metadata.name.clone()).collect();
+        assert_eq!(names.len(), 2, "{names:?}");
     }
 
     #[test]

@@ -86,7 +86,8 @@ fn file_name(p: &Path) -> String {
 
 /// The [`Options`] a first line `# options: k=v ...` of `input` asks for: `ingress_class=<name>
 /// now=<unix seconds> default_certificate=<ns>/<name> fallback_sni=<host>
-/// controller_name=<name> http_port=<n> https_port=<n> listener_ports=<first>-<last>`.
+/// controller_name=<name> http_port=<n> https_port=<n> listener_ports=<first>-<last>
+/// allow_cross_namespace_refs=true`.
 /// `Err` names an unknown key or a bad value.
 pub fn options(input: &str) -> Result<Options, String> {
     let mut opts = Options::default();
@@ -111,6 +112,9 @@ pub fn options(input: &str) -> Result<Options, String> {
                     Some(crate::parse_secret_ref(v).map_err(|_| bad("NS/NAME"))?);
             }
             Some(("fallback_sni", v)) => opts.fallback_sni = Some(v.to_owned()),
+            Some(("allow_cross_namespace_refs", "true")) => {
+                opts.cross_namespace_refs = crate::CrossNamespaceRefs::Allow;
+            }
             Some(("controller_name", v)) => opts.gateway.controller_name = v.to_owned(),
             Some(("http_port", v)) => opts.gateway.http_port = port(v)?,
             Some(("https_port", v)) => opts.gateway.https_port = port(v)?,

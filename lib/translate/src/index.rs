@@ -12,6 +12,9 @@ use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
 };
 
+use sluice_crds::gateway::ReferenceGrant;
+
+use crate::refs::CrossNamespaceRefs;
 use crate::{ClusterState, Options, ingress, state};
 
 /// Label that ties an EndpointSlice to its Service.
@@ -33,6 +36,10 @@ pub(crate) struct Index<'a> {
     pub(crate) tlses: BTreeMap<(&'a str, &'a str), &'a ApisixTls>,
     /// Pod labels, keyed by (namespace, Pod name); for subsets.
     pub(crate) pod_labels: BTreeMap<(&'a str, &'a str), Option<&'a BTreeMap<String, String>>>,
+    /// Every ReferenceGrant, for cross-namespace references ([`crate::refs`]).
+    pub(crate) grants: &'a [ReferenceGrant],
+    /// Which cross-namespace references of the APISIX kinds are honoured.
+    pub(crate) cross_namespace_refs: CrossNamespaceRefs,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -142,6 +149,8 @@ impl<'a> Index<'a> {
                 opts,
             )),
             pod_labels,
+            grants: &state.reference_grants,
+            cross_namespace_refs: opts.cross_namespace_refs,
         }
     }
 }

@@ -46,6 +46,10 @@
 //!   `filter_func`, Body exprs and plugin `secretRef`s to missing Secrets reject the rule
 //!   instead of serving it with less protection than written. Plugin `secretRef`s are merged
 //!   (dotted keys nest).
+//! - Cross-namespace references (ApisixUpstream `tlsSecret`, ApisixTls `secret` and
+//!   `client.caSecret`, ApisixRoute `plugin_config_namespace`) need a ReferenceGrant in the
+//!   target's namespace unless [`Options::cross_namespace_refs`] allows them all; a refused
+//!   one is treated like a missing target, with reason `RefNotPermitted` ([`refs`]).
 //! - With `Options::ingress_class = Some(c)`, only objects whose `spec.ingressClassName` is
 //!   `c` or unset are translated; others get no status at all (another controller owns them).
 //! - Each Ingress `spec.rules[i].http.paths[j]` becomes one route with id
@@ -91,6 +95,7 @@ mod ingress;
 mod json;
 mod options;
 mod problems;
+pub mod refs;
 pub mod state;
 pub mod status;
 mod tls;
@@ -100,6 +105,7 @@ mod validate;
 pub use builder::Translation;
 pub use index::SERVICE_NAME_LABEL;
 pub use options::Options;
+pub use refs::CrossNamespaceRefs;
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
 pub use status::{
     Condition, ConditionStatus, IngressStatus, ObjectKind, ObjectStatus, StatusReport,

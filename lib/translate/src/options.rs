@@ -1,6 +1,7 @@
 //! [`Options`]: how to translate.
 
 use crate::gateway;
+use crate::refs::CrossNamespaceRefs;
 
 /// How to translate.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -19,6 +20,10 @@ pub struct Options {
     /// A ClientHello without SNI gets the certificate of this host (APISIX
     /// `apisix.ssl.fallback_sni`; `--fallback-sni`). `None` (the default): not set.
     pub fallback_sni: Option<String>,
+    /// Which cross-namespace references of the APISIX kinds (ApisixUpstream `tlsSecret`,
+    /// ApisixTls `secret` and `client.caSecret`, ApisixRoute `plugin_config_namespace`) are
+    /// honoured; default: only those a ReferenceGrant allows (see [`crate::refs`]).
+    pub cross_namespace_refs: CrossNamespaceRefs,
     /// Gateway API settings (controller name, served ports); see [`gateway`].
     pub gateway: gateway::GatewayOptions,
 }

@@ -1,6 +1,7 @@
 //! Collecting what is wrong with one object while translating it, then turning that into
 //! conditions.
 
+use crate::refs::REASON_REF_NOT_PERMITTED;
 use crate::status::{
     CONDITION_ACCEPTED, CONDITION_RESOLVED_REFS, Condition, ConditionStatus, REASON_ACCEPTED,
     REASON_INVALID_SPEC, REASON_RESOLVED_REFS,
@@ -20,6 +21,8 @@ pub(crate) struct Problems {
     pub(crate) unresolved: Vec<(&'static str, String)>,
     /// Informational remarks appended to the `Accepted=True` message.
     pub(crate) notes: Vec<String>,
+    /// How many of `errors` are refused cross-namespace references ([`Problems::refused`]).
+    refused: usize,
 }
 
 impl Problems {
@@ -27,6 +30,14 @@ impl Problems {
     pub(crate) fn error(&mut self, field: impl AsRef<str>, reason: impl AsRef<str>) {
         self.errors
             .push(format!("{}: {}", field.as_ref(), reason.as_ref()));
+    }
+
+    /// Records a cross-namespace reference on `field` that is not permitted (see
+    /// [`crate::refs`]): an error like a missing target, and when every error is one of
+    /// these the reason is `RefNotPermitted` rather than `InvalidSpec`.
+    pub(crate) fn refused(&mut self, field: impl AsRef<str>, message: impl AsRef<str>) {
+        self.error(field, message);
+        self.refused += 1;
     }
 
     /// Records an unresolved reference on `field`.
@@ -60,10 +71,15 @@ impl Problems {
                 message,
             )
         } else {
+            let reason = if self.refused == self.errors.len() {
+                REASON_REF_NOT_PERMITTED
+            } else {
+                REASON_INVALID_SPEC
+            };
             Condition::new(
                 CONDITION_ACCEPTED,
                 ConditionStatus::False,
-                REASON_INVALID_SPEC,
+                reason,
                 join(&self.errors),
             )
         }

@@ -11,6 +11,10 @@
 //!   from Secret `secretName` in the Ingress's namespace. An entry is independent of the
 //!   Ingress's rules: a bad entry leaves the routes served (over HTTP and with the other
 //!   certificates) and sets `ResolvedRefs=False` on the Ingress.
+//! - A Secret of an ApisixTls in another namespace (`spec.secret`, `spec.client.caSecret`)
+//!   needs a ReferenceGrant there or `--allow-cross-namespace-refs` ([`crate::refs`]);
+//!   otherwise the ApisixTls is `Accepted=False` with reason `RefNotPermitted` and serves
+//!   nothing, as with a missing Secret.
 //! - Checks: the Secret exists; `tls.crt` holds PEM certificates that parse as X.509;
 //!   `tls.key` holds one PEM private key (PKCS#8, PKCS#1 or SEC1) of a kind the dataplane can
 //!   sign with, matching the leaf; with `Options::now` set, every certificate of the chain
@@ -53,6 +57,7 @@ use sluice_proto::v1;
 use sluice_proto::validate::dns_name;
 
 use crate::problems::Problems;
+use crate::refs::{REASON_REF_NOT_PERMITTED, Referrer, Target};
 use crate::status::{CONDITION_ACCEPTED, Condition, ConditionStatus, ObjectKind, ObjectStatus};
 use crate::{Index, Options};
 
@@ -451,7 +456,13 @@ fn apisix_tls(
         }
         (c, depth)
     });
+    let from = Referrer {
+        kind: "ApisixTls",
+        ns,
+    };
     let secret_ns = non_empty(&spec.secret.namespace).unwrap_or(ns);
+    idx.permit(from, Target::secret(secret_ns, &spec.secret.name))
+        .map_err(|e| (REASON_REF_NOT_PERMITTED, format!("spec.secret: {e}")))?;
     let (cert_chain_pem, private_key_pem) =
         server_certificate(idx, secret_ns, &spec.secret.name, now)
             .map_err(|e| (REASON_INVALID_CERTIFICATE_REF, format!("spec.secret: {e}")))?;
@@ -459,6 +470,13 @@ fn apisix_tls(
         None => None,
         Some((c, depth)) => {
             let ca_ns = non_empty(&c.ca_secret.namespace).unwrap_or(ns);
+            idx.permit(from, Target::secret(ca_ns, &c.ca_secret.name))
+                .map_err(|e| {
+                    (
+                        REASON_REF_NOT_PERMITTED,
+                        format!("spec.client.caSecret: {e}"),
+                    )
+                })?;
             let ca_pem = client_ca(idx, ca_ns, &c.ca_secret.name).map_err(|e| {
                 (
                     REASON_INVALID_CERTIFICATE_REF,

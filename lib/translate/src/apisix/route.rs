@@ -224,18 +224,37 @@ impl RuleCtx<'_, '_> {
                 .as_deref()
                 .filter(|n| !n.is_empty())
                 .unwrap_or(self.ns);
-            match self.pcs.get(&(pc_ns, pc_name.as_str())) {
-                None => problems.error(
-                    self.f("plugin_config_name"),
-                    format!(
-                        "ApisixPluginConfig {pc_ns}/{pc_name} not found (the rule is rejected rather than served without those plugins)"
+            let from = crate::refs::Referrer {
+                kind: "ApisixRoute",
+                ns: self.ns,
+            };
+            let to = crate::refs::Target {
+                group: crate::refs::APISIX_GROUP,
+                kind: "ApisixPluginConfig",
+                ns: pc_ns,
+                name: pc_name,
+            };
+            // NB: refused like a missing ApisixPluginConfig: the rule is rejected rather than
+            // served without those plugins.
+            if let Err(e) = self.idx.permit(from, to) {
+                problems.refused(
+                    self.f("plugin_config_namespace"),
+                    format!("{e} (the rule is rejected rather than served without those plugins)"),
+                );
+            } else {
+                match self.pcs.get(&(pc_ns, pc_name.as_str())) {
+                    None => problems.error(
+                        self.f("plugin_config_name"),
+                        format!(
+                            "ApisixPluginConfig {pc_ns}/{pc_name} not found (the rule is rejected rather than served without those plugins)"
+                        ),
                     ),
-                ),
-                Some(Err(())) => problems.error(
-                    self.f("plugin_config_name"),
-                    format!("ApisixPluginConfig {pc_ns}/{pc_name} is invalid (see its status)"),
-                ),
-                Some(Ok(list)) => base = list.clone(),
+                    Some(Err(())) => problems.error(
+                        self.f("plugin_config_name"),
+                        format!("ApisixPluginConfig {pc_ns}/{pc_name} is invalid (see its status)"),
+                    ),
+                    Some(Ok(list)) => base = list.clone(),
+                }
             }
         }
         let own = plugins::plugin_list(

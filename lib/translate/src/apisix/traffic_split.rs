@@ -345,6 +345,10 @@ fn inline_upstream(
         &config,
         endpoints,
         &format!("{}.", origin.path(sub)),
+        crate::refs::Referrer {
+            kind: "ApisixRoute",
+            ns: scope.ns,
+        },
         scope.idx,
         problems,
     );

@@ -138,6 +138,10 @@ fn checked_like_apisix_tls(
         global_rules: BTreeMap::new(),
         tlses,
         pod_labels: BTreeMap::new(),
+        // NB: the Gateway's own ReferenceGrant was checked above; the stand-in's reference
+        // is the Gateway's, not an ApisixTls's.
+        grants: &[],
+        cross_namespace_refs: crate::refs::CrossNamespaceRefs::Allow,
     };
     let tls_opts = Options {
         now: inputs.opts.now,

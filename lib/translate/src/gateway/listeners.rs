@@ -10,8 +10,8 @@ use sluice_proto::v1;
 
 use super::certificate::listener_certificate;
 use super::{
-    ACCEPTED, CONFLICTED, GatewayOptions, GatewayStatus, ListenerStatus, Output, PROGRAMMED,
-    RESOLVED_REFS, RouteKind, Slot, cond, hostname, reason,
+    ACCEPTED, CONFLICTED, GatewayOptions, GatewayStatus, ListenerStatus, MAX_PORTS_PER_GATEWAY,
+    Output, PROGRAMMED, RESOLVED_REFS, RouteKind, Slot, cond, hostname, reason,
 };
 use crate::status::{Condition, ConditionStatus};
 use crate::{ClusterState, Index, Options};
@@ -122,7 +122,20 @@ fn listener(
         _ => None,
     };
     let host = l.hostname.as_deref().map(hostname);
-    let accepted = accepted(g.gw, l, &field, want_port, host.as_ref());
+    let mut accepted = accepted(g.gw, l, &field, want_port, host.as_ref());
+    if per_gateway && accepted.status == ConditionStatus::True && !within_port_cap(g.gw, l) {
+        accepted = cond(
+            ACCEPTED,
+            false,
+            reason::PORT_UNAVAILABLE,
+            format!(
+                "{field}.port: {} is past the {MAX_PORTS_PER_GATEWAY} ports a Gateway may \
+                 use (the first {MAX_PORTS_PER_GATEWAY} distinct ports in spec.listeners order \
+                 are served; each is a dataplane port and a port of the Gateway's Service)",
+                l.port
+            ),
+        );
+    }
     let mut conflicted = conflicted(&g.gw.spec.listeners, i, l, want_port);
     // ResolvedRefs: route kinds, then certificates.
     let (kinds, supported, bad_kinds) = route_kinds(l);
@@ -240,6 +253,21 @@ fn accepted(
         _ => {}
     }
     cond(ACCEPTED, true, reason::ACCEPTED, "Accepted")
+}
+
+/// Whether `l`'s port is among the first [`MAX_PORTS_PER_GATEWAY`] distinct ports of the
+/// HTTP/HTTPS listeners of `gw`, in `spec.listeners` order.
+fn within_port_cap(gw: &Gateway, l: &Listener) -> bool {
+    let mut ports = Vec::with_capacity(MAX_PORTS_PER_GATEWAY);
+    for o in gw.spec.listeners.iter().filter(|o| is_http(&o.protocol)) {
+        if !ports.contains(&o.port) {
+            if ports.len() == MAX_PORTS_PER_GATEWAY {
+                break;
+            }
+            ports.push(o.port);
+        }
+    }
+    ports.contains(&l.port)
 }
 
 /// `Conflicted`: same port, other protocol; or same port, protocol and hostname.

@@ -28,6 +28,19 @@
 //! (`HostnameConflict`) naming the holder. Certificate ids: `<ns>/<gateway>/<listener>`.
 //! `Passthrough` and `spec.tls` (frontend client validation) are `UnsupportedValue`.
 //!
+//! # Per-Gateway ports
+//!
+//! With [`GatewayOptions::listener_ports`] (the controller's `--gateway-service-namespace`)
+//! each Gateway gets an address of its own: every distinct port of its listeners becomes a
+//! dataplane port taken from that range (`Snapshot.listeners`, id `<ns>/<gateway>/<port>`)
+//! and a port of the Gateway's own Service, which the controller keeps (one Service per
+//! Gateway, of `--gateway-service-type`, e.g. `LoadBalancer`). A Gateway uses at most
+//! [`MAX_PORTS_PER_GATEWAY`] distinct ports, so one Gateway cannot take a large share of
+//! the range, nor make a cloud load balancer with dozens of ports: listeners on further
+//! ports (in `spec.listeners` order) are `Accepted=False` (`PortUnavailable`), saying so,
+//! and the Gateway's other listeners keep serving. A port the range has no room left for
+//! serves nothing (its listeners are not `Programmed`).
+//!
 //! # Routes
 //!
 //! Each HTTPRoute `spec.rules[i].matches[j]` becomes one snapshot route
@@ -78,6 +91,10 @@ use crate::{ClusterState, Index, Options};
 
 /// Highest `priority` of a Gateway API route; see the module docs.
 pub const PRIORITY_TOP: i32 = -1_000_000;
+/// With per-Gateway ports, the most distinct listener ports one Gateway gets (each is a
+/// dataplane port and a port of the Gateway's Service); listeners on further ports are
+/// `PortUnavailable`.
+pub const MAX_PORTS_PER_GATEWAY: usize = 16;
 /// Default [`GatewayOptions::controller_name`].
 pub const DEFAULT_CONTROLLER_NAME: &str = "sluice.dev/gateway-controller";
 
@@ -194,18 +211,13 @@ pub(crate) fn granted(
     to_ns: &str,
     to_name: &str,
 ) -> bool {
-    grants.iter().any(|g| {
-        crate::key(&g.metadata).0 == to_ns
-            && g.spec
-                .from
-                .iter()
-                .any(|f| f.group == GATEWAY_GROUP && f.kind == from_kind && f.namespace == from_ns)
-            && g.spec.to.iter().any(|t| {
-                t.group == to_group
-                    && t.kind == to_kind
-                    && t.name.as_deref().is_none_or(|n| n == to_name)
-            })
-    })
+    let to = crate::refs::Target {
+        group: to_group,
+        kind: to_kind,
+        ns: to_ns,
+        name: to_name,
+    };
+    crate::refs::granted(grants, GATEWAY_GROUP, from_kind, from_ns, to)
 }
 
 /// Lower-cased listener/route hostname, validated (no IPs, one leading `*.` at most).

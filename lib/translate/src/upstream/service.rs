@@ -435,10 +435,11 @@ pub(crate) fn inline_upstream(
     config: &ApisixUpstreamConfig,
     nodes: Vec<v1::Endpoint>,
     field: &str,
+    from: crate::refs::Referrer<'_>,
     idx: &Index<'_>,
     problems: &mut Problems,
 ) -> v1::Upstream {
-    let settings = Settings::parse(config, field, idx, problems);
+    let settings = Settings::parse(config, field, from, idx, problems);
     let mut up = v1::Upstream {
         id,
         endpoints: nodes,

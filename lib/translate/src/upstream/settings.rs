@@ -15,6 +15,7 @@ use super::service::external_name_of;
 use super::{hash_on, health_check, pass_host};
 use crate::Index;
 use crate::problems::Problems;
+use crate::refs::{Referrer, Target};
 use crate::status::REASON_BACKEND_NOT_FOUND;
 
 /// Parses a duration field into milliseconds (rounded up, so `500us` is not the 0 that means
@@ -69,9 +70,12 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// `from` is the object the settings are written in (its namespace is where
+    /// `tlsSecret` may point without a ReferenceGrant).
     pub(super) fn parse(
         c: &ApisixUpstreamConfig,
         field: &str,
+        from: Referrer<'_>,
         idx: &Index<'_>,
         problems: &mut Problems,
     ) -> Self {
@@ -107,7 +111,15 @@ impl Settings {
         // NB: settings the snapshot cannot carry yet are listed in the Accepted message by the
         // caller rather than silently dropped.
         let tls = c.tls_secret.as_ref().and_then(|s| {
-            tls_from_secret(idx, &s.namespace, &s.name)
+            // NB: an empty namespace means the object's own, as for ApisixTls.
+            let ns = Some(s.namespace.as_str())
+                .filter(|n| !n.is_empty())
+                .unwrap_or(from.ns);
+            if let Err(e) = idx.permit(from, Target::secret(ns, &s.name)) {
+                problems.refused(format!("{field}tlsSecret"), e);
+                return None;
+            }
+            tls_from_secret(idx, ns, &s.name)
                 .map_err(|e| problems.error(format!("{field}tlsSecret"), e))
                 .ok()
         });
@@ -264,8 +276,12 @@ pub(crate) fn validate_object(
     problems: &mut Problems,
 ) -> Result<UpstreamObject, ()> {
     let spec = &au.spec;
-    let base = Settings::parse(&spec.config, "spec.", idx, problems);
-    let ports = port_settings(au, &base, idx, problems);
+    let from = Referrer {
+        kind: "ApisixUpstream",
+        ns,
+    };
+    let base = Settings::parse(&spec.config, "spec.", from, idx, problems);
+    let ports = port_settings(au, &base, from, idx, problems);
     let nodes = external_nodes(au, ns, idx, problems);
     let subsets = subsets(au, problems);
     if !problems.is_valid() {
@@ -284,6 +300,7 @@ pub(crate) fn validate_object(
 fn port_settings(
     au: &ApisixUpstream,
     base: &Settings,
+    from: Referrer<'_>,
     idx: &Index<'_>,
     problems: &mut Problems,
 ) -> BTreeMap<i32, Settings> {
@@ -297,7 +314,7 @@ fn port_settings(
             );
             continue;
         }
-        let s = Settings::parse(&pls.config, &field, idx, problems);
+        let s = Settings::parse(&pls.config, &field, from, idx, problems);
         if ports.insert(pls.port, base.overlay(&s)).is_some() {
             problems.error(
                 format!("{field}port"),
