@@ -261,9 +261,12 @@ sluice_upstream_endpoint_healthy{endpoint=\"broken\"} 0
     #[test]
     fn only_http_urls() {
         assert!(matches!(
-            get("https://127.0.0.1:1", "/"),
+            get("https://127.0.0.1:1", "/", Duration::from_secs(1)),
             Err(AdminError::Url(_))
         ));
-        assert!(matches!(get("http:///x", "/"), Err(AdminError::Url(_))));
+        assert!(matches!(
+            get("http:///x", "/", Duration::from_secs(1)),
+            Err(AdminError::Url(_))
+        ));
     }
 }

@@ -205,6 +205,22 @@ pub enum Command {
     },
 }
 
+/// A duration: `<n>s`, `<n>m` or `<n>` seconds, at least one second and at most an hour.
+fn duration(text: &str) -> Result<Duration, String> {
+    let (digits, unit) = match text.strip_suffix('m') {
+        Some(d) => (d, 60),
+        None => (text.strip_suffix('s').unwrap_or(text), 1),
+    };
+    let n: u64 = digits
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s or 2m"))?;
+    let secs = n.saturating_mul(unit);
+    if !(1..=3600).contains(&secs) {
+        return Err(format!("{text:?} is not between 1s and 1h"));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
@@ -236,20 +252,4 @@ mod tests {
             );
         }
     }
-}
-
-/// A duration: `<n>s`, `<n>m` or `<n>` seconds, at least one second and at most an hour.
-fn duration(text: &str) -> Result<Duration, String> {
-    let (digits, unit) = match text.strip_suffix('m') {
-        Some(d) => (d, 60),
-        None => (text.strip_suffix('s').unwrap_or(text), 1),
-    };
-    let n: u64 = digits
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s or 2m"))?;
-    let secs = n.saturating_mul(unit);
-    if !(1..=3600).contains(&secs) {
-        return Err(format!("{text:?} is not between 1s and 1h"));
-    }
-    Ok(Duration::from_secs(secs))
 }

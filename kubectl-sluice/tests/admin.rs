@@ -23,7 +23,10 @@ fn serve(answer: Vec<u8>, trickle: bool) -> SocketAddr {
                 if conn.write_all(&answer).is_err() {
                     return;
                 }
-                while trickle {
+                if !trickle {
+                    return;
+                }
+                loop {
                     std::thread::sleep(Duration::from_millis(200));
                     if conn.write_all(b"x").is_err() {
                         return;
@@ -124,7 +127,7 @@ fn request_timeout_is_checked() {
     for bad in ["0s", "2h", "soon", "-1"] {
         let out = Command::new(env!("CARGO_BIN_EXE_kubectl-sluice"))
             .args(["diff", "-f", "x.yaml", "--against", "y.yaml"])
-            .args(["--request-timeout", bad])
+            .arg(format!("--request-timeout={bad}"))
             .output()
             .unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad}");

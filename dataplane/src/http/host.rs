@@ -277,6 +277,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::type_complexity)] // NB: one row per case reads best.
     fn the_targets_authority_wins_over_host() {
         use http::Version as V;
         let cases: &[(V, &str, &[&str], Result<Option<&str>, ()>)] = &[

@@ -1011,10 +1011,10 @@ fn serve_plain_h2(
         let request = counted.begin();
         let watch = counted.clone();
         async move {
-            if let Some(refused) = plain_refusal(&req, &conn, &store) {
-                return Ok::<_, std::convert::Infallible>(refused);
-            }
-            let resp = handle(req, &conn, &store).await;
+            let resp = match plain_refusal(&req, &conn, &store) {
+                Some(refused) => refused,
+                None => handle(req, &conn, &store).await,
+            };
             drop(request);
             Ok::<_, std::convert::Infallible>(watch.watch(resp))
         }
