@@ -431,19 +431,29 @@ async fn no_admin_endpoint_serves_a_private_key_or_a_credential() {
     );
 }
 
-#[tokio::test]
-async fn admin_connections_are_bounded_in_time_and_number() {
-    use sluice_dataplane::listener::admin::{Endpoints, serve_limited};
+/// An admin listener of `endpoints` on loopback, with `header_timeout` and at most four
+/// connections.
+async fn admin_of_four(
+    endpoints: sluice_dataplane::listener::admin::Endpoints,
+    header_timeout: Duration,
+) -> SocketAddr {
     let store = Arc::new(Store::new().unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve_limited(
+    tokio::spawn(sluice_dataplane::listener::admin::serve_limited(
         listener,
         store,
-        Endpoints::All,
-        Duration::from_millis(500),
+        endpoints,
+        header_timeout,
         4,
     ));
+    addr
+}
+
+#[tokio::test]
+async fn admin_connections_are_bounded_in_time_and_number() {
+    use sluice_dataplane::listener::admin::Endpoints;
+    let addr = admin_of_four(Endpoints::All, Duration::from_millis(500)).await;
     // A silent client, a slow head and an idle keep-alive connection are each closed.
     assert!(closed_within(addr, b"", false, Duration::from_secs(5)).await);
     assert!(
@@ -471,18 +481,9 @@ async fn admin_connections_are_bounded_in_time_and_number() {
 /// long the header timeout.
 #[tokio::test]
 async fn idle_connections_cannot_starve_the_admin_listener() {
-    use sluice_dataplane::listener::admin::{Endpoints, serve_limited};
-    let store = Arc::new(Store::new().unwrap());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    use sluice_dataplane::listener::admin::Endpoints;
     // NB: a header timeout of an hour: only an eviction can free a slot.
-    tokio::spawn(serve_limited(
-        listener,
-        store,
-        Endpoints::Status,
-        Duration::from_secs(3600),
-        4,
-    ));
+    let addr = admin_of_four(Endpoints::Status, Duration::from_secs(3600)).await;
     // Every slot taken: two silent connections, a half-sent head, an idle keep-alive one.
     let mut held = Vec::new();
     for first in [&b""[..], b"", b"GET /healthz HTTP/1.1\r\nHo"] {
