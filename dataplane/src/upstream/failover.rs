@@ -22,6 +22,7 @@ use http::{Request, Response};
 use crate::http::ConnInfo;
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
+use crate::upstream::h2::Connected;
 use crate::upstream::request_body::RequestBody;
 use crate::upstream::retry::{Attempts, failed, succeeded};
 use crate::upstream::{Pool, Timeouts, Upstream};
@@ -58,7 +59,36 @@ pub async fn proxy(
                 drop(in_flight);
                 e
             }
-            Ok(connected) => {
+            Ok(Connected::H1(pooled)) => {
+                // HTTP/1.1 over TLS, with the client of the plain path.
+                let endpoint_host = upstream.host_header(endpoint).cloned().or(host.clone());
+                let sent = crate::upstream::h2::send_h1(
+                    prepared,
+                    endpoint_host,
+                    conn,
+                    protocol,
+                    address,
+                    pooled,
+                    timeouts,
+                    in_flight,
+                )
+                .await;
+                match sent {
+                    Ok(mut resp) => {
+                        succeeded(upstream, endpoint, resp.status(), started);
+                        resp.extensions_mut().insert(Picked {
+                            pool: Arc::clone(&endpoint.pool),
+                            started: attempt_started,
+                        });
+                        return Ok(resp);
+                    }
+                    Err(e) => {
+                        failed(upstream, endpoint, &e, started, timeouts);
+                        return Err(e);
+                    }
+                }
+            }
+            Ok(Connected::H2(connected)) => {
                 let endpoint_host = upstream.host_header(endpoint).cloned().or(host.clone());
                 let sent = crate::upstream::h2::send(
                     prepared,

@@ -16,17 +16,17 @@ use std::sync::Arc;
 use http::header::{self, HeaderValue};
 use http::{Response, request};
 use http_body::Body as _;
-use http_body_util::BodyExt as _;
 
 use crate::http::ConnInfo;
-use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
-use crate::upstream::body::{BodyLimit, ProxyBody, ReadWatch, UpstreamBody};
+use crate::http::headers::ProxyHeaders;
+use crate::upstream::body::{BodyLimit, ProxyBody};
 use crate::upstream::error::ProxyError;
 use crate::upstream::failover::Picked;
+use crate::upstream::h1_client::{self, Outgoing, exchange, framing, stale};
 use crate::upstream::request_body::RequestBody;
 use crate::upstream::retry::{Attempts, failed, succeeded};
 use crate::upstream::{Endpoint, PooledConn, Timeouts, Upstream};
-use sluice_io::h1::{Framing, H1Error, ResponseHead, encode_request_head};
+use sluice_io::h1::{Framing, ResponseHead, encode_request_head};
 
 /// Where an HTTP/1.1 request goes, and what is sent with it.
 #[derive(Debug, Clone, Copy)]
@@ -96,7 +96,7 @@ impl H1Forward<'_> {
         // byte; others check the idle connection before using it.
         let replayable = !has_body && parts.method.is_idempotent();
         let mut attempts = Attempts::new(upstream);
-        let (mut pooled, response) = loop {
+        let (pooled, response) = loop {
             let idx = upstream
                 .pick_index(hash, attempts.tried())
                 .ok_or_else(|| ProxyError::NoEndpoint(upstream.id.clone()))?;
@@ -128,13 +128,16 @@ impl H1Forward<'_> {
             // NB: only `ewma` needs the latency; the clock is not read otherwise.
             let started = upstream.measures_latency().then(std::time::Instant::now);
             let in_flight = endpoint.state.begin();
+            let mut req = Outgoing {
+                head: &head,
+                body: has_body.then_some(&mut *body),
+                limit,
+                chunked: framing == Framing::Chunked,
+                method: &parts.method,
+            };
             let sent = attempt(
                 endpoint,
-                &head,
-                has_body.then_some(&mut *body),
-                limit,
-                framing == Framing::Chunked,
-                &parts.method,
+                &mut req,
                 timeouts,
                 replayable,
                 conn,
@@ -160,46 +163,19 @@ impl H1Forward<'_> {
         };
         // The request's header map is not read after its response head came (no attempt
         // follows): its allocation takes the connection's next response head.
-        pooled
-            .conn
-            .keep_for_next_head(std::mem::take(&mut parts.headers));
         let head_len = response.head_len;
-        let mut parts = response.parts;
-        parts.version = http::Version::HTTP_11;
-        strip_hop_by_hop(&mut parts.headers);
-        let stall = ReadWatch::new(conn.timer.clone(), timeouts.read);
-        let body = UpstreamBody::new(pooled, response.framing, response.keep_alive, Some(stall));
+        let spare = std::mem::take(&mut parts.headers);
+        let (parts, body) = h1_client::response(pooled, response, spare, timeouts, conn);
         let resp = Response::from_parts(parts, ProxyBody::Upstream(body));
         Ok((resp, head_len))
     }
 }
 
-/// How the request body is delimited upstream: its exact length when known, else chunked;
-/// an explicit `Content-Length: 0` is kept.
-#[inline]
-fn framing(parts: &request::Parts, body: &RequestBody, has_body: bool) -> Framing {
-    if has_body {
-        match body.size_hint().exact() {
-            Some(n) => Framing::Length(n),
-            None => Framing::Chunked,
-        }
-    } else if parts.headers.contains_key(header::CONTENT_LENGTH) {
-        Framing::Length(0)
-    } else {
-        Framing::Empty
-    }
-}
-
 /// One attempt on `endpoint`: a pooled connection (a fresh one if a reused connection of a
 /// replayable request turns out stale), the request, and the response head.
-#[allow(clippy::too_many_arguments)]
 async fn attempt(
     endpoint: &Endpoint,
-    head: &[u8],
-    mut body: Option<&mut RequestBody>,
-    limit: Option<u64>,
-    chunked: bool,
-    method: &http::Method,
+    req: &mut Outgoing<'_>,
     timeouts: Timeouts,
     replayable: bool,
     conn: &ConnInfo,
@@ -207,91 +183,12 @@ async fn attempt(
 ) -> Result<(PooledConn, ResponseHead), ProxyError> {
     let mut pooled = endpoint.pool.checkout(timeouts.connect, now).await?;
     loop {
-        let sent = exchange(
-            &mut pooled,
-            head,
-            body.as_deref_mut(),
-            limit,
-            chunked,
-            method,
-            timeouts,
-            conn,
-        )
-        .await;
-        match sent {
+        match exchange(&mut pooled, req, timeouts, conn).await {
             Ok(resp) => return Ok((pooled, resp)),
-            Err(ProxyError::Upstream { source, .. })
-                if replayable && pooled.reused && source.is_stale_connection() =>
-            {
+            Err(e) if stale(&e, &pooled, replayable) => {
                 pooled = endpoint.pool.connect(timeouts.connect).await?;
             }
             Err(e) => return Err(e),
         }
-    }
-}
-
-/// Sends one request on `pooled` and reads the response head.
-#[allow(clippy::too_many_arguments)]
-async fn exchange(
-    pooled: &mut PooledConn,
-    head: &[u8],
-    body: Option<&mut RequestBody>,
-    limit: Option<u64>,
-    chunked: bool,
-    method: &http::Method,
-    timeouts: Timeouts,
-    conn: &ConnInfo,
-) -> Result<ResponseHead, ProxyError> {
-    let timer = &conn.timer;
-    let upstream_err = |source: H1Error, pooled: &PooledConn| ProxyError::Upstream {
-        addr: pooled.address().to_owned(),
-        source,
-    };
-    if let Err(e) = pooled.conn.write_all(head).await {
-        return Err(upstream_err(H1Error::Io(e), pooled));
-    }
-    if let Some(body) = body {
-        let mut sent: u64 = 0;
-        loop {
-            // NB: nginx's `client_body_timeout`: between two reads, not for the whole body.
-            let Ok(next) = timer.timeout(conn.client_body_timeout, body.frame()).await else {
-                return Err(ProxyError::ClientBodyTimeout);
-            };
-            let Some(frame) = next else { break };
-            let frame = frame.map_err(ProxyError::RequestBody)?;
-            let Ok(data) = frame.into_data() else {
-                continue;
-            };
-            if let Some(max) = limit {
-                sent += data.len() as u64;
-                if sent > max {
-                    // NB: the upstream got a request cut short; the connection is dropped
-                    // (closed), never pooled.
-                    return Err(ProxyError::BodyTooLarge(max));
-                }
-            }
-            match timer
-                .timeout(timeouts.send, pooled.conn.write_body_chunk(&data, chunked))
-                .await
-            {
-                Err(_) => return Err(ProxyError::SendTimeout(pooled.address().to_owned())),
-                Ok(Err(e)) => return Err(upstream_err(H1Error::Io(e), pooled)),
-                Ok(Ok(())) => {}
-            }
-        }
-        if chunked && let Err(e) = pooled.conn.write_all(b"0\r\n\r\n").await {
-            return Err(upstream_err(H1Error::Io(e), pooled));
-        }
-    }
-    match timer
-        .timeout(timeouts.read, pooled.conn.read_head(method))
-        .await
-    {
-        Err(_) => Err(ProxyError::ReadTimeout(pooled.address().to_owned())),
-        Ok(Err(source)) => Err(upstream_err(source, pooled)),
-        Ok(Ok(resp)) => match pooled.conn.check_buffered_body(resp.framing) {
-            Ok(()) => Ok(resp),
-            Err(source) => Err(upstream_err(source, pooled)),
-        },
     }
 }

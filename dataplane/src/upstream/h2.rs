@@ -20,24 +20,24 @@ use std::thread::ThreadId;
 
 use http::header::{self, HeaderValue};
 use http::{Request, Response, Uri, Version};
-use hyper::client::conn::{http1, http2};
+use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use prost::Message as _;
 use sluice_proto::v1;
 use tokio::net::TcpStream;
 
+use http_body::Body as _;
+
 use crate::http::ConnInfo;
 use crate::http::headers::{ProxyHeaders, strip_hop_by_hop, wants_trailers};
-use crate::upstream::Timeouts;
-use crate::upstream::body::{ProxyBody, StreamBody};
+use crate::upstream::body::{BodyLimit, ProxyBody, StreamBody};
 use crate::upstream::error::ProxyError;
+use crate::upstream::h1_client::{self, Outgoing, exchange, framing, stale};
 use crate::upstream::health::InFlight;
 use crate::upstream::request_body::RequestBody;
 use crate::upstream::tls::{Alpn, InvalidUpstreamTls, UpstreamTlsClient, negotiated_h2};
-use sluice_io::h1::H1Error;
-
-/// Most HTTP/1.1-over-TLS connections kept per endpoint.
-const MAX_H1_CONNS: usize = 256;
+use crate::upstream::{Pool, PoolConfig, PooledConn, Timeouts, TlsIo};
+use sluice_io::h1::{Conn, Framing, H1Error, encode_request_head};
 
 /// How an upstream is spoken to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -86,6 +86,7 @@ impl UpstreamProtocol {
         up: &v1::Upstream,
         addresses: &[String],
         registry: &HyperRegistry,
+        config: PoolConfig,
     ) -> Result<Option<Self>, InvalidUpstreamTls> {
         let scheme = UpstreamScheme::of(up);
         if scheme == UpstreamScheme::Http {
@@ -109,7 +110,7 @@ impl UpstreamProtocol {
                     address: a.clone(),
                     tls: tls_key.filter(|_| scheme.uses_tls()),
                 };
-                (a.clone(), registry.get(key, tls.clone()))
+                (a.clone(), registry.get(key, tls.clone(), config))
             })
             .collect();
         Ok(Some(UpstreamProtocol { scheme, tls, pools }))
@@ -131,7 +132,12 @@ pub struct HyperRegistry {
 }
 
 impl HyperRegistry {
-    fn get(&self, key: PoolKey, tls: Option<Arc<UpstreamTlsClient>>) -> Arc<HyperPool> {
+    fn get(
+        &self,
+        key: PoolKey,
+        tls: Option<Arc<UpstreamTlsClient>>,
+        config: PoolConfig,
+    ) -> Arc<HyperPool> {
         let mut pools = match self.pools.lock() {
             Ok(p) => p,
             Err(poisoned) => poisoned.into_inner(),
@@ -139,11 +145,14 @@ impl HyperRegistry {
         if let Some(pool) = pools.get(&key).and_then(Weak::upgrade) {
             return pool;
         }
+        let h1 = (key.scheme == UpstreamScheme::Https)
+            .then(|| Arc::new(Pool::tls(&key.address, config)));
         let pool = Arc::new(HyperPool {
             address: key.address.clone(),
             scheme: key.scheme,
             tls,
-            conns: Mutex::new(Vec::new()),
+            h2: Mutex::new(Vec::new()),
+            h1,
             connecting: tokio::sync::Mutex::new(()),
         });
         pools.insert(key, Arc::downgrade(&pool));
@@ -158,42 +167,57 @@ impl HyperRegistry {
     }
 }
 
-/// A client connection's request sender.
-#[derive(Debug)]
-enum Sender {
-    H1(http1::SendRequest<RequestBody>),
-    H2 {
-        tx: http2::SendRequest<RequestBody>,
-        worker: ThreadId,
-    },
+/// An HTTP/2 connection's request sender, shared by the requests of the worker that opened it.
+#[derive(Debug, Clone)]
+struct H2Sender {
+    tx: http2::SendRequest<RequestBody>,
+    worker: ThreadId,
 }
 
-impl Sender {
-    fn is_closed(&self) -> bool {
-        match self {
-            Sender::H1(tx) => tx.is_closed(),
-            Sender::H2 { tx, .. } => tx.is_closed(),
-        }
-    }
-}
-
-/// Connections to one endpoint.
+/// Connections to one endpoint: the HTTP/2 ones, and for `https` the HTTP/1.1-over-TLS
+/// ones of an upstream whose ALPN did not settle on `h2`.
 #[derive(Debug)]
 struct HyperPool {
     address: String,
     scheme: UpstreamScheme,
     tls: Option<Arc<UpstreamTlsClient>>,
-    conns: Mutex<Vec<Sender>>,
+    h2: Mutex<Vec<H2Sender>>,
+    /// Idle HTTP/1.1 connections over TLS (`https` only), with the reuse guard of the plain
+    /// path.
+    h1: Option<Arc<Pool<TlsIo>>>,
     /// Held while an HTTP/2-only connection is being set up, so that a burst of requests
     /// on a cold pool waits for that one connection instead of each dialing its own.
     connecting: tokio::sync::Mutex<()>,
 }
 
+/// A connection to one endpoint, ready to take a request: the connect phase of an attempt,
+/// split off so that a connect failure can be retried on another endpoint (see
+/// [`crate::upstream::failover`]). Which one it is, for `https`, ALPN said.
+#[derive(Debug)]
+pub enum Connected {
+    /// HTTP/2 (`h2`, h2c, gRPC): hyper's client.
+    H2(H2Connected),
+    /// HTTP/1.1 over TLS: the in-task client of [`crate::upstream::h1_client`].
+    H1(PooledConn<TlsIo>),
+}
+
+/// An HTTP/2 connection to one endpoint.
+#[derive(Debug)]
+pub struct H2Connected {
+    pool: Arc<HyperPool>,
+    tx: http2::SendRequest<RequestBody>,
+}
+
 impl HyperPool {
-    /// A sender for one request: an idle one, or a new connection.
-    async fn checkout(&self, timeouts: Timeouts, conn: &ConnInfo) -> Result<Sender, ProxyError> {
-        if let Some(s) = self.checkout_idle() {
-            return Ok(s);
+    /// A connection for one request: a shared HTTP/2 one, an idle HTTP/1.1 one, or a new
+    /// connection.
+    async fn checkout(
+        self: &Arc<Self>,
+        timeouts: Timeouts,
+        conn: &ConnInfo,
+    ) -> Result<Connected, ProxyError> {
+        if let Some(c) = self.checkout_idle() {
+            return Ok(c);
         }
         if self.scheme == UpstreamScheme::Https {
             // HTTP/1.1 is possible: connections are not shared, so dial in parallel.
@@ -201,40 +225,33 @@ impl HyperPool {
         }
         let _guard = self.connecting.lock().await;
         match self.checkout_idle() {
-            Some(s) => Ok(s),
+            Some(c) => Ok(c),
             None => self.connect(timeouts, conn).await,
         }
     }
 
-    /// A sender that can take a request now, without connecting.
-    fn checkout_idle(&self) -> Option<Sender> {
+    /// A connection that can take a request now, without connecting.
+    fn checkout_idle(self: &Arc<Self>) -> Option<Connected> {
         let me = std::thread::current().id();
-        let mut conns = self.conns.lock().ok()?;
-        conns.retain(|s| !s.is_closed());
-        let i = conns.iter().position(|s| match s {
-            Sender::H1(tx) => tx.is_ready(),
-            Sender::H2 { worker, .. } => *worker == me,
-        })?;
-        match &conns[i] {
-            Sender::H2 { tx, worker } => Some(Sender::H2 {
-                tx: tx.clone(),
-                worker: *worker,
-            }),
-            Sender::H1(_) => Some(conns.swap_remove(i)),
+        if let Ok(mut h2) = self.h2.lock() {
+            h2.retain(|s| !s.tx.is_closed());
+            if let Some(s) = h2.iter().find(|s| s.worker == me) {
+                return Some(Connected::H2(H2Connected {
+                    pool: Arc::clone(self),
+                    tx: s.tx.clone(),
+                }));
+            }
         }
-    }
-
-    /// Keeps an HTTP/1.1 sender for reuse (it becomes ready once its response body ends).
-    fn put_back(&self, tx: http1::SendRequest<RequestBody>) {
-        if let Ok(mut conns) = self.conns.lock()
-            && conns.len() < MAX_H1_CONNS
-        {
-            conns.push(Sender::H1(tx));
-        }
+        let pooled = self.h1.as_ref()?.checkout_idle(None)?;
+        Some(Connected::H1(pooled))
     }
 
     /// Dials the endpoint and sets up a client connection; an HTTP/2 one is shared at once.
-    async fn connect(&self, timeouts: Timeouts, conn: &ConnInfo) -> Result<Sender, ProxyError> {
+    async fn connect(
+        self: &Arc<Self>,
+        timeouts: Timeouts,
+        conn: &ConnInfo,
+    ) -> Result<Connected, ProxyError> {
         let addr = self.address.clone();
         let tcp = match conn
             .timer
@@ -250,7 +267,7 @@ impl HyperPool {
             addr: self.address.clone(),
             source: H1Error::Io(std::io::Error::other(e)),
         };
-        let sender = match (&self.tls, self.scheme) {
+        let tx = match (&self.tls, self.scheme) {
             (Some(tls), scheme) => {
                 let alpn = if scheme == UpstreamScheme::Grpcs {
                     Alpn::H2
@@ -270,35 +287,36 @@ impl HyperPool {
                     h2_handshake(TokioIo::new(stream), conn)
                         .await
                         .map_err(handshake_err)?
+                } else if let Some(h1) = &self.h1 {
+                    return Ok(Connected::H1(h1.adopt(Conn::over(Box::new(stream)))));
                 } else {
-                    let (tx, c) = http1::handshake(TokioIo::new(stream))
-                        .await
-                        .map_err(handshake_err)?;
-                    tokio::spawn(async move {
-                        if let Err(e) = c.await {
-                            tracing::debug!(error = %e, "upstream connection ended");
-                        }
+                    return Err(ProxyError::UpstreamTls {
+                        addr,
+                        source: std::io::Error::other("the upstream did not negotiate h2"),
                     });
-                    Sender::H1(tx)
                 }
             }
             (None, _) => h2_handshake(TokioIo::new(tcp), conn)
                 .await
                 .map_err(handshake_err)?,
         };
-        if let Sender::H2 { tx, worker } = &sender
-            && let Ok(mut conns) = self.conns.lock()
-        {
-            conns.push(Sender::H2 {
+        if let Ok(mut h2) = self.h2.lock() {
+            h2.push(H2Sender {
                 tx: tx.clone(),
-                worker: *worker,
+                worker: std::thread::current().id(),
             });
         }
-        Ok(sender)
+        Ok(Connected::H2(H2Connected {
+            pool: Arc::clone(self),
+            tx,
+        }))
     }
 }
 
-async fn h2_handshake<T>(io: T, conn: &ConnInfo) -> Result<Sender, hyper::Error>
+async fn h2_handshake<T>(
+    io: T,
+    conn: &ConnInfo,
+) -> Result<http2::SendRequest<RequestBody>, hyper::Error>
 where
     T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
 {
@@ -311,10 +329,7 @@ where
             tracing::debug!(error = %e, "upstream h2 connection ended");
         }
     });
-    Ok(Sender::H2 {
-        tx,
-        worker: std::thread::current().id(),
-    })
+    Ok(tx)
 }
 
 /// Whether `req` is a gRPC call (`content-type: application/grpc` or `application/grpc+...`),
@@ -332,15 +347,6 @@ fn upstream_failed(addr: &str, e: hyper::Error) -> ProxyError {
     }
 }
 
-/// A connection to one endpoint, ready to take a request: the connect phase of
-/// [`send`], split off so that a connect failure can be retried on another endpoint
-/// (see [`crate::upstream::failover`]).
-#[derive(Debug)]
-pub struct Connected {
-    pool: Arc<HyperPool>,
-    sender: Sender,
-}
-
 /// Connects to the endpoint `address` of an upstream with `protocol` (or takes an idle or
 /// shared connection). Nothing of a request has been sent when this fails.
 pub async fn connect(
@@ -353,11 +359,7 @@ pub async fn connect(
         .pools
         .get(address)
         .ok_or_else(|| ProxyError::NoEndpoint(address.to_owned()))?;
-    let sender = pool.checkout(timeouts, conn).await?;
-    Ok(Connected {
-        pool: Arc::clone(pool),
-        sender,
-    })
+    pool.checkout(timeouts, conn).await
 }
 
 /// A request made ready for any endpoint of the upstream (hop-by-hop headers dropped,
@@ -416,8 +418,8 @@ impl From<ProxyError> for SendError {
     }
 }
 
-/// Sends `prepared` on `connected`, a connection to the endpoint `address` of an upstream
-/// with `protocol`; `host` is the Host (HTTP/2 `:authority`) this endpoint receives. The
+/// Sends `prepared` on `connected`, an HTTP/2 connection to the endpoint `address` of an
+/// upstream with `protocol`; `host` is the `:authority` this endpoint receives. The
 /// response's body keeps `in_flight` until it ends; an error drops it.
 #[allow(clippy::too_many_arguments)]
 pub async fn send(
@@ -426,52 +428,36 @@ pub async fn send(
     conn: &ConnInfo,
     protocol: &UpstreamProtocol,
     address: &str,
-    connected: Connected,
+    connected: H2Connected,
     timeouts: Timeouts,
     in_flight: InFlight,
 ) -> Result<Response<ProxyBody>, SendError> {
-    let Connected { pool, mut sender } = connected;
+    let H2Connected { pool, mut tx } = connected;
     let Prepared { mut req, path } = prepared;
+    let scheme = if protocol.scheme.uses_tls() {
+        "https"
+    } else {
+        "http"
+    };
+    let authority = host
+        .as_ref()
+        .and_then(|h| h.to_str().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or(address);
+    *req.uri_mut() = Uri::builder()
+        .scheme(scheme)
+        .authority(authority)
+        .path_and_query(path.as_str())
+        .build()
+        .map_err(|_| SendError::Failed(ProxyError::BadRequest("invalid host or path")))?;
+    *req.version_mut() = Version::HTTP_2;
+    req.headers_mut().remove(header::HOST);
     let mut retried = false;
     let response = loop {
-        let sent = match &mut sender {
-            Sender::H2 { tx, .. } => {
-                let scheme = if protocol.scheme.uses_tls() {
-                    "https"
-                } else {
-                    "http"
-                };
-                let authority = host
-                    .as_ref()
-                    .and_then(|h| h.to_str().ok())
-                    .filter(|h| !h.is_empty())
-                    .unwrap_or(address);
-                *req.uri_mut() = Uri::builder()
-                    .scheme(scheme)
-                    .authority(authority)
-                    .path_and_query(path.as_str())
-                    .build()
-                    .map_err(|_| {
-                        SendError::Failed(ProxyError::BadRequest("invalid host or path"))
-                    })?;
-                *req.version_mut() = Version::HTTP_2;
-                req.headers_mut().remove(header::HOST);
-                conn.timer
-                    .timeout(timeouts.read, tx.try_send_request(req))
-                    .await
-            }
-            Sender::H1(tx) => {
-                *req.uri_mut() = Uri::try_from(path.as_str())
-                    .map_err(|_| SendError::Failed(ProxyError::BadRequest("invalid path")))?;
-                *req.version_mut() = Version::HTTP_11;
-                if let Some(h) = &host {
-                    req.headers_mut().insert(header::HOST, h.clone());
-                }
-                conn.timer
-                    .timeout(timeouts.read, tx.try_send_request(req))
-                    .await
-            }
-        };
+        let sent = conn
+            .timer
+            .timeout(timeouts.read, tx.try_send_request(req))
+            .await;
         match sent {
             Err(_) => return Err(ProxyError::ReadTimeout(address.to_owned()).into()),
             Ok(Ok(resp)) => break resp,
@@ -481,16 +467,19 @@ pub async fn send(
                 Some(again) if !retried => {
                     retried = true;
                     match pool.connect(timeouts, conn).await {
-                        Ok(s) => {
+                        Ok(Connected::H2(fresh)) => {
                             req = again;
-                            sender = s;
+                            tx = fresh.tx;
+                        }
+                        Ok(Connected::H1(_)) => {
+                            let e = ProxyError::Upstream {
+                                addr: address.to_owned(),
+                                source: H1Error::Invalid("the upstream stopped offering h2"),
+                            };
+                            return Err(SendError::Unsent(Box::new(unsent(again, path)), e));
                         }
                         Err(e) => {
-                            let path = path.clone();
-                            return Err(SendError::Unsent(
-                                Box::new(Prepared { req: again, path }),
-                                e,
-                            ));
+                            return Err(SendError::Unsent(Box::new(unsent(again, path)), e));
                         }
                     }
                 }
@@ -498,14 +487,90 @@ pub async fn send(
             },
         }
     };
-    if let Sender::H1(tx) = sender {
-        pool.put_back(tx);
-    }
     let (mut parts, body) = response.into_parts();
     parts.version = Version::HTTP_11;
     strip_hop_by_hop(&mut parts.headers);
     Ok(Response::from_parts(
         parts,
         ProxyBody::Stream(StreamBody::new(body, in_flight)),
+    ))
+}
+
+/// A request an HTTP/2 connection handed back untaken, made ready for another endpoint
+/// again (its target back to the path alone).
+fn unsent(mut req: Request<RequestBody>, path: String) -> Prepared {
+    if let Ok(uri) = Uri::try_from(path.as_str()) {
+        *req.uri_mut() = uri;
+    }
+    Prepared { req, path }
+}
+
+/// Sends `prepared` on `pooled`, an HTTP/1.1-over-TLS connection to an endpoint of an
+/// `https` upstream, with the client of [`crate::upstream::h1_client`] (the plain path's
+/// framing rules, reuse guard and pool); `host` is the Host this endpoint receives. A
+/// replayable request whose reused connection turns out closed goes once more on a fresh
+/// connection from `protocol`. The response's body keeps `in_flight` until it ends.
+#[allow(clippy::too_many_arguments)]
+pub async fn send_h1(
+    prepared: Prepared,
+    host: Option<HeaderValue>,
+    conn: &ConnInfo,
+    protocol: &UpstreamProtocol,
+    address: &str,
+    mut pooled: PooledConn<TlsIo>,
+    timeouts: Timeouts,
+    in_flight: InFlight,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let Prepared { req, path } = prepared;
+    let (mut parts, mut body) = req.into_parts();
+    if let Some(h) = host {
+        parts.headers.insert(header::HOST, h);
+    }
+    let has_body = !body.is_end_stream();
+    let framing = framing(&parts, &body, has_body);
+    let limit = if has_body {
+        parts.extensions.get::<BodyLimit>().map(|l| l.0)
+    } else {
+        None
+    };
+    let mut head = Vec::with_capacity(512);
+    encode_request_head(
+        &mut head,
+        &parts.method,
+        &path,
+        &parts.headers,
+        framing,
+        None,
+    );
+    let replayable = !has_body && parts.method.is_idempotent();
+    let mut out = Outgoing {
+        head: &head,
+        body: has_body.then_some(&mut body),
+        limit,
+        chunked: framing == Framing::Chunked,
+        method: &parts.method,
+    };
+    let response = loop {
+        match exchange(&mut pooled, &mut out, timeouts, conn).await {
+            Ok(r) => break r,
+            Err(e) if stale(&e, &pooled, replayable) => {
+                let pool = protocol
+                    .pools
+                    .get(address)
+                    .ok_or_else(|| ProxyError::NoEndpoint(address.to_owned()))?;
+                match pool.connect(timeouts, conn).await? {
+                    Connected::H1(fresh) => pooled = fresh,
+                    Connected::H2(_) => return Err(e),
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    pooled.hold(in_flight);
+    let spare = std::mem::take(&mut parts.headers);
+    let (parts, body) = h1_client::response(pooled, response, spare, timeouts, conn);
+    Ok(Response::from_parts(
+        parts,
+        ProxyBody::UpstreamTls(Box::new(body)),
     ))
 }

@@ -21,6 +21,7 @@ pub mod failover;
 pub mod forward;
 /// The in-task HTTP/1.1 client, `sluice_io::h1` (also named by this path in the plugins).
 pub use sluice_io::h1;
+pub mod h1_client;
 pub mod h2;
 pub mod health;
 pub mod request_body;
@@ -45,7 +46,8 @@ use crate::upstream::error::ProxyError;
 use crate::upstream::health::{
     Checker, EndpointState, HealthConfig, HealthRegistry, InFlight, Outcome, Rules,
 };
-use sluice_io::h1::Conn;
+use sluice_io::h1::{Conn, Transport};
+use sluice_io::wbatch::BatchedStream;
 
 /// Most entries a precomputed weighted sequence may have; larger weight sums are scaled.
 const MAX_SEQUENCE: u64 = 4096;
@@ -486,9 +488,11 @@ impl PoolRegistry {
             address: address.to_owned(),
             idle: Mutex::new(Vec::new()),
             config: self.config,
-            reused_total: m.with_label_values(&[address, "true"]),
-            new_total: m.with_label_values(&[address, "false"]),
-            metrics: self.health.metrics.connections.clone(),
+            counters: Some((
+                m.with_label_values(&[address, "true"]),
+                m.with_label_values(&[address, "false"]),
+                m.clone(),
+            )),
             dns: dns::DomainAddrs::for_address(address),
         });
         if let Some(d) = &pool.dns
@@ -511,11 +515,18 @@ impl PoolRegistry {
 }
 
 /// One worker's idle connections to an endpoint, the most recently used last.
-type IdleConns = Vec<(Conn, Instant, u32)>;
+type IdleConns<S> = Vec<(Conn<S>, Instant, u32)>;
 
-/// Idle keep-alive HTTP/1.1 connections to one endpoint.
+/// The stream of an HTTPS upstream connection that speaks HTTP/1.1: TLS over TCP, boxed so
+/// that a connection (moved with every response body) stays small.
+pub type TlsIo = Box<tokio_rustls::client::TlsStream<TcpStream>>;
+
+/// Idle keep-alive HTTP/1.1 connections to one endpoint: over plain TCP (the default; made
+/// by [`PoolRegistry::get`], which also dials them), or over TLS (`Pool<TlsIo>`, kept by
+/// [`crate::upstream::h2`] beside the endpoint's HTTP/2 connection, dialed there because
+/// ALPN decides which of the two a new connection is).
 #[derive(Debug)]
-pub struct Pool {
+pub struct Pool<S = BatchedStream> {
     address: String,
     /// Idle connections per worker thread, with when they went idle and how many requests
     /// they served.
@@ -524,27 +535,39 @@ pub struct Pool {
     /// worker runtime that opened it. Handed to another worker it would be woken through
     /// that thread and fail once that worker has drained and stopped (a 502 during a
     /// graceful shutdown).
-    idle: Mutex<Vec<(ThreadId, IdleConns)>>,
+    idle: Mutex<Vec<(ThreadId, IdleConns<S>)>>,
     config: PoolConfig,
-    reused_total: IntCounter,
-    new_total: IntCounter,
-    metrics: prometheus::IntCounterVec,
+    /// `sluice_upstream_connections` of this address, reused and new, and the family to
+    /// remove them from when the pool goes (plain pools only: the TLS pool of an address
+    /// would share, and remove, the plain pool's series).
+    counters: Option<(IntCounter, IntCounter, prometheus::IntCounterVec)>,
     /// Addresses of a host name endpoint, re-resolved in the background.
     dns: Option<Arc<dns::DomainAddrs>>,
 }
 
-impl Drop for Pool {
+impl<S> Drop for Pool<S> {
     fn drop(&mut self) {
-        let _ = self
-            .metrics
-            .remove_label_values(&[self.address.as_str(), "true"]);
-        let _ = self
-            .metrics
-            .remove_label_values(&[self.address.as_str(), "false"]);
+        if let Some((_, _, metrics)) = &self.counters {
+            let _ = metrics.remove_label_values(&[self.address.as_str(), "true"]);
+            let _ = metrics.remove_label_values(&[self.address.as_str(), "false"]);
+        }
     }
 }
 
-impl Pool {
+impl Pool<TlsIo> {
+    /// An empty pool of TLS connections to `address`, which the caller dials.
+    pub fn tls(address: &str, config: PoolConfig) -> Self {
+        Pool {
+            address: address.to_owned(),
+            idle: Mutex::new(Vec::new()),
+            config,
+            counters: None,
+            dns: None,
+        }
+    }
+}
+
+impl<S: Transport> Pool<S> {
     /// The endpoint address.
     pub fn address(&self) -> &str {
         &self.address
@@ -567,7 +590,7 @@ impl Pool {
 
     /// The most recently used idle connection of this worker, if it has not been idle for
     /// too long at `now` (read here when `None`).
-    fn take_idle(&self, now: Option<Instant>) -> Option<(Conn, u32)> {
+    fn take_idle(&self, now: Option<Instant>) -> Option<(Conn<S>, u32)> {
         let me = std::thread::current().id();
         let mut idle = self.idle.lock().ok()?;
         let (_, idle) = idle.iter_mut().find(|(t, _)| *t == me)?;
@@ -584,7 +607,7 @@ impl Pool {
     }
 
     /// Keeps `conn` for reuse; returns when it went idle (`None`: it was closed instead).
-    fn put_idle(&self, conn: Conn, uses: u32) -> Option<Instant> {
+    fn put_idle(&self, conn: Conn<S>, uses: u32) -> Option<Instant> {
         if self.config.max_requests > 0 && uses >= self.config.max_requests {
             return None;
         }
@@ -608,26 +631,27 @@ impl Pool {
         Some(now)
     }
 
-    /// A connection for one request: the most recently used idle one, or a new one.
+    /// The most recently used idle connection that passes the reuse guard, if any.
     ///
     /// An idle connection is used only when nothing is waiting to be read on it: no byte in
-    /// its buffer and its socket not readable (the upstream closed it, or sent bytes no
+    /// its buffer and its stream not readable (the upstream closed it, or sent bytes no
     /// request asked for, which would otherwise be read as the next client's response).
     /// Such a connection is closed. The check costs no system call unless the reactor saw
     /// the socket become readable, as nginx's keepalive cache closes a connection on any
-    /// read event while it is idle. A connection the upstream closes between the check and
-    /// the request stays possible: the caller retries a replayable request on a fresh
-    /// connection (see [`sluice_io::h1::H1Error::is_stale_connection`]). `now`, when
-    /// the caller has read the clock already, saves reading it again for the idle timeout.
-    pub async fn checkout(
-        self: &Arc<Self>,
-        connect_timeout: Duration,
-        now: Option<Instant>,
-    ) -> Result<PooledConn, ProxyError> {
+    /// read event while it is idle ([`Conn::idle_is_usable`]; over TLS, records that carry
+    /// nothing for the connection, such as session tickets, are read and leave it usable).
+    /// A connection the upstream closes between the check and the request stays possible:
+    /// the caller retries a replayable request on a fresh connection (see
+    /// [`sluice_io::h1::H1Error::is_stale_connection`]). `now`, when the caller has read the
+    /// clock already, saves reading it again for the idle timeout.
+    #[inline]
+    pub fn checkout_idle(self: &Arc<Self>, now: Option<Instant>) -> Option<PooledConn<S>> {
         while let Some((mut conn, uses)) = self.take_idle(now) {
             if conn.idle_is_usable() {
-                self.reused_total.inc();
-                return Ok(PooledConn {
+                if let Some((reused, _, _)) = &self.counters {
+                    reused.inc();
+                }
+                return Some(PooledConn {
                     conn,
                     pool: Arc::clone(self),
                     reused: true,
@@ -635,6 +659,35 @@ impl Pool {
                     in_flight: None,
                 });
             }
+        }
+        None
+    }
+
+    /// A connection the caller just made (for TLS: after its handshake).
+    pub fn adopt(self: &Arc<Self>, conn: Conn<S>) -> PooledConn<S> {
+        if let Some((_, new, _)) = &self.counters {
+            new.inc();
+        }
+        PooledConn {
+            conn,
+            pool: Arc::clone(self),
+            reused: false,
+            uses: 1,
+            in_flight: None,
+        }
+    }
+}
+
+impl Pool {
+    /// A connection for one request: the most recently used idle one that passes the reuse
+    /// guard ([`Pool::checkout_idle`]), or a new one.
+    pub async fn checkout(
+        self: &Arc<Self>,
+        connect_timeout: Duration,
+        now: Option<Instant>,
+    ) -> Result<PooledConn, ProxyError> {
+        if let Some(pooled) = self.checkout_idle(now) {
+            return Ok(pooled);
         }
         self.connect(connect_timeout).await
     }
@@ -651,14 +704,7 @@ impl Pool {
             Ok(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
-        self.new_total.inc();
-        Ok(PooledConn {
-            conn: Conn::new(stream),
-            pool: Arc::clone(self),
-            reused: false,
-            uses: 1,
-            in_flight: None,
-        })
+        Ok(self.adopt(Conn::new(stream)))
     }
 
     async fn connect_tcp(&self) -> std::io::Result<TcpStream> {
@@ -675,10 +721,10 @@ impl Pool {
 
 /// A connection checked out of a pool for one request.
 #[derive(Debug)]
-pub struct PooledConn {
+pub struct PooledConn<S = BatchedStream> {
     /// The connection.
-    pub conn: Conn,
-    pool: Arc<Pool>,
+    pub conn: Conn<S>,
+    pool: Arc<Pool<S>>,
     /// Whether it served a request before (and so may have been closed by the upstream).
     pub reused: bool,
     /// Requests this connection carried, this one included.
@@ -687,7 +733,7 @@ pub struct PooledConn {
     in_flight: Option<InFlight>,
 }
 
-impl PooledConn {
+impl<S: Transport> PooledConn<S> {
     /// Hands the connection back for reuse (after its response was read to the end).
     /// Returns the time it did (`None`: the connection was closed instead, the clock not
     /// read), which serves the caller as the time the response ended.
