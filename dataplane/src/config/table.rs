@@ -233,10 +233,10 @@ impl RouteTable {
                 .as_ref()
                 .map(|t| timeouts(Some(t), Timeouts::default()));
             let addresses: Vec<String> = endpoints.iter().map(|(a, _)| a.clone()).collect();
-            let protocol = crate::upstream::h2::UpstreamProtocol::compile(
+            let protocol = crate::upstream::protocol::UpstreamProtocol::compile(
                 up,
                 &addresses,
-                &pools.hyper,
+                &pools.protocols,
                 pools.config(),
             )
             .map_err(|source| InvalidSnapshot::UpstreamTls {

@@ -1,31 +1,47 @@
 //! Upstreams: what a request is sent to once its route is known, and how.
 //!
+//! ```text
+//! request path ─┬─ h1_client::H1Forward (http) ───┐
+//!               ├─ protocol::proxy (https, grpc,  ├─▶ attempt::run: endpoint choice, retries,
+//!               │   grpcs)                        │   budget and deadline, passive health
+//!               └─ websocket::upgrade ────────────┘
+//! one attempt:  http  ─▶ Pool ─▶ h1_client (sluice_io::h1 over TCP)
+//!               https ─▶ TCP + TLS ─ALPN─┬─ http/1.1 ─▶ Pool<TlsIo> ─▶ h1_client (over TLS)
+//!                                        └─ h2 ─▶ h2 (hyper)
+//!               grpc, grpcs ─▶ h2 (hyper);   upgrade ─▶ websocket (own connection, spliced)
+//! ```
+//!
 //! - This file: compiled upstreams (endpoints, smooth weighted round robin) and the
-//!   per-endpoint keep-alive connection pools that survive snapshot swaps.
+//!   per-endpoint keep-alive HTTP/1.1 connection pools (plain, or TLS) that survive
+//!   snapshot swaps.
+//! - [`attempt`]: the one attempt loop of every protocol: endpoint choice, retries, the
+//!   retry budget and deadline, passive health.
+//! - [`h1_client`]: the HTTP/1.1 client over [`h1`] (the `sluice-io` crate's codec and
+//!   connection), plain or TLS, and the plain `http` path.
+//! - [`protocol`]: upstreams that are not plain `http` (`https`, `grpc`, `grpcs`): their
+//!   endpoint connections, the connect phase (TLS, ALPN) and their attempts; [`h2`]:
+//!   hyper's HTTP/2 client; [`websocket`]: upgrades.
 //! - [`balancer`]: load-balancing policies (round robin, consistent hash, least_conn, ewma).
 //! - [`health`]: active and passive health checks.
-//! - [`forward`]: the plain HTTP/1.1 path (endpoint choice, retries, passive health) over
-//!   the in-task client of [`h1`] (the `sluice-io` crate's codec and connection); [`failover`]: the same rules for [`h2`] (HTTP/2, gRPC,
-//!   TLS upstreams) and [`websocket`] upgrades.
 //! - [`tls`]: TLS and mTLS to upstreams; [`dns`]: endpoints named by host name.
 //! - [`body`]: the response body type that streams downstream; [`error`]: what can stop a
 //!   request from being proxied.
 //!
 //! Nothing here imports the router, the plugins, the configuration or the request path.
 
+pub mod attempt;
 pub mod balancer;
 pub mod body;
 pub mod dns;
 pub mod error;
-pub mod failover;
-pub mod forward;
-/// The in-task HTTP/1.1 client, `sluice_io::h1` (also named by this path in the plugins).
+/// The in-task HTTP/1.1 codec and connection, `sluice_io::h1` (also named by this path in
+/// the plugins).
 pub use sluice_io::h1;
 pub mod h1_client;
 pub mod h2;
 pub mod health;
+pub mod protocol;
 pub mod request_body;
-pub(crate) mod retry;
 pub mod tls;
 pub mod websocket;
 
@@ -197,8 +213,8 @@ pub struct Upstream {
     _checker: Option<Arc<Checker>>,
     retries_total: IntCounter,
     /// How to speak to the endpoints when the scheme is not plain `http` (see
-    /// [`crate::upstream::h2`]); `None` = HTTP/1.1 over TCP.
-    pub protocol: Option<Arc<crate::upstream::h2::UpstreamProtocol>>,
+    /// [`crate::upstream::protocol`]); `None` = HTTP/1.1 over TCP.
+    pub protocol: Option<Arc<crate::upstream::protocol::UpstreamProtocol>>,
 }
 
 impl Upstream {
@@ -282,7 +298,7 @@ impl Upstream {
     /// The upstream with its non-HTTP/1.1 protocol settings.
     pub fn with_protocol(
         mut self,
-        protocol: Option<crate::upstream::h2::UpstreamProtocol>,
+        protocol: Option<crate::upstream::protocol::UpstreamProtocol>,
     ) -> Self {
         self.protocol = protocol.map(Arc::new);
         self
@@ -456,8 +472,9 @@ pub struct PoolRegistry {
     config: PoolConfig,
     /// Health state, active checkers and the upstream metric families.
     pub health: HealthRegistry,
-    /// Pools of HTTP/2 and TLS upstream connections ([`crate::upstream::h2`]).
-    pub hyper: crate::upstream::h2::HyperRegistry,
+    /// Connections of the endpoints of `https`, `grpc` and `grpcs` upstreams
+    /// ([`crate::upstream::protocol`]).
+    pub protocols: crate::upstream::protocol::ProtocolRegistry,
 }
 
 impl PoolRegistry {
@@ -509,7 +526,7 @@ impl PoolRegistry {
         if let Ok(mut pools) = self.pools.lock() {
             pools.retain(|_, p| p.strong_count() > 0);
         }
-        self.hyper.prune();
+        self.protocols.prune();
         self.health.prune();
     }
 }
@@ -523,8 +540,8 @@ pub type TlsIo = Box<tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// Idle keep-alive HTTP/1.1 connections to one endpoint: over plain TCP (the default; made
 /// by [`PoolRegistry::get`], which also dials them), or over TLS (`Pool<TlsIo>`, kept by
-/// [`crate::upstream::h2`] beside the endpoint's HTTP/2 connection, dialed there because
-/// ALPN decides which of the two a new connection is).
+/// [`crate::upstream::protocol`] beside the endpoint's HTTP/2 connection, dialed there
+/// because ALPN decides which of the two a new connection is).
 #[derive(Debug)]
 pub struct Pool<S = BatchedStream> {
     address: String,

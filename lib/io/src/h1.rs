@@ -273,7 +273,7 @@ impl<S: Transport> Conn<S> {
     }
 
     fn try_parse_head(&mut self, request_method: &Method) -> Result<Option<ResponseHead>, H1Error> {
-        parse_response_head_in(&mut self.buf, request_method, &mut self.spare_headers)
+        parse_response_head_in::<false>(&mut self.buf, request_method, &mut self.spare_headers)
     }
 }
 
@@ -285,7 +285,19 @@ pub fn parse_response_head(
     buf: &mut BytesMut,
     request_method: &Method,
 ) -> Result<Option<ResponseHead>, H1Error> {
-    parse_response_head_in(buf, request_method, &mut HeaderMap::new())
+    parse_response_head_in::<false>(buf, request_method, &mut HeaderMap::new())
+}
+
+/// The upstream's answer to an upgrade request (WebSocket), parsed like any response head
+/// by [`parse_response_head`], except that a `101 Switching Protocols` is a final answer
+/// (what follows it is the upgraded protocol, left in `buf`) and every header is kept, hop
+/// by hop or not (a 101's `Upgrade` and `Connection` are its meaning). Other 1xx answers
+/// come back too, for the caller to skip.
+pub fn parse_upgrade_response_head(
+    buf: &mut BytesMut,
+    request_method: &Method,
+) -> Result<Option<ResponseHead>, H1Error> {
+    parse_response_head_in::<true>(buf, request_method, &mut HeaderMap::new())
 }
 
 /// The response header names upstreams send most, spelled as they send them (or in lower
@@ -313,9 +325,10 @@ fn common_name(name: &[u8]) -> Option<HeaderName> {
     })
 }
 
-/// [`parse_response_head`], with the headers of a final response in `spare`'s allocation
-/// (an empty map; left empty without an allocation when taken).
-fn parse_response_head_in(
+/// [`parse_response_head`] (or, `UPGRADE`, [`parse_upgrade_response_head`]), with the
+/// headers of a final response in `spare`'s allocation (an empty map; left empty without an
+/// allocation when taken).
+fn parse_response_head_in<const UPGRADE: bool>(
     buf: &mut BytesMut,
     request_method: &Method,
     spare: &mut HeaderMap,
@@ -335,9 +348,9 @@ fn parse_response_head_in(
     };
     let status = StatusCode::from_u16(resp.code.unwrap_or(0))
         .map_err(|_| H1Error::Invalid("bad status code"))?;
-    // NB: this client never asks for an upgrade (WebSocket has its own), so a 101 is
-    // not an interim response to skip: what follows it is not HTTP.
-    if status == StatusCode::SWITCHING_PROTOCOLS {
+    // NB: outside an upgrade a 101 is not an interim response to skip: what follows it is
+    // not HTTP.
+    if !UPGRADE && status == StatusCode::SWITCHING_PROTOCOLS {
         return Err(H1Error::Invalid("unsolicited 101 Switching Protocols"));
     }
     let version = if resp.version == Some(0) {
@@ -374,7 +387,7 @@ fn parse_response_head_in(
     // NB: room for the headers response phases add (limit-count's three X-RateLimit-*,
     // cors, request-id): without it, a map sized to the upstream's headers regrows and
     // rehashes every entry (issue 4: ~400 instructions per request).
-    let mut map = if status.is_informational() {
+    let mut map = if status.is_informational() && !UPGRADE {
         HeaderMap::new()
     } else {
         std::mem::take(spare)
@@ -383,7 +396,7 @@ fn parse_response_head_in(
     // NB: a proxy drops hop-by-hop headers anyway; leaving them out here saves adding
     // and then removing them (issue 2). When `Connection` names other headers (rare),
     // all are kept for `strip_hop_by_hop`, which removes the named ones too.
-    let skip_hop_by_hop = !facts_nominates;
+    let skip_hop_by_hop = !facts_nominates && !UPGRADE;
     for (name, start, end) in spans {
         if skip_hop_by_hop && crate::headers::hop_by_hop_bit(name.as_str()) != 0 {
             continue;
