@@ -306,21 +306,6 @@ impl EndpointConns {
     }
 }
 
-/// Connects to the endpoint `address` of an upstream with `protocol` (or takes an idle or
-/// shared connection). Nothing of a request has been sent when this fails.
-async fn connect(
-    conn: &ConnInfo,
-    protocol: &UpstreamProtocol,
-    address: &str,
-    timeouts: Timeouts,
-) -> Result<Connected, ProxyError> {
-    let pool = protocol
-        .conns
-        .get(address)
-        .ok_or_else(|| ProxyError::NoEndpoint(address.to_owned()))?;
-    pool.checkout(timeouts, conn).await
-}
-
 /// Proxies `req` to `upstream` over its protocol; `host` is the client's Host, `hash` the
 /// request's balancer hash, `picked` as in [`attempt::run`].
 #[allow(clippy::too_many_arguments)]
@@ -488,7 +473,7 @@ async fn send_h1(
     prepared: &mut Prepared,
     host: Option<HeaderValue>,
     conn: &ConnInfo,
-    endpoint: &EndpointConns,
+    endpoint: &Arc<EndpointConns>,
     mut pooled: PooledConn<TlsIo>,
     timeouts: Timeouts,
     in_flight: InFlight,
