@@ -594,3 +594,78 @@ async fn a_dead_tls_endpoint_is_retried_on_another_and_ejected_by_the_passive_ch
     );
     assert_eq!(health_of(&dp, "u", origin), Some(1.0));
 }
+
+/// A TLS origin (ALPN `http/1.1`) that answers every request on a connection with the raw
+/// bytes `answer`, whatever they say.
+async fn raw_tls_origin(ca: &Ca, answer: &'static [u8]) -> SocketAddr {
+    let (cert, key) = server_leaf(ca, &["127.0.0.1"]);
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Ok(n) = tls.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                        seen.clear();
+                        if tls.write_all(answer).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// HTTPS upstreams that speak HTTP/1.1 go through the same client as plain ones, with its
+/// strict framing: a list as `Content-Length` (which hyper's client took as one length) is
+/// a 502, as on plain HTTP; a well-framed answer passes.
+#[tokio::test]
+async fn https_http11_responses_get_the_strict_framing_of_the_plain_path() {
+    let ca = ca("test ca");
+    let tls = || v1::UpstreamTls {
+        ca_pem: ca.pem.clone(),
+        ..Default::default()
+    };
+    let bad = raw_tls_origin(&ca, b"HTTP/1.1 200 OK\r\nContent-Length: 5, 5\r\n\r\nhello").await;
+    let dp = dataplane_with(tls_upstream(v1::Scheme::Https, bad, None, tls())).await;
+    let resp = get(dp.addr, "client.example", "/").await;
+    assert_eq!(resp.status, 502, "{}", resp.text());
+
+    let good = raw_tls_origin(&ca, b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello").await;
+    let dp = dataplane_with(tls_upstream(v1::Scheme::Https, good, None, tls())).await;
+    for _ in 0..3 {
+        let resp = get(dp.addr, "client.example", "/").await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(resp.text(), "hello");
+    }
+}

@@ -233,12 +233,16 @@ impl RouteTable {
                 .as_ref()
                 .map(|t| timeouts(Some(t), Timeouts::default()));
             let addresses: Vec<String> = endpoints.iter().map(|(a, _)| a.clone()).collect();
-            let protocol =
-                crate::upstream::h2::UpstreamProtocol::compile(up, &addresses, &pools.hyper)
-                    .map_err(|source| InvalidSnapshot::UpstreamTls {
-                        upstream: up.id.clone(),
-                        source,
-                    })?;
+            let protocol = crate::upstream::protocol::UpstreamProtocol::compile(
+                up,
+                &addresses,
+                &pools.protocols,
+                pools.config(),
+            )
+            .map_err(|source| InvalidSnapshot::UpstreamTls {
+                upstream: up.id.clone(),
+                source,
+            })?;
             upstreams.insert(
                 &up.id,
                 Arc::new(Upstream::compile(up, endpoints, t, pools)?.with_protocol(protocol)),

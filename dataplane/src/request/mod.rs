@@ -2,10 +2,10 @@
 //! the response that streams back.
 //!
 //! ```text
-//! handle ─▶ normalize_path ─▶ route ─▶ request_plugins ─┬─▶ forward_h1 ─▶ upstream::forward
+//! handle ─▶ normalize_path ─▶ route ─▶ request_plugins ─┬─▶ forward_h1 ─▶ upstream::h1_client
 //!   │                          (router)  (rewrite, access, │     (HTTP/1.1)
-//!   │                                     before_proxy;    └─▶ forward_other ─▶ upstream::failover
-//!   │                                     may answer)            (HTTP/2, gRPC, TLS, WebSocket)
+//!   │                                     before_proxy;    └─▶ forward_other ─▶ upstream::protocol
+//!   │                                     may answer)        (https, gRPC; upgrades: upstream::websocket)
 //!   └─ errors ─▶ error (the one place they become responses) ─▶ response_plugins
 //!                                                     (headers, body filters, log)
 //! ```
@@ -31,7 +31,6 @@ use crate::upstream::Upstream;
 use crate::upstream::balancer::request_hash;
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
-use crate::upstream::failover::Picked;
 use crate::upstream::request_body::{BodyTaps, RequestBody};
 
 /// The plugin state of a request on a route with plugins, and its chain (which lives as
@@ -81,7 +80,7 @@ pub async fn handle(req: Request<Incoming>, conn: &ConnInfo, store: &Store) -> R
 /// ever borrowed, and the request (264 bytes) is moved on to [`proxy`].
 #[inline]
 fn with_grpc(req: Request<Incoming>) -> (Request<Incoming>, bool) {
-    let grpc = crate::upstream::h2::is_grpc(&req);
+    let grpc = crate::upstream::protocol::is_grpc(&req);
     (req, grpc)
 }
 
@@ -361,21 +360,32 @@ async fn forward_other(
         }
         _ => conn,
     };
-    // NB: boxed, so that the plain HTTP/1.1 request future does not grow by its size.
-    let mut resp = Box::pin(crate::upstream::failover::proxy(
-        req, host, conn, upstream, hash, timeouts, upgrade,
-    ))
-    .await;
-    if let (Ok(r), Some((run, _))) = (&mut resp, plugin_run.as_mut())
-        && let Some(picked) = r.extensions_mut().remove::<Picked>()
-    {
-        run.ctx.upstream = Some(picked.pool);
-        run.ctx.upstream_started = Some(picked.started);
+    let mut picked = None;
+    let slot = plugin_run.is_some().then_some(&mut picked);
+    // NB: boxed, so that the plain HTTP/1.1 request future does not grow by their size.
+    let resp = match upstream.protocol.as_deref() {
+        Some(protocol) if !upgrade => {
+            Box::pin(crate::upstream::protocol::proxy(
+                req, host, conn, upstream, protocol, hash, timeouts, slot,
+            ))
+            .await
+        }
+        protocol => {
+            let tls = protocol.and_then(|p| p.tls.as_deref());
+            Box::pin(crate::upstream::websocket::upgrade(
+                req, host, conn, upstream, tls, hash, timeouts, slot,
+            ))
+            .await
+        }
+    };
+    if let (Some(p), Some((run, _))) = (picked, plugin_run.as_mut()) {
+        run.ctx.upstream = Some(p.pool);
+        run.ctx.upstream_started = Some(p.started);
     }
     resp
 }
 
-/// Phase 3, forward, over plain HTTP/1.1 ([`crate::upstream::forward`]): the request to an
+/// Phase 3, forward, over plain HTTP/1.1 ([`crate::upstream::h1_client`]): the request to an
 /// endpoint of `upstream`, up to the response head. The plugin state learns which endpoint
 /// answered.
 ///
@@ -392,7 +402,7 @@ async fn forward_h1(
     plugin_run: &mut PluginRun<'_>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let upstream = target.upstream;
-    let h1 = crate::upstream::forward::H1Forward {
+    let h1 = crate::upstream::h1_client::H1Forward {
         conn,
         upstream,
         hash: target.hash,

@@ -1,30 +1,47 @@
 //! Upstreams: what a request is sent to once its route is known, and how.
 //!
+//! ```text
+//! request path ─┬─ h1_client::H1Forward (http) ───┐
+//!               ├─ protocol::proxy (https, grpc,  ├─▶ attempt::run: endpoint choice, retries,
+//!               │   grpcs)                        │   budget and deadline, passive health
+//!               └─ websocket::upgrade ────────────┘
+//! one attempt:  http  ─▶ Pool ─▶ h1_client (sluice_io::h1 over TCP)
+//!               https ─▶ TCP + TLS ─ALPN─┬─ http/1.1 ─▶ Pool<TlsIo> ─▶ h1_client (over TLS)
+//!                                        └─ h2 ─▶ h2 (hyper)
+//!               grpc, grpcs ─▶ h2 (hyper);   upgrade ─▶ websocket (own connection, spliced)
+//! ```
+//!
 //! - This file: compiled upstreams (endpoints, smooth weighted round robin) and the
-//!   per-endpoint keep-alive connection pools that survive snapshot swaps.
+//!   per-endpoint keep-alive HTTP/1.1 connection pools (plain, or TLS) that survive
+//!   snapshot swaps.
+//! - [`attempt`]: the one attempt loop of every protocol: endpoint choice, retries, the
+//!   retry budget and deadline, passive health.
+//! - [`h1_client`]: the HTTP/1.1 client over [`h1`] (the `sluice-io` crate's codec and
+//!   connection), plain or TLS, and the plain `http` path.
+//! - [`protocol`]: upstreams that are not plain `http` (`https`, `grpc`, `grpcs`): their
+//!   endpoint connections, the connect phase (TLS, ALPN) and their attempts; [`h2`]:
+//!   hyper's HTTP/2 client; [`websocket`]: upgrades.
 //! - [`balancer`]: load-balancing policies (round robin, consistent hash, least_conn, ewma).
 //! - [`health`]: active and passive health checks.
-//! - [`forward`]: the plain HTTP/1.1 path (endpoint choice, retries, passive health) over
-//!   the in-task client of [`h1`] (the `sluice-io` crate's codec and connection); [`failover`]: the same rules for [`h2`] (HTTP/2, gRPC,
-//!   TLS upstreams) and [`websocket`] upgrades.
 //! - [`tls`]: TLS and mTLS to upstreams; [`dns`]: endpoints named by host name.
 //! - [`body`]: the response body type that streams downstream; [`error`]: what can stop a
 //!   request from being proxied.
 //!
 //! Nothing here imports the router, the plugins, the configuration or the request path.
 
+pub mod attempt;
 pub mod balancer;
 pub mod body;
 pub mod dns;
 pub mod error;
-pub mod failover;
-pub mod forward;
-/// The in-task HTTP/1.1 client, `sluice_io::h1` (also named by this path in the plugins).
+/// The in-task HTTP/1.1 codec and connection, `sluice_io::h1` (also named by this path in
+/// the plugins).
 pub use sluice_io::h1;
+pub mod h1_client;
 pub mod h2;
 pub mod health;
+pub mod protocol;
 pub mod request_body;
-pub(crate) mod retry;
 pub mod tls;
 pub mod websocket;
 
@@ -45,7 +62,8 @@ use crate::upstream::error::ProxyError;
 use crate::upstream::health::{
     Checker, EndpointState, HealthConfig, HealthRegistry, InFlight, Outcome, Rules,
 };
-use sluice_io::h1::Conn;
+use sluice_io::h1::{Conn, Transport};
+use sluice_io::wbatch::BatchedStream;
 
 /// Most entries a precomputed weighted sequence may have; larger weight sums are scaled.
 const MAX_SEQUENCE: u64 = 4096;
@@ -195,8 +213,8 @@ pub struct Upstream {
     _checker: Option<Arc<Checker>>,
     retries_total: IntCounter,
     /// How to speak to the endpoints when the scheme is not plain `http` (see
-    /// [`crate::upstream::h2`]); `None` = HTTP/1.1 over TCP.
-    pub protocol: Option<Arc<crate::upstream::h2::UpstreamProtocol>>,
+    /// [`crate::upstream::protocol`]); `None` = HTTP/1.1 over TCP.
+    pub protocol: Option<Arc<crate::upstream::protocol::UpstreamProtocol>>,
 }
 
 impl Upstream {
@@ -280,7 +298,7 @@ impl Upstream {
     /// The upstream with its non-HTTP/1.1 protocol settings.
     pub fn with_protocol(
         mut self,
-        protocol: Option<crate::upstream::h2::UpstreamProtocol>,
+        protocol: Option<crate::upstream::protocol::UpstreamProtocol>,
     ) -> Self {
         self.protocol = protocol.map(Arc::new);
         self
@@ -454,8 +472,9 @@ pub struct PoolRegistry {
     config: PoolConfig,
     /// Health state, active checkers and the upstream metric families.
     pub health: HealthRegistry,
-    /// Pools of HTTP/2 and TLS upstream connections ([`crate::upstream::h2`]).
-    pub hyper: crate::upstream::h2::HyperRegistry,
+    /// Connections of the endpoints of `https`, `grpc` and `grpcs` upstreams
+    /// ([`crate::upstream::protocol`]).
+    pub protocols: crate::upstream::protocol::ProtocolRegistry,
 }
 
 impl PoolRegistry {
@@ -486,9 +505,11 @@ impl PoolRegistry {
             address: address.to_owned(),
             idle: Mutex::new(Vec::new()),
             config: self.config,
-            reused_total: m.with_label_values(&[address, "true"]),
-            new_total: m.with_label_values(&[address, "false"]),
-            metrics: self.health.metrics.connections.clone(),
+            counters: Some((
+                m.with_label_values(&[address, "true"]),
+                m.with_label_values(&[address, "false"]),
+                m.clone(),
+            )),
             dns: dns::DomainAddrs::for_address(address),
         });
         if let Some(d) = &pool.dns
@@ -505,17 +526,24 @@ impl PoolRegistry {
         if let Ok(mut pools) = self.pools.lock() {
             pools.retain(|_, p| p.strong_count() > 0);
         }
-        self.hyper.prune();
+        self.protocols.prune();
         self.health.prune();
     }
 }
 
 /// One worker's idle connections to an endpoint, the most recently used last.
-type IdleConns = Vec<(Conn, Instant, u32)>;
+type IdleConns<S> = Vec<(Conn<S>, Instant, u32)>;
 
-/// Idle keep-alive HTTP/1.1 connections to one endpoint.
+/// The stream of an HTTPS upstream connection that speaks HTTP/1.1: TLS over TCP, boxed so
+/// that a connection (moved with every response body) stays small.
+pub type TlsIo = Box<tokio_rustls::client::TlsStream<TcpStream>>;
+
+/// Idle keep-alive HTTP/1.1 connections to one endpoint: over plain TCP (the default; made
+/// by [`PoolRegistry::get`], which also dials them), or over TLS (`Pool<TlsIo>`, kept by
+/// [`crate::upstream::protocol`] beside the endpoint's HTTP/2 connection, dialed there
+/// because ALPN decides which of the two a new connection is).
 #[derive(Debug)]
-pub struct Pool {
+pub struct Pool<S = BatchedStream> {
     address: String,
     /// Idle connections per worker thread, with when they went idle and how many requests
     /// they served.
@@ -524,27 +552,39 @@ pub struct Pool {
     /// worker runtime that opened it. Handed to another worker it would be woken through
     /// that thread and fail once that worker has drained and stopped (a 502 during a
     /// graceful shutdown).
-    idle: Mutex<Vec<(ThreadId, IdleConns)>>,
+    idle: Mutex<Vec<(ThreadId, IdleConns<S>)>>,
     config: PoolConfig,
-    reused_total: IntCounter,
-    new_total: IntCounter,
-    metrics: prometheus::IntCounterVec,
+    /// `sluice_upstream_connections` of this address, reused and new, and the family to
+    /// remove them from when the pool goes (plain pools only: the TLS pool of an address
+    /// would share, and remove, the plain pool's series).
+    counters: Option<(IntCounter, IntCounter, prometheus::IntCounterVec)>,
     /// Addresses of a host name endpoint, re-resolved in the background.
     dns: Option<Arc<dns::DomainAddrs>>,
 }
 
-impl Drop for Pool {
+impl<S> Drop for Pool<S> {
     fn drop(&mut self) {
-        let _ = self
-            .metrics
-            .remove_label_values(&[self.address.as_str(), "true"]);
-        let _ = self
-            .metrics
-            .remove_label_values(&[self.address.as_str(), "false"]);
+        if let Some((_, _, metrics)) = &self.counters {
+            let _ = metrics.remove_label_values(&[self.address.as_str(), "true"]);
+            let _ = metrics.remove_label_values(&[self.address.as_str(), "false"]);
+        }
     }
 }
 
-impl Pool {
+impl Pool<TlsIo> {
+    /// An empty pool of TLS connections to `address`, which the caller dials.
+    pub fn tls(address: &str, config: PoolConfig) -> Self {
+        Pool {
+            address: address.to_owned(),
+            idle: Mutex::new(Vec::new()),
+            config,
+            counters: None,
+            dns: None,
+        }
+    }
+}
+
+impl<S: Transport> Pool<S> {
     /// The endpoint address.
     pub fn address(&self) -> &str {
         &self.address
@@ -567,7 +607,7 @@ impl Pool {
 
     /// The most recently used idle connection of this worker, if it has not been idle for
     /// too long at `now` (read here when `None`).
-    fn take_idle(&self, now: Option<Instant>) -> Option<(Conn, u32)> {
+    fn take_idle(&self, now: Option<Instant>) -> Option<(Conn<S>, u32)> {
         let me = std::thread::current().id();
         let mut idle = self.idle.lock().ok()?;
         let (_, idle) = idle.iter_mut().find(|(t, _)| *t == me)?;
@@ -584,7 +624,7 @@ impl Pool {
     }
 
     /// Keeps `conn` for reuse; returns when it went idle (`None`: it was closed instead).
-    fn put_idle(&self, conn: Conn, uses: u32) -> Option<Instant> {
+    fn put_idle(&self, conn: Conn<S>, uses: u32) -> Option<Instant> {
         if self.config.max_requests > 0 && uses >= self.config.max_requests {
             return None;
         }
@@ -608,26 +648,27 @@ impl Pool {
         Some(now)
     }
 
-    /// A connection for one request: the most recently used idle one, or a new one.
+    /// The most recently used idle connection that passes the reuse guard, if any.
     ///
     /// An idle connection is used only when nothing is waiting to be read on it: no byte in
-    /// its buffer and its socket not readable (the upstream closed it, or sent bytes no
+    /// its buffer and its stream not readable (the upstream closed it, or sent bytes no
     /// request asked for, which would otherwise be read as the next client's response).
     /// Such a connection is closed. The check costs no system call unless the reactor saw
     /// the socket become readable, as nginx's keepalive cache closes a connection on any
-    /// read event while it is idle. A connection the upstream closes between the check and
-    /// the request stays possible: the caller retries a replayable request on a fresh
-    /// connection (see [`sluice_io::h1::H1Error::is_stale_connection`]). `now`, when
-    /// the caller has read the clock already, saves reading it again for the idle timeout.
-    pub async fn checkout(
-        self: &Arc<Self>,
-        connect_timeout: Duration,
-        now: Option<Instant>,
-    ) -> Result<PooledConn, ProxyError> {
+    /// read event while it is idle ([`Conn::idle_is_usable`]; over TLS, records that carry
+    /// nothing for the connection, such as session tickets, are read and leave it usable).
+    /// A connection the upstream closes between the check and the request stays possible:
+    /// the caller retries a replayable request on a fresh connection (see
+    /// [`sluice_io::h1::H1Error::is_stale_connection`]). `now`, when the caller has read the
+    /// clock already, saves reading it again for the idle timeout.
+    #[inline]
+    pub fn checkout_idle(self: &Arc<Self>, now: Option<Instant>) -> Option<PooledConn<S>> {
         while let Some((mut conn, uses)) = self.take_idle(now) {
             if conn.idle_is_usable() {
-                self.reused_total.inc();
-                return Ok(PooledConn {
+                if let Some((reused, _, _)) = &self.counters {
+                    reused.inc();
+                }
+                return Some(PooledConn {
                     conn,
                     pool: Arc::clone(self),
                     reused: true,
@@ -635,6 +676,35 @@ impl Pool {
                     in_flight: None,
                 });
             }
+        }
+        None
+    }
+
+    /// A connection the caller just made (for TLS: after its handshake).
+    pub fn adopt(self: &Arc<Self>, conn: Conn<S>) -> PooledConn<S> {
+        if let Some((_, new, _)) = &self.counters {
+            new.inc();
+        }
+        PooledConn {
+            conn,
+            pool: Arc::clone(self),
+            reused: false,
+            uses: 1,
+            in_flight: None,
+        }
+    }
+}
+
+impl Pool {
+    /// A connection for one request: the most recently used idle one that passes the reuse
+    /// guard ([`Pool::checkout_idle`]), or a new one.
+    pub async fn checkout(
+        self: &Arc<Self>,
+        connect_timeout: Duration,
+        now: Option<Instant>,
+    ) -> Result<PooledConn, ProxyError> {
+        if let Some(pooled) = self.checkout_idle(now) {
+            return Ok(pooled);
         }
         self.connect(connect_timeout).await
     }
@@ -651,14 +721,7 @@ impl Pool {
             Ok(Ok(s)) => s,
         };
         let _ = stream.set_nodelay(true);
-        self.new_total.inc();
-        Ok(PooledConn {
-            conn: Conn::new(stream),
-            pool: Arc::clone(self),
-            reused: false,
-            uses: 1,
-            in_flight: None,
-        })
+        Ok(self.adopt(Conn::new(stream)))
     }
 
     async fn connect_tcp(&self) -> std::io::Result<TcpStream> {
@@ -675,10 +738,10 @@ impl Pool {
 
 /// A connection checked out of a pool for one request.
 #[derive(Debug)]
-pub struct PooledConn {
+pub struct PooledConn<S = BatchedStream> {
     /// The connection.
-    pub conn: Conn,
-    pool: Arc<Pool>,
+    pub conn: Conn<S>,
+    pool: Arc<Pool<S>>,
     /// Whether it served a request before (and so may have been closed by the upstream).
     pub reused: bool,
     /// Requests this connection carried, this one included.
@@ -687,7 +750,7 @@ pub struct PooledConn {
     in_flight: Option<InFlight>,
 }
 
-impl PooledConn {
+impl<S: Transport> PooledConn<S> {
     /// Hands the connection back for reuse (after its response was read to the end).
     /// Returns the time it did (`None`: the connection was closed instead, the clock not
     /// read), which serves the caller as the time the response ended.

@@ -17,10 +17,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Instant;
 
 use bytes::BytesMut;
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::{Request, Response, StatusCode};
+use http::header::{self, HeaderValue};
+use http::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -30,12 +31,17 @@ use tokio_util::sync::CancellationToken;
 use crate::http::ConnInfo;
 use crate::http::headers::ProxyHeaders;
 use crate::http::headers::strip_hop_by_hop;
-use crate::upstream::Timeouts;
+use crate::upstream::attempt::{self, Exchange, Failure, Picked};
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
 use crate::upstream::health::InFlight;
+use crate::upstream::request_body::RequestBody;
 use crate::upstream::tls::{Alpn, UpstreamTlsClient};
-use sluice_io::h1::{Framing, H1Error, MAX_HEAD_BYTES, MAX_HEADERS, encode_request_head};
+use crate::upstream::{Endpoint, Timeouts, Upstream};
+use sluice_io::h1::{
+    Framing, H1Error, MAX_HEAD_BYTES, ResponseHead, encode_request_head,
+    parse_upgrade_response_head,
+};
 
 /// Upgraded sessions running on one worker thread.
 #[derive(Debug, Default)]
@@ -118,10 +124,80 @@ fn upstream_err(addr: &str, e: H1Error) -> ProxyError {
     }
 }
 
+/// Proxies the upgrade request `req` to an endpoint of `upstream` (over TLS with `tls`),
+/// in the attempt loop of [`crate::upstream::attempt`]: a connect failure is retried on
+/// another endpoint; once sent, the upstream's answer is final. `host` is the client's
+/// Host, `hash` the request's balancer hash, `picked` as in [`attempt::run`].
+#[allow(clippy::too_many_arguments)]
+pub async fn upgrade(
+    req: Request<RequestBody>,
+    host: Option<HeaderValue>,
+    conn: &ConnInfo,
+    upstream: &Upstream,
+    tls: Option<&UpstreamTlsClient>,
+    hash: u64,
+    timeouts: Timeouts,
+    picked: Option<&mut Option<Picked>>,
+) -> Result<Response<ProxyBody>, ProxyError> {
+    let mut upgrade = Upgrade {
+        req: Some(req),
+        host,
+        conn,
+        tls,
+        timeouts,
+    };
+    attempt::run(&mut upgrade, upstream, hash, timeouts, picked).await
+}
+
+/// An upgrade request, as an attempt sends it.
+struct Upgrade<'a> {
+    /// The request, until an endpoint was reached.
+    req: Option<Request<RequestBody>>,
+    host: Option<HeaderValue>,
+    conn: &'a ConnInfo,
+    tls: Option<&'a UpstreamTlsClient>,
+    timeouts: Timeouts,
+}
+
+impl Exchange for Upgrade<'_> {
+    type Output = Response<ProxyBody>;
+
+    async fn attempt(
+        &mut self,
+        upstream: &Upstream,
+        endpoint: &Endpoint,
+        in_flight: InFlight,
+        _now: Option<Instant>,
+    ) -> Result<Self::Output, Failure> {
+        let address = endpoint.address.as_str();
+        let io = connect(self.conn, self.tls, address, self.timeouts).await?;
+        let Some(req) = self.req.take() else {
+            return Err(ProxyError::NoEndpoint(upstream.id.clone()).into());
+        };
+        proxy(
+            req,
+            self.host.clone(),
+            upstream.host_header(endpoint).cloned(),
+            self.conn,
+            io,
+            address,
+            self.timeouts,
+            in_flight,
+        )
+        .await
+        .map_err(Failure::taken)
+    }
+
+    #[inline]
+    fn status(resp: &Self::Output) -> StatusCode {
+        resp.status()
+    }
+}
+
 /// Connects to the endpoint `address` for an upgrade (over TLS with `tls`, ALPN
-/// `http/1.1`). Nothing of the request has been sent when this fails, so the caller may try
-/// another endpoint (see [`crate::upstream::failover`]).
-pub async fn connect(
+/// `http/1.1`). Nothing of the request has been sent when this fails, so another endpoint
+/// may be tried.
+async fn connect(
     conn: &ConnInfo,
     tls: Option<&UpstreamTlsClient>,
     address: &str,
@@ -178,8 +254,8 @@ pub struct SessionBytes {
 /// `host` is the client's host (X-Forwarded-Host); `upstream_host`, when the upstream's
 /// `passHost` sets one, replaces its `Host`.
 #[allow(clippy::too_many_arguments)]
-pub async fn proxy(
-    mut req: Request<crate::upstream::request_body::RequestBody>,
+async fn proxy(
+    mut req: Request<RequestBody>,
     host: Option<HeaderValue>,
     upstream_host: Option<HeaderValue>,
     conn: &ConnInfo,
@@ -227,25 +303,28 @@ pub async fn proxy(
         return Err(upstream_err(address, H1Error::Io(e)));
     }
     let mut buf = BytesMut::with_capacity(4096);
-    let (status, headers) = match conn
+    let head = match conn
         .timer
-        .timeout(timeouts.read, read_head(&mut upstream, &mut buf))
+        .timeout(
+            timeouts.read,
+            read_head(&mut upstream, &mut buf, &parts.method),
+        )
         .await
     {
         Err(_) => return Err(ProxyError::ReadTimeout(addr)),
         Ok(Err(e)) => return Err(upstream_err(address, e)),
         Ok(Ok(h)) => h,
     };
+    let (status, headers) = (head.parts.status, head.parts.headers);
 
     if status != StatusCode::SWITCHING_PROTOCOLS {
         // The upstream refused the upgrade: relay its answer as an ordinary response.
         let mut headers = headers;
-        let length = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(0)
-            .min(MAX_REFUSAL_BODY);
+        let length = match head.framing {
+            Framing::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            _ => 0,
+        }
+        .min(MAX_REFUSAL_BODY);
         while buf.len() < length {
             match conn
                 .timer
@@ -305,35 +384,21 @@ pub async fn proxy(
     Ok(resp)
 }
 
-/// Reads a response head from `io`; bytes after it stay in `buf`.
+/// Reads the upstream's answer to the upgrade from `io` (interim 1xx answers other than
+/// 101 skipped), parsed by the HTTP/1.1 codec; bytes after it stay in `buf`.
 async fn read_head(
     io: &mut Box<dyn Io>,
     buf: &mut BytesMut,
-) -> Result<(StatusCode, HeaderMap), H1Error> {
+    method: &Method,
+) -> Result<ResponseHead, H1Error> {
     loop {
         if !buf.is_empty() {
-            let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
-            let mut resp = httparse::Response::new(&mut raw);
-            match resp.parse(buf) {
-                Ok(httparse::Status::Complete(len)) => {
-                    let status = StatusCode::from_u16(resp.code.unwrap_or(0))
-                        .map_err(|_| H1Error::Invalid("bad status code"))?;
-                    let mut headers = HeaderMap::with_capacity(resp.headers.len());
-                    for h in resp.headers.iter() {
-                        let name = HeaderName::from_bytes(h.name.as_bytes())
-                            .map_err(|_| H1Error::Invalid("bad header name"))?;
-                        let value = HeaderValue::from_bytes(h.value)
-                            .map_err(|_| H1Error::Invalid("bad header value"))?;
-                        headers.append(name, value);
-                    }
-                    let _ = buf.split_to(len);
-                    if status == StatusCode::CONTINUE {
-                        continue;
-                    }
-                    return Ok((status, headers));
+            if let Some(head) = parse_upgrade_response_head(buf, method)? {
+                let status = head.parts.status;
+                if status.is_informational() && status != StatusCode::SWITCHING_PROTOCOLS {
+                    continue;
                 }
-                Ok(httparse::Status::Partial) => {}
-                Err(_) => return Err(H1Error::Invalid("malformed response head")),
+                return Ok(head);
             }
             if buf.len() > MAX_HEAD_BYTES {
                 return Err(H1Error::Invalid("response head too large"));
