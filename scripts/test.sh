@@ -13,6 +13,16 @@ export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
 # Each stage is announced with the wall time so far, so a slow stage shows in the CI log.
 step() { echo "==> [$((SECONDS / 60))m$((SECONDS % 60))s] $*"; }
 
+# Disk: a cold run writes ~25 GiB under $SLUICE_CACHE (cargo targets, the Go module cache,
+# the fuzz build, the images). When space is short, drop what is only a speed-up and is
+# rebuilt on demand (incremental compilation state) before the builds fail half-way with
+# "no space left on device".
+free_gib() { df --output=avail -B1G "$SLUICE_CACHE" | tail -1 | tr -d ' '; }
+if [ "$(free_gib)" -lt 20 ]; then
+    step "only $(free_gib) GiB free under $SLUICE_CACHE: dropping incremental build state"
+    rm -rf "$CARGO_TARGET_DIR"/debug/incremental "$SLUICE_CACHE"/target-image-arm64/*/ci-cross/incremental
+    [ "$(free_gib)" -ge 10 ] || echo "test.sh: warning: $(free_gib) GiB free under $SLUICE_CACHE; a cold run needs ~25 GiB" >&2
+fi
 step "installing the test dependencies (cached under $SLUICE_CACHE)"
 scripts/install/test-deps.sh
 # The arm64 binaries of the test image come from Debian's rustc (the only aarch64 standard
