@@ -350,8 +350,8 @@ async fn a_client_cannot_remove_a_header_a_plugin_adds() {
 async fn no_admin_endpoint_serves_a_private_key_or_a_credential() {
     use sluice_dataplane::listener::admin::{self, Endpoints};
     use sluice_proto::v1;
-    let key = rcgen::generate_simple_self_signed(vec!["a.example".into()]).unwrap();
-    let key_pem = key.signing_key.serialize_pem();
+    let key = sluice_testkit::pki::self_signed(&["a.example"]);
+    let key_pem = key.key_pem.clone();
     // The base64 body of the key: any line of it in a response is a leak.
     let key_line = key_pem.lines().nth(1).unwrap().to_owned();
     let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
@@ -369,7 +369,7 @@ async fn no_admin_endpoint_serves_a_private_key_or_a_credential() {
         id: "default/a".into(),
         source: "test".into(),
         hosts: vec!["a.example".into()],
-        cert_chain_pem: key.cert.pem(),
+        cert_chain_pem: key.pem.clone(),
         private_key_pem: key_pem.clone(),
         client_auth: None,
     }];

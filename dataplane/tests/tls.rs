@@ -22,65 +22,20 @@ use sluice_dataplane::listener::server::{self, Limits};
 use sluice_dataplane::upstream::tls::NoVerification;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
+use sluice_testkit::pki::{Ca, Cert};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
+/// What this suite makes of a test certificate.
+trait LeafExt {
+    /// The certificate (its chain) and key as a `TlsCertificate` `id` for `hosts`.
+    fn cert(&self, id: &str, hosts: &[&str]) -> v1::TlsCertificate;
+    /// The certificate and key as a client identity.
+    fn client_identity(&self) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 }
 
-/// A CA that signs leaf certificates.
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-    der: CertificateDer<'static>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let cert = params.self_signed(&key).unwrap();
-        Ca {
-            pem: cert.pem(),
-            der: cert.der().clone(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A leaf for `names` with an ECDSA P-256 key (or the given key).
-    fn leaf_with(&self, names: &[&str], key: KeyPair) -> Leaf {
-        let mut params =
-            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(
-            DnType::CommonName,
-            names.first().copied().unwrap_or("client"),
-        );
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            // The chain: leaf, then the CA (as a server would send an intermediate).
-            chain_pem: format!("{}{}", cert.pem(), self.pem),
-            key_pem: key.serialize_pem(),
-            der: cert.der().clone(),
-        }
-    }
-
-    fn leaf(&self, names: &[&str]) -> Leaf {
-        self.leaf_with(names, KeyPair::generate().unwrap())
-    }
-}
-
-struct Leaf {
-    chain_pem: String,
-    key_pem: String,
-    der: CertificateDer<'static>,
-}
-
-impl Leaf {
+impl LeafExt for Cert {
     fn cert(&self, id: &str, hosts: &[&str]) -> v1::TlsCertificate {
         v1::TlsCertificate {
             id: id.into(),
@@ -478,7 +433,7 @@ async fn mtls_depth_limits_intermediates() {
     inter_params
         .distinguished_name
         .push(DnType::CommonName, "client intermediate");
-    let inter_cert = inter_params.signed_by(&inter_key, &root.issuer).unwrap();
+    let inter_cert = inter_params.signed_by(&inter_key, root.issuer()).unwrap();
     let inter = Issuer::new(inter_params, inter_key);
     let client_key = KeyPair::generate().unwrap();
     let client_params = CertificateParams::new(vec!["client.example.com".to_string()]).unwrap();
@@ -949,7 +904,7 @@ async fn standalone_default_certificate_from_the_files() {
     let ca = Ca::new("standalone CA");
     let known = ca.leaf(&["known.example.com"]);
     let fallback = ca.leaf(&["ingress.local"]);
-    let secret = |name: &str, leaf: &Leaf| {
+    let secret = |name: &str, leaf: &Cert| {
         let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
         format!(
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: ingress}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}---\n",

@@ -3,7 +3,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-mod upstream_support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +16,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use sluice_proto::v1;
 use tokio::io::AsyncReadExt;
-use upstream_support::*;
 
 fn apply(dp: &Dataplane, version: u64, up: v1::Upstream) {
     dp.store

@@ -2,7 +2,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-mod upstream_support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -10,11 +9,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::get;
+use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use upstream_support::*;
 
 fn free_port() -> SocketAddr {
     std::net::TcpListener::bind("127.0.0.1:0")

@@ -84,19 +84,9 @@ pub fn free_port() -> Result<SocketAddr, Error> {
     })
 }
 
-/// Polls `probe` every 5 ms until it returns `Some`, for at most `limit`.
-pub fn eventually<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = probe() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+/// Polls `probe` until it is settled (`true`, `Some`, `Ok`), for at most `limit`: the kit's
+/// [`sluice_testkit::eventually_blocking`], under the name the system tests use.
+pub use sluice_testkit::eventually_blocking as eventually;
 
 /// A controller replica beyond the first, in a pipeline started with
 /// [`Pipeline::start_replicated`].

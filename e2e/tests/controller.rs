@@ -12,6 +12,7 @@ use serde_json::Value;
 use sluice_e2e::{
     Backend, Pipeline, eventually, free_port, http_get, spawn_controller, spawn_dataplane,
 };
+use sluice_testkit::metrics::sample;
 
 fn serving(http: std::net::SocketAddr, path: &str) -> Option<String> {
     http_get(http, "demo.e2e", path)
@@ -32,13 +33,10 @@ fn snapshot_state(admin: std::net::SocketAddr) -> Value {
     serde_json::from_str(&r.body).unwrap()
 }
 
+/// A sample of `/metrics`, 0 when absent.
 fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
     let body = http_get(addr, "localhost", "/metrics").unwrap().body;
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    sample(&body, name).unwrap_or(0.0)
 }
 
 fn condition(p: &Pipeline, name: &str, type_: &str) -> Option<Value> {
