@@ -15,7 +15,7 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{get, sample};
+use common::{free_port, get, sample};
 use http::StatusCode;
 use regex::Regex;
 use sluice_testkit::EchoServer;
@@ -148,13 +148,6 @@ fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>)> {
             (name.to_owned(), labels)
         })
         .collect()
-}
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
 }
 
 struct Proc {

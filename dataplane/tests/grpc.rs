@@ -14,10 +14,6 @@ use sluice_testkit::grpc::{EchoClient, EchoRequest, GrpcEchoServer};
 use tonic::Code;
 use tonic::transport::Channel;
 
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
 fn grpc_upstream(id: &str, backend: SocketAddr) -> v1::Upstream {
     v1::Upstream {
         scheme: v1::Scheme::Grpc as i32,

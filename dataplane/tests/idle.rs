@@ -62,13 +62,11 @@ fn parked(dp: &Dataplane) -> f64 {
 }
 
 async fn until_parked(dp: &Dataplane, want: f64) {
-    for _ in 0..80 {
-        if parked(dp) == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("parked connections: {} (want {want})", parked(dp));
+    assert!(
+        eventually(Duration::from_secs(8), || parked(dp) == want).await,
+        "parked connections: {} (want {want})",
+        parked(dp)
+    );
 }
 
 /// Reads one response with a `Content-Length` or chunked body; returns the status and the

@@ -4,18 +4,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
-
 use common::*;
 use http::StatusCode;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::json;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
-
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
 
 fn consumer(name: &str, plugins: Vec<v1::Plugin>) -> v1::Consumer {
     v1::Consumer {

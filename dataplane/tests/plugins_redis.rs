@@ -15,13 +15,6 @@ use http::StatusCode;
 use serde_json::json;
 use sluice_testkit::EchoServer;
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 struct Killed(Child);
 
 impl Drop for Killed {

@@ -13,10 +13,6 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::TokioIo;
 use sluice_testkit::EchoServer;
 
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
 #[tokio::test]
 async fn proxies_with_forwarding_headers_and_client_host() {
     let echo = EchoServer::start("a", any()).await.unwrap();

@@ -9,16 +9,9 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::get;
+use common::{free_port, get};
 use http::StatusCode;
 use sluice_testkit::EchoServer;
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 struct Proc {
     child: Child,

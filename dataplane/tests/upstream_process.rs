@@ -14,13 +14,6 @@ use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 /// Where a test's dataplane writes its log (stderr), to be shown when the test fails.
 fn log_file(dir: &std::path::Path) -> Stdio {
     std::fs::File::create(dir.join("dataplane.log"))

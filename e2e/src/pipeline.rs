@@ -22,7 +22,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::{Backend, Cluster, Error, Netns, RELEASE, ServiceProxy, repo_root, workspace_bin};
 

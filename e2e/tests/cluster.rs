@@ -3,7 +3,7 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use sluice_e2e::{Cluster, eventually, repo_root};
 

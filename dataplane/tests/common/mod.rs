@@ -15,7 +15,7 @@ use sluice_proto::v1;
 pub use sluice_testkit::builders::*;
 pub use sluice_testkit::client::*;
 pub use sluice_testkit::metrics::{metric, sample};
-pub use sluice_testkit::net::{any, closed_port};
+pub use sluice_testkit::net::{any, closed_port, free_port};
 pub use sluice_testkit::origin::{Origin, OriginState};
 pub use sluice_testkit::{EchoServer, eventually};
 

@@ -13,3 +13,9 @@ pub fn closed_port() -> SocketAddr {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap()
 }
+
+/// A loopback port free to listen on, for a process started next (bound and released at
+/// once, like [`closed_port`]).
+pub fn free_port() -> SocketAddr {
+    closed_port()
+}
