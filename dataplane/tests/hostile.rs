@@ -414,7 +414,7 @@ async fn no_admin_endpoint_serves_a_private_key_or_a_credential() {
         "{full}"
     );
     assert!(
-        full.contains(key.cert.pem().lines().nth(1).unwrap()),
+        full.contains(key.pem.lines().nth(1).unwrap()),
         "certificate shown"
     );
     // The status listener (the pod's address, for kubelet and Prometheus) has no /snapshot.

@@ -14,7 +14,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
