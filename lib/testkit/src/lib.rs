@@ -2,7 +2,8 @@
 //! depends on the dataplane or the controller (their in-process harnesses live in their own
 //! `tests/common/`), so every crate can use the kit without a second copy of their types.
 //!
-//! - [`eventually`] / [`eventually_blocking`]: wait for a condition, one signature.
+//! - [`eventually`] / [`eventually_async`] / [`eventually_blocking`]: wait for a condition,
+//!   one signature.
 //! - [`metrics`]: samples out of a Prometheus text exposition.
 //! - Origins: [`EchoServer`] answers every request with a JSON document describing it (its
 //!   name, method, path, query, headers and body length), so a test can assert what the
@@ -28,7 +29,7 @@ pub mod origin;
 pub mod pki;
 mod wait;
 
-pub use wait::{MAX_PAUSE, Settled, eventually, eventually_blocking};
+pub use wait::{PAUSE, Settled, Wait, eventually, eventually_async, eventually_blocking};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
