@@ -608,7 +608,12 @@ async fn file_logger_writes_only_into_its_directories() {
     assert_eq!(std::fs::read(&snapshot_pb).unwrap(), b"last good");
     // The last good snapshot still serves and logs.
     assert_eq!(get_with(dp.addr, "/kept", &[]).await.status, StatusCode::OK);
-    eventually(|| std::fs::read_to_string(&inside).is_ok_and(|t| t.contains("/kept"))).await;
+    assert!(
+        eventually(LONG_WAIT, || std::fs::read_to_string(&inside)
+            .is_ok_and(|t| t.contains("/kept")))
+        .await,
+        "condition not met within 30 s"
+    );
     for ok in [
         "/dev/stdout",
         "/dev/stderr",

@@ -93,12 +93,7 @@ impl Mirror {
 
     /// Waits (bounded) until the mirror has received `n` requests, and returns them.
     async fn wait_for(&self, n: usize) -> Vec<Seen> {
-        for _ in 0..500 {
-            if self.count() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually(Duration::from_secs(5), || self.count() >= n).await;
         let seen = self.seen.lock().unwrap().clone();
         assert!(
             seen.len() >= n,

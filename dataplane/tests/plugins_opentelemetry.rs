@@ -80,10 +80,7 @@ impl Collector {
             bin.display()
         );
         let dir = tempfile::tempdir().unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = free_port().port();
         let config = dir.path().join("config.yaml");
         std::fs::write(
             &config,

@@ -56,11 +56,7 @@ async fn no_route_is_404_with_a_short_body() {
 
 #[tokio::test]
 async fn refused_upstream_is_502() {
-    // Bind then drop, so nothing listens on that port.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed = closed_port();
     let dp = dataplane_to("/*", closed).await;
     let resp = get(dp.addr, "h", "/x").await;
     assert_eq!(resp.status, StatusCode::BAD_GATEWAY);

@@ -1,4 +1,4 @@
-//! HTTPS termination against real clients: certificates generated here with rcgen, the
+//! HTTPS termination against real clients: certificates from the test kit's `pki` (rcgen), the
 //! dataplane's HTTPS listener on a loopback port, rustls clients (plus curl and openssl
 //! s_client) checking which certificate each SNI gets, ALPN, client mTLS and rotation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +13,6 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
@@ -22,7 +21,7 @@ use sluice_dataplane::listener::server::{self, Limits};
 use sluice_dataplane::upstream::tls::NoVerification;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
-use sluice_testkit::pki::{Ca, Cert};
+use sluice_testkit::pki::{self, Ca, Cert, RsaKey};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
@@ -304,22 +303,7 @@ async fn alpn_selects_http2_or_http11() {
 #[tokio::test]
 async fn tls12_with_an_rsa_2048_key() {
     // ring signs with RSA but cannot generate RSA keys: openssl makes the key.
-    let out = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let key = KeyPair::from_pem_and_sign_algo(
-        std::str::from_utf8(&out.stdout).unwrap(),
-        &rcgen::PKCS_RSA_SHA256,
-    )
-    .unwrap();
+    let key = RsaKey::generate().key_pair();
     let ca = Ca::new("test CA");
     let leaf = ca.leaf_with(&["rsa.example.com"], key);
     let dp = Https::start(vec![leaf.cert("default/rsa", &["rsa.example.com"])]).await;
@@ -427,21 +411,12 @@ async fn mtls_depth_limits_intermediates() {
     let server_ca = Ca::new("server CA");
     let root = Ca::new("client root");
     // An intermediate CA signed by the root.
-    let inter_key = KeyPair::generate().unwrap();
-    let mut inter_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    inter_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    inter_params
-        .distinguished_name
-        .push(DnType::CommonName, "client intermediate");
-    let inter_cert = inter_params.signed_by(&inter_key, root.issuer()).unwrap();
-    let inter = Issuer::new(inter_params, inter_key);
-    let client_key = KeyPair::generate().unwrap();
-    let client_params = CertificateParams::new(vec!["client.example.com".to_string()]).unwrap();
-    let client_cert = client_params.signed_by(&client_key, &inter).unwrap();
+    let inter = root.intermediate("client intermediate");
+    let client = inter.sign(pki::params_for(&["client.example.com"]));
     let identity = || {
         (
-            vec![client_cert.der().clone(), inter_cert.der().clone()],
-            PrivateKeyDer::from_pem_slice(client_key.serialize_pem().as_bytes()).unwrap(),
+            vec![client.der.clone(), inter.der.clone()],
+            PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes()).unwrap(),
         )
     };
     let leaf = server_ca.leaf(&["deep.example.com", "shallow.example.com"]);

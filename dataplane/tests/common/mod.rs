@@ -15,9 +15,11 @@ use sluice_proto::v1;
 pub use sluice_testkit::builders::*;
 pub use sluice_testkit::client::*;
 pub use sluice_testkit::metrics::{metric, sample};
-pub use sluice_testkit::net::{any, closed_port, free_port};
+pub use sluice_testkit::net::{
+    any, closed_port, free_port, listening, listening_blocking, refused,
+};
 pub use sluice_testkit::origin::{Origin, OriginState};
-pub use sluice_testkit::{EchoServer, eventually};
+pub use sluice_testkit::{EchoServer, Wait, eventually, eventually_async};
 
 /// The deadline of a wait on a background task (an exporter, a logger): far above any
 /// expected delay.
