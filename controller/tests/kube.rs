@@ -20,6 +20,7 @@ use sluice_controller::metrics::Metrics;
 use sluice_controller::rebuild::{Debounce, TlsSettings};
 use sluice_controller::watch::Scope;
 use sluice_e2e::Cluster;
+use sluice_testkit::{Wait, eventually_async};
 
 fn cluster() -> &'static Cluster {
     static CRDS: OnceLock<()> = OnceLock::new();
@@ -96,15 +97,17 @@ fn condition(obj: &Value, type_: &str) -> Option<Value> {
         .cloned()
 }
 
-/// Polls `kubectl get` in a blocking thread until `check` is satisfied.
+/// Polls `kubectl get` in a blocking thread until `check` is satisfied (the kit's
+/// `eventually_async`: 20 s, a pause of 100 ms between two runs of kubectl).
 async fn eventually_kubectl(
     what: &str,
     args: &[&str],
     check: impl Fn(&Value) -> bool + Send + 'static,
 ) -> Value {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let (args, check) = (&args, &check);
+    let wait = Wait::up_to(Duration::from_secs(20)).every(Duration::from_millis(100));
+    eventually_async(wait, || async move {
         let a = args.clone();
         let obj = tokio::task::spawn_blocking(move || {
             let refs: Vec<&str> = a.iter().map(String::as_str).collect();
@@ -112,14 +115,10 @@ async fn eventually_kubectl(
         })
         .await
         .unwrap();
-        if check(&obj) {
-            return obj;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}; last seen: {obj:#}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if check(&obj) { Ok(obj) } else { Err(obj) }
+    })
+    .await
+    .unwrap_or_else(|obj| panic!("timed out waiting for {what}; last seen: {obj:#}"))
 }
 
 fn objects(ns: &str) -> String {
