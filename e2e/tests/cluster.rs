@@ -5,7 +5,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use sluice_e2e::{Cluster, eventually, repo_root};
+use sluice_e2e::{Cluster, Wait, eventually, repo_root};
 
 /// Whether `pid` is a live (not zombie) process.
 fn running(pid: u32) -> bool {
@@ -90,7 +90,10 @@ subjects:
         .unwrap();
     // The RBAC authorizer learns about new bindings through a watch: give it a moment.
     assert!(
-        eventually(Duration::from_secs(10), || get("configmaps").success),
+        eventually(
+            Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(100)),
+            || get("configmaps").success
+        ),
         "timed out after 10s waiting for the RoleBinding to take effect"
     );
     let secrets = get("secrets");

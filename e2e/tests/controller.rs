@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice_e2e::{
-    Backend, Pipeline, eventually, free_port, http_get, spawn_controller, spawn_dataplane,
+    Backend, Pipeline, Wait, eventually, free_port, http_get, spawn_controller, spawn_dataplane,
 };
 use sluice_testkit::metrics::sample;
 
@@ -65,20 +65,19 @@ fn wait_condition(
     what: &str,
     want: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + STATUS_WAIT;
     let mut last = None;
-    loop {
-        if let Some(c) = condition(p, name, type_) {
-            if want(&c) {
-                return c;
-            }
-            last = Some(c);
+    let wait = Wait::up_to(STATUS_WAIT).every(Duration::from_millis(200));
+    eventually(wait, || {
+        let c = condition(p, name, type_)?;
+        if want(&c) {
+            return Some(c);
         }
-        if Instant::now() >= deadline {
-            panic!("timed out after {STATUS_WAIT:?} waiting for {what}; last seen: {last:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        last = Some(c);
+        None
+    })
+    .unwrap_or_else(|| {
+        panic!("timed out after {STATUS_WAIT:?} waiting for {what}; last seen: {last:?}")
+    })
 }
 
 fn set_endpoints(p: &Pipeline, addrs: &[std::net::Ipv4Addr]) {
