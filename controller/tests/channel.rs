@@ -17,14 +17,20 @@ async fn dataplane_gets_current_snapshot_on_connect_and_every_change() {
     ctl.publish(1, snapshot("/a", "default/svc:80"));
     let dp = dataplane(client_config(ctl.url("http"), "dp-a", None, None));
 
-    eventually("dataplane serves v1", || dp.store.state().version == 1).await;
-    eventually("controller saw the ACK of v1", || {
-        ctl.hub
-            .dataplanes()
-            .first()
-            .is_some_and(|d| d.acked.as_ref().is_some_and(|a| a.version == 1))
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || dp.store.state().version == 1).await,
+        "timed out waiting for: dataplane serves v1"
+    );
+    assert!(
+        eventually(WAIT, || {
+            ctl.hub
+                .dataplanes()
+                .first()
+                .is_some_and(|d| d.acked.as_ref().is_some_and(|a| a.version == 1))
+        })
+        .await,
+        "timed out waiting for: controller saw the ACK of v1"
+    );
     let info = ctl.hub.dataplanes();
     assert_eq!(info.len(), 1);
     assert_eq!(info[0].id, "dp-a");
@@ -35,8 +41,14 @@ async fn dataplane_gets_current_snapshot_on_connect_and_every_change() {
     );
 
     ctl.publish(2, snapshot("/b", "default/svc:80"));
-    eventually("dataplane serves v2", || dp.store.state().version == 2).await;
-    eventually("two ACKs counted", || ctl.metrics.acks.get() == 2).await;
+    assert!(
+        eventually(WAIT, || dp.store.state().version == 2).await,
+        "timed out waiting for: dataplane serves v2"
+    );
+    assert!(
+        eventually(WAIT, || ctl.metrics.acks.get() == 2).await,
+        "timed out waiting for: two ACKs counted"
+    );
     assert_eq!(ctl.metrics.connected_dataplanes.get(), 1);
     assert_eq!(ctl.metrics.nacks.get(), 0);
 }
@@ -45,14 +57,20 @@ async fn dataplane_gets_current_snapshot_on_connect_and_every_change() {
 async fn dataplane_connected_before_the_first_snapshot_gets_it_when_published() {
     let ctl = Controller::start(None).await;
     let dp = dataplane(client_config(ctl.url("http"), "early", None, None));
-    eventually("dataplane connected", || ctl.hub.dataplanes().len() == 1).await;
+    assert!(
+        eventually(WAIT, || ctl.hub.dataplanes().len() == 1).await,
+        "timed out waiting for: dataplane connected"
+    );
     assert!(
         !dp.store.ready(),
         "nothing to serve before the first snapshot"
     );
 
     ctl.publish(1, snapshot("/a", "default/svc:80"));
-    eventually("dataplane serves v1", || dp.store.state().version == 1).await;
+    assert!(
+        eventually(WAIT, || dp.store.state().version == 1).await,
+        "timed out waiting for: dataplane serves v1"
+    );
     assert!(dp.store.ready());
 }
 
@@ -61,17 +79,23 @@ async fn a_snapshot_the_dataplane_cannot_compile_is_nacked_and_the_last_good_one
     let ctl = Controller::start(None).await;
     ctl.publish(1, snapshot("/a", "default/svc:80"));
     let dp = dataplane(client_config(ctl.url("http"), "dp-a", None, None));
-    eventually("dataplane serves v1", || dp.store.state().version == 1).await;
+    assert!(
+        eventually(WAIT, || dp.store.state().version == 1).await,
+        "timed out waiting for: dataplane serves v1"
+    );
 
     // A route pointing at an upstream the snapshot does not carry.
     ctl.publish(2, snapshot("/b", "default/missing:80"));
-    eventually("controller saw the NACK of v2", || {
-        ctl.hub
-            .dataplanes()
-            .first()
-            .is_some_and(|d| d.nacked.is_some())
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            ctl.hub
+                .dataplanes()
+                .first()
+                .is_some_and(|d| d.nacked.is_some())
+        })
+        .await,
+        "timed out waiting for: controller saw the NACK of v2"
+    );
     let info = &ctl.hub.dataplanes()[0];
     let (nacked, reasons) = info.nacked.clone().unwrap();
     assert_eq!(nacked.version, 2);
@@ -96,14 +120,19 @@ async fn a_snapshot_the_dataplane_cannot_compile_is_nacked_and_the_last_good_one
 
     // A fixed snapshot is ACKed and clears the NACK.
     ctl.publish(3, snapshot("/c", "default/svc:80"));
-    eventually("dataplane serves v3", || dp.store.state().version == 3).await;
-    eventually("NACK cleared by the ACK of v3", || {
-        ctl.hub
-            .dataplanes()
-            .first()
-            .is_some_and(|d| d.nacked.is_none() && d.acked.as_ref().is_some_and(|a| a.version == 3))
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || dp.store.state().version == 3).await,
+        "timed out waiting for: dataplane serves v3"
+    );
+    assert!(
+        eventually(WAIT, || {
+            ctl.hub.dataplanes().first().is_some_and(|d| {
+                d.nacked.is_none() && d.acked.as_ref().is_some_and(|a| a.version == 3)
+            })
+        })
+        .await,
+        "timed out waiting for: NACK cleared by the ACK of v3"
+    );
 }
 
 #[tokio::test]
@@ -112,7 +141,10 @@ async fn dataplane_reconnects_after_the_controller_restarts() {
     let addr = ctl.addr;
     ctl.publish(1, snapshot("/a", "default/svc:80"));
     let dp = dataplane(client_config(ctl.url("http"), "dp-a", None, None));
-    eventually("dataplane serves v1", || dp.store.state().version == 1).await;
+    assert!(
+        eventually(WAIT, || dp.store.state().version == 1).await,
+        "timed out waiting for: dataplane serves v1"
+    );
     let served_hash = dp.store.state().hash;
 
     ctl.stop().await;
@@ -122,19 +154,28 @@ async fn dataplane_reconnects_after_the_controller_restarts() {
 
     // A restarted controller starts its versions over; the dataplane takes them anyway.
     let ctl = Controller::start_on(addr, None).await;
-    eventually("dataplane redialed", || ctl.hub.dataplanes().len() == 1).await;
-    eventually("hello reports what the dataplane serves", || {
-        ctl.hub.dataplanes()[0].serving_at_connect.is_some()
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || ctl.hub.dataplanes().len() == 1).await,
+        "timed out waiting for: dataplane redialed"
+    );
+    assert!(
+        eventually(WAIT, || {
+            ctl.hub.dataplanes()[0].serving_at_connect.is_some()
+        })
+        .await,
+        "timed out waiting for: hello reports what the dataplane serves"
+    );
     let hello = ctl.hub.dataplanes()[0].serving_at_connect.clone().unwrap();
     assert_eq!((hello.version, hello.hash), (1, served_hash));
 
     ctl.publish(1, snapshot("/new", "default/svc:80"));
-    eventually("dataplane serves the new controller's snapshot", || {
-        dp.store.state().hash == ctl.hub.current().unwrap().snapshot.hash
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            dp.store.state().hash == ctl.hub.current().unwrap().snapshot.hash
+        })
+        .await,
+        "timed out waiting for: dataplane serves the new controller's snapshot"
+    );
 }
 
 #[tokio::test]
@@ -143,10 +184,16 @@ async fn disconnected_dataplanes_are_forgotten() {
     ctl.publish(1, snapshot("/a", "default/svc:80"));
     let a = dataplane(client_config(ctl.url("http"), "a", None, None));
     let b = dataplane(client_config(ctl.url("http"), "b", None, None));
-    eventually("both ACKed", || ctl.metrics.acks.get() == 2).await;
+    assert!(
+        eventually(WAIT, || ctl.metrics.acks.get() == 2).await,
+        "timed out waiting for: both ACKed"
+    );
     assert_eq!(ctl.metrics.connected_dataplanes.get(), 2);
     drop(a);
-    eventually("one dataplane left", || ctl.hub.dataplanes().len() == 1).await;
+    assert!(
+        eventually(WAIT, || ctl.hub.dataplanes().len() == 1).await,
+        "timed out waiting for: one dataplane left"
+    );
     assert_eq!(ctl.hub.dataplanes()[0].id, "b");
     assert_eq!(ctl.metrics.connected_dataplanes.get(), 1);
     drop(b);
@@ -163,10 +210,16 @@ async fn restarted_dataplane_serves_the_persisted_snapshot_without_a_controller(
         None,
         Some(dir.path().to_path_buf()),
     ));
-    eventually("dataplane serves v4", || dp.store.state().version == 4).await;
+    assert!(
+        eventually(WAIT, || dp.store.state().version == 4).await,
+        "timed out waiting for: dataplane serves v4"
+    );
     // A rejected snapshot must not replace the persisted one.
     ctl.publish(5, snapshot("/b", "default/missing:80"));
-    eventually("NACK of v5", || ctl.metrics.nacks.get() == 1).await;
+    assert!(
+        eventually(WAIT, || ctl.metrics.nacks.get() == 1).await,
+        "timed out waiting for: NACK of v5"
+    );
     let hash = dp.store.state().hash;
     drop(dp);
     ctl.stop().await;
@@ -228,11 +281,14 @@ async fn mutual_tls_admits_dataplanes_with_a_certificate_from_the_ca_only() {
         Some(good.clone()),
         None,
     ));
-    eventually("dataplane serves v1 over mTLS", || {
-        dp.store.state().version == 1
-    })
-    .await;
-    eventually("ACK over mTLS", || ctl.metrics.acks.get() == 1).await;
+    assert!(
+        eventually(WAIT, || { dp.store.state().version == 1 }).await,
+        "timed out waiting for: dataplane serves v1 over mTLS"
+    );
+    assert!(
+        eventually(WAIT, || ctl.metrics.acks.get() == 1).await,
+        "timed out waiting for: ACK over mTLS"
+    );
 
     // A client certificate from another CA is refused by the controller.
     let other = make_pki();
@@ -340,8 +396,8 @@ async fn dataplane_reads_rotated_certificates_before_redialing() {
     // ... then the certificate files are rotated in place: the next dial uses them.
     std::fs::write(&cert, &pki.client_cert).unwrap();
     std::fs::write(&key, &pki.client_key).unwrap();
-    eventually("dataplane connects with the rotated certificate", || {
-        dp.store.state().version == 1
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || { dp.store.state().version == 1 }).await,
+        "timed out waiting for: dataplane connects with the rotated certificate"
+    );
 }

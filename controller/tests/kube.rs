@@ -9,7 +9,7 @@ mod common;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use common::{client_config, dataplane, eventually};
+use common::{WAIT, client_config, dataplane, eventually};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use serde_json::Value;
@@ -20,6 +20,7 @@ use sluice_controller::metrics::Metrics;
 use sluice_controller::rebuild::{Debounce, TlsSettings};
 use sluice_controller::watch::Scope;
 use sluice_e2e::Cluster;
+use sluice_testkit::{Wait, eventually_async};
 
 fn cluster() -> &'static Cluster {
     static CRDS: OnceLock<()> = OnceLock::new();
@@ -96,15 +97,17 @@ fn condition(obj: &Value, type_: &str) -> Option<Value> {
         .cloned()
 }
 
-/// Polls `kubectl get` in a blocking thread until `check` is satisfied.
+/// Polls `kubectl get` in a blocking thread until `check` is satisfied (the kit's
+/// `eventually_async`: 20 s, a pause of 100 ms between two runs of kubectl).
 async fn eventually_kubectl(
     what: &str,
     args: &[&str],
     check: impl Fn(&Value) -> bool + Send + 'static,
 ) -> Value {
     let args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
+    let (args, check) = (&args, &check);
+    let wait = Wait::up_to(Duration::from_secs(20)).every(Duration::from_millis(100));
+    eventually_async(wait, || async move {
         let a = args.clone();
         let obj = tokio::task::spawn_blocking(move || {
             let refs: Vec<&str> = a.iter().map(String::as_str).collect();
@@ -112,14 +115,10 @@ async fn eventually_kubectl(
         })
         .await
         .unwrap();
-        if check(&obj) {
-            return obj;
-        }
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for {what}; last seen: {obj:#}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        if check(&obj) { Ok(obj) } else { Err(obj) }
+    })
+    .await
+    .unwrap_or_else(|obj| panic!("timed out waiting for {what}; last seen: {obj:#}"))
 }
 
 fn objects(ns: &str) -> String {
@@ -190,10 +189,10 @@ async fn cluster_objects_reach_the_dataplane_and_status_says_so() {
     let dp = dataplane(client_config(url, "dp-0", None, None));
 
     // The dataplane serves our valid route only; the invalid one is listed as rejected.
-    eventually("dataplane serves the route", || {
-        dp.store.state().routes == 1
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || { dp.store.state().routes == 1 }).await,
+        "timed out waiting for: dataplane serves the route"
+    );
     let route_id = format!("{ns}/web/main");
     let snap = dp.store.snapshot().unwrap();
     assert_eq!(snap.routes[0].id, route_id);
@@ -245,12 +244,15 @@ async fn cluster_objects_reach_the_dataplane_and_status_says_so() {
             r#"{"endpoints":[{"addresses":["10.251.0.3"]}]}"#,
         ])
         .unwrap();
-    eventually("new endpoint served", || {
-        dp.store
-            .snapshot()
-            .is_some_and(|s| s.upstreams[0].endpoints[0].host == "10.251.0.3")
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            dp.store
+                .snapshot()
+                .is_some_and(|s| s.upstreams[0].endpoints[0].host == "10.251.0.3")
+        })
+        .await,
+        "timed out waiting for: new endpoint served"
+    );
 
     // A spec change: new generation, Programmed again for it.
     cluster
@@ -266,12 +268,15 @@ async fn cluster_objects_reach_the_dataplane_and_status_says_so() {
             r#"[{"op":"replace","path":"/spec/http/0/match/paths/0","value":"/v2*"}]"#,
         ])
         .unwrap();
-    eventually("new path served", || {
-        dp.store
-            .snapshot()
-            .is_some_and(|s| s.routes[0].paths == ["/v2*"])
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            dp.store
+                .snapshot()
+                .is_some_and(|s| s.routes[0].paths == ["/v2*"])
+        })
+        .await,
+        "timed out waiting for: new path served"
+    );
     eventually_kubectl(
         "Programmed for generation 2",
         &["ar", "web", "-n", &ns],
@@ -354,10 +359,13 @@ async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
     // The follower serves its dataplane as the leader serves its own.
     // NB: a replica refuses dataplanes until it has its first snapshot; dp-a, given both
     // replicas, would then go to b. Both have one before the dataplanes dial.
-    eventually("both replicas have a snapshot", || {
-        a.metrics.snapshot_version.get() > 0 && b.metrics.snapshot_version.get() > 0
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            a.metrics.snapshot_version.get() > 0 && b.metrics.snapshot_version.get() > 0
+        })
+        .await,
+        "timed out waiting for: both replicas have a snapshot"
+    );
     let dp_b = dataplane(client_config(b_url.clone(), "dp-b", None, None));
     let dp_a = dataplane(client_config(
         format!("{a_url},{b_url}"),
@@ -365,11 +373,14 @@ async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
         None,
         None,
     ));
-    eventually("the follower serves dp-b", || {
-        dp_b.store.state().routes == 1
-    })
-    .await;
-    eventually("the leader serves dp-a", || dp_a.store.state().routes == 1).await;
+    assert!(
+        eventually(WAIT, || { dp_b.store.state().routes == 1 }).await,
+        "timed out waiting for: the follower serves dp-b"
+    );
+    assert!(
+        eventually(WAIT, || dp_a.store.state().routes == 1).await,
+        "timed out waiting for: the leader serves dp-a"
+    );
     assert!(!*b.leader.borrow());
     assert_eq!(b.metrics.connected_dataplanes.get(), 1);
     assert_eq!(
@@ -436,10 +447,10 @@ async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
     // NB: closing the hub ends a's streams and refuses new ones (its server keeps running).
     a.hub.close();
     drop(a);
-    eventually("dp-a moved to b", || {
-        b.metrics.connected_dataplanes.get() == 2
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || { b.metrics.connected_dataplanes.get() == 2 }).await,
+        "timed out waiting for: dp-a moved to b"
+    );
     let mut b_leader = b.leader.clone();
     tokio::time::timeout(Duration::from_secs(15), b_leader.wait_for(|l| *l))
         .await
@@ -458,14 +469,17 @@ async fn every_replica_serves_and_the_leader_counts_the_expected_dataplanes() {
             r#"[{"op":"replace","path":"/spec/http/0/match/paths/0","value":"/v2*"}]"#,
         ])
         .unwrap();
-    eventually("both serve the change", || {
-        [&dp_a, &dp_b].iter().all(|dp| {
-            dp.store
-                .snapshot()
-                .is_some_and(|s| s.routes[0].paths == ["/v2*"])
+    assert!(
+        eventually(WAIT, || {
+            [&dp_a, &dp_b].iter().all(|dp| {
+                dp.store
+                    .snapshot()
+                    .is_some_and(|s| s.routes[0].paths == ["/v2*"])
+            })
         })
-    })
-    .await;
+        .await,
+        "timed out waiting for: both serve the change"
+    );
     eventually_kubectl(
         "generation 2 Programmed 2/2 by the new leader",
         &["ar", "web", "-n", &ns],
@@ -680,10 +694,13 @@ spec:
     let id = format!("{ns}/web:80#v1");
 
     // Only the v1 Pod's endpoint is in the subset.
-    eventually("subset holds the v1 Pod", || {
-        endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.1"])
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.1"])
+        })
+        .await,
+        "timed out waiting for: subset holds the v1 Pod"
+    );
     let web = eventually_kubectl("web ResolvedRefs=True", &["ar", "web", "-n", &ns], |o| {
         condition(o, "ResolvedRefs").is_some_and(|c| c["status"] == "True")
     })
@@ -705,24 +722,33 @@ spec:
             .unwrap();
     };
     label("web-b", "v1");
-    eventually("web-b joins the subset", || {
-        endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.1", "10.251.1.2"])
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.1", "10.251.1.2"])
+        })
+        .await,
+        "timed out waiting for: web-b joins the subset"
+    );
 
     // Relabeling web-a out of v1 moves it out.
     label("web-a", "v3");
-    eventually("web-a leaves the subset", || {
-        endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.2"])
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            endpoints_of(&dp, &id).is_some_and(|e| e == ["10.251.1.2"])
+        })
+        .await,
+        "timed out waiting for: web-a leaves the subset"
+    );
 
     // No v1 Pod left: the upstream is empty and the route says why.
     label("web-b", "v2");
-    eventually("subset empty", || {
-        endpoints_of(&dp, &id).is_some_and(|e| e.is_empty())
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            endpoints_of(&dp, &id).is_some_and(|e| e.is_empty())
+        })
+        .await,
+        "timed out waiting for: subset empty"
+    );
     let web = eventually_kubectl("web ResolvedRefs=False", &["ar", "web", "-n", &ns], |o| {
         condition(o, "ResolvedRefs").is_some_and(|c| c["status"] == "False")
     })
@@ -748,23 +774,25 @@ spec:
     cluster
         .kubectl_ok(&["annotate", "pod", "web-a", "-n", &ns, "note=hello"])
         .unwrap();
-    eventually("annotation skipped", || skipped() > before).await;
+    assert!(
+        eventually(WAIT, || skipped() > before).await,
+        "timed out waiting for: annotation skipped"
+    );
     assert_eq!(running.metrics.nacks.get(), 0);
 }
 
 /// A kubernetes.io/tls Secret `<name>-cert` (self-signed for `host`, valid until
 /// `not_after`) and an ApisixTls `<name>` serving it.
 fn tls_objects(ns: &str, name: &str, host: &str, not_after: std::time::SystemTime) -> String {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(vec![host.to_owned()]).unwrap();
+    let mut params = sluice_testkit::pki::params_for(&[host]);
     params.not_before = time::OffsetDateTime::now_utc() - Duration::from_secs(3600);
     params.not_after = time::OffsetDateTime::from(not_after);
-    let cert = params.self_signed(&key).unwrap();
+    let cert = sluice_testkit::pki::self_signed_from(params);
     let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
     format!(
         "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}-cert, namespace: {ns}}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}---\napiVersion: apisix.apache.org/v2\nkind: ApisixTls\nmetadata: {{name: {name}, namespace: {ns}}}\nspec:\n  ingressClassName: apisix\n  hosts: [{host}]\n  secret: {{name: {name}-cert, namespace: {ns}}}\n---\n",
-        indent(&cert.pem()),
-        indent(&key.serialize_pem())
+        indent(&cert.pem),
+        indent(&cert.key_pem)
     )
 }
 
@@ -796,12 +824,15 @@ async fn an_expiring_certificate_is_rejected_when_it_expires() {
     let running = app::start(client(cluster).await, settings, Metrics::new().unwrap());
     let url = serve(&running).await;
     let dp = dataplane(client_config(url, "dp-0", None, None));
-    eventually("dataplane serves both certificates and the default", || {
-        dp.store
-            .snapshot()
-            .is_some_and(|s| s.tls_certificates.len() == 2 && s.default_certificate.is_some())
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            dp.store
+                .snapshot()
+                .is_some_and(|s| s.tls_certificates.len() == 2 && s.default_certificate.is_some())
+        })
+        .await,
+        "timed out waiting for: dataplane serves both certificates and the default"
+    );
     let table = dp.store.table();
     let entry = table.tls.select(Some("soon.example.com")).unwrap();
     assert_eq!(entry.id, format!("{ns}/soon"));
@@ -828,12 +859,15 @@ async fn an_expiring_certificate_is_rejected_when_it_expires() {
         message.contains(&format!("Secret {ns}/soon-cert")) && message.contains("expired at"),
         "{message}"
     );
-    eventually("dataplane no longer serves the expired certificate", || {
-        dp.store
-            .snapshot()
-            .is_some_and(|s| s.tls_certificates.len() == 1)
-    })
-    .await;
+    assert!(
+        eventually(WAIT, || {
+            dp.store
+                .snapshot()
+                .is_some_and(|s| s.tls_certificates.len() == 1)
+        })
+        .await,
+        "timed out waiting for: dataplane no longer serves the expired certificate"
+    );
     let table = dp.store.table();
     assert!(table.tls.lookup("soon.example.com").is_none());
     assert_eq!(

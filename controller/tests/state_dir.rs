@@ -217,11 +217,14 @@ async fn a_state_dir_that_cannot_be_written_is_logged_and_serving_goes_on() {
             Arc::new(earlier),
         );
         ctl.publish(4, versioned(4, 0));
-        eventually("v4 persisted", || {
-            let probe = Store::new().unwrap();
-            matches!(controller_client::restore(&probe, &full), Ok(Some(4)))
-        })
-        .await;
+        assert!(
+            eventually(WAIT, || {
+                let probe = Store::new().unwrap();
+                matches!(controller_client::restore(&probe, &full), Ok(Some(4)))
+            })
+            .await,
+            "timed out waiting for: v4 persisted"
+        );
         drop(dp);
         let _ = std::fs::remove_file(full.join(".snapshot.pb.tmp"));
         std::fs::read(full.join("snapshot.pb")).unwrap()

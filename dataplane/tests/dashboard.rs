@@ -13,9 +13,9 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{get, sample};
+use common::{Wait, eventually_async, free_port, get, listening, sample};
 use http::StatusCode;
 use regex::Regex;
 use sluice_testkit::EchoServer;
@@ -150,13 +150,6 @@ fn samples(text: &str) -> Vec<(String, BTreeMap<String, String>)> {
         .collect()
 }
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 struct Proc {
     child: Child,
     http: SocketAddr,
@@ -191,28 +184,25 @@ async fn start(config: &Path) -> Proc {
         .spawn()
         .unwrap();
     let p = Proc { child, http, admin };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(admin).await.is_err() {
-        assert!(Instant::now() < deadline, "dataplane did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        listening(admin, Duration::from_secs(10)).await,
+        "dataplane did not start"
+    );
     p
 }
 
 /// Scrapes `/metrics` until `cond` holds (bounded); returns the last exposition.
 async fn wait_metrics(p: &Proc, what: &str, cond: impl Fn(&str) -> bool) -> String {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = get(p.admin, "admin", "/metrics").await.text();
-        if cond(&text) {
-            return text;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; /metrics:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (admin, cond) = (p.admin, &cond);
+    eventually_async(
+        Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(50)),
+        || async move {
+            let text = get(admin, "admin", "/metrics").await.text();
+            if cond(&text) { Ok(text) } else { Err(text) }
+        },
+    )
+    .await
+    .unwrap_or_else(|text| panic!("timed out waiting for {what}; /metrics:\n{text}"))
 }
 
 fn backend_yaml(port: u16) -> String {

@@ -11,7 +11,6 @@ use std::sync::Arc;
 
 use common::*;
 use http::StatusCode;
-use rcgen::{CertificateParams, KeyPair};
 use rustls::ClientConfig;
 use rustls::pki_types::{CertificateDer, ServerName};
 use sluice_dataplane::listener::gateway::GatewayListeners;
@@ -29,21 +28,17 @@ fn on(mut r: v1::Route, host: &str, listeners: &[&str]) -> v1::Route {
 }
 
 fn self_signed(name: &str) -> (v1::TlsCertificate, CertificateDer<'static>) {
-    let key = KeyPair::generate().unwrap();
-    let cert = CertificateParams::new(vec![name.to_owned()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
+    let cert = sluice_testkit::pki::self_signed(&[name]);
     (
         v1::TlsCertificate {
             id: format!("cert/{name}"),
             source: format!("test {name}"),
             hosts: Vec::new(),
-            cert_chain_pem: cert.pem(),
-            private_key_pem: key.serialize_pem(),
+            cert_chain_pem: cert.pem,
+            private_key_pem: cert.key_pem,
             client_auth: None,
         },
-        cert.der().clone(),
+        cert.der,
     )
 }
 

@@ -14,10 +14,6 @@ use sluice_testkit::grpc::{EchoClient, EchoRequest, GrpcEchoServer};
 use tonic::Code;
 use tonic::transport::Channel;
 
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
 fn grpc_upstream(id: &str, backend: SocketAddr) -> v1::Upstream {
     v1::Upstream {
         scheme: v1::Scheme::Grpc as i32,
@@ -198,9 +194,7 @@ async fn many_concurrent_calls_on_one_client_connection() {
 
 #[tokio::test]
 async fn unreachable_grpc_upstream_is_a_gateway_error() {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let dead = listener.local_addr().unwrap();
-    drop(listener);
+    let dead = closed_port();
     let (_dp, mut client) = grpc_dataplane(dead).await;
     let status = client.unary(req("x")).await.unwrap_err();
     // A trailers-only gRPC answer, not a JSON body the client cannot read.

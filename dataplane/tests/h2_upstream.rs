@@ -280,15 +280,10 @@ async fn least_conn_counts_a_streamed_response_until_its_end() {
         .unwrap();
     let addr = dp.addr;
     let long = tokio::spawn(async move { get(addr, "h2.test", "/stream").await });
-    let mut started = false;
-    for _ in 0..100 {
-        if a.requests() + b.requests() == 1 {
-            started = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(started, "the streamed request reached an origin");
+    assert!(
+        eventually(Duration::from_secs(1), || a.requests() + b.requests() == 1).await,
+        "the streamed request reached an origin"
+    );
     // Its head (and first frame) arrived long ago; its body is still streaming.
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (busy, idle) = if a.requests() == 1 {

@@ -350,8 +350,8 @@ async fn a_client_cannot_remove_a_header_a_plugin_adds() {
 async fn no_admin_endpoint_serves_a_private_key_or_a_credential() {
     use sluice_dataplane::listener::admin::{self, Endpoints};
     use sluice_proto::v1;
-    let key = rcgen::generate_simple_self_signed(vec!["a.example".into()]).unwrap();
-    let key_pem = key.signing_key.serialize_pem();
+    let key = sluice_testkit::pki::self_signed(&["a.example"]);
+    let key_pem = key.key_pem.clone();
     // The base64 body of the key: any line of it in a response is a leak.
     let key_line = key_pem.lines().nth(1).unwrap().to_owned();
     let echo = sluice_testkit::EchoServer::start("a", any()).await.unwrap();
@@ -369,7 +369,7 @@ async fn no_admin_endpoint_serves_a_private_key_or_a_credential() {
         id: "default/a".into(),
         source: "test".into(),
         hosts: vec!["a.example".into()],
-        cert_chain_pem: key.cert.pem(),
+        cert_chain_pem: key.pem.clone(),
         private_key_pem: key_pem.clone(),
         client_auth: None,
     }];
@@ -414,7 +414,7 @@ async fn no_admin_endpoint_serves_a_private_key_or_a_credential() {
         "{full}"
     );
     assert!(
-        full.contains(key.cert.pem().lines().nth(1).unwrap()),
+        full.contains(key.pem.lines().nth(1).unwrap()),
         "certificate shown"
     );
     // The status listener (the pod's address, for kubelet and Prometheus) has no /snapshot.
@@ -1157,13 +1157,13 @@ async fn http2_streams_with_a_closed_window_do_not_pin_upstream_connections() {
         bodies.push(resp); // NB: kept, never read: the window stays closed.
     }
     // NB: the guards only turn a hang (streams pinned for ever) into a failure.
-    tokio::time::timeout(Duration::from_secs(60), async {
-        while ended.load(std::sync::atomic::Ordering::SeqCst) < 5 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("upstream connections still pinned by streams the client never reads");
+    assert!(
+        eventually(Duration::from_secs(60), || {
+            ended.load(std::sync::atomic::Ordering::SeqCst) >= 5
+        })
+        .await,
+        "upstream connections still pinned by streams the client never reads"
+    );
     tokio::time::timeout(Duration::from_secs(60), conn)
         .await
         .expect("the client connection is still open")

@@ -62,13 +62,11 @@ fn parked(dp: &Dataplane) -> f64 {
 }
 
 async fn until_parked(dp: &Dataplane, want: f64) {
-    for _ in 0..80 {
-        if parked(dp) == want {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("parked connections: {} (want {want})", parked(dp));
+    assert!(
+        eventually(Duration::from_secs(8), || parked(dp) == want).await,
+        "parked connections: {} (want {want})",
+        parked(dp)
+    );
 }
 
 /// Reads one response with a `Content-Length` or chunked body; returns the status and the
@@ -499,12 +497,10 @@ async fn drain_closes_parked_connections_and_the_worker_finishes() {
     let mut buf = Vec::new();
     s.write_all(GET).await.unwrap();
     assert_eq!(read_response(&mut s, &mut buf).await.0, 200);
-    for _ in 0..80 {
-        if store.metrics().parked_connections.get() == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    eventually(Duration::from_secs(8), || {
+        store.metrics().parked_connections.get() == 1
+    })
+    .await;
     assert_eq!(store.metrics().parked_connections.get(), 1);
     trigger.drain();
     let mut b = [0u8; 64];
@@ -527,9 +523,7 @@ fn the_dataplane_process_runs_without_transparent_huge_pages() {
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("routes.yaml");
     std::fs::write(&config, "").unwrap();
-    let admin = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let admin_addr = admin.local_addr().unwrap();
-    drop(admin);
+    let admin_addr = free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sluice-dataplane"))
         .arg("--standalone")
         .arg(&config)
@@ -545,14 +539,10 @@ fn the_dataplane_process_runs_without_transparent_huge_pages() {
         .spawn()
         .unwrap();
     let status = format!("/proc/{}/status", child.id());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     // Serving once its admin port answers; the policy is set before that.
-    while std::net::TcpStream::connect(admin_addr).is_err() {
-        if std::time::Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("the dataplane did not start");
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    if !listening_blocking(admin_addr, Duration::from_secs(10)) {
+        let _ = child.kill();
+        panic!("the dataplane did not start");
     }
     let thp = std::fs::read_to_string(&status).unwrap();
     let rollup = std::fs::read_to_string(format!("/proc/{}/smaps_rollup", child.id())).unwrap();

@@ -4,18 +4,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
-
 use common::*;
 use http::StatusCode;
 use jsonwebtoken::{Algorithm, EncodingKey, Header, encode};
 use serde_json::json;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
-
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
 
 fn consumer(name: &str, plugins: Vec<v1::Plugin>) -> v1::Consumer {
     v1::Consumer {
@@ -135,33 +129,11 @@ fn now() -> u64 {
         .as_secs()
 }
 
+/// An RSA 2048 key pair, PEM: (private, public).
 fn rsa_pems() -> (String, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("k.pem");
-    let st = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ])
-        .arg(&key)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl (scripts/install/test-deps.sh installs it)");
-    assert!(st.success());
-    let out = std::process::Command::new("openssl")
-        .args(["pkey", "-pubout", "-in"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    (
-        std::fs::read_to_string(&key).unwrap(),
-        String::from_utf8(out.stdout).unwrap(),
-    )
+    let key = sluice_testkit::pki::RsaKey::generate();
+    let public = key.public_pem();
+    (key.pem, public)
 }
 
 #[tokio::test]

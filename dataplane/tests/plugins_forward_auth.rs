@@ -581,13 +581,11 @@ fn gated() -> (
 
 /// Waits until the service has been asked `n` times (at most 5 s).
 async fn asked(auth: &AuthServer, n: usize) {
-    for _ in 0..500 {
-        if auth.asked() >= n {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("the service was asked {} times, not {n}", auth.asked());
+    assert!(
+        eventually(Duration::from_secs(5), || auth.asked() >= n).await,
+        "the service was asked {} times, not {n}",
+        auth.asked()
+    );
 }
 
 #[tokio::test]

@@ -3,16 +3,10 @@
 
 mod common;
 
-use std::net::SocketAddr;
-
 use common::*;
 use http::StatusCode;
 use serde_json::json;
 use sluice_testkit::EchoServer;
-
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
 
 fn hdr<'a>(r: &'a Resp, name: &str) -> &'a str {
     r.headers

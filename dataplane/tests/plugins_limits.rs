@@ -3,17 +3,12 @@
 
 mod common;
 
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use common::*;
 use http::StatusCode;
 use serde_json::json;
 use sluice_testkit::EchoServer;
-
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
 
 #[tokio::test]
 async fn limit_req_delays_within_burst_and_rejects_beyond() {

@@ -62,20 +62,16 @@ impl Drop for LogServer {
 
 /// A TLS acceptor with a self-signed certificate for `127.0.0.1`.
 fn self_signed() -> tokio_rustls::TlsAcceptor {
-    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
-    let key = rcgen::KeyPair::generate().unwrap();
-    let cert = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .self_signed(&key)
-        .unwrap();
+    use rustls::pki_types::{PrivateKeyDer, PrivatePkcs8KeyDer};
+    let cert = sluice_testkit::pki::self_signed(&["127.0.0.1"]);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(
-            vec![CertificateDer::from(cert.der().to_vec())],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(key.serialize_der())),
+            vec![cert.der],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(cert.key_der)),
         )
         .unwrap();
     tokio_rustls::TlsAcceptor::from(Arc::new(config))
@@ -159,20 +155,12 @@ impl LogServer {
 
     /// Waits until at least `n` requests arrived.
     async fn wait_for(&self, n: usize) -> Vec<Batch> {
-        eventually(|| self.got.lock().unwrap().len() >= n).await;
+        assert!(
+            eventually(LONG_WAIT, || self.got.lock().unwrap().len() >= n).await,
+            "condition not met within 30 s"
+        );
         self.batches()
     }
-}
-
-/// Waits until `cond` holds; panics after a deadline far above any expected delay.
-async fn eventually(cond: impl Fn() -> bool) {
-    for _ in 0..1500 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("condition not met within 30 s");
 }
 
 /// A dataplane with route `default/r/p` (`/*`) to an echo origin, with `plugins`.
@@ -279,14 +267,17 @@ async fn a_full_batch_goes_at_once_in_apisixs_entry_shape() {
     );
     assert_eq!(entries[2]["request"]["uri"], "/items/2?a=1&a=2&flag");
     // NB: counted once the log server has answered, which is after the test received it.
-    eventually(|| {
-        counter(
-            &dp,
-            "sluice_log_entries_sent_total",
-            &["plugin=\"http-logger\"", "route=\"default/r/p\""],
-        ) == 3.0
-    })
-    .await;
+    assert!(
+        eventually(LONG_WAIT, || {
+            counter(
+                &dp,
+                "sluice_log_entries_sent_total",
+                &["plugin=\"http-logger\"", "route=\"default/r/p\""],
+            ) == 3.0
+        })
+        .await,
+        "condition not met within 30 s"
+    );
 }
 
 #[tokio::test]
@@ -353,7 +344,15 @@ async fn a_failed_batch_is_retried_then_dropped_and_counted() {
     // The same entry three times: two 500s, then delivered.
     assert!(batches.iter().all(|b| b.body == batches[0].body));
     let sent = ["plugin=\"http-logger\"", "route=\"default/r/p\""];
-    eventually(|| counter(&dp, "sluice_log_entries_sent_total", &sent) == 1.0).await;
+    assert!(
+        eventually(LONG_WAIT, || counter(
+            &dp,
+            "sluice_log_entries_sent_total",
+            &sent
+        ) == 1.0)
+        .await,
+        "condition not met within 30 s"
+    );
     assert_eq!(
         counter(
             &dp,
@@ -379,7 +378,15 @@ async fn a_failed_batch_is_retried_then_dropped_and_counted() {
         "route=\"default/r/p\"",
         "reason=\"send_failed\"",
     ];
-    eventually(|| counter(&dp, "sluice_log_entries_dropped_total", &failed) == 1.0).await;
+    assert!(
+        eventually(LONG_WAIT, || counter(
+            &dp,
+            "sluice_log_entries_dropped_total",
+            &failed
+        ) == 1.0)
+        .await,
+        "condition not met within 30 s"
+    );
     assert_eq!(logs.batches().len(), 2, "the first attempt and one retry");
 }
 
@@ -418,7 +425,10 @@ async fn a_stalled_log_server_never_holds_requests_and_overflow_is_counted() {
     let n = sluice_dataplane::plugins::support::batch::MAX_PENDING_ENTRIES + 100;
     let ok = burst(dp.addr, n).await;
     assert_eq!(ok, n, "every request answered while the log server stalls");
-    eventually(|| logs.batches().len() == 1).await;
+    assert!(
+        eventually(LONG_WAIT, || logs.batches().len() == 1).await,
+        "condition not met within 30 s"
+    );
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(
         logs.batches().len(),
@@ -512,7 +522,10 @@ async fn file_logger_appends_json_lines_and_reopens_a_rotated_file() {
     };
     get_with(dp.addr, "/f1", &[]).await;
     get_with(dp.addr, "/f2", &[]).await;
-    eventually(|| read(&path).len() == 2).await;
+    assert!(
+        eventually(LONG_WAIT, || read(&path).len() == 2).await,
+        "condition not met within 30 s"
+    );
     let lines = read(&path);
     assert_eq!(lines[0]["request"]["uri"], "/f1");
     assert_eq!(lines[1]["request"]["uri"], "/f2");
@@ -523,18 +536,24 @@ async fn file_logger_appends_json_lines_and_reopens_a_rotated_file() {
     let rotated = dir.path().join("access.log.1");
     std::fs::rename(&path, &rotated).unwrap();
     get_with(dp.addr, "/f3", &[]).await;
-    eventually(|| read(&path).len() == 1).await;
+    assert!(
+        eventually(LONG_WAIT, || read(&path).len() == 1).await,
+        "condition not met within 30 s"
+    );
     assert_eq!(read(&path)[0]["request"]["uri"], "/f3");
     assert_eq!(read(&rotated).len(), 2);
     // NB: counted after the write the test already sees.
-    eventually(|| {
-        counter(
-            &dp,
-            "sluice_log_entries_sent_total",
-            &["plugin=\"file-logger\""],
-        ) == 3.0
-    })
-    .await;
+    assert!(
+        eventually(LONG_WAIT, || {
+            counter(
+                &dp,
+                "sluice_log_entries_sent_total",
+                &["plugin=\"file-logger\""],
+            ) == 3.0
+        })
+        .await,
+        "condition not met within 30 s"
+    );
 }
 
 /// file-logger writes only into the dataplane's `--file-logger-dir` directories (and
@@ -589,7 +608,12 @@ async fn file_logger_writes_only_into_its_directories() {
     assert_eq!(std::fs::read(&snapshot_pb).unwrap(), b"last good");
     // The last good snapshot still serves and logs.
     assert_eq!(get_with(dp.addr, "/kept", &[]).await.status, StatusCode::OK);
-    eventually(|| std::fs::read_to_string(&inside).is_ok_and(|t| t.contains("/kept"))).await;
+    assert!(
+        eventually(LONG_WAIT, || std::fs::read_to_string(&inside)
+            .is_ok_and(|t| t.contains("/kept")))
+        .await,
+        "condition not met within 30 s"
+    );
     for ok in [
         "/dev/stdout",
         "/dev/stderr",
@@ -622,7 +646,15 @@ async fn https_log_servers_with_and_without_verification() {
     .await;
     get_with(dp.addr, "/refused", &[]).await;
     let failed = ["plugin=\"http-logger\"", "reason=\"send_failed\""];
-    eventually(|| counter(&dp, "sluice_log_entries_dropped_total", &failed) == 1.0).await;
+    assert!(
+        eventually(LONG_WAIT, || counter(
+            &dp,
+            "sluice_log_entries_dropped_total",
+            &failed
+        ) == 1.0)
+        .await,
+        "condition not met within 30 s"
+    );
     assert_eq!(logs.batches().len(), 1, "no request reached the server");
 }
 

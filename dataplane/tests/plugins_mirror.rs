@@ -93,12 +93,7 @@ impl Mirror {
 
     /// Waits (bounded) until the mirror has received `n` requests, and returns them.
     async fn wait_for(&self, n: usize) -> Vec<Seen> {
-        for _ in 0..500 {
-            if self.count() >= n {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually(Duration::from_secs(5), || self.count() >= n).await;
         let seen = self.seen.lock().unwrap().clone();
         assert!(
             seen.len() >= n,
@@ -140,13 +135,12 @@ fn mirror_metric(dp: &Dataplane, series: &str) -> f64 {
     sample(&dp.store.render_metrics(), series).unwrap_or_else(|| panic!("no {series}"))
 }
 
+/// The sample `series` once it reaches `at_least`, or after 5 s whatever it is.
 async fn wait_metric(dp: &Dataplane, series: &str, at_least: f64) -> f64 {
-    for _ in 0..500 {
-        if mirror_metric(dp, series) >= at_least {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually(Duration::from_secs(5), || {
+        mirror_metric(dp, series) >= at_least
+    })
+    .await;
     mirror_metric(dp, series)
 }
 

@@ -68,34 +68,8 @@ fn ed_key(kid: &str) -> SigningKey {
 }
 
 fn rsa_key(kid: &str) -> SigningKey {
-    let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("k.pem");
-    let st = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-            "-out",
-        ])
-        .arg(&key)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .expect("openssl (scripts/install/test-deps.sh installs it)");
-    assert!(st.success());
-    let out = std::process::Command::new("openssl")
-        .args(["rsa", "-noout", "-modulus", "-in"])
-        .arg(&key)
-        .output()
-        .unwrap();
-    let hex = String::from_utf8(out.stdout).unwrap();
-    let hex = hex.trim().strip_prefix("Modulus=").unwrap();
-    let n: Vec<u8> = (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap())
-        .collect();
-    let pem = std::fs::read_to_string(&key).unwrap();
+    let key = sluice_testkit::pki::RsaKey::generate();
+    let (n, pem) = (key.modulus(), key.pem);
     SigningKey {
         kid: kid.into(),
         alg: Algorithm::RS256,

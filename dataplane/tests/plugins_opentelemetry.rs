@@ -14,7 +14,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::Duration;
 
 use common::*;
 use http::StatusCode;
@@ -81,10 +80,7 @@ impl Collector {
             bin.display()
         );
         let dir = tempfile::tempdir().unwrap();
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
+        let port = free_port().port();
         let config = dir.path().join("config.yaml");
         std::fs::write(
             &config,
@@ -112,10 +108,10 @@ impl Collector {
             log,
             _dir: dir,
         };
-        eventually("the collector to start", || {
-            c.text().contains("Everything is ready")
-        })
-        .await;
+        assert!(
+            eventually(LONG_WAIT, || { c.text().contains("Everything is ready") }).await,
+            "waited 30 s for the collector to start"
+        );
         c
     }
 
@@ -141,10 +137,10 @@ impl Collector {
 
     /// Waits for the span of trace `trace`.
     async fn span_of(&self, trace: &str) -> SpanRec {
-        eventually(&format!("a span of trace {trace}"), || {
-            !self.spans_of(trace).is_empty()
-        })
-        .await;
+        assert!(
+            eventually(LONG_WAIT, || { !self.spans_of(trace).is_empty() }).await,
+            "waited 30 s for a span of trace {trace}"
+        );
         let mut all = self.spans_of(trace);
         assert_eq!(all.len(), 1, "one span per request: {all:#?}");
         all.remove(0)
@@ -203,17 +199,6 @@ fn parse_debug(text: &str) -> Vec<SpanRec> {
     }
     out.extend(current);
     out
-}
-
-/// Waits until `cond` holds; panics after a deadline far above any expected delay.
-async fn eventually(what: &str, cond: impl Fn() -> bool) {
-    for _ in 0..1500 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("waited 30 s for {what}");
 }
 
 /// A dataplane with the plugin metadata `metadata` and, per `(id, path, plugins)`, a route to
@@ -330,10 +315,13 @@ async fn a_client_trace_continues_through_the_span_to_the_upstream() {
     assert_eq!(s.resource["service.name"], "Str(edge)");
     assert_eq!(s.resource["deployment.environment"], "Str(test)");
     assert!(s.resource.contains_key("hostname"), "{:?}", s.resource);
-    eventually("the exported count", || {
-        counter(&dp, "sluice_opentelemetry_spans_exported_total", &[]) >= 1.0
-    })
-    .await;
+    assert!(
+        eventually(LONG_WAIT, || {
+            counter(&dp, "sluice_opentelemetry_spans_exported_total", &[]) >= 1.0
+        })
+        .await,
+        "waited 30 s for the exported count"
+    );
 }
 
 #[tokio::test]
@@ -530,10 +518,13 @@ async fn the_loggers_see_the_trace_and_x_request_id_can_be_the_trace_id() {
     assert_eq!(r.status, StatusCode::OK);
     let tp = upstream_traceparent(&r);
     assert_eq!(tp[1], "6f9619ff8b86d011b42d00c04fc964ff");
-    eventually("the access-log entry", || {
-        std::fs::read_to_string(&log).is_ok_and(|t| t.ends_with('\n'))
-    })
-    .await;
+    assert!(
+        eventually(LONG_WAIT, || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.ends_with('\n'))
+        })
+        .await,
+        "waited 30 s for the access-log entry"
+    );
     let entry: Value = serde_json::from_str(std::fs::read_to_string(&log).unwrap().trim()).unwrap();
     assert_eq!(entry["trace"], tp[1].as_str());
     assert_eq!(entry["span"], tp[2].as_str());
@@ -561,23 +552,29 @@ async fn a_collector_that_is_down_fails_no_request_and_drops_are_counted() {
         assert_eq!(r.status, StatusCode::OK);
     }
     // The queue holds two spans while the task retries: the rest are dropped at once...
-    eventually("queue_full drops", || {
-        counter(
-            &dp,
-            "sluice_opentelemetry_spans_dropped_total",
-            &["reason=\"queue_full\""],
-        ) >= 1.0
-    })
-    .await;
+    assert!(
+        eventually(LONG_WAIT, || {
+            counter(
+                &dp,
+                "sluice_opentelemetry_spans_dropped_total",
+                &["reason=\"queue_full\""],
+            ) >= 1.0
+        })
+        .await,
+        "waited 30 s for queue_full drops"
+    );
     // ... and a batch that failed every retry is dropped and counted too.
-    eventually("send_failed drops", || {
-        counter(
-            &dp,
-            "sluice_opentelemetry_spans_dropped_total",
-            &["reason=\"send_failed\""],
-        ) >= 1.0
-    })
-    .await;
+    assert!(
+        eventually(LONG_WAIT, || {
+            counter(
+                &dp,
+                "sluice_opentelemetry_spans_dropped_total",
+                &["reason=\"send_failed\""],
+            ) >= 1.0
+        })
+        .await,
+        "waited 30 s for send_failed drops"
+    );
     assert_eq!(
         counter(&dp, "sluice_opentelemetry_spans_exported_total", &[]),
         0.0

@@ -10,10 +10,6 @@ use http::StatusCode;
 use serde_json::json;
 use sluice_testkit::EchoServer;
 
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
 #[tokio::test]
 async fn apisix_families_with_bounded_labels() {
     let echo = EchoServer::start("a", any()).await.unwrap();

@@ -15,13 +15,6 @@ use http::StatusCode;
 use serde_json::json;
 use sluice_testkit::EchoServer;
 
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
-
 struct Killed(Child);
 
 impl Drop for Killed {
@@ -53,11 +46,10 @@ async fn redis_on(addr: SocketAddr) -> (Killed, SocketAddr) {
         .stderr(Stdio::null())
         .spawn()
         .expect("redis-server (scripts/install/test-deps.sh installs it)");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(addr).await.is_err() {
-        assert!(Instant::now() < deadline, "redis-server did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        listening(addr, Duration::from_secs(10)).await,
+        "redis-server did not start"
+    );
     (Killed(child), addr)
 }
 
@@ -124,16 +116,17 @@ async fn start_dataplane(config: &std::path::Path) -> (Killed, SocketAddr) {
         .spawn()
         .unwrap();
     let p = Killed(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if tokio::net::TcpStream::connect(admin).await.is_ok()
-            && get(admin, "admin", "/readyz").await.status == StatusCode::OK
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "dataplane did not become ready");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        eventually_async(
+            Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(20)),
+            || async move {
+                tokio::net::TcpStream::connect(admin).await.is_ok()
+                    && get(admin, "admin", "/readyz").await.status == StatusCode::OK
+            }
+        )
+        .await,
+        "dataplane did not become ready"
+    );
     (p, http)
 }
 
@@ -290,15 +283,16 @@ async fn limit_req_and_limit_conn_share_state_through_redis() {
     );
     assert_eq!(slow.await.unwrap(), StatusCode::OK);
     // Released when the slow one finished (a task decrements; give it a moment).
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let s = get(dp2.addr, "h", "/conn").await.status;
-        if s == StatusCode::OK {
-            break;
-        }
-        assert!(Instant::now() < deadline, "slot never released: {s}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let addr = dp2.addr;
+    let s = eventually_async(
+        Wait::up_to(Duration::from_secs(5)).every(Duration::from_millis(50)),
+        || async move {
+            let s = get(addr, "h", "/conn").await.status;
+            if s == StatusCode::OK { Ok(s) } else { Err(s) }
+        },
+    )
+    .await;
+    assert!(s.is_ok(), "slot never released: {s:?}");
 }
 
 #[tokio::test]

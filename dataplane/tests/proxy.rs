@@ -13,10 +13,6 @@ use http_body_util::{BodyExt, Full, StreamBody};
 use hyper_util::rt::TokioIo;
 use sluice_testkit::EchoServer;
 
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
-}
-
 #[tokio::test]
 async fn proxies_with_forwarding_headers_and_client_host() {
     let echo = EchoServer::start("a", any()).await.unwrap();
@@ -60,11 +56,7 @@ async fn no_route_is_404_with_a_short_body() {
 
 #[tokio::test]
 async fn refused_upstream_is_502() {
-    // Bind then drop, so nothing listens on that port.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let closed = closed_port();
     let dp = dataplane_to("/*", closed).await;
     let resp = get(dp.addr, "h", "/x").await;
     assert_eq!(resp.status, StatusCode::BAD_GATEWAY);

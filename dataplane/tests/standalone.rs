@@ -7,18 +7,11 @@ mod common;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::get;
+use common::{Wait, eventually_async, free_port, get, listening};
 use http::StatusCode;
 use sluice_testkit::EchoServer;
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 struct Proc {
     child: Child,
@@ -43,18 +36,16 @@ async fn wait_snapshot(
     what: &str,
     cond: impl Fn(&serde_json::Value) -> bool,
 ) -> serde_json::Value {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = admin_json(p, "/snapshot").await;
-        if cond(&s) {
-            return s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out waiting for {what}; /snapshot = {s:#}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let cond = &cond;
+    eventually_async(
+        Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(50)),
+        || async move {
+            let s = admin_json(p, "/snapshot").await;
+            if cond(&s) { Ok(s) } else { Err(s) }
+        },
+    )
+    .await
+    .unwrap_or_else(|s| panic!("timed out waiting for {what}; /snapshot = {s:#}"))
 }
 
 async fn start(config: &Path) -> Proc {
@@ -79,11 +70,10 @@ async fn start(config: &Path) -> Proc {
         .spawn()
         .unwrap();
     let p = Proc { child, http, admin };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(admin).await.is_err() {
-        assert!(Instant::now() < deadline, "dataplane did not start");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        listening(admin, Duration::from_secs(10)).await,
+        "dataplane did not start"
+    );
     p
 }
 

@@ -1,4 +1,4 @@
-//! HTTPS termination against real clients: certificates generated here with rcgen, the
+//! HTTPS termination against real clients: certificates from the test kit's `pki` (rcgen), the
 //! dataplane's HTTPS listener on a loopback port, rustls clients (plus curl and openssl
 //! s_client) checking which certificate each SNI gets, ALPN, client mTLS and rotation.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +13,6 @@ use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::{ClientConfig, RootCertStore};
@@ -22,65 +21,20 @@ use sluice_dataplane::listener::server::{self, Limits};
 use sluice_dataplane::upstream::tls::NoVerification;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
+use sluice_testkit::pki::{self, Ca, Cert, RsaKey};
 use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::client::TlsStream;
 
-fn any() -> SocketAddr {
-    "127.0.0.1:0".parse().unwrap()
+/// What this suite makes of a test certificate.
+trait LeafExt {
+    /// The certificate (its chain) and key as a `TlsCertificate` `id` for `hosts`.
+    fn cert(&self, id: &str, hosts: &[&str]) -> v1::TlsCertificate;
+    /// The certificate and key as a client identity.
+    fn client_identity(&self) -> (Vec<CertificateDer<'static>>, PrivateKeyDer<'static>);
 }
 
-/// A CA that signs leaf certificates.
-struct Ca {
-    issuer: Issuer<'static, KeyPair>,
-    pem: String,
-    der: CertificateDer<'static>,
-}
-
-impl Ca {
-    fn new(name: &str) -> Ca {
-        let key = KeyPair::generate().unwrap();
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        let cert = params.self_signed(&key).unwrap();
-        Ca {
-            pem: cert.pem(),
-            der: cert.der().clone(),
-            issuer: Issuer::new(params, key),
-        }
-    }
-
-    /// A leaf for `names` with an ECDSA P-256 key (or the given key).
-    fn leaf_with(&self, names: &[&str], key: KeyPair) -> Leaf {
-        let mut params =
-            CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-                .unwrap();
-        params.distinguished_name.push(
-            DnType::CommonName,
-            names.first().copied().unwrap_or("client"),
-        );
-        let cert = params.signed_by(&key, &self.issuer).unwrap();
-        Leaf {
-            // The chain: leaf, then the CA (as a server would send an intermediate).
-            chain_pem: format!("{}{}", cert.pem(), self.pem),
-            key_pem: key.serialize_pem(),
-            der: cert.der().clone(),
-        }
-    }
-
-    fn leaf(&self, names: &[&str]) -> Leaf {
-        self.leaf_with(names, KeyPair::generate().unwrap())
-    }
-}
-
-struct Leaf {
-    chain_pem: String,
-    key_pem: String,
-    der: CertificateDer<'static>,
-}
-
-impl Leaf {
+impl LeafExt for Cert {
     fn cert(&self, id: &str, hosts: &[&str]) -> v1::TlsCertificate {
         v1::TlsCertificate {
             id: id.into(),
@@ -349,22 +303,7 @@ async fn alpn_selects_http2_or_http11() {
 #[tokio::test]
 async fn tls12_with_an_rsa_2048_key() {
     // ring signs with RSA but cannot generate RSA keys: openssl makes the key.
-    let out = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let key = KeyPair::from_pem_and_sign_algo(
-        std::str::from_utf8(&out.stdout).unwrap(),
-        &rcgen::PKCS_RSA_SHA256,
-    )
-    .unwrap();
+    let key = RsaKey::generate().key_pair();
     let ca = Ca::new("test CA");
     let leaf = ca.leaf_with(&["rsa.example.com"], key);
     let dp = Https::start(vec![leaf.cert("default/rsa", &["rsa.example.com"])]).await;
@@ -472,21 +411,12 @@ async fn mtls_depth_limits_intermediates() {
     let server_ca = Ca::new("server CA");
     let root = Ca::new("client root");
     // An intermediate CA signed by the root.
-    let inter_key = KeyPair::generate().unwrap();
-    let mut inter_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    inter_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    inter_params
-        .distinguished_name
-        .push(DnType::CommonName, "client intermediate");
-    let inter_cert = inter_params.signed_by(&inter_key, &root.issuer).unwrap();
-    let inter = Issuer::new(inter_params, inter_key);
-    let client_key = KeyPair::generate().unwrap();
-    let client_params = CertificateParams::new(vec!["client.example.com".to_string()]).unwrap();
-    let client_cert = client_params.signed_by(&client_key, &inter).unwrap();
+    let inter = root.intermediate("client intermediate");
+    let client = inter.sign(pki::params_for(&["client.example.com"]));
     let identity = || {
         (
-            vec![client_cert.der().clone(), inter_cert.der().clone()],
-            PrivateKeyDer::from_pem_slice(client_key.serialize_pem().as_bytes()).unwrap(),
+            vec![client.der.clone(), inter.der.clone()],
+            PrivateKeyDer::from_pem_slice(client.key_pem.as_bytes()).unwrap(),
         )
     };
     let leaf = server_ca.leaf(&["deep.example.com", "shallow.example.com"]);
@@ -949,7 +879,7 @@ async fn standalone_default_certificate_from_the_files() {
     let ca = Ca::new("standalone CA");
     let known = ca.leaf(&["known.example.com"]);
     let fallback = ca.leaf(&["ingress.local"]);
-    let secret = |name: &str, leaf: &Leaf| {
+    let secret = |name: &str, leaf: &Cert| {
         let indent = |t: &str| t.lines().map(|l| format!("    {l}\n")).collect::<String>();
         format!(
             "apiVersion: v1\nkind: Secret\nmetadata: {{name: {name}, namespace: ingress}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}---\n",

@@ -67,8 +67,7 @@ fn golden_inputs() -> Vec<PathBuf> {
 
 /// A loopback port nothing listens on (endpoints are moved there before compiling).
 fn closed_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
+    sluice_testkit::net::closed_port().port()
 }
 
 fn child<'a>(v: &'a mut Value, step: &Step) -> Option<&'a mut Value> {

@@ -3,7 +3,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-mod upstream_support;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,7 +16,6 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use sluice_proto::v1;
 use tokio::io::AsyncReadExt;
-use upstream_support::*;
 
 fn apply(dp: &Dataplane, version: u64, up: v1::Upstream) {
     dp.store
@@ -205,14 +203,7 @@ async fn endpoint_killed_mid_load_is_ejected_then_restored_by_the_active_check()
 
 #[tokio::test]
 async fn all_endpoints_down_is_503_with_a_clear_body() {
-    let closed: Vec<SocketAddr> = (0..2)
-        .map(|_| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .unwrap()
-                .local_addr()
-                .unwrap()
-        })
-        .collect();
+    let closed: Vec<SocketAddr> = (0..2).map(|_| closed_port()).collect();
     let dp = dataplane().await;
     // Without health checks a refused connection is a 502, as nginx answers.
     apply(&dp, 1, upstream_of("u", &closed));
@@ -395,10 +386,7 @@ async fn a_reset_before_the_response_is_retried_elsewhere_only_without_a_streame
 async fn a_failed_connect_ejects_the_endpoint_at_once_without_health_checks() {
     let a = Origin::start("a");
     let b = Origin::start("b");
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let dead = closed_port();
     let dp = dataplane().await;
     let mut up = upstream_of("u", &[a.addr, b.addr, dead]);
     up.retries = Some(0);
@@ -611,10 +599,7 @@ async fn active_probes_send_host_path_and_headers_and_tcp_probes_follow_the_list
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apisix_upstream_status_reports_each_checked_endpoint() {
     let a = Origin::start("a");
-    let dead = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let dead = closed_port();
     let unchecked = Origin::start("u2");
     let dp = dataplane().await;
     let mut checked = upstream_of("default/app:80", &[a.addr, dead]);
@@ -641,16 +626,22 @@ async fn apisix_upstream_status_reports_each_checked_endpoint() {
         )
     };
     // The active check finds the closed port down within a probe round.
-    let mut text = String::new();
-    for _ in 0..40 {
-        text = get(admin, "localhost", "/apisix/prometheus/metrics")
-            .await
-            .text();
-        if sample(&text, &series(dead)) == Some(0.0) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let series = &series;
+    let text = eventually_async(
+        Wait::up_to(Duration::from_secs(4)).every(Duration::from_millis(100)),
+        || async move {
+            let text = get(admin, "localhost", "/apisix/prometheus/metrics")
+                .await
+                .text();
+            if sample(&text, &series(dead)) == Some(0.0) {
+                Ok(text)
+            } else {
+                Err(text)
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|text| text);
     assert_eq!(sample(&text, &series(dead)), Some(0.0), "{text}");
     assert_eq!(sample(&text, &series(a.addr)), Some(1.0), "{text}");
     assert!(

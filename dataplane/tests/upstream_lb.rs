@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-mod upstream_support;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,7 +17,6 @@ use http_body_util::Full;
 use sluice_dataplane::config::store::Store;
 use sluice_dataplane::upstream::PoolConfig;
 use sluice_proto::v1;
-use upstream_support::*;
 
 fn apply(dp: &Dataplane, version: u64, up: v1::Upstream) {
     dp.store

@@ -2,7 +2,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-mod upstream_support;
 
 use std::net::SocketAddr;
 use std::process::{Command, Stdio};
@@ -10,18 +9,10 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use common::get;
+use common::*;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
-use upstream_support::*;
-
-fn free_port() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-}
 
 /// Where a test's dataplane writes its log (stderr), to be shown when the test fails.
 fn log_file(dir: &std::path::Path) -> Stdio {
@@ -144,16 +135,17 @@ async fn sigterm_under_load_finishes_every_in_flight_request_and_refuses_new_one
     std::fs::write(&file, config(origin.addr.port())).unwrap();
     let (mut child, http, admin) =
         start_standalone(dir.path(), &["--workers", "2", "--drain-timeout", "10s"]).await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if tokio::net::TcpStream::connect(http).await.is_ok()
-            && get(http, "app", "/warm").await.status == StatusCode::OK
-        {
-            break;
-        }
-        assert!(Instant::now() < deadline, "dataplane did not serve");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        eventually_async(
+            Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(50)),
+            || async move {
+                tokio::net::TcpStream::connect(http).await.is_ok()
+                    && get(http, "app", "/warm").await.status == StatusCode::OK
+            }
+        )
+        .await,
+        "dataplane did not serve"
+    );
 
     // An idle keep-alive connection: drained connections close.
     let stream = tokio::net::TcpStream::connect(http).await.unwrap();
@@ -203,29 +195,23 @@ async fn sigterm_under_load_finishes_every_in_flight_request_and_refuses_new_one
             })
         })
         .collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while origin.state.requests.load(Ordering::SeqCst) < before + 40 {
-        assert!(
-            Instant::now() < deadline,
-            "requests did not reach the origin"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            origin.state.requests.load(Ordering::SeqCst) >= before + 40
+        })
+        .await,
+        "requests did not reach the origin"
+    );
 
     let pid = i32::try_from(child.id()).unwrap();
     assert_eq!(send_sigterm(pid), 0);
     let term_at = Instant::now();
 
     // Draining: /readyz turns 503 and new connections are refused.
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let refused = tokio::net::TcpStream::connect(http).await.is_err();
-        if refused {
-            break;
-        }
-        assert!(Instant::now() < deadline, "new connections still accepted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert!(
+        refused(http, Duration::from_secs(2)).await,
+        "new connections still accepted"
+    );
     let ready = get(admin, "admin", "/readyz").await;
     assert_eq!(ready.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(ready.text(), "draining\n");
@@ -249,14 +235,7 @@ async fn sigterm_under_load_finishes_every_in_flight_request_and_refuses_new_one
         .unwrap();
 
     // The process exits 0 once the in-flight requests are done.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "dataplane did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let status = wait_exit(&mut child, Duration::from_secs(10)).await;
     println!(
         "SIGTERM with 40 requests in flight: 40/40 answered 200, exit {status} after {:?}",
         term_at.elapsed()
@@ -396,11 +375,13 @@ async fn apisix_upstream_fields_take_effect_through_the_real_process() {
     assert_eq!(r.headers["x-seen-host"], "client.example.com");
 
     // The active check probes /healthz on both ports' endpoints.
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while a.state.probes.load(Ordering::SeqCst) == 0 || b.state.probes.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "no probes arrived");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            a.state.probes.load(Ordering::SeqCst) > 0 && b.state.probes.load(Ordering::SeqCst) > 0
+        })
+        .await,
+        "no probes arrived"
+    );
     let metrics = get(admin, "admin", "/metrics").await.text();
     assert!(
         metrics.contains(&format!(
@@ -412,15 +393,17 @@ async fn apisix_upstream_fields_take_effect_through_the_real_process() {
 
     // Fixing the ApisixUpstream applies its settings on reload.
     std::fs::write(&file, two_port_config(a.addr.port(), b.addr.port(), "2s")).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let r = get(http, "client.example.com", "/other").await;
-        if r.headers["x-seen-host"] == "other.example.com" {
-            break;
-        }
-        assert!(Instant::now() < deadline, "reload not applied");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert!(
+        eventually_async(
+            Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(100)),
+            || async move {
+                let r = get(http, "client.example.com", "/other").await;
+                r.headers["x-seen-host"] == "other.example.com"
+            }
+        )
+        .await,
+        "reload not applied"
+    );
     let _ = child.kill();
     let _ = child.wait();
 }
@@ -505,17 +488,13 @@ async fn ws_dataplane(
         ],
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if let Ok((mut ws, _)) =
-            tokio_tungstenite::connect_async(format!("ws://{http}/ws/warm")).await
-        {
-            let _ = ws.close(None).await;
-            break;
-        }
-        assert!(Instant::now() < deadline, "dataplane did not serve");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (mut ws, _) = eventually_async(
+        Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(50)),
+        || tokio_tungstenite::connect_async(format!("ws://{http}/ws/warm")),
+    )
+    .await
+    .expect("dataplane did not serve");
+    let _ = ws.close(None).await;
     (child, http)
 }
 
@@ -548,22 +527,16 @@ where
 
 /// Waits for the listener to close (drain started) after SIGTERM.
 async fn wait_refused(http: SocketAddr) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while tokio::net::TcpStream::connect(http).await.is_ok() {
-        assert!(Instant::now() < deadline, "new connections still accepted");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    assert!(
+        refused(http, Duration::from_secs(5)).await,
+        "new connections still accepted"
+    );
 }
 
 async fn wait_exit(child: &mut std::process::Child, limit: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(s) = child.try_wait().unwrap() {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "dataplane did not exit");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(limit, || child.try_wait().unwrap())
+        .await
+        .expect("dataplane did not exit")
 }
 
 /// A dataplane process with `--drain-timeout drain`, a WebSocket session through it that
@@ -745,21 +718,20 @@ async fn closed_by_dataplane<T>(
 
 /// Waits (up to 5 s) for `/readyz` on `admin` to answer 503 `draining`.
 async fn wait_not_ready(admin: SocketAddr, dir: &std::path::Path) {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let ready = get(admin, "admin", "/readyz").await;
-        if ready.status == StatusCode::SERVICE_UNAVAILABLE {
-            assert_eq!(ready.text(), "draining\n");
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "/readyz still {} after SIGTERM\n{}",
-            ready.status,
-            log_tail(dir)
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let ready = eventually_async(
+        Wait::up_to(Duration::from_secs(5)).every(Duration::from_millis(10)),
+        || async move {
+            let ready = get(admin, "admin", "/readyz").await;
+            if ready.status == StatusCode::SERVICE_UNAVAILABLE {
+                Ok(ready)
+            } else {
+                Err(ready.status)
+            }
+        },
+    )
+    .await
+    .unwrap_or_else(|status| panic!("/readyz still {status} after SIGTERM\n{}", log_tail(dir)));
+    assert_eq!(ready.text(), "draining\n");
 }
 
 /// A real dataplane on `origin` with `--shutdown-delay delay` and 2 workers, serving.
@@ -781,11 +753,14 @@ async fn delayed_dataplane(
         ],
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while get(http, "app", "/warm").await.status != StatusCode::OK {
-        assert!(Instant::now() < deadline, "dataplane did not serve");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert!(
+        eventually_async(
+            Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(50)),
+            || async move { get(http, "app", "/warm").await.status == StatusCode::OK }
+        )
+        .await,
+        "dataplane did not serve"
+    );
     (child, http, admin)
 }
 
@@ -861,11 +836,10 @@ async fn sigterm_with_a_shutdown_delay_keeps_serving_new_connections_until_the_d
     );
 
     // After the delay: the listeners close, and the process exits 0.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while tokio::net::TcpStream::connect(http).await.is_ok() {
-        assert!(Instant::now() < deadline, "new connections still accepted");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    assert!(
+        refused(http, Duration::from_secs(10)).await,
+        "new connections still accepted"
+    );
     assert!(
         term_at.elapsed() >= Duration::from_secs(5),
         "listeners closed {:?} after SIGTERM, before the 5 s delay",

@@ -4,7 +4,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
-mod upstream_support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -16,25 +15,17 @@ use common::*;
 use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
-    KeyUsagePurpose,
-};
+use rcgen::{BasicConstraints, DnType, ExtendedKeyUsagePurpose, IsCa, KeyUsagePurpose};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sluice_proto::v1;
 use sluice_testkit::grpc::{EchoClient, EchoRequest, GrpcEchoServer};
+use sluice_testkit::pki::{self, Ca};
 use tokio::net::TcpListener;
-use upstream_support::{eventually, health_check, metric};
 
-/// A certificate authority made for one test.
-struct Ca {
-    pem: String,
-    issuer: Issuer<'static, KeyPair>,
-}
-
+/// A certificate authority made for one test, with the key usages a real one declares.
 fn ca(name: &str) -> Ca {
-    let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+    let mut p = pki::params_for(&[]);
     p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     p.distinguished_name.push(DnType::CommonName, name);
     p.key_usages = vec![
@@ -42,23 +33,16 @@ fn ca(name: &str) -> Ca {
         KeyUsagePurpose::CrlSign,
         KeyUsagePurpose::DigitalSignature,
     ];
-    let key = KeyPair::generate().unwrap();
-    let cert = p.self_signed(&key).unwrap();
-    Ca {
-        pem: cert.pem(),
-        issuer: Issuer::new(p, key),
-    }
+    Ca::from_params(p)
 }
 
 /// A leaf certificate and key (PEM) for `sans` (DNS names or IP addresses).
 fn leaf(ca: &Ca, cn: &str, sans: &[&str], usage: ExtendedKeyUsagePurpose) -> (String, String) {
-    let mut p =
-        CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+    let mut p = pki::params_for(sans);
     p.distinguished_name.push(DnType::CommonName, cn);
     p.extended_key_usages = vec![usage];
-    let key = KeyPair::generate().unwrap();
-    let cert = p.signed_by(&key, &ca.issuer).unwrap();
-    (cert.pem(), key.serialize_pem())
+    let cert = ca.sign(p);
+    (cert.pem, cert.key_pem)
 }
 
 fn server_leaf(ca: &Ca, sans: &[&str]) -> (String, String) {

@@ -313,13 +313,10 @@ where
 /// Whether `endpoint`'s in-flight count reaches `want` within two seconds (a session is
 /// counted until the dataplane sees both of its ends close).
 async fn counts_settle(dp: &Dataplane, endpoint: SocketAddr, want: f64) -> bool {
-    for _ in 0..100 {
-        if in_flight_of(dp, endpoint) == Some(want) {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    false
+    eventually(Duration::from_secs(2), || {
+        in_flight_of(dp, endpoint) == Some(want)
+    })
+    .await
 }
 
 /// A dataplane serving `/ws*` from `backend` with `plugin` on the route.
@@ -372,22 +369,14 @@ async fn limit_conn_counts_an_open_session_until_it_ends() {
     first.close(None).await.unwrap();
     while first.next().await.is_some() {}
     drop(first);
-    let mut second = None;
-    for _ in 0..100 {
-        if let Ok((ws, _)) = tokio_tungstenite::connect_async(&url).await {
-            second = Some(ws);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let mut second = second.expect("a session once the first one closed");
+    let url = &url;
+    let (mut second, _) = eventually_async(
+        Wait::up_to(Duration::from_secs(2)).every(Duration::from_millis(20)),
+        || async move { tokio_tungstenite::connect_async(url).await },
+    )
+    .await
+    .expect("a session once the first one closed");
     assert_eq!(next_text(&mut second).await, "hello from ws1 /ws/one");
-}
-
-/// The value of the sample `name{labels}` in `text`.
-fn sample_of(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[tokio::test]
@@ -408,29 +397,26 @@ async fn prometheus_logs_a_session_once_when_it_ends_with_its_bytes_and_duration
     assert_eq!(next_text(&mut ws).await, format!("ws1: {big}"));
     tokio::time::sleep(Duration::from_millis(200)).await;
     // Still open: not logged yet.
-    assert_eq!(sample_of(&dp.store.render_metrics(), &status), None);
+    assert_eq!(sample(&dp.store.render_metrics(), &status), None);
 
     ws.close(None).await.unwrap();
     while ws.next().await.is_some() {}
     drop(ws);
-    let mut text = String::new();
-    for _ in 0..100 {
-        text = dp.store.render_metrics();
-        if sample_of(&text, &status).is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(sample_of(&text, &status), Some(1.0), "logged once: {text}");
+    eventually(Duration::from_secs(2), || {
+        sample(&dp.store.render_metrics(), &status)
+    })
+    .await;
+    let text = dp.store.render_metrics();
+    assert_eq!(sample(&text, &status), Some(1.0), "logged once: {text}");
     let latency = format!("apisix_http_latency_sum{{type=\"request\",{labels}}}");
-    let ms = sample_of(&text, &latency).unwrap();
+    let ms = sample(&text, &latency).unwrap();
     assert!(
         ms >= 200.0,
         "the session lasted over 200 ms, logged {ms} ms"
     );
     for (kind, at_least) in [("ingress", 10_000.0), ("egress", 10_005.0)] {
         let series = format!("apisix_bandwidth{{type=\"{kind}\",{labels}}}");
-        let bytes = sample_of(&text, &series).unwrap();
+        let bytes = sample(&text, &series).unwrap();
         assert!(bytes >= at_least, "{kind}: {bytes} bytes: {text}");
     }
 }

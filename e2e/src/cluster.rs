@@ -329,17 +329,13 @@ impl Cluster {
                 what: format!("{} (pid {pid}) is not running", component.program()),
             })?;
         run_ok(Command::new("kill").args(["-KILL", &pid.to_string()]))?;
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !dead(pid) {
-            if Instant::now() >= deadline {
-                return Err(Error::ControlPlane {
-                    what: format!(
-                        "{} (pid {pid}) still runs 10 s after SIGKILL",
-                        component.program()
-                    ),
-                });
-            }
-            std::thread::sleep(Duration::from_millis(10));
+        if !crate::eventually(Duration::from_secs(10), || dead(pid)) {
+            return Err(Error::ControlPlane {
+                what: format!(
+                    "{} (pid {pid}) still runs 10 s after SIGKILL",
+                    component.program()
+                ),
+            });
         }
         self.killed.insert(component, argv);
         Ok(())
@@ -593,10 +589,7 @@ mod tests {
         assert!(!dead(child.id()));
         child.kill().unwrap();
         // Not reaped yet: a zombie counts as dead.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while !dead(child.id()) && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        crate::eventually(Duration::from_secs(5), || dead(child.id()));
         assert!(dead(child.id()));
         child.wait().unwrap();
         assert!(dead(child.id()));

@@ -28,6 +28,13 @@ impl HttpResponse {
     }
 }
 
+/// A sample of the `/metrics` at `addr` (`series` as printed, labels included): `None` when
+/// the scrape fails or the series is absent.
+pub fn metric(addr: SocketAddr, series: &str) -> Option<f64> {
+    let body = http_get(addr, "localhost", "/metrics").ok()?.body;
+    sluice_testkit::metrics::sample(&body, series)
+}
+
 /// `GET path` with `Host: host` to `addr` over a fresh connection (`Connection: close`), with a
 /// 10 s timeout on each step.
 pub fn http_get(addr: SocketAddr, host: &str, path: &str) -> Result<HttpResponse, Error> {

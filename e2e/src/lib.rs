@@ -21,6 +21,8 @@
 //!   says (an authorization service, OpenID provider, log receiver or mirror host).
 //! - [`workspace_bin`]: builds (if stale) and locates a binary of another workspace crate,
 //!   e.g. `sluice-echo`, `sluice-dataplane` or `sluice-controller`.
+//! - [`eventually`] (with [`Wait`] for a slower pace) and [`metric`]: `sluice-testkit`'s
+//!   waiting and metrics parsing, for these blocking tests.
 //!
 //! Tiers: every test in `tests/` is the system tier, built only with the `system` feature
 //! (`scripts/test.sh` turns it on), so `cargo test --workspace` passes without root or
@@ -52,7 +54,7 @@ pub use helm::{
     HelmOutput, RELEASE, chart_dir, helm, helm_command, helm_ok, helm_path, render_chart,
     render_release,
 };
-pub use http::{HttpConnection, HttpResponse, http_get, http_get_with, http_request};
+pub use http::{HttpConnection, HttpResponse, http_get, http_get_with, http_request, metric};
 pub use load::{Failure, Load, LoadReport};
 pub use netns::{Backend, Netns, SUBNET_POOL};
 pub use pipeline::{
@@ -62,6 +64,7 @@ pub use pipeline::{
 };
 pub use recorder::{HttpRecorder, Recorded, Reply};
 pub use service::ServiceProxy;
+pub use sluice_testkit::Wait;
 
 /// The repository root: the nearest ancestor of the running test's package (cargo sets
 /// `CARGO_MANIFEST_DIR` at run time) or of the working directory that holds `Cargo.lock`.

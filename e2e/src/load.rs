@@ -317,10 +317,7 @@ mod tests {
             &[("h", "/ok"), ("h", "/chunked"), ("h", "/missing")],
             Duration::ZERO,
         );
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while load.ok() < 40 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        crate::eventually(Duration::from_secs(10), || load.ok() >= 40);
         let report = load.stop();
         assert!(report.ok >= 40, "{report:?}");
         // Every third request is the 404; nothing else failed.
@@ -339,10 +336,7 @@ mod tests {
     fn nothing_listening_is_a_failure() {
         let addr = crate::free_port().unwrap();
         let load = Load::start(addr, &[("h", "/ok")], Duration::from_millis(1));
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while load.failed() < 3 && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        crate::eventually(Duration::from_secs(10), || load.failed() >= 3);
         let report = load.stop();
         assert_eq!(report.ok, 0);
         assert!(report.failed >= 3, "{report:?}");

@@ -22,7 +22,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::{Backend, Cluster, Error, Netns, RELEASE, ServiceProxy, repo_root, workspace_bin};
 
@@ -56,47 +56,19 @@ pub fn install_gateway_api_crds(cluster: &Cluster) -> Result<(), Error> {
     Ok(())
 }
 
-/// A free loopback port for a process the test is about to start.
-///
-/// NB: the port comes from 21000-32767, below the kernel's ephemeral range (32768-60999),
-/// not from binding port 0: a port handed out by the kernel and released again can be taken
-/// by any outgoing connection before the process binds it. `scripts/cluster/testcluster.sh` uses
-/// 10000-20999, so the two never race for one port.
+/// A free loopback port for a process the test is about to start: the kit's
+/// [`sluice_testkit::net::try_free_port`] (from 21000-32767, below the kernel's ephemeral
+/// range and above `scripts/cluster/testcluster.sh`'s ports).
 pub fn free_port() -> Result<SocketAddr, Error> {
-    use std::hash::{BuildHasher, Hasher};
-    const LOW: u64 = 21_000;
-    const SPAN: u64 = 32_768 - LOW;
-    let mut last = None;
-    for attempt in 0..200u64 {
-        // A fresh RandomState per call is seeded differently: enough randomness for ports.
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u64(attempt ^ u64::from(std::process::id()));
-        let port = u16::try_from(LOW + h.finish() % SPAN).unwrap_or(21_000);
-        let addr = SocketAddr::from(([127, 0, 0, 1], port));
-        match std::net::TcpListener::bind(addr) {
-            Ok(_) => return Ok(addr),
-            Err(e) => last = Some(e),
-        }
-    }
-    Err(Error::Http {
+    sluice_testkit::net::try_free_port().map_err(|e| Error::Http {
         addr: SocketAddr::from(([127, 0, 0, 1], 0)),
-        why: format!("no free port in 21000-32767: {last:?}"),
+        why: e.to_string(),
     })
 }
 
-/// Polls `probe` every 5 ms until it returns `Some`, for at most `limit`.
-pub fn eventually<T>(limit: Duration, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = probe() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
+/// Polls `probe` until it is settled (`true`, `Some`, `Ok`), for at most `limit`: the kit's
+/// [`sluice_testkit::eventually_blocking`], under the name the system tests use.
+pub use sluice_testkit::eventually_blocking as eventually;
 
 /// A controller replica beyond the first, in a pipeline started with
 /// [`Pipeline::start_replicated`].

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use sluice_e2e::{Cluster, repo_root};
+use sluice_e2e::{Cluster, Wait, eventually, repo_root};
 
 /// Whether `pid` is a live (not zombie) process.
 fn running(pid: u32) -> bool {
@@ -13,17 +13,6 @@ fn running(pid: u32) -> bool {
         .ok()
         .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| !rest.starts_with('Z')))
         .unwrap_or(false)
-}
-
-fn eventually(what: &str, timeout: Duration, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !f() {
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 #[test]
@@ -100,10 +89,12 @@ subjects:
         ))
         .unwrap();
     // The RBAC authorizer learns about new bindings through a watch: give it a moment.
-    eventually(
-        "the RoleBinding to take effect",
-        Duration::from_secs(10),
-        || get("configmaps").success,
+    assert!(
+        eventually(
+            Wait::up_to(Duration::from_secs(10)).every(Duration::from_millis(100)),
+            || get("configmaps").success
+        ),
+        "timed out after 10s waiting for the RoleBinding to take effect"
     );
     let secrets = get("secrets");
     assert!(
@@ -166,10 +157,11 @@ fn the_watchdog_cleans_up_when_the_owning_process_dies() {
 
     owner.kill().unwrap();
     owner.wait().unwrap();
-    eventually(
-        "the watchdog to stop the cluster",
-        Duration::from_secs(20),
-        || !running(apiserver) && !running(etcd) && !Path::new(&dir).exists(),
+    assert!(
+        eventually(Duration::from_secs(20), || !running(apiserver)
+            && !running(etcd)
+            && !Path::new(&dir).exists()),
+        "timed out after 20s waiting for the watchdog to stop the cluster"
     );
 }
 

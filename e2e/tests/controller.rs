@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use sluice_e2e::{
-    Backend, Pipeline, eventually, free_port, http_get, spawn_controller, spawn_dataplane,
+    Backend, Pipeline, Wait, eventually, free_port, http_get, spawn_controller, spawn_dataplane,
 };
+use sluice_testkit::metrics::sample;
 
 fn serving(http: std::net::SocketAddr, path: &str) -> Option<String> {
     http_get(http, "demo.e2e", path)
@@ -32,13 +33,10 @@ fn snapshot_state(admin: std::net::SocketAddr) -> Value {
     serde_json::from_str(&r.body).unwrap()
 }
 
+/// A sample of `/metrics`, 0 when absent.
 fn metric(addr: std::net::SocketAddr, name: &str) -> f64 {
     let body = http_get(addr, "localhost", "/metrics").unwrap().body;
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
+    sample(&body, name).unwrap_or(0.0)
 }
 
 fn condition(p: &Pipeline, name: &str, type_: &str) -> Option<Value> {
@@ -67,20 +65,19 @@ fn wait_condition(
     what: &str,
     want: impl Fn(&Value) -> bool,
 ) -> Value {
-    let deadline = Instant::now() + STATUS_WAIT;
     let mut last = None;
-    loop {
-        if let Some(c) = condition(p, name, type_) {
-            if want(&c) {
-                return c;
-            }
-            last = Some(c);
+    let wait = Wait::up_to(STATUS_WAIT).every(Duration::from_millis(200));
+    eventually(wait, || {
+        let c = condition(p, name, type_)?;
+        if want(&c) {
+            return Some(c);
         }
-        if Instant::now() >= deadline {
-            panic!("timed out after {STATUS_WAIT:?} waiting for {what}; last seen: {last:?}");
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+        last = Some(c);
+        None
+    })
+    .unwrap_or_else(|| {
+        panic!("timed out after {STATUS_WAIT:?} waiting for {what}; last seen: {last:?}")
+    })
 }
 
 fn set_endpoints(p: &Pipeline, addrs: &[std::net::Ipv4Addr]) {

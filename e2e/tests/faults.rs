@@ -20,7 +20,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_e2e::{Component, Load, LoadReport, Pipeline, eventually, http_get};
+use sluice_e2e::{Component, Load, LoadReport, Pipeline, eventually, http_get, metric};
 
 /// Routes that exist before the fault and must keep serving through it: `(name, host, path
 /// prefix)`. Two hosts, several paths, one of them an Ingress rather than an ApisixRoute.
@@ -129,15 +129,6 @@ fn wait_serving(http: SocketAddr, route: (&str, &str, &str), limit: Duration) {
 fn snapshot(admin: SocketAddr) -> Value {
     let r = http_get(admin, "localhost", "/snapshot").unwrap();
     serde_json::from_str(&r.body).unwrap()
-}
-
-/// A sample of the controller's `/metrics` (`series` as printed, labels included).
-fn metric(addr: SocketAddr, series: &str) -> Option<f64> {
-    let body = http_get(addr, "localhost", "/metrics").ok()?.body;
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(series))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
 }
 
 /// The `Programmed` condition of ApisixRoute `name`.

@@ -32,7 +32,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_e2e::{Cluster, Pipeline, eventually, http_get, kubectl_path};
+use sluice_e2e::{Cluster, Pipeline, eventually, http_get, kubectl_path, metric};
 
 /// How often the sampler reads status and traffic.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
@@ -274,14 +274,6 @@ fn lie_windows(lies: &[Lie]) -> Vec<(String, Duration, Duration)> {
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
-}
-
-fn metric(addr: SocketAddr, series: &str) -> Option<f64> {
-    let body = http_get(addr, "localhost", "/metrics").ok()?.body;
-    body.lines()
-        .find(|l| l.split_whitespace().next() == Some(series))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
 }
 
 fn ready(addr: SocketAddr) -> bool {

@@ -25,7 +25,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use sluice_e2e::{Cluster, Load, LoadReport, chart_dir, http_get, repo_root, workspace_bin};
+use sluice_e2e::{
+    Cluster, Load, LoadReport, Wait, chart_dir, eventually, http_get, repo_root, workspace_bin,
+};
 
 /// Where Sluice is installed.
 const NS: &str = "sluice";
@@ -311,17 +313,17 @@ fn describe(cluster: &Cluster) -> String {
     format!("{pods}\n{events}")
 }
 
-fn wait<T>(limit: Duration, _what: &str, mut probe: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(v) = probe() {
-            return Some(v);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
+/// The `sluice_dataplane_write_batching{mode="..."}` series whose value is 1 in `metrics`.
+fn write_batching_mode(metrics: &str) -> Option<&str> {
+    sluice_testkit::metrics::samples(metrics)
+        .find(|(s, v)| s.starts_with("sluice_dataplane_write_batching{") && *v == 1.0)
+        .map(|(s, _)| s)
+}
+
+/// The kit's `eventually` at this suite's pace: its probes run kubectl against the real
+/// node, so one every 200 ms.
+fn wait<T>(limit: Duration, _what: &str, probe: impl FnMut() -> Option<T>) -> Option<T> {
+    eventually(Wait::up_to(limit).every(Duration::from_millis(200)), probe)
 }
 
 fn json(cluster: &Cluster, args: &[&str]) -> Value {
@@ -1014,10 +1016,7 @@ fn pods_log_json_and_metrics_are_served_through_the_metrics_service() {
     assert_eq!(body.status, 200);
     assert!(body.body.contains("sluice_"), "{}", body.body);
     // The write-batching mode the dataplane chose under the runtime's seccomp profile.
-    let mode = body
-        .body
-        .lines()
-        .find(|l| l.starts_with("sluice_dataplane_write_batching{") && l.ends_with(" 1"))
+    let mode = write_batching_mode(&body.body)
         .unwrap_or_else(|| panic!("no write-batching mode in /metrics:\n{}", body.body));
     eprintln!("write batching under RuntimeDefault: {mode}");
     let dp_logs = c
@@ -1175,10 +1174,8 @@ fn write_batching_modes(c: &Cluster) -> Vec<String> {
         let body = http_get(status, "metrics", "/metrics")
             .map(|r| r.body)
             .unwrap_or_default();
-        let mode = body
-            .lines()
-            .find(|l| l.starts_with("sluice_dataplane_write_batching{") && l.ends_with(" 1"))
-            .and_then(|l| l.split('"').nth(1))
+        let mode = write_batching_mode(&body)
+            .and_then(|series| series.split('"').nth(1))
             .unwrap_or("none");
         modes.push(format!("{pod}={mode}"));
     }

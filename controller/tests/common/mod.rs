@@ -12,6 +12,8 @@ use sluice_controller::metrics::Metrics;
 use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::config::store::Store;
 use sluice_proto::v1;
+pub use sluice_testkit::eventually;
+use sluice_testkit::pki::Ca;
 use tokio::sync::oneshot;
 use tonic::transport::ServerTlsConfig;
 
@@ -123,16 +125,8 @@ pub fn dataplane_with_store(config: ClientConfig, store: Arc<Store>) -> Dataplan
     Dataplane { store, task }
 }
 
-/// Polls `cond` every 10 ms for up to 10 s.
-pub async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        if tokio::time::Instant::now() > deadline {
-            panic!("timed out waiting for: {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
+/// How long a test waits for the channel to converge.
+pub const WAIT: Duration = Duration::from_secs(10);
 
 /// A snapshot with one route `/a` to upstream `upstream`, and one upstream `default/svc:80`.
 pub fn snapshot(path: &str, upstream: &str) -> v1::Snapshot {
@@ -169,30 +163,14 @@ pub struct Pki {
 }
 
 pub fn make_pki() -> Pki {
-    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "sluice test CA");
-    let ca = CertifiedIssuer::self_signed(ca_params, KeyPair::generate().unwrap()).unwrap();
-
-    let server_key = KeyPair::generate().unwrap();
-    let server_params = CertificateParams::new(vec![
-        "localhost".to_string(),
-        "sluice-controller".to_string(),
-    ])
-    .unwrap();
-    let server_cert = server_params.signed_by(&server_key, &ca).unwrap();
-
-    let client_key = KeyPair::generate().unwrap();
-    let client_params = CertificateParams::new(vec!["dataplane-0".to_string()]).unwrap();
-    let client_cert = client_params.signed_by(&client_key, &ca).unwrap();
+    let ca = Ca::new("sluice test CA");
+    let server = ca.leaf(&["localhost", "sluice-controller"]);
+    let client = ca.leaf(&["dataplane-0"]);
     Pki {
-        ca: ca.pem(),
-        server_cert: server_cert.pem(),
-        server_key: server_key.serialize_pem(),
-        client_cert: client_cert.pem(),
-        client_key: client_key.serialize_pem(),
+        ca: ca.pem.clone(),
+        server_cert: server.pem,
+        server_key: server.key_pem,
+        client_cert: client.pem,
+        client_key: client.key_pem,
     }
 }

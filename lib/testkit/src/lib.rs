@@ -1,13 +1,35 @@
-//! Real HTTP backends for tests and the quick start.
+//! Sluice's test kit: what more than one test crate needs, in one place. Nothing here
+//! depends on the dataplane or the controller (their in-process harnesses live in their own
+//! `tests/common/`), so every crate can use the kit without a second copy of their types.
 //!
-//! [`EchoServer`] answers every request with a JSON document describing it (its name, method,
-//! path, query, headers and body length), so a test can assert what the upstream received.
-//! A few paths change behaviour: `/status/<code>` answers with that status,
-//! `/delay/<ms>` waits before answering, `/stream/<n>` streams `n` chunks.
+//! - [`eventually`] / [`eventually_async`] / [`eventually_blocking`]: wait for a condition,
+//!   one signature.
+//! - [`metrics`]: samples out of a Prometheus text exposition.
+//! - Origins: [`EchoServer`] answers every request with a JSON document describing it (its
+//!   name, method, path, query, headers and body length), so a test can assert what the
+//!   upstream received; `/status/<code>` answers with that status, `/delay/<ms>` waits.
+//!   [`origin::Origin`] can be killed and restarted on the same port and counts what it
+//!   saw; [`grpc`] is a tonic echo service.
+//! - [`pki`]: test CAs and certificates.
+//! - [`client`]: a small HTTP/1.1 client ([`client::get`], [`client::send`], ...).
+//! - [`builders`]: `sluice.v1` routes, upstreams, snapshots, plugins and health checks.
+//! - [`net`]: free and closed loopback ports.
+//!
+//! The `sluice-echo` and `sluice-grpc-echo` binaries serve the same origins for the quick
+//! start, the system tests and the benchmarks.
 
 #![forbid(unsafe_code)]
 
+pub mod builders;
+pub mod client;
 pub mod grpc;
+pub mod metrics;
+pub mod net;
+pub mod origin;
+pub mod pki;
+mod wait;
+
+pub use wait::{PAUSE, Settled, Wait, eventually, eventually_async, eventually_blocking};
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

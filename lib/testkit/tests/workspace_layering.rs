@@ -2,7 +2,9 @@
 //! programs (dataplane, controller) above them, the `kubectl sluice` application on top, and
 //! the test and benchmark crates beside everything. A `[dependencies]` entry that names a
 //! crate at the same level or above, a dev-dependency on the application, or a workspace
-//! member this table does not place fails here. (Inside the dataplane, its folders have their
+//! member this table does not place fails here. The test kit sits below the programs: it
+//! names neither the dataplane nor the controller in any section, so every crate (theirs
+//! included) can use it without a second copy of their types. (Inside the dataplane, its folders have their
 //! own order: `dataplane/tests/layering.rs`.)
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -28,6 +30,11 @@ const LEVELS: &[(&str, &str, Option<u8>)] = &[
 
 /// The application on top: nothing depends on it, not even a test crate.
 const APPLICATION: &str = "sluice-kubectl";
+
+/// The test kit and the level its dependencies, dev-dependencies included, must stay below
+/// (the dataplane's): the in-process dataplane and controller harnesses stay in their own
+/// crates' `tests/common/`.
+const KIT: (&str, u8) = ("sluice-testkit", 3);
 
 fn workspace_root() -> PathBuf {
     let dir = std::env::var_os("CARGO_MANIFEST_DIR")
@@ -99,6 +106,12 @@ fn violations(root: &Path) -> Vec<String> {
             if dep == APPLICATION {
                 bad.push(format!(
                     "{name}: [{section}] {dep}: the application is on top, nothing depends on it"
+                ));
+                continue;
+            }
+            if *name == KIT.0 && dep_level.is_none_or(|d| d >= KIT.1) {
+                bad.push(format!(
+                    "{name}: [{section}] {dep}: the kit stays below the dataplane and the controller"
                 ));
                 continue;
             }

@@ -1,6 +1,7 @@
-//! Real origins for the upstream tests that can be killed (every socket closed at once, as
-//! when a pod dies) and restarted on the same port, plus small helpers.
-#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+//! An origin that can be killed (every socket closed at once, as when a pod dies) and
+//! restarted on the same port, with counters a test can read and switches it can flip.
+//! It panics when it cannot start, as an assertion would.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -14,7 +15,6 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
-use sluice_proto::v1;
 
 /// Counters and switches shared with the origin's threads.
 #[derive(Debug, Default)]
@@ -37,14 +37,18 @@ pub struct OriginState {
 /// `x-origin`; `x-seen-host` carries the Host it received; `/delay/<ms>` waits; `/healthz`
 /// follows `state.healthy`.
 pub struct Origin {
+    /// Its name, answered in the body and in `x-origin`.
     pub name: &'static str,
+    /// The address it listens on.
     pub addr: SocketAddr,
+    /// Its counters and switches, shared with a restarted origin.
     pub state: Arc<OriginState>,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Origin {
+    /// Starts a healthy origin named `name` on a free loopback port.
     pub fn start(name: &'static str) -> Origin {
         let state = Arc::new(OriginState {
             healthy: AtomicBool::new(true),
@@ -53,6 +57,7 @@ impl Origin {
         Self::start_on(name, "127.0.0.1:0".parse().unwrap(), state)
     }
 
+    /// Starts an origin named `name` on `addr` with `state`.
     pub fn start_on(name: &'static str, addr: SocketAddr, state: Arc<OriginState>) -> Origin {
         let std_listener = bind(addr);
         let addr = std_listener.local_addr().unwrap();
@@ -179,84 +184,4 @@ async fn handle(
         http::HeaderValue::from_str(&host).unwrap_or(http::HeaderValue::from_static("")),
     );
     Ok(resp)
-}
-
-/// An upstream of `origins`, weight 100 each.
-pub fn upstream_of(id: &str, addrs: &[SocketAddr]) -> v1::Upstream {
-    v1::Upstream {
-        id: id.into(),
-        endpoints: addrs
-            .iter()
-            .map(|a| v1::Endpoint {
-                host: a.ip().to_string(),
-                port: a.port() as u32,
-                weight: 100,
-            })
-            .collect(),
-        ..Default::default()
-    }
-}
-
-/// A health check: active HTTP probes of `/healthz` every second, flipping after one probe,
-/// and (with `passive`) ejection after one connect failure.
-pub fn health_check(passive: bool) -> v1::UpstreamHealthCheck {
-    v1::UpstreamHealthCheck {
-        active: Some(v1::UpstreamActiveCheck {
-            timeout_ms: 500,
-            concurrency: 10,
-            http_path: "/healthz".into(),
-            healthy: Some(v1::UpstreamHealthThresholds {
-                http_codes: vec![200],
-                successes: 1,
-                interval_ms: 1000,
-                ..Default::default()
-            }),
-            unhealthy: Some(v1::UpstreamHealthThresholds {
-                http_codes: vec![500],
-                http_failures: 1,
-                tcp_failures: 1,
-                timeouts: 1,
-                interval_ms: 1000,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-        passive: passive.then(|| v1::UpstreamPassiveCheck {
-            healthy: Some(v1::UpstreamHealthThresholds {
-                http_codes: vec![200],
-                successes: 1,
-                ..Default::default()
-            }),
-            unhealthy: Some(v1::UpstreamHealthThresholds {
-                http_codes: vec![500, 503],
-                http_failures: 3,
-                tcp_failures: 1,
-                timeouts: 1,
-                ..Default::default()
-            }),
-            ..Default::default()
-        }),
-    }
-}
-
-/// The value of one sample in the Prometheus text, e.g.
-/// `metric(&text, "sluice_upstream_endpoint_healthy", &["upstream=\"u\"", ...])`.
-pub fn metric(text: &str, name: &str, labels: &[&str]) -> Option<f64> {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .find(|l| labels.iter().all(|want| l.contains(want)))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-}
-
-/// Waits up to `limit` for `cond`.
-pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let start = std::time::Instant::now();
-    while start.elapsed() < limit {
-        if cond() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    cond()
 }
