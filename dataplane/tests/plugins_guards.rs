@@ -10,8 +10,7 @@ use std::time::{Duration, SystemTime};
 use base64::Engine as _;
 use bytes::Bytes;
 use common::*;
-use http::{Request, StatusCode};
-use http_body_util::Full;
+use http::StatusCode;
 use serde_json::json;
 use sluice_proto::v1;
 use sluice_testkit::EchoServer;
@@ -24,17 +23,12 @@ async fn send_body(
     headers: &[(&str, &str)],
     body: &'static str,
 ) -> Resp {
-    let mut b = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "example.com");
-    for (k, v) in headers {
-        b = b.header(*k, *v);
-    }
-    send(
+    sluice_testkit::client::request_with_body(
         addr,
-        b.body(Full::new(Bytes::from_static(body.as_bytes())))
-            .unwrap(),
+        method,
+        path,
+        headers,
+        Bytes::from_static(body.as_bytes()),
     )
     .await
 }

@@ -66,6 +66,17 @@ pub async fn get_with(addr: SocketAddr, path: &str, headers: &[(&str, &str)]) ->
 
 /// Sends a bodiless `method` request for `path` with Host `example.com` and `headers`.
 pub async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)]) -> Resp {
+    request_with_body(addr, method, path, headers, Bytes::new()).await
+}
+
+/// Sends `method path` with Host `example.com`, `headers` and `body`.
+pub async fn request_with_body(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: Bytes,
+) -> Resp {
     let mut b = Request::builder()
         .method(method)
         .uri(path)
@@ -73,7 +84,7 @@ pub async fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&st
     for (k, v) in headers {
         b = b.header(*k, *v);
     }
-    send(addr, b.body(Full::new(Bytes::new())).unwrap()).await
+    send(addr, b.body(Full::new(body)).unwrap()).await
 }
 
 /// A response header as text.
