@@ -50,6 +50,7 @@ fn listener(id: &str, port: u16, tls: Option<v1::TlsCertificate>) -> v1::Listene
         tls: tls.is_some(),
         tls_certificates: Vec::new(),
         default_certificate: tls,
+        ..Default::default()
     }
 }
 

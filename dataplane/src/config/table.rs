@@ -232,6 +232,13 @@ impl RouteTable {
                 .timeout
                 .as_ref()
                 .map(|t| timeouts(Some(t), Timeouts::default()));
+            if up.send_proxy_protocol != v1::ProxyProtocolVersion::ProxyProtocolNone as i32 {
+                return Err(InvalidSnapshot::Listener {
+                    owner: format!("upstream {}", up.id),
+                    field: "send_proxy_protocol".into(),
+                    reason: "PROXY protocol to upstreams is not served by this dataplane".into(),
+                });
+            }
             let addresses: Vec<String> = endpoints.iter().map(|(a, _)| a.clone()).collect();
             let protocol = crate::upstream::protocol::UpstreamProtocol::compile(
                 up,
@@ -356,6 +363,20 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
                 format!("listener {} has the same id or port {port}", other.id),
             ));
         }
+        // NB: the layer-4 fields are wire types only until the stream proxy lands; a
+        // snapshot that needs them is refused whole rather than served as HTTP.
+        if l.protocol != v1::ListenerProtocol::Http as i32 {
+            return Err(fail(
+                "protocol",
+                format!("{:?} listeners are not served by this dataplane", l.protocol()),
+            ));
+        }
+        if l.accept_proxy_protocol {
+            return Err(fail(
+                "accept_proxy_protocol",
+                "PROXY protocol is not served by this dataplane".into(),
+            ));
+        }
         if !l.tls && (!l.tls_certificates.is_empty() || l.default_certificate.is_some()) {
             return Err(fail(
                 "tls_certificates",
@@ -378,6 +399,13 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
         });
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
+    if let Some(r) = snapshot.stream_routes.first() {
+        return Err(InvalidSnapshot::Listener {
+            owner: format!("stream route {}", r.id),
+            field: "stream_routes".into(),
+            reason: "stream routes are not served by this dataplane".into(),
+        });
+    }
     for r in &snapshot.routes {
         for (i, id) in r.listeners.iter().enumerate() {
             if out.binary_search_by(|l| l.id.as_str().cmp(id)).is_err() {

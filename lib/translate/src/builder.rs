@@ -136,6 +136,7 @@ impl Builder {
                 default_certificate: tls.default_certificate.or(gw.default_certificate),
                 fallback_sni: tls.fallback_sni,
                 listeners: gw.listeners,
+                stream_routes: Vec::new(),
             },
             status: self.status,
             ingresses: self.ingresses,

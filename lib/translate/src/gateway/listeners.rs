@@ -469,6 +469,7 @@ pub(super) fn allocate_ports(
             tls: p.tls,
             tls_certificates: certificates,
             default_certificate: p.default_certificate,
+            ..Default::default()
         });
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
