@@ -257,7 +257,43 @@ impl TlsTable {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut any_client_auth = false;
         let index = SniIndex::build(certs, default, fallback_sni, |cert| {
-            let entry = Arc::new(compile_one(cert, &provider)?);
+            let entry = Arc::new(compile_one(cert, &provider, false)?);
+            any_client_auth |= !matches!(entry.client_auth, ClientAuth::None);
+            Ok(entry)
+        })?;
+        Ok(TlsTable {
+            index,
+            any_client_auth,
+        })
+    }
+
+    /// Validates and compiles the certificates of a per-Gateway port, each verifying client
+    /// certificates as the port's `validation` says (Gateway `spec.tls.frontend`):
+    /// `AllowValidOnly` requires a valid one ([`ClientAuth::Required`]);
+    /// `AllowInsecureFallback` asks for one but serves every connection, with or without a
+    /// valid one ([`ClientAuth::None`]: nothing to check per request).
+    pub fn compile_for_listener(
+        certs: &[v1::TlsCertificate],
+        default: Option<&v1::TlsCertificate>,
+        validation: Option<&v1::FrontendValidation>,
+    ) -> Result<Self, InvalidTlsCertificate> {
+        let Some(v) = validation else {
+            return Self::compile_with_defaults(certs, default, "");
+        };
+        let with_validation = |c: &v1::TlsCertificate| v1::TlsCertificate {
+            client_auth: Some(v1::TlsClientAuth {
+                ca_pem: v.ca_pem.clone(),
+                depth: FRONTEND_DEPTH,
+                skip_mtls_uri_regex: Vec::new(),
+            }),
+            ..c.clone()
+        };
+        let certs: Vec<v1::TlsCertificate> = certs.iter().map(with_validation).collect();
+        let default = default.map(with_validation);
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut any_client_auth = false;
+        let index = SniIndex::build(&certs, default.as_ref(), "", |cert| {
+            let entry = Arc::new(compile_one(cert, &provider, v.insecure_fallback)?);
             any_client_auth |= !matches!(entry.client_auth, ClientAuth::None);
             Ok(entry)
         })?;
@@ -336,9 +372,16 @@ fn ticketer_for(chain_pem: &str) -> Option<Arc<dyn rustls::server::ProducesTicke
     Some(t)
 }
 
+/// Most intermediates plus one between a client certificate and its CA under Gateway
+/// frontend validation, which has no depth setting (nginx's `ssl_verify_depth` counting).
+const FRONTEND_DEPTH: u32 = 10;
+
+/// Compiles one certificate; `insecure_fallback`: its client certificates are asked for but
+/// never required nor refused (Gateway `AllowInsecureFallback`).
 fn compile_one(
     cert: &v1::TlsCertificate,
     provider: &Arc<CryptoProvider>,
+    insecure_fallback: bool,
 ) -> Result<SniEntry, InvalidTlsCertificate> {
     let chain = CertificateDer::pem_slice_iter(cert.cert_chain_pem.as_bytes())
         .collect::<Result<Vec<_>, _>>()
@@ -353,6 +396,14 @@ fn compile_one(
         .map_err(|e| invalid(cert, "cert_chain_pem", e.to_string()))?;
     let (builder, client_auth) = match &cert.client_auth {
         None => (builder.with_no_client_auth(), ClientAuth::None),
+        Some(ca) if insecure_fallback => {
+            let (verifier, _) = client_verifier(cert, ca, provider)?;
+            let verifier: Arc<dyn ClientCertVerifier> = Arc::new(Fallback(verifier));
+            (
+                builder.with_client_cert_verifier(verifier),
+                ClientAuth::None,
+            )
+        }
         Some(ca) => {
             let (verifier, mode) = client_verifier(cert, ca, provider)?;
             (builder.with_client_cert_verifier(verifier), mode)
@@ -362,7 +413,7 @@ fn compile_one(
         .with_single_cert(chain, key)
         .map_err(|e| invalid(cert, "private_key_pem", e.to_string()))?;
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
-    if matches!(client_auth, ClientAuth::None)
+    if cert.client_auth.is_none()
         && let Some(ticketer) = ticketer_for(&cert.cert_chain_pem)
     {
         config.ticketer = ticketer;
@@ -484,6 +535,59 @@ impl ClientCertVerifier for DepthLimited {
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.inner.supported_verify_schemes()
+    }
+}
+
+/// Gateway `AllowInsecureFallback`: asks for a client certificate, and accepts a connection
+/// without one or with one that does not verify (the handshake's signature checks still
+/// run: a client cannot present a certificate whose key it does not hold).
+#[derive(Debug)]
+struct Fallback(Arc<dyn ClientCertVerifier>);
+
+impl ClientCertVerifier for Fallback {
+    fn offer_client_auth(&self) -> bool {
+        true
+    }
+
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        self.0.root_hint_subjects()
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        // NB: the verdict is not used: the fallback serves either way.
+        let _ = self.0.verify_client_cert(end_entity, intermediates, now);
+        Ok(ClientCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        self.0.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.0.supported_verify_schemes()
     }
 }
 

@@ -6,7 +6,7 @@
 //! - [`controller_client`]: the gRPC snapshot channel to the controller (ACK / NACK).
 //! - [`standalone`]: the same translate pipeline as the controller, fed from YAML files.
 //! - [`table`]: a snapshot compiled for serving (router, upstreams, plugin chains,
-//!   [`certs`]).
+//!   [`certs`], [`sections`]).
 //! - [`store`]: the live table, the last good snapshot on disk, and [`metrics`].
 //! - [`redact`]: the copy of a snapshot that may be shown (no keys, no credentials).
 //!
@@ -17,6 +17,7 @@ pub mod certs;
 pub mod controller_client;
 pub mod metrics;
 pub mod redact;
+pub mod sections;
 pub mod standalone;
 pub mod store;
 pub mod table;

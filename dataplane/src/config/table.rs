@@ -90,6 +90,9 @@ pub struct ListenerTable {
     pub router: Router,
     /// Its certificates (empty unless `tls`).
     pub certs: crate::config::certs::TlsTable,
+    /// Its Gateway listeners (hostname isolation, misdirected requests); empty: `router`
+    /// serves every host.
+    pub sections: crate::config::sections::Sections,
 }
 
 /// A route ready to serve.
@@ -322,12 +325,25 @@ impl RouteTable {
             .and_then(|i| self.listeners.get(i))
     }
 
-    /// The routes of a connection's listener: the dataplane's own (`None`) or a
-    /// per-Gateway one; `None` when that listener is no longer in this table.
-    pub fn router_for(&self, listener: Option<&str>) -> Option<&Router> {
+    /// The routes of a connection's listener for a request's `host` (as sent): the
+    /// dataplane's own (`None`) or a per-Gateway one, there those of the Gateway listener
+    /// the host chooses ([`crate::config::sections`]); `None` when that listener is no
+    /// longer in this table or no Gateway listener of it serves the host.
+    pub fn router_for(&self, listener: Option<&str>, host: Option<&str>) -> Option<&Router> {
         match listener {
             None => Some(&self.router),
-            Some(id) => self.listener(id).map(|l| &l.router),
+            Some(id) => {
+                let l = self.listener(id)?;
+                if l.sections.is_empty() {
+                    return Some(&l.router);
+                }
+                match host.map(|h| crate::http::host::HostName::parse(h.as_bytes())) {
+                    None => l.sections.router_for(None),
+                    Some(Ok(h)) => l.sections.router_for(Some(h.as_str())),
+                    // NB: not reached: the request path refused such a host already.
+                    Some(Err(_)) => None,
+                }
+            }
         }
     }
 
@@ -368,7 +384,10 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
         if l.protocol != v1::ListenerProtocol::Http as i32 {
             return Err(fail(
                 "protocol",
-                format!("{:?} listeners are not served by this dataplane", l.protocol()),
+                format!(
+                    "{:?} listeners are not served by this dataplane",
+                    l.protocol()
+                ),
             ));
         }
         if l.accept_proxy_protocol {
@@ -385,17 +404,42 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
         }
         let id = l.id.clone();
         let router = Router::scoped(&snapshot.routes, |r| r.listeners.contains(&id))?;
-        let certs = crate::config::certs::TlsTable::compile_with_defaults(
+        if !l.tls && l.client_validation.is_some() {
+            return Err(fail(
+                "client_validation",
+                "client validation on a listener without TLS".into(),
+            ));
+        }
+        let certs = crate::config::certs::TlsTable::compile_for_listener(
             &l.tls_certificates,
             l.default_certificate.as_ref(),
-            "",
+            l.client_validation.as_ref(),
         )?;
+        let sections = crate::config::sections::Sections::compile(&l.sections, &snapshot.routes)
+            .map_err(|(field, reason)| fail(&field, reason))?;
+        if let Some((s, id)) = l
+            .sections
+            .iter()
+            .flat_map(|s| s.routes.iter().map(move |r| (s, r)))
+            .find(|(_, r)| {
+                snapshot
+                    .routes
+                    .iter()
+                    .any(|x| &x.id == *r && !x.listeners.contains(&l.id))
+            })
+        {
+            return Err(fail(
+                "sections",
+                format!("section {}: route {id} does not name this listener", s.name),
+            ));
+        }
         out.push(ListenerTable {
             id,
             port,
             tls: l.tls,
             router,
             certs,
+            sections,
         });
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));

@@ -17,6 +17,11 @@
 //!   target's authority, else `Host`; `:authority` in HTTP/2) is covered by a different
 //!   certificate that requires client certificates gets 421 Misdirected Request, so a
 //!   handshake for a public host cannot be used to reach an mTLS-protected one.
+//! - On a per-Gateway port with several Gateway listeners, a request whose host chooses
+//!   another listener than the ClientHello's server name did gets 421 too
+//!   ([`crate::config::sections`]), whatever the certificates: the connection belongs to
+//!   the listener its handshake was made for (HTTP/2 connections coalesced by a client
+//!   across hosts included).
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -36,6 +41,7 @@ use tokio_rustls::LazyConfigAcceptor;
 use crate::config::certs::{SniEntry, refusing_config};
 use crate::config::store::Store;
 use crate::http::ConnInfo;
+use crate::http::host::effective_host;
 use crate::listener::mtls::Conn;
 use crate::listener::server::{
     Activity, Drain, Limits, close_if_going_away, connection_builders, serve_h2,
@@ -53,6 +59,8 @@ struct TlsConn {
     has_client_cert: bool,
     /// The per-Gateway listener it came in on (`None`: the dataplane's own).
     listener: Option<Arc<str>>,
+    /// The ClientHello's server name, on a per-Gateway listener (misdirected requests).
+    server_name: Option<Box<str>>,
 }
 
 impl TlsConn {
@@ -65,6 +73,19 @@ impl TlsConn {
             client_cert: self.has_client_cert,
         };
         let table = store.peek_table();
+        if let Some(l) = self.listener.as_deref().and_then(|id| table.listener(id))
+            && !l.sections.is_empty()
+        {
+            // NB: a host that cannot be decided is refused by the mTLS guard below.
+            if let Ok(host) = effective_host(req)
+                && l.sections.misdirected(
+                    self.server_name.as_deref(),
+                    host.as_ref().map(|h| h.as_str()),
+                )
+            {
+                return super::mtls::response(super::mtls::Verdict::Misdirected);
+            }
+        }
         super::mtls::refuse(req, conn, table.tls_for(self.listener.as_deref()))
     }
 }
@@ -300,12 +321,14 @@ async fn handshake(
     match start.into_stream(Arc::clone(&entry.config)).await {
         Ok(tls) => {
             let has_client_cert = tls.get_ref().1.peer_certificates().is_some();
+            let server_name = listener.as_ref().and(sni).map(String::into_boxed_str);
             Some((
                 tls,
                 TlsConn {
                     entry,
                     has_client_cert,
                     listener,
+                    server_name,
                 },
             ))
         }

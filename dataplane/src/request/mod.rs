@@ -252,7 +252,7 @@ fn route<'t>(
         scheme: conn.scheme,
     };
     let idx = table
-        .router_for(conn.listener.as_deref())
+        .router_for(conn.listener.as_deref(), host)
         .and_then(|router| router.lookup(&info))
         .ok_or(ProxyError::NoRoute)?;
     let route = table.routes.get(idx).ok_or(ProxyError::NoRoute)?;

@@ -29,7 +29,7 @@
 //! segments, percent-decoding) is the caller's decision.
 
 mod expr;
-mod host;
+pub(crate) mod host;
 mod radix;
 #[cfg(test)]
 mod tests;
