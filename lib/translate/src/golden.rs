@@ -211,6 +211,18 @@ struct Listener<'a> {
     certificates: Vec<Certificate<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     default_certificate: Option<&'a str>,
+    /// Its Gateway listeners (hostname isolation) and their routes.
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    sections: &'a [sluice_proto::v1::ListenerSection],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    client_validation: Option<ClientValidation>,
+}
+
+/// A port's frontend client-certificate validation, the CA bundle counted, not shown.
+#[derive(Serialize)]
+struct ClientValidation {
+    ca_certificates: usize,
+    insecure_fallback: bool,
 }
 
 fn certificate(c: &sluice_proto::v1::TlsCertificate) -> Certificate<'_> {
@@ -262,6 +274,11 @@ fn gateway_view<'a>(
                 tls: l.tls,
                 certificates: l.tls_certificates.iter().map(certificate).collect(),
                 default_certificate: l.default_certificate.as_ref().map(|c| c.source.as_str()),
+                sections: &l.sections,
+                client_validation: l.client_validation.as_ref().map(|v| ClientValidation {
+                    ca_certificates: v.ca_pem.matches("-----BEGIN CERTIFICATE-----").count(),
+                    insecure_fallback: v.insecure_fallback,
+                }),
             })
             .collect(),
         gateway: &t.status.gateway,

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -48,6 +48,8 @@ pub struct ClusterState {
     pub endpoint_slices: Vec<EndpointSlice>,
     /// `v1` Secrets (plugin `secretRef`s).
     pub secrets: Vec<Secret>,
+    /// `v1` ConfigMaps (CA bundles of Gateway frontend client-certificate validation).
+    pub config_maps: Vec<ConfigMap>,
     /// `v1` Pods, metadata only: their labels select the endpoints of ApisixUpstream
     /// `subsets` (matched through the EndpointSlice endpoints' `targetRef`). The loader
     /// accepts full `kind: Pod` documents and keeps only the metadata.
@@ -200,6 +202,7 @@ enum KnownKind {
     Service,
     EndpointSlice,
     Secret,
+    ConfigMap,
     Pod,
     Ingress,
     IngressClass,
@@ -230,6 +233,7 @@ impl KnownKind {
             "ApisixGlobalRule" => (Self::ApisixGlobalRule, apisix),
             "Service" => (Self::Service, ("", "v1")),
             "Secret" => (Self::Secret, ("", "v1")),
+            "ConfigMap" => (Self::ConfigMap, ("", "v1")),
             "Pod" => (Self::Pod, ("", "v1")),
             "EndpointSlice" => (Self::EndpointSlice, ("discovery.k8s.io", "v1")),
             "Ingress" => (Self::Ingress, ("networking.k8s.io", "v1")),
@@ -535,6 +539,7 @@ impl ClusterState {
             KnownKind::Service => add(doc, &mut self.services),
             KnownKind::EndpointSlice => add(doc, &mut self.endpoint_slices),
             KnownKind::Secret => add(doc, &mut self.secrets),
+            KnownKind::ConfigMap => add(doc, &mut self.config_maps),
             KnownKind::Pod => add(doc, &mut self.pods),
             KnownKind::Ingress => add(doc, &mut self.ingresses),
             KnownKind::IngressClass => add(doc, &mut self.ingress_classes),

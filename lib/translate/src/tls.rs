@@ -690,8 +690,22 @@ fn server_certificate(
     Ok((crt, key))
 }
 
+/// Checks a PEM CA bundle read from `what` (e.g. `ConfigMap a/b: ca.crt`): one certificate
+/// at least, each usable as a trust anchor; returns it with trailing whitespace trimmed.
+pub(crate) fn ca_bundle(what: &str, raw: &str) -> Result<String, String> {
+    let ca = format!("{}\n", raw.trim());
+    let certs = certificates(&ca).map_err(|e| format!("{what}: {e}"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    for (i, der) in certs.into_iter().enumerate() {
+        roots
+            .add(der)
+            .map_err(|e| format!("{what}: certificate {i} cannot be a CA: {e}"))?;
+    }
+    Ok(ca)
+}
+
 /// Validates the client CA Secret `ns/name`; returns `ca.crt`.
-fn client_ca(idx: &Index<'_>, ns: &str, name: &str) -> Result<String, String> {
+pub(crate) fn client_ca(idx: &Index<'_>, ns: &str, name: &str) -> Result<String, String> {
     let secret = find_secret(idx, ns, name)?;
     let ca = pem_text(secret, ns, name, CA_CRT)?;
     let certs = certificates(&ca).map_err(|e| format!("Secret {ns}/{name}: {CA_CRT}: {e}"))?;

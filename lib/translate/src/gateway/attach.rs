@@ -17,6 +17,9 @@ pub(super) struct Attachment {
     pub(super) parents: Vec<(ParentReference, Condition)>,
     /// Hosts per slot (scheme or per-Gateway port): `None` in the map = every host.
     pub(super) schemes: BTreeMap<Slot, Option<BTreeSet<String>>>,
+    /// Names of the Gateway listeners it serves through, per slot (`ListenerSection`s of a
+    /// per-Gateway port).
+    pub(super) sections: BTreeMap<Slot, BTreeSet<String>>,
     pub(super) any_attached: bool,
     pub(super) gateways: BTreeSet<(String, String)>,
 }
@@ -32,6 +35,7 @@ pub(super) fn attach(
     let mut att = Attachment {
         parents: Vec::new(),
         schemes: BTreeMap::new(),
+        sections: BTreeMap::new(),
         any_attached: false,
         gateways: BTreeSet::new(),
     };
@@ -208,6 +212,10 @@ impl Parent<'_> {
                 // NB: attached (and counted), but the listener serves nothing yet.
                 continue;
             }
+            att.sections
+                .entry(l.slot.clone())
+                .or_default()
+                .insert(l.name.clone());
             let slot = att
                 .schemes
                 .entry(l.slot.clone())

@@ -126,8 +126,29 @@ pub(super) fn gateways(
                 l.usable = false;
             }
         }
+        add_sections(&gws.listeners, &mut out.listeners);
     }
     gws
+}
+
+/// The Gateway listeners serving on each per-Gateway port (`Listener.sections`), routes
+/// still to be added, sorted by name.
+fn add_sections(infos: &[ListenerInfo], ports: &mut [sluice_proto::v1::Listener]) {
+    for l in infos.iter().filter(|l| l.usable) {
+        let Slot::Listener(id, ..) = &l.slot else {
+            continue;
+        };
+        if let Some(p) = ports.iter_mut().find(|p| p.id == *id) {
+            p.sections.push(sluice_proto::v1::ListenerSection {
+                name: l.name.clone(),
+                hostname: l.hostname.clone().unwrap_or_default(),
+                routes: Vec::new(),
+            });
+        }
+    }
+    for p in ports {
+        p.sections.sort_by(|a, b| a.name.cmp(&b.name));
+    }
 }
 
 /// One Gateway: its listeners, conditions and status into `gws`.
@@ -173,6 +194,14 @@ fn gateway(
             .retain(|id, _| !id.starts_with(&prefix) || id[prefix.len()..].contains('/'));
     }
     st.conditions = vec![accepted, programmed];
+    if ok && inputs.gopts.listener_ports.is_some() && super::frontend::insecure_fallback(&g) {
+        st.conditions.push(cond(
+            "InsecureFrontendValidationMode",
+            true,
+            reason::CONFIGURATION_CHANGED,
+            "spec.tls.frontend: AllowInsecureFallback serves clients without a valid certificate",
+        ));
+    }
     gws.accepted.insert((ns.to_owned(), name.to_owned()), ok);
     gws.status.insert((ns.to_owned(), name.to_owned()), st);
     gws.listeners.extend(infos);

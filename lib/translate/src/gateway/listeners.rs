@@ -9,6 +9,7 @@ use sluice_crds::gateway::{GATEWAY_GROUP, Gateway, Listener, RouteGroupKind};
 use sluice_proto::v1;
 
 use super::certificate::listener_certificate;
+use super::frontend;
 use super::{
     ACCEPTED, CONFLICTED, GatewayOptions, GatewayStatus, ListenerStatus, MAX_PORTS_PER_GATEWAY,
     Output, PROGRAMMED, RESOLVED_REFS, RouteKind, Slot, cond, hostname, reason,
@@ -34,6 +35,8 @@ pub(super) struct PortBuild {
     default_certificate: Option<v1::TlsCertificate>,
     /// Host → the listener certificate serving it on this port.
     claimed: BTreeMap<String, String>,
+    /// Frontend client-certificate validation of its HTTPS listeners.
+    client_validation: Option<v1::FrontendValidation>,
 }
 
 /// A listener as routes see it.
@@ -122,7 +125,7 @@ fn listener(
         _ => None,
     };
     let host = l.hostname.as_deref().map(hostname);
-    let mut accepted = accepted(g.gw, l, &field, want_port, host.as_ref());
+    let mut accepted = accepted(g.gw, l, &field, want_port, host.as_ref(), per_gateway);
     if per_gateway && accepted.status == ConditionStatus::True && !within_port_cap(g.gw, l) {
         accepted = cond(
             ACCEPTED,
@@ -140,6 +143,22 @@ fn listener(
     // ResolvedRefs: route kinds, then certificates.
     let (kinds, supported, bad_kinds) = route_kinds(l);
     let mut resolved = kinds_resolved(&field, &bad_kinds);
+    let mut validation = None;
+    if https && per_gateway && accepted.status == ConditionStatus::True {
+        match frontend::for_port(g, l.port, inputs) {
+            Ok(None) => {}
+            Ok(Some(v)) => {
+                if let Some((r, m)) = v.partly {
+                    resolved = cond(RESOLVED_REFS, false, r, m);
+                }
+                validation = Some(v.validation);
+            }
+            Err((r, m)) => {
+                resolved = cond(RESOLVED_REFS, false, r, m.clone());
+                accepted = cond(ACCEPTED, false, reason::NO_VALID_CA_CERTIFICATE, m);
+            }
+        }
+    }
     let usable_so_far =
         accepted.status == ConditionStatus::True && conflicted.status == ConditionStatus::False;
     let port_id = format!("{}/{}/{}", g.ns, g.name, l.port);
@@ -147,6 +166,9 @@ fn listener(
         let port = served.ports.entry(port_id.clone()).or_default();
         port.age = g.age;
         port.tls = https;
+        if validation.is_some() {
+            port.client_validation = validation;
+        }
     }
     let mut cert_ok = true;
     if https && usable_so_far && g.serve {
@@ -195,6 +217,7 @@ fn accepted(
     field: &str,
     want_port: Option<u16>,
     host: Option<&Result<String, String>>,
+    per_gateway: bool,
 ) -> Condition {
     // NB: checked first: a TLS verdict wins over the port and hostname ones.
     if l.protocol == "HTTPS" {
@@ -210,12 +233,13 @@ fn accepted(
                 reason::UNSUPPORTED_VALUE,
                 format!("{field}.tls.mode: {mode} is not supported for HTTPS (Terminate)"),
             );
-        } else if gw.spec.tls.is_some() {
+        } else if gw.spec.tls.is_some() && !per_gateway {
             return cond(
                 ACCEPTED,
                 false,
                 reason::UNSUPPORTED_VALUE,
-                "spec.tls: frontend client-certificate validation is not supported yet",
+                "spec.tls: frontend client-certificate validation needs per-Gateway ports \
+                 (the shared HTTPS port's certificates serve every Gateway)",
             );
         }
     }
@@ -469,6 +493,7 @@ pub(super) fn allocate_ports(
             tls: p.tls,
             tls_certificates: certificates,
             default_certificate: p.default_certificate,
+            client_validation: p.client_validation,
             ..Default::default()
         });
     }

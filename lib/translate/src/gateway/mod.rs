@@ -26,7 +26,8 @@
 //! for the DNS names of the certificate. A host that an ApisixTls, an Ingress or an older
 //! listener already serves is not taken over: the listener is `Conflicted`
 //! (`HostnameConflict`) naming the holder. Certificate ids: `<ns>/<gateway>/<listener>`.
-//! `Passthrough` and `spec.tls` (frontend client validation) are `UnsupportedValue`.
+//! `Passthrough` is `UnsupportedValue`; `spec.tls` (frontend client-certificate
+//! validation) is served with per-Gateway ports only (`frontend.rs`).
 //!
 //! # Per-Gateway ports
 //!
@@ -40,6 +41,11 @@
 //! ports (in `spec.listeners` order) are `Accepted=False` (`PortUnavailable`), saying so,
 //! and the Gateway's other listeners keep serving. A port the range has no room left for
 //! serves nothing (its listeners are not `Programmed`).
+//!
+//! Each port lists its Gateway listeners and their routes (`Listener.sections`): a request
+//! is served only by the routes of the listener its host matches most specifically
+//! (listener isolation), and on an HTTPS port a request whose host matches another listener
+//! than its TLS server name did gets 421 (misdirected request).
 //!
 //! # Routes
 //!
@@ -70,6 +76,7 @@ mod attach;
 mod backends;
 mod certificate;
 mod filters;
+mod frontend;
 mod gateways;
 mod http;
 mod listeners;

@@ -1,7 +1,7 @@
 //! HTTPRoutes and GRPCRoutes: attached ([`super::attach`]), translated ([`super::http`]),
 //! their status per parent, then ranked into priorities.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use sluice_crds::gateway::ParentReference;
 use sluice_proto::v1;
@@ -10,7 +10,8 @@ use super::attach::attach;
 use super::gateways::Gateways;
 use super::http::{self, Entry, RouteInput, Translated};
 use super::{
-    ACCEPTED, Output, PARTIALLY_INVALID, PRIORITY_TOP, RouteParentStatus, RouteStatus, cond, reason,
+    ACCEPTED, Output, PARTIALLY_INVALID, PRIORITY_TOP, RouteParentStatus, RouteStatus, Slot, cond,
+    reason,
 };
 use crate::ClusterState;
 use crate::status::{Condition, ConditionStatus};
@@ -63,6 +64,7 @@ pub(super) fn routes(
         }
         if att.any_attached {
             for e in translated.entries {
+                add_to_sections(&e.route, &att.sections, &mut out.listeners);
                 rs.routes.push(e.route.id.clone());
                 for (ns, name) in &att.gateways {
                     if let Some(st) = gws.status.get_mut(&(ns.clone(), name.clone())) {
@@ -76,7 +78,38 @@ pub(super) fn routes(
         rs.routes.sort();
         out.status.routes.push(rs);
     }
+    for l in &mut out.listeners {
+        for s in &mut l.sections {
+            s.routes.sort();
+            s.routes.dedup();
+        }
+    }
     entries
+}
+
+/// Lists `route` in the `ListenerSection`s of the Gateway listeners it attached to, on each
+/// per-Gateway port it names.
+fn add_to_sections(
+    route: &v1::Route,
+    sections: &BTreeMap<Slot, BTreeSet<String>>,
+    listeners: &mut [v1::Listener],
+) {
+    for (slot, names) in sections {
+        let Slot::Listener(id, ..) = slot else {
+            continue;
+        };
+        if !route.listeners.contains(id) {
+            continue;
+        }
+        let Some(l) = listeners.iter_mut().find(|l| l.id == *id) else {
+            continue;
+        };
+        for s in &mut l.sections {
+            if names.contains(&s.name) {
+                s.routes.push(route.id.clone());
+            }
+        }
+    }
 }
 
 /// An ApisixRoute or Ingress holding one of the ids keeps it; the whole route is refused.

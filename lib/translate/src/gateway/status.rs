@@ -75,6 +75,15 @@ pub mod reason {
     pub const BACKEND_NOT_FOUND: &str = "BackendNotFound";
     /// Route `ResolvedRefs` = False: a backend of a kind other than Service.
     pub const INVALID_KIND: &str = "InvalidKind";
+    /// Listener `ResolvedRefs` = False: a frontend validation CA reference does not resolve.
+    pub const INVALID_CA_CERTIFICATE_REF: &str = "InvalidCACertificateRef";
+    /// Listener `ResolvedRefs` = False: a frontend validation CA reference of a kind Sluice
+    /// does not read.
+    pub const INVALID_CA_CERTIFICATE_KIND: &str = "InvalidCACertificateKind";
+    /// Listener `Accepted` = False: no frontend validation CA reference is usable.
+    pub const NO_VALID_CA_CERTIFICATE: &str = "NoValidCACertificate";
+    /// Gateway `InsecureFrontendValidationMode` = True.
+    pub const CONFIGURATION_CHANGED: &str = "ConfigurationChanged";
     /// Programmed = False until dataplanes ACK (written by the controller, never here).
     pub const PENDING: &str = "Pending";
 }
