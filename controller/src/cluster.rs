@@ -11,8 +11,8 @@
 //!   `ingressclass.kubernetes.io/is-default-class: "true"`.
 //!
 //! Objects of other classes are left out entirely: no snapshot entry and no status (another
-//! controller owns them). Services, EndpointSlices and Secrets have no class and are all
-//! kept, and so are Pods (metadata only); translation only looks at the ones our routes
+//! controller owns them). Services, EndpointSlices, Secrets and ConfigMaps have no class and
+//! are all kept, and so are Pods (metadata only); translation only looks at the ones our routes
 //! reference.
 //!
 //! The Gateway API kinds have no ingress class: they are all kept, and translation decides
@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::Resource;
@@ -62,6 +62,8 @@ pub struct Inputs {
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Secrets.
     pub secrets: Vec<Arc<Secret>>,
+    /// ConfigMaps (CA bundles of Gateway frontend client-certificate validation).
+    pub config_maps: Vec<Arc<ConfigMap>>,
     /// Pods, metadata only (name, namespace, labels): for ApisixUpstream subsets.
     pub pods: Vec<Arc<PartialObjectMeta<Pod>>>,
     /// Ingresses.
@@ -177,6 +179,7 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         services: all(&inputs.services),
         endpoint_slices: all(&inputs.endpoint_slices),
         secrets: all(&inputs.secrets),
+        config_maps: all(&inputs.config_maps),
         pods: all(&inputs.pods),
         ingresses: owned(&inputs.ingresses, |o| f.selects_ingress(o)),
         ingress_classes: owned(&inputs.ingress_classes, |o| {
@@ -208,6 +211,7 @@ impl From<ClusterState> for Inputs {
             services: arcs(s.services),
             endpoint_slices: arcs(s.endpoint_slices),
             secrets: arcs(s.secrets),
+            config_maps: arcs(s.config_maps),
             pods: arcs(s.pods),
             ingresses: arcs(s.ingresses),
             ingress_classes: arcs(s.ingress_classes),

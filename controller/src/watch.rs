@@ -26,7 +26,7 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::Arc;
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::core::PartialObjectMeta;
@@ -690,6 +690,7 @@ kinds_table! {
     services: Service, every_object;
     endpoint_slices: EndpointSlice, service_slices;
     secrets: Secret, not_helm_releases;
+    config_maps: ConfigMap, every_object;
     ingresses: Ingress, every_object;
 }
 
