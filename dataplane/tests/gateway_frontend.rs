@@ -189,7 +189,11 @@ async fn over_tls(
         sender.send_request(req).await.map_err(|e| e.to_string())?
     };
     let status = resp.status();
-    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?;
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?;
     let server = serde_json::from_slice::<serde_json::Value>(&body.to_bytes())
         .ok()
         .and_then(|j| j["server"].as_str().map(str::to_owned))
@@ -261,7 +265,11 @@ async fn a_host_of_another_listener_than_the_sni_chose_gets_421() {
                     "fourth-example.wildcard.org",
                     &["ns/r4/r0"],
                 ),
-                section("https-with-wildcard-hostname", "*.wildcard.org", &["ns/r3/r0"]),
+                section(
+                    "https-with-wildcard-hostname",
+                    "*.wildcard.org",
+                    &["ns/r3/r0"],
+                ),
             ],
             ..Default::default()
         }],
@@ -275,13 +283,38 @@ async fn a_host_of_another_listener_than_the_sni_chose_gets_421() {
         ("second-example.org", "second-example.org", 200, "v2"),
         ("second-example.org", "example.org", 421, ""),
         ("second-example.org", "unknown-example.org", 421, ""),
-        ("third-example.wildcard.org", "third-example.wildcard.org", 200, "v3"),
-        ("third-example.wildcard.org", "fith-example.wildcard.org", 200, "v3"),
-        ("third-example.wildcard.org", "fourth-example.wildcard.org", 421, ""),
+        (
+            "third-example.wildcard.org",
+            "third-example.wildcard.org",
+            200,
+            "v3",
+        ),
+        (
+            "third-example.wildcard.org",
+            "fith-example.wildcard.org",
+            200,
+            "v3",
+        ),
+        (
+            "third-example.wildcard.org",
+            "fourth-example.wildcard.org",
+            421,
+            "",
+        ),
         ("third-example.wildcard.org", "second-example.org", 421, ""),
         ("third-example.wildcard.org", "unknown-example.org", 421, ""),
-        ("fourth-example.wildcard.org", "fourth-example.wildcard.org", 200, "v4"),
-        ("fourth-example.wildcard.org", "fith-example.wildcard.org", 421, ""),
+        (
+            "fourth-example.wildcard.org",
+            "fourth-example.wildcard.org",
+            200,
+            "v4",
+        ),
+        (
+            "fourth-example.wildcard.org",
+            "fith-example.wildcard.org",
+            421,
+            "",
+        ),
         ("unknown-example.org", "example.org", 200, "v1"),
         ("unknown-example.org", "unknown-example.org", 404, ""),
     ];
@@ -359,12 +392,28 @@ async fn a_validating_port_refuses_clients_without_a_certificate_unless_insecure
     let host = "mtls.example.org";
     for alpn in [&b"http/1.1"[..], &b"h2"[..]] {
         let anonymous = over_tls(at(strict), host, host, client(&server_ca.der, alpn, None)).await;
-        assert!(anonymous.is_err(), "served without a certificate: {anonymous:?}");
-        let stranger =
-            over_tls(at(strict), host, host, client(&server_ca.der, alpn, identity(&other))).await;
-        assert!(stranger.is_err(), "served another CA's client: {stranger:?}");
-        let valid =
-            over_tls(at(strict), host, host, client(&server_ca.der, alpn, identity(&good))).await;
+        assert!(
+            anonymous.is_err(),
+            "served without a certificate: {anonymous:?}"
+        );
+        let stranger = over_tls(
+            at(strict),
+            host,
+            host,
+            client(&server_ca.der, alpn, identity(&other)),
+        )
+        .await;
+        assert!(
+            stranger.is_err(),
+            "served another CA's client: {stranger:?}"
+        );
+        let valid = over_tls(
+            at(strict),
+            host,
+            host,
+            client(&server_ca.der, alpn, identity(&good)),
+        )
+        .await;
         assert_eq!(valid.unwrap().0, StatusCode::OK);
         for id in [None, identity(&good), identity(&other)] {
             let has = id.is_some();

@@ -639,3 +639,173 @@ spec:
     let r = wait_http(at(one), "same.e2e", "/", 200);
     assert_eq!(r.header("x-gateway"), Some("one"));
 }
+
+/// `curl` over TLS to `127.0.0.1:port` with `sni` as the URL's host (its SNI), trusting
+/// `ca`, with `host` as the `Host` header (`:authority` over HTTP/2), with a client
+/// certificate when `identity` names one (cert, key files); the HTTP status, or `None` when
+/// the handshake or the request fails.
+fn curl_tls(
+    port: u16,
+    sni: &str,
+    host: &str,
+    ca: &std::path::Path,
+    identity: Option<(&std::path::Path, &std::path::Path)>,
+    http2: bool,
+) -> Option<u16> {
+    let mut cmd = std::process::Command::new("curl");
+    cmd.args([
+        "-sS",
+        "-o",
+        "/dev/null",
+        "-w",
+        "%{http_code}",
+        "--max-time",
+        "5",
+    ])
+    .arg(if http2 { "--http2" } else { "--http1.1" })
+    .arg("--cacert")
+    .arg(ca)
+    .arg("--resolve")
+    .arg(format!("{sni}:{port}:127.0.0.1"))
+    .args(["-H", &format!("Host: {host}")]);
+    if let Some((cert, key)) = identity {
+        cmd.arg("--cert").arg(cert).arg("--key").arg(key);
+    }
+    let out = cmd.arg(format!("https://{sni}:{port}/")).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+fn indented(text: &str, by: usize) -> String {
+    let pad = " ".repeat(by);
+    text.trim().lines().map(|l| format!("{pad}{l}\n")).collect()
+}
+
+/// Gateway `spec.tls.frontend` and listener sections on a per-Gateway HTTPS port: a client
+/// without a certificate (or with one from another CA) is refused, one with a certificate
+/// from the ConfigMap's CA is served; over a connection made for `a.e2e`, a request for
+/// `b.e2e` (another listener of the port) gets 421, over HTTP/1.1 and HTTP/2; a Gateway
+/// whose CA ConfigMap is missing has its listener `Accepted=False` (`NoValidCACertificate`).
+#[test]
+fn a_validating_gateway_listener_refuses_clients_without_a_certificate_and_misdirected_hosts() {
+    use sluice_testkit::pki::Ca;
+    let p = Pipeline::start_with_gateway_api(&[
+        "--gateway-service-namespace",
+        "{namespace}",
+        "--gateway-service-selector",
+        "app.kubernetes.io/component=dataplane",
+        "--gateway-service-type",
+        "ClusterIP",
+        "--gateway-listener-ports",
+        "42000-42999",
+    ])
+    .unwrap();
+    let ns = p.namespace.clone();
+    let dir = p.cluster.dir().join("frontend-certs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let server_ca = Ca::new("server CA");
+    let server = server_ca.leaf(&["a.e2e", "b.e2e"]);
+    let client_ca = Ca::new("client CA");
+    let client = client_ca.leaf(&["client.e2e"]);
+    let stranger = Ca::new("other CA").leaf(&["stranger.e2e"]);
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let ca_file = write("server-ca.crt", &server_ca.pem);
+    let client_files = (
+        write("client.crt", &client.pem),
+        write("client.key", &client.key_pem),
+    );
+    let stranger_files = (
+        write("stranger.crt", &stranger.pem),
+        write("stranger.key", &stranger.key_pem),
+    );
+    let listener = |name: &str, host: &str| {
+        format!(
+            "    - name: {name}\n      protocol: HTTPS\n      port: 443\n      hostname: {host}\n      tls: {{certificateRefs: [{{name: server-cert}}]}}\n"
+        )
+    };
+    let route = |name: &str, section: &str, header: &str| {
+        format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: mtls, sectionName: {section}}}]
+  rules:
+    - backendRefs: [{{name: echo, port: 80}}]
+      filters:
+        - type: ResponseHeaderModifier
+          responseHeaderModifier: {{set: [{{name: x-listener, value: {header}}}]}}
+"#
+        )
+    };
+    let yaml = format!(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: sluice}}\nspec: {{controllerName: {CONTROLLER}}}\n---\n\
+apiVersion: v1\nkind: Secret\nmetadata: {{name: server-cert, namespace: {ns}}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}---\n\
+apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: client-ca, namespace: {ns}}}\ndata:\n  ca.crt: |\n{}---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: mtls, namespace: {ns}}}\nspec:\n  gatewayClassName: sluice\n  tls:\n    frontend:\n      default:\n        validation:\n          caCertificateRefs: [{{group: \"\", kind: ConfigMap, name: client-ca}}]\n  listeners:\n{}{}---\n\
+apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: broken, namespace: {ns}}}\nspec:\n  gatewayClassName: sluice\n  tls:\n    frontend:\n      default:\n        validation:\n          caCertificateRefs: [{{group: \"\", kind: ConfigMap, name: missing}}]\n  listeners:\n{}---\n{}---\n{}",
+        indented(&server.chain_pem, 4),
+        indented(&server.key_pem, 4),
+        indented(&client_ca.pem, 4),
+        listener("a", "a.e2e"),
+        listener("b", "b.e2e"),
+        listener("a", "a.e2e"),
+        route("to-a", "a", "a"),
+        route("to-b", "b", "b"),
+    );
+    p.cluster.apply(&yaml).unwrap();
+
+    let port = eventually(WAIT, || {
+        target_of(&gateway_services(&p, &ns), &format!("{ns}/mtls"), 443)
+    })
+    .unwrap_or_else(|| panic!("no Gateway Service: {:#?}", gateway_services(&p, &ns)));
+    let with_cert = Some((client_files.0.as_path(), client_files.1.as_path()));
+    for http2 in [false, true] {
+        eventually(WAIT, || {
+            (curl_tls(port, "a.e2e", "a.e2e", &ca_file, with_cert, http2) == Some(200))
+                .then_some(())
+        })
+        .unwrap_or_else(|| panic!("a.e2e with a client certificate never served (h2: {http2})"));
+        assert_eq!(
+            curl_tls(port, "a.e2e", "a.e2e", &ca_file, None, http2),
+            None,
+            "served without a client certificate (h2: {http2})"
+        );
+        let other = Some((stranger_files.0.as_path(), stranger_files.1.as_path()));
+        assert_eq!(
+            curl_tls(port, "a.e2e", "a.e2e", &ca_file, other, http2),
+            None,
+            "served a client certificate of another CA (h2: {http2})"
+        );
+        assert_eq!(
+            curl_tls(port, "a.e2e", "b.e2e", &ca_file, with_cert, http2),
+            Some(421),
+            "SNI a.e2e, Host b.e2e (h2: {http2})"
+        );
+        assert_eq!(
+            curl_tls(port, "b.e2e", "b.e2e", &ca_file, with_cert, http2),
+            Some(200)
+        );
+    }
+
+    // A missing CA ConfigMap: the listener is not accepted, and says why.
+    wait_object(
+        &p,
+        "gateway",
+        Some(&ns),
+        "broken",
+        "NoValidCACertificate",
+        |g| {
+            let l = &g["status"]["listeners"][0]["conditions"];
+            cond(l, "Accepted").is_some_and(|(s, r, _)| s == "False" && r == "NoValidCACertificate")
+                && cond(l, "ResolvedRefs")
+                    .is_some_and(|(s, r, _)| s == "False" && r == "InvalidCACertificateRef")
+        },
+    );
+}
