@@ -39,12 +39,19 @@ pub struct Sections {
 }
 
 impl Sections {
-    /// Compiles `sections` over the snapshot's `routes`; `Err` names the offending field.
+    /// Compiles the `sections` of listener `listener` over the snapshot's `routes`; `Err`
+    /// names the offending field. Every route a section lists must name the listener.
     pub fn compile(
+        listener: &str,
         sections: &[v1::ListenerSection],
         routes: &[v1::Route],
     ) -> Result<Sections, (String, String)> {
         let mut out = Sections::default();
+        if sections.is_empty() {
+            return Ok(out);
+        }
+        let by_id: std::collections::HashMap<&str, &v1::Route> =
+            routes.iter().map(|r| (r.id.as_str(), r)).collect();
         for (i, s) in sections.iter().enumerate() {
             let field = |f: &str| format!("sections[{i}].{f}");
             let taken = |what: &str| {
@@ -76,15 +83,25 @@ impl Sections {
             }
             let router = Router::scoped(routes, |r| s.routes.binary_search(&r.id).is_ok())
                 .map_err(|e: InvalidRoute| (field("routes"), e.to_string()))?;
-            if let Some(missing) = s
-                .routes
-                .iter()
-                .find(|id| !routes.iter().any(|r| &r.id == *id))
-            {
-                return Err((field("routes"), format!("unknown route `{missing}`")));
-            }
             if !s.routes.is_sorted() {
                 return Err((field("routes"), "not sorted".into()));
+            }
+            for (j, id) in s.routes.iter().enumerate() {
+                match by_id.get(id.as_str()) {
+                    None => {
+                        return Err((
+                            format!("{}[{j}]", field("routes")),
+                            format!("unknown route `{id}`"),
+                        ));
+                    }
+                    Some(r) if !r.listeners.iter().any(|l| l == listener) => {
+                        return Err((
+                            format!("{}[{j}]", field("routes")),
+                            format!("route `{id}` does not name this listener"),
+                        ));
+                    }
+                    Some(_) => {}
+                }
             }
             out.list.push(Section {
                 name: s.name.clone(),
@@ -161,7 +178,7 @@ mod tests {
                 routes: Vec::new(),
             })
             .collect();
-        Sections::compile(&list, &[]).unwrap()
+        Sections::compile("l", &list, &[]).unwrap()
     }
 
     fn name(s: &Sections, host: Option<&str>) -> Option<String> {
@@ -246,9 +263,9 @@ mod tests {
                 },
             ]
         };
-        assert!(Sections::compile(&list("", ""), &[]).is_err());
-        assert!(Sections::compile(&list("A.com", "a.com"), &[]).is_err());
-        assert!(Sections::compile(&list("*.a.com", "*.a.com"), &[]).is_err());
-        assert!(Sections::compile(&list("a.com", "*.a.com"), &[]).is_ok());
+        assert!(Sections::compile("l", &list("", ""), &[]).is_err());
+        assert!(Sections::compile("l", &list("A.com", "a.com"), &[]).is_err());
+        assert!(Sections::compile("l", &list("*.a.com", "*.a.com"), &[]).is_err());
+        assert!(Sections::compile("l", &list("a.com", "*.a.com"), &[]).is_ok());
     }
 }

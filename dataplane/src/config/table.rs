@@ -415,24 +415,9 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
             l.default_certificate.as_ref(),
             l.client_validation.as_ref(),
         )?;
-        let sections = crate::config::sections::Sections::compile(&l.sections, &snapshot.routes)
-            .map_err(|(field, reason)| fail(&field, reason))?;
-        if let Some((s, id)) = l
-            .sections
-            .iter()
-            .flat_map(|s| s.routes.iter().map(move |r| (s, r)))
-            .find(|(_, r)| {
-                snapshot
-                    .routes
-                    .iter()
-                    .any(|x| &x.id == *r && !x.listeners.contains(&l.id))
-            })
-        {
-            return Err(fail(
-                "sections",
-                format!("section {}: route {id} does not name this listener", s.name),
-            ));
-        }
+        let sections =
+            crate::config::sections::Sections::compile(&l.id, &l.sections, &snapshot.routes)
+                .map_err(|(field, reason)| fail(&field, reason))?;
         out.push(ListenerTable {
             id,
             port,

@@ -88,8 +88,8 @@ pub(super) struct PortValidation {
     pub(super) partly: Option<Refusal>,
 }
 
-/// Whether `gw` asks for frontend validation at all, and with the insecure fallback on some
-/// port (`InsecureFrontendValidationMode`); `Err` when `spec.tls` cannot be read.
+/// Whether `g` asks for the insecure fallback on some port (its
+/// `InsecureFrontendValidationMode` condition).
 pub(super) fn insecure_fallback(g: &GatewayRef<'_>) -> bool {
     let Ok(Some(f)) = frontend(g) else {
         return false;
