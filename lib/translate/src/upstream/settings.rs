@@ -228,6 +228,7 @@ pub(crate) fn timeouts(t: [Option<u64>; 3]) -> Option<v1::Timeouts> {
         connect_ms: t[0].unwrap_or(0),
         send_ms: t[1].unwrap_or(0),
         read_ms: t[2].unwrap_or(0),
+        ..Default::default()
     })
 }
 
