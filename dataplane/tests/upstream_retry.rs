@@ -69,7 +69,9 @@ async fn flaky(fail: usize) -> (SocketAddr, Arc<AtomicUsize>) {
                 let mut buf = vec![0u8; 8192];
                 let mut head = Vec::new();
                 loop {
-                    let Ok(k) = s.read(&mut buf).await else { return };
+                    let Ok(k) = s.read(&mut buf).await else {
+                        return;
+                    };
                     if k == 0 {
                         return;
                     }
@@ -134,8 +136,14 @@ async fn an_attempt_timeout_is_retried_on_the_next_endpoint_but_a_sent_post_is_n
     let fast_before = fast.state.requests.load(Ordering::SeqCst);
     let mut statuses = Vec::new();
     for _ in 0..4 {
-        let resp =
-            request_with_body(dp.addr, "POST", "/post", &[], Bytes::from_static(b"order=1")).await;
+        let resp = request_with_body(
+            dp.addr,
+            "POST",
+            "/post",
+            &[],
+            Bytes::from_static(b"order=1"),
+        )
+        .await;
         statuses.push(resp.status);
     }
     let ok = statuses.iter().filter(|s| **s == StatusCode::OK).count();
@@ -195,11 +203,20 @@ async fn only_listed_status_codes_are_retried_and_never_a_post_with_a_body() {
     // A POST with a body is not sent again: of two in a row one gets a's 503.
     let mut statuses = Vec::new();
     for _ in 0..2 {
-        let resp = request_with_body(dp.addr, "POST", "/status/503", &[], Bytes::from_static(b"x"))
-            .await;
+        let resp = request_with_body(
+            dp.addr,
+            "POST",
+            "/status/503",
+            &[],
+            Bytes::from_static(b"x"),
+        )
+        .await;
         statuses.push(resp.status);
     }
-    assert!(statuses.contains(&StatusCode::SERVICE_UNAVAILABLE), "{statuses:?}");
+    assert!(
+        statuses.contains(&StatusCode::SERVICE_UNAVAILABLE),
+        "{statuses:?}"
+    );
     assert_eq!(retries(&dp, "status"), by_status);
 
     // 503 not listed: passed on as it is.
@@ -208,7 +225,10 @@ async fn only_listed_status_codes_are_retried_and_never_a_post_with_a_body() {
     for _ in 0..2 {
         statuses.push(get_with(dp.addr, "/status/503", &[]).await.status);
     }
-    assert!(statuses.contains(&StatusCode::SERVICE_UNAVAILABLE), "{statuses:?}");
+    assert!(
+        statuses.contains(&StatusCode::SERVICE_UNAVAILABLE),
+        "{statuses:?}"
+    );
     assert_eq!(retries(&dp, "status"), by_status);
 }
 
@@ -227,7 +247,11 @@ async fn the_backoff_is_waited_between_retries() {
     assert_eq!(resp.status, StatusCode::OK, "{}", resp.text());
     assert_eq!(conns.load(Ordering::SeqCst), 3);
     // 200 ms, then twice that.
-    assert!(started.elapsed() >= Duration::from_millis(550), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() >= Duration::from_millis(550),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[tokio::test]

@@ -643,7 +643,9 @@ spec:
 /// A backend in the root namespace (on the veth's host end, which the dataplane reaches)
 /// that accepts every connection, reads the request and never answers. Returns its address
 /// and the request lines it saw.
-fn silent_backend(host: std::net::Ipv4Addr) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+fn silent_backend(
+    host: std::net::Ipv4Addr,
+) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
     use std::io::Read;
     let listener = std::net::TcpListener::bind((host, 0)).unwrap();
     let addr = listener.local_addr().unwrap();
@@ -693,11 +695,18 @@ spec:
     let started = std::time::Instant::now();
     let resp = http_get(p.http, "deadline.e2e", "/delay/4000").unwrap();
     assert_eq!(resp.status, 504, "{}", resp.body);
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
     let route = wait_object(&p, "httproute", Some(&ns), "deadline", "Accepted", |r| {
         parent_cond(r, "Accepted").is_some_and(|(s, _, _)| s == "True")
     });
-    assert!(parent_cond(&route, "PartiallyInvalid").is_none(), "{route:#}");
+    assert!(
+        parent_cond(&route, "PartiallyInvalid").is_none(),
+        "{route:#}"
+    );
 
     // timeouts.backendRequest over two endpoints, one of which never answers: a GET that
     // times out there is sent to the other one; a POST whose body was sent is not.

@@ -296,9 +296,8 @@ impl<'p> Attempts<'p> {
             },
         };
         // NB: the clock is read up front only when a deadline counts from the start.
-        let now = (upstream.retry_timeout.is_some()
-            || policy.is_some_and(|p| p.request.is_some()))
-        .then(Instant::now);
+        let now = (upstream.retry_timeout.is_some() || policy.is_some_and(|p| p.request.is_some()))
+            .then(Instant::now);
         Attempts {
             tried: Tried::default(),
             retries: 0,

@@ -94,7 +94,8 @@ impl H1Forward<'_> {
             conn,
             timeouts,
         };
-        let (pooled, head) = attempt::run(&mut plain, upstream, hash, timeouts, policy, picked).await?;
+        let (pooled, head) =
+            attempt::run(&mut plain, upstream, hash, timeouts, policy, picked).await?;
         // The request's header map is not read after its response head came (no attempt
         // follows): its allocation takes the connection's next response head.
         let head_len = head.head_len;

@@ -96,7 +96,11 @@ pub(crate) fn route_timeouts(
         request_ms: request,
         attempt_ms: attempt,
         // NB: else the default read timeout would end a longer deadline first.
-        read_ms: if longest > DEFAULT_READ_MS { longest } else { 0 },
+        read_ms: if longest > DEFAULT_READ_MS {
+            longest
+        } else {
+            0
+        },
         ..Default::default()
     })
 }
@@ -154,9 +158,21 @@ mod tests {
         assert_eq!(gateway_duration_ms("0s"), Ok(0));
         assert_eq!(gateway_duration_ms("99999m"), Ok(5_999_940_000));
         for bad in [
-            "", "10", "1.5s", "-1s", "1d", "100000s", "1h1m1s1ms1h", " 1s", "1s ", "s",
+            "",
+            "10",
+            "1.5s",
+            "-1s",
+            "1d",
+            "100000s",
+            "1h1m1s1ms1h",
+            " 1s",
+            "1s ",
+            "s",
         ] {
-            assert!(gateway_duration_ms(bad).is_err(), "{bad:?} should be refused");
+            assert!(
+                gateway_duration_ms(bad).is_err(),
+                "{bad:?} should be refused"
+            );
         }
     }
 
@@ -180,6 +196,9 @@ mod tests {
         };
         let got = route_timeouts(&t, "f", &mut problems).unwrap();
         assert!(problems.is_empty());
-        assert_eq!((got.request_ms, got.attempt_ms, got.read_ms), (0, 120_000, 120_000));
+        assert_eq!(
+            (got.request_ms, got.attempt_ms, got.read_ms),
+            (0, 120_000, 120_000)
+        );
     }
 }

@@ -5,11 +5,11 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sluice_crds::{
     ApisixUpstream, ApisixUpstreamConfig, ApisixUpstreamExternalNode, ExternalNodeType,
     LoadBalancerType, UpstreamScheme, UpstreamTimeout, parse_duration,
 };
-use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sluice_proto::v1;
 
 use super::service::external_name_of;
@@ -240,9 +240,7 @@ fn retry_timeout(t: &IntOrString, field: &str, problems: &mut Problems) -> Optio
             None
         }
         IntOrString::String(s) if parse_duration(s).is_ok_and(|d| d.is_zero()) => Some(0),
-        IntOrString::String(s) => duration_ms(s)
-            .map_err(|e| problems.error(field, e))
-            .ok(),
+        IntOrString::String(s) => duration_ms(s).map_err(|e| problems.error(field, e)).ok(),
     }
 }
 
