@@ -29,8 +29,14 @@ fn apply(
     let mut r = route("default/r/r1", &["/*"], "u");
     r.timeout = timeout;
     r.retry = retry;
+    // NB: each snapshot a newer version than the last.
+    static VERSION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    let version = VERSION.fetch_add(1, Ordering::SeqCst);
     dp.store
-        .apply(snapshot(1, vec![r], vec![upstream_of("u", addrs)]), vec![])
+        .apply(
+            snapshot(version, vec![r], vec![upstream_of("u", addrs)]),
+            vec![],
+        )
         .unwrap();
 }
 
