@@ -105,6 +105,12 @@ pub struct ApisixUpstreamConfig {
     /// Timeouts. Default 60s each.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<UpstreamTimeout>,
+    /// APISIX `retry_timeout`: how long after the first attempt a retry may still start, an
+    /// integer number of seconds (as APISIX documents it) or a duration string such as
+    /// `1500ms`; `0` disables it. Default: connect + read timeout counted from the first
+    /// failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_timeout: Option<IntOrString>,
     /// Active and passive health checks. Default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub health_check: Option<HealthCheck>,

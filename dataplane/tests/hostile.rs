@@ -754,6 +754,7 @@ async fn a_request_or_response_body_that_stalls_times_out() {
         connect_ms: 1000,
         send_ms: 1000,
         read_ms: 500,
+        ..Default::default()
     });
     let snap = snapshot(
         1,

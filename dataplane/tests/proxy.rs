@@ -72,6 +72,7 @@ async fn slow_upstream_is_504_after_the_route_read_timeout() {
         connect_ms: 1000,
         send_ms: 1000,
         read_ms: 200,
+        ..Default::default()
     });
     dp.store
         .apply(

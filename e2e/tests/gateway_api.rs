@@ -808,4 +808,165 @@ apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: broke
                     .is_some_and(|(s, r, _)| s == "False" && r == "InvalidCACertificateRef")
         },
     );
+/// A backend in the root namespace (on the veth's host end, which the dataplane reaches)
+/// that accepts every connection, reads the request and never answers. Returns its address
+/// and the request lines it saw.
+fn silent_backend(
+    host: std::net::Ipv4Addr,
+) -> (SocketAddr, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::Read;
+    let listener = std::net::TcpListener::bind((host, 0)).unwrap();
+    let addr = listener.local_addr().unwrap();
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = std::sync::Arc::clone(&seen);
+    std::thread::spawn(move || {
+        for mut s in listener.incoming().flatten() {
+            let record = std::sync::Arc::clone(&record);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                if let Ok(n) = s.read(&mut buf) {
+                    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+                    let line = text.lines().next().unwrap_or_default().to_owned();
+                    record.lock().unwrap().push(line);
+                }
+                // Held open, never answered, until the peer gives up.
+                let _ = s.read(&mut buf);
+                std::thread::sleep(Duration::from_secs(30));
+            });
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn http_route_timeouts_answer_504_and_a_timed_out_get_is_retried_but_not_a_post() {
+    let p = Pipeline::start_with_gateway_api(&[]).unwrap();
+    let ns = p.namespace.clone();
+    p.cluster.apply(&class_and_gateway(&ns, "Same")).unwrap();
+
+    // timeouts.request: a backend slower than the deadline is a 504, well before it answers.
+    p.cluster
+        .apply(&format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: deadline, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: gw}}]
+  hostnames: [deadline.e2e]
+  rules:
+    - timeouts: {{request: 1s}}
+      backendRefs: [{{name: echo, port: 80}}]
+"#
+        ))
+        .unwrap();
+    wait_http(p.http, "deadline.e2e", "/fast", 200);
+    let started = std::time::Instant::now();
+    let resp = http_get(p.http, "deadline.e2e", "/delay/4000").unwrap();
+    assert_eq!(resp.status, 504, "{}", resp.body);
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    let route = wait_object(&p, "httproute", Some(&ns), "deadline", "Accepted", |r| {
+        parent_cond(r, "Accepted").is_some_and(|(s, _, _)| s == "True")
+    });
+    assert!(
+        parent_cond(&route, "PartiallyInvalid").is_none(),
+        "{route:#}"
+    );
+
+    // timeouts.backendRequest over two endpoints, one of which never answers: a GET that
+    // times out there is sent to the other one; a POST whose body was sent is not.
+    let (silent, seen) = silent_backend(p.net.host_addr());
+    p.cluster
+        .apply(&format!(
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: mixed, namespace: {ns}}}
+spec:
+  ports: [{{name: http, port: 80, targetPort: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: mixed-echo
+  namespace: {ns}
+  labels: {{kubernetes.io/service-name: mixed}}
+addressType: IPv4
+endpoints:
+  - addresses: ["{echo}"]
+    conditions: {{ready: true}}
+ports: [{{name: http, port: 8080}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: mixed-silent
+  namespace: {ns}
+  labels: {{kubernetes.io/service-name: mixed}}
+addressType: IPv4
+endpoints:
+  - addresses: ["{silent_ip}"]
+    conditions: {{ready: true}}
+ports: [{{name: http, port: {silent_port}}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: retry, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: gw}}]
+  hostnames: [retry.e2e]
+  rules:
+    - timeouts: {{request: 5s, backendRequest: 500ms}}
+      backendRefs: [{{name: mixed, port: 80}}]
+"#,
+            echo = p.net.addr(),
+            silent_ip = silent.ip(),
+            silent_port = silent.port(),
+        ))
+        .unwrap();
+    // Served, and both endpoints in use (the silent one saw a request).
+    eventually(WAIT, || {
+        let r = http_get(p.http, "retry.e2e", "/warm").ok()?;
+        (r.status == 200 && !seen.lock().unwrap().is_empty()).then_some(())
+    })
+    .expect("the route serves with both endpoints");
+    for i in 0..4 {
+        let resp = http_get(p.http, "retry.e2e", &format!("/get/{i}")).unwrap();
+        assert_eq!(resp.status, 200, "GET {i}: {}", resp.body);
+        assert_eq!(resp.header("x-echo-server"), Some("e2e-echo"));
+    }
+    let mut statuses = Vec::new();
+    for i in 0..4 {
+        let resp = sluice_e2e::http_request(
+            p.http,
+            "POST",
+            "retry.e2e",
+            &format!("/post/{i}"),
+            &[("content-type", "text/plain")],
+            b"order=1",
+        )
+        .unwrap();
+        statuses.push(resp.status);
+    }
+    // Round robin: two of the four POSTs went to the silent endpoint and were not sent
+    // again.
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 504).count(),
+        2,
+        "{statuses:?}"
+    );
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 200).count(),
+        2,
+        "{statuses:?}"
+    );
+    let posts = seen
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|l| l.starts_with("POST"))
+        .count();
+    assert_eq!(posts, 2, "{:?}", seen.lock().unwrap());
 }

@@ -79,6 +79,28 @@ pub struct HttpRouteRule {
     /// Request and backend-request timeouts (Gateway API durations such as `10s`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeouts: Option<HttpRouteTimeouts>,
+    /// When to send a failed request again (experimental channel, `HTTPRouteRetry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<HttpRouteRetry>,
+}
+
+/// `HTTPRouteRetry`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteRetry {
+    /// Response status codes (400-599) to retry on.
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub codes: Vec<i32>,
+    /// Most retries of one request (at least 1); unset: implementation-specific.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempts: Option<i32>,
+    /// Least wait between retries (a Gateway API duration); unset: implementation-specific.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backoff: Option<String>,
 }
 
 /// `HTTPRouteTimeouts`.

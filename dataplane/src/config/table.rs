@@ -9,6 +9,7 @@ use sluice_proto::v1;
 
 use crate::plugins::{self, BuildCtx, ConsumerTable, PluginChain, PluginState};
 use crate::router::{InvalidRoute, Router};
+use crate::upstream::attempt::{AttemptPolicy, RetryPolicy, StatusCodes};
 use crate::upstream::{InvalidUpstream, PoolRegistry, Timeouts, Upstream, WeightedSequence};
 
 /// Why a snapshot could not be compiled. The snapshot is then rejected whole and the
@@ -105,6 +106,9 @@ pub struct CompiledRoute {
     split: Option<WeightedSequence>,
     /// Timeouts of the route.
     pub timeouts: Timeouts,
+    /// The route's whole-request and per-attempt deadlines and retry policy (HTTPRoute
+    /// `timeouts` and `retry`); `None` when it has none.
+    pub policy: Option<Box<AttemptPolicy>>,
     /// Whether WebSocket upgrades are allowed.
     pub websocket: bool,
     /// Global rules' and the route's plugins; `None` when there are none (fast path).
@@ -149,6 +153,33 @@ fn duration_or(ms: u64, default: Duration) -> Duration {
     } else {
         Duration::from_millis(ms)
     }
+}
+
+/// The deadlines and retry policy of route `r`.
+fn attempt_policy(r: &v1::Route) -> Result<Option<Box<AttemptPolicy>>, InvalidSnapshot> {
+    let ms = |v: u64| (v > 0).then(|| Duration::from_millis(v));
+    let t = r.timeout.as_ref();
+    let retry = match &r.retry {
+        None => None,
+        Some(p) => Some(RetryPolicy {
+            attempts: (p.attempts > 0).then_some(p.attempts),
+            codes: StatusCodes::new(p.codes.iter().copied()).ok_or_else(|| {
+                InvalidSnapshot::Listener {
+                    owner: format!("route {}", r.id),
+                    field: "retry.codes".into(),
+                    reason: format!("{:?}: every code must be in 400-599", p.codes),
+                }
+            })?,
+            backoff: Duration::from_millis(p.backoff_ms),
+        }),
+    };
+    Ok(AttemptPolicy {
+        request: t.and_then(|t| ms(t.request_ms)),
+        attempt: t.and_then(|t| ms(t.attempt_ms)),
+        retry,
+    }
+    .or_none()
+    .map(Box::new))
 }
 
 fn timeouts(t: Option<&v1::Timeouts>, base: Timeouts) -> Timeouts {
@@ -297,6 +328,7 @@ impl RouteTable {
                 split: WeightedSequence::new(&weights),
                 backends,
                 timeouts: timeouts(r.timeout.as_ref(), Timeouts::default()),
+                policy: attempt_policy(r)?,
                 websocket: r.websocket,
             });
         }

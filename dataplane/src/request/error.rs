@@ -26,7 +26,9 @@ impl ProxyError {
             }
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)
-            | ProxyError::SendTimeout(_) => "{\"error_msg\":\"504 Gateway Timeout\"}\n",
+            | ProxyError::SendTimeout(_)
+            | ProxyError::RequestTimeout(_)
+            | ProxyError::AttemptTimeout(_) => "{\"error_msg\":\"504 Gateway Timeout\"}\n",
             ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => {
                 "{\"error_msg\":\"400 Bad Request\"}\n"
             }

@@ -347,6 +347,7 @@ async fn forward_other(
         upgrade,
     } = target;
     let timeouts = upstream.timeouts.unwrap_or(route.timeouts);
+    let policy = route.policy.as_deref();
     let req = Request::from_parts(parts, body);
     // Plugins (real-ip) may have replaced the client address: it is the one sent on
     // (`X-Real-IP`, `X-Forwarded-For`), as on the HTTP/1.1 path.
@@ -366,14 +367,14 @@ async fn forward_other(
     let resp = match upstream.protocol.as_deref() {
         Some(protocol) if !upgrade => {
             Box::pin(crate::upstream::protocol::proxy(
-                req, host, conn, upstream, protocol, hash, timeouts, slot,
+                req, host, conn, upstream, protocol, hash, timeouts, policy, slot,
             ))
             .await
         }
         protocol => {
             let tls = protocol.and_then(|p| p.tls.as_deref());
             Box::pin(crate::upstream::websocket::upgrade(
-                req, host, conn, upstream, tls, hash, timeouts, slot,
+                req, host, conn, upstream, tls, hash, timeouts, policy, slot,
             ))
             .await
         }
@@ -407,6 +408,7 @@ async fn forward_h1(
         upstream,
         hash: target.hash,
         timeouts: upstream.timeouts.unwrap_or(route.timeouts),
+        policy: route.policy.as_deref(),
         host,
     };
     let Some((run, _)) = plugin_run.as_mut() else {

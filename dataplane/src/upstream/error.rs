@@ -46,6 +46,14 @@ pub enum ProxyError {
     /// The upstream did not answer within the read timeout.
     #[error("upstream {0} timed out")]
     ReadTimeout(String),
+    /// The route's whole-request deadline (HTTPRoute `timeouts.request`) passed before a
+    /// response head came: the attempt in flight was cancelled, its connection closed.
+    #[error("request to upstream {0} exceeded the route's request timeout")]
+    RequestTimeout(String),
+    /// One attempt's deadline (HTTPRoute `timeouts.backendRequest`) passed before its
+    /// response head came: the attempt was cancelled, its connection closed.
+    #[error("upstream {0} did not answer within the attempt timeout")]
+    AttemptTimeout(String),
     /// The TLS handshake with the upstream failed (e.g. its certificate did not verify).
     #[error("TLS to upstream {addr} failed: {source}")]
     UpstreamTls {
@@ -118,7 +126,9 @@ impl ProxyError {
             | ProxyError::UpstreamTls { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)
-            | ProxyError::SendTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            | ProxyError::SendTimeout(_)
+            | ProxyError::RequestTimeout(_)
+            | ProxyError::AttemptTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             ProxyError::BadRequest(_) | ProxyError::RequestBody(_) => StatusCode::BAD_REQUEST,
             ProxyError::ClientBodyTimeout => StatusCode::REQUEST_TIMEOUT,
             ProxyError::HeadTooLarge(_) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
@@ -135,7 +145,9 @@ impl ProxyError {
             ProxyError::UpstreamTls { .. } => Some(Outcome::TcpFailure),
             ProxyError::ConnectTimeout(_)
             | ProxyError::ReadTimeout(_)
-            | ProxyError::SendTimeout(_) => Some(Outcome::Timeout),
+            | ProxyError::SendTimeout(_)
+            | ProxyError::RequestTimeout(_)
+            | ProxyError::AttemptTimeout(_) => Some(Outcome::Timeout),
             _ => None,
         }
     }

@@ -22,7 +22,7 @@ use http_body_util::BodyExt as _;
 
 use crate::http::ConnInfo;
 use crate::http::headers::{ProxyHeaders, strip_hop_by_hop};
-use crate::upstream::attempt::{self, Exchange, Failure, Picked};
+use crate::upstream::attempt::{self, AttemptPolicy, Exchange, Failure, Picked};
 use crate::upstream::body::{BodyLimit, ProxyBody, ReadWatch, UpstreamBody};
 use crate::upstream::error::ProxyError;
 use crate::upstream::health::InFlight;
@@ -41,6 +41,8 @@ pub struct H1Forward<'a> {
     pub hash: u64,
     /// Timeouts of the route or upstream.
     pub timeouts: Timeouts,
+    /// The route's deadlines and retry policy, if any.
+    pub policy: Option<&'a AttemptPolicy>,
     /// The request's host (`Host` when the request has none, `X-Forwarded-Host`).
     pub host: Option<&'a HeaderValue>,
 }
@@ -71,6 +73,7 @@ impl H1Forward<'_> {
             upstream,
             hash,
             timeouts,
+            policy,
             host,
         } = self;
         // NB: the request path removed the client's hop-by-hop headers before the plugins ran.
@@ -91,7 +94,8 @@ impl H1Forward<'_> {
             conn,
             timeouts,
         };
-        let (pooled, head) = attempt::run(&mut plain, upstream, hash, timeouts, picked).await?;
+        let (pooled, head) =
+            attempt::run(&mut plain, upstream, hash, timeouts, policy, picked).await?;
         // The request's header map is not read after its response head came (no attempt
         // follows): its allocation takes the connection's next response head.
         let head_len = head.head_len;
@@ -169,6 +173,11 @@ impl Exchange for Plain<'_> {
     fn status((_, head): &Self::Output) -> StatusCode {
         head.parts.status
     }
+
+    #[inline]
+    fn replayable(&self) -> bool {
+        self.replayable
+    }
 }
 
 /// A plugin's limit on a request body of unannounced length (client-control), when the
@@ -182,14 +191,16 @@ pub(crate) fn body_limit(parts: &request::Parts, has_body: bool) -> Option<u64> 
     }
 }
 
-/// A failed HTTP/1.1 exchange as the attempt loop sees it: a replayable request reset
-/// before any response byte may go to another endpoint, as may any request whose
-/// connection could not be made.
+/// A failed HTTP/1.1 exchange as the attempt loop sees it: a replayable request reset or
+/// timed out before any response byte may go to another endpoint (nginx's
+/// `proxy_next_upstream error timeout`), as may any request whose connection could not be
+/// made.
 #[inline]
 pub(crate) fn failure(e: ProxyError, replayable: bool) -> Failure {
     let reset = matches!(&e, ProxyError::Upstream { source, .. } if source.is_stale_connection());
+    let timed_out = matches!(&e, ProxyError::ReadTimeout(_));
     Failure {
-        may_retry: Some(e.retryable() || (replayable && reset)),
+        may_retry: Some(e.retryable() || (replayable && (reset || timed_out))),
         error: e,
     }
 }

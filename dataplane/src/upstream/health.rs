@@ -489,7 +489,10 @@ pub struct UpstreamMetrics {
     /// `sluice_upstream_connections_total{endpoint, reused}`: connections used for a
     /// request, new (`false`) or taken from the keep-alive pool (`true`).
     pub connections: IntCounterVec,
-    /// `sluice_upstream_retries_total{upstream}`: requests sent again to another endpoint.
+    /// `sluice_upstream_retries_total{upstream, reason}`: requests sent again after a failed
+    /// attempt, by why it failed: `connect` (nothing was sent), `connection_error` (reset
+    /// before any response byte), `timeout` (the attempt's deadline or read timeout),
+    /// `status` (a status code the route's retry policy lists).
     pub retries: IntCounterVec,
 }
 
@@ -529,8 +532,8 @@ impl UpstreamMetrics {
             ),
             retries: counter(
                 "sluice_upstream_retries_total",
-                "Requests sent again to another endpoint after a failure",
-                &["upstream"],
+                "Requests sent again after a failed attempt, by why it failed",
+                &["upstream", "reason"],
             ),
         }
     }

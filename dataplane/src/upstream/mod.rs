@@ -204,6 +204,9 @@ pub struct Upstream {
     pub timeouts: Option<Timeouts>,
     /// Retries to other endpoints; `None` = number of endpoints - 1.
     pub retries: Option<u32>,
+    /// APISIX `retry_timeout`: no retry starts later than this after the first attempt
+    /// started; `None` = connect + read timeout counted from the first failure.
+    pub retry_timeout: Option<Duration>,
     policy: Policy,
     weights: Vec<u32>,
     states: Vec<Arc<EndpointState>>,
@@ -211,7 +214,7 @@ pub struct Upstream {
     passive: Option<Rules>,
     /// Keeps the active checker running while this upstream is served.
     _checker: Option<Arc<Checker>>,
-    retries_total: IntCounter,
+    retries_total: prometheus::IntCounterVec,
     /// How to speak to the endpoints when the scheme is not plain `http` (see
     /// [`crate::upstream::protocol`]); `None` = HTTP/1.1 over TCP.
     pub protocol: Option<Arc<crate::upstream::protocol::UpstreamProtocol>>,
@@ -280,11 +283,16 @@ impl Upstream {
             reg.health.checker(&id, a, eps)
         });
         Upstream {
-            retries_total: reg.health.metrics.retries.with_label_values(&[id.as_str()]),
+            retries_total: reg.health.metrics.retries.clone(),
             id,
             endpoints,
             timeouts,
             retries: up.retries,
+            retry_timeout: up
+                .timeout
+                .as_ref()
+                .filter(|t| t.retry_timeout_ms > 0)
+                .map(|t| Duration::from_millis(t.retry_timeout_ms)),
             policy,
             weights,
             states,
@@ -402,9 +410,12 @@ impl Upstream {
         }
     }
 
-    /// Counts one retry.
-    pub fn count_retry(&self) {
-        self.retries_total.inc();
+    /// Counts one retry, by why the attempt before it failed (`connect`, `connection_error`,
+    /// `timeout`, `status`).
+    pub fn count_retry(&self, reason: &str) {
+        self.retries_total
+            .with_label_values(&[self.id.as_str(), reason])
+            .inc();
     }
 
     /// Feeds the outcome of a real request to the passive health check, if any.

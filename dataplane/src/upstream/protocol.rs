@@ -33,7 +33,7 @@ use tokio::net::TcpStream;
 
 use crate::http::ConnInfo;
 use crate::http::headers::{ProxyHeaders, strip_hop_by_hop, wants_trailers};
-use crate::upstream::attempt::{self, Exchange, Failure, Picked};
+use crate::upstream::attempt::{self, AttemptPolicy, Exchange, Failure, Picked};
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
 use crate::upstream::h1_client::{self, Outgoing, body_limit, exchange, failure, framing, stale};
@@ -307,7 +307,9 @@ impl EndpointConns {
 }
 
 /// Proxies `req` to `upstream` over its protocol; `host` is the client's Host, `hash` the
-/// request's balancer hash, `picked` as in [`attempt::run`].
+/// request's balancer hash, `policy` the route's deadlines and retry policy, `picked` as in
+/// [`attempt::run`]. NB: an HTTP/2 request is not sent again once it was taken (its
+/// exchange keeps no copy), so only connect failures and untaken requests are retried.
 #[allow(clippy::too_many_arguments)]
 pub async fn proxy(
     req: Request<RequestBody>,
@@ -317,6 +319,7 @@ pub async fn proxy(
     protocol: &UpstreamProtocol,
     hash: u64,
     timeouts: Timeouts,
+    policy: Option<&AttemptPolicy>,
     picked: Option<&mut Option<Picked>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut negotiated = Negotiated {
@@ -326,7 +329,7 @@ pub async fn proxy(
         protocol,
         timeouts,
     };
-    attempt::run(&mut negotiated, upstream, hash, timeouts, picked).await
+    attempt::run(&mut negotiated, upstream, hash, timeouts, policy, picked).await
 }
 
 /// A request to an upstream with a protocol, as each attempt sends it.

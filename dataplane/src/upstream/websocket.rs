@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::http::ConnInfo;
 use crate::http::headers::ProxyHeaders;
 use crate::http::headers::strip_hop_by_hop;
-use crate::upstream::attempt::{self, Exchange, Failure, Picked};
+use crate::upstream::attempt::{self, AttemptPolicy, Exchange, Failure, Picked};
 use crate::upstream::body::ProxyBody;
 use crate::upstream::error::ProxyError;
 use crate::upstream::health::InFlight;
@@ -137,6 +137,7 @@ pub async fn upgrade(
     tls: Option<&UpstreamTlsClient>,
     hash: u64,
     timeouts: Timeouts,
+    policy: Option<&AttemptPolicy>,
     picked: Option<&mut Option<Picked>>,
 ) -> Result<Response<ProxyBody>, ProxyError> {
     let mut upgrade = Upgrade {
@@ -146,7 +147,7 @@ pub async fn upgrade(
         tls,
         timeouts,
     };
-    attempt::run(&mut upgrade, upstream, hash, timeouts, picked).await
+    attempt::run(&mut upgrade, upstream, hash, timeouts, policy, picked).await
 }
 
 /// An upgrade request, as an attempt sends it.

@@ -132,6 +132,7 @@ impl RuleCtx<'_, '_> {
             backends,
             plugins,
             listeners: Vec::new(),
+            ..Default::default()
         };
         Some((route, upstreams))
     }

@@ -17,10 +17,10 @@
 //!   `RequestMirror` → `proxy-mirror` to the backend Service's ClusterIP and port, with
 //!   `percent` / `fraction` as `sample_ratio` (one mirror per rule).
 //!   Header values are literal (`$` is escaped for the plugins' templates).
+//! - `timeouts` and `retry`: see `timeouts.rs` (invalid values leave the rule out).
 //! - Unsupported, reported with `UnsupportedValue` and the rule left out of the snapshot
 //!   (`PartiallyInvalid=True`, or `Accepted=False` when no rule is left): a second
-//!   `RequestMirror`, `CORS`, `ExtensionRef`, filters on a single backendRef,
-//!   and `timeouts` (the snapshot has connect/send/read timeouts only, no request deadline).
+//!   `RequestMirror`, `CORS`, `ExtensionRef`, filters on a single backendRef.
 //! - Backends. A `Service` (group `""`) with a port, resolved like an ApisixRoute backend
 //!   (upstream `<ns>/<svc>:<port>`, `@grpc` with scheme grpc for GRPCRoute: HTTP/2 prior
 //!   knowledge); weight default 1, 0 = no traffic. Another kind → `InvalidKind`; another
@@ -196,6 +196,10 @@ struct RuleParts<'r> {
     matches: Vec<Result<Match, String>>,
     /// (backend, weight, whether it has filters of its own).
     backend_refs: Vec<(&'r BackendObjectReference, i32, bool)>,
+    /// `timeouts` (HTTPRoute).
+    timeout: Option<v1::Timeouts>,
+    /// `retry` (HTTPRoute).
+    retry: Option<v1::RetryPolicy>,
 }
 
 /// The parts of HTTPRoute rule `rule` (`field`); unsupported settings go into `problems`.
@@ -222,11 +226,14 @@ fn http_rule_parts<'r>(
             other => problems.push(format!("{ff}: {other} filters are not supported")),
         }
     }
-    if rule.timeouts.is_some() {
-        problems.push(format!(
-            "{field}.timeouts: not supported (the snapshot has no request deadline)"
-        ));
-    }
+    parts.timeout = rule
+        .timeouts
+        .as_ref()
+        .and_then(|t| super::timeouts::route_timeouts(t, &format!("{field}.timeouts"), problems));
+    parts.retry = rule
+        .retry
+        .as_ref()
+        .and_then(|r| super::timeouts::retry_policy(r, &format!("{field}.retry"), problems));
     if rule.matches.is_empty() {
         parts.matches.push(http_match(
             &Default::default(),
@@ -321,6 +328,8 @@ impl RulesBuild<'_, '_> {
             backends: &backends,
             extra_plugins: &extra_plugins,
             websocket,
+            timeout: parts.timeout.as_ref(),
+            retry: parts.retry.as_ref(),
         };
         let mut rule_entries = Vec::new();
         for (j, m) in parts.matches.into_iter().enumerate() {
@@ -470,6 +479,8 @@ impl RulesBuild<'_, '_> {
                     plugins,
                     websocket: rule.websocket,
                     listeners: v.listeners.clone(),
+                    timeout: rule.timeout.cloned(),
+                    retry: rule.retry.cloned(),
                     ..Default::default()
                 },
             });
@@ -517,6 +528,8 @@ struct Rule<'a> {
     backends: &'a [v1::Backend],
     extra_plugins: &'a [v1::Plugin],
     websocket: bool,
+    timeout: Option<&'a v1::Timeouts>,
+    retry: Option<&'a v1::RetryPolicy>,
 }
 
 /// One copy of a route's matches: the hosts, scheme and per-Gateway ports it serves.

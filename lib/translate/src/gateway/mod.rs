@@ -83,6 +83,7 @@ mod listeners;
 mod matches;
 mod routes;
 mod status;
+mod timeouts;
 
 use std::collections::BTreeMap;
 

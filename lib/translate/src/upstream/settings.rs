@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use sluice_crds::{
     ApisixUpstream, ApisixUpstreamConfig, ApisixUpstreamExternalNode, ExternalNodeType,
     LoadBalancerType, UpstreamScheme, UpstreamTimeout, parse_duration,
@@ -59,6 +60,8 @@ pub(crate) struct Settings {
     retries: Option<u32>,
     /// connect, send, read in ms.
     timeout: [Option<u64>; 3],
+    /// `retryTimeout` in ms (0: disabled).
+    retry_timeout: Option<u64>,
     /// `loadbalancer.hashOn` and `key`.
     hash: Option<(v1::UpstreamHashOn, String)>,
     /// `passHost` and `upstreamHost`.
@@ -98,6 +101,10 @@ impl Settings {
             .as_ref()
             .map(|t| parse_timeout(t, &format!("{field}timeout"), problems))
             .unwrap_or_default();
+        let retry_timeout = c
+            .retry_timeout
+            .as_ref()
+            .and_then(|t| retry_timeout(t, &format!("{field}retryTimeout"), problems));
         let hash = c
             .loadbalancer
             .as_ref()
@@ -149,6 +156,7 @@ impl Settings {
             scheme: c.scheme,
             retries,
             timeout,
+            retry_timeout,
             hash,
             pass_host,
             health_check,
@@ -164,6 +172,7 @@ impl Settings {
             scheme: over.scheme.or(self.scheme),
             retries: over.retries.or(self.retries),
             timeout: [t(0), t(1), t(2)],
+            retry_timeout: over.retry_timeout.or(self.retry_timeout),
             hash: over.hash.clone().or_else(|| self.hash.clone()),
             pass_host: over.pass_host.clone().or_else(|| self.pass_host.clone()),
             health_check: over
@@ -198,6 +207,9 @@ impl Settings {
         };
         up.retries = self.retries;
         up.timeout = timeouts(self.timeout);
+        if let Some(ms) = self.retry_timeout.filter(|ms| *ms > 0) {
+            up.timeout.get_or_insert_default().retry_timeout_ms = ms;
+        }
         if let Some((on, key)) = &self.hash {
             up.hash_on = *on as i32;
             up.hash_key = key.clone();
@@ -219,6 +231,19 @@ pub(super) fn proto_scheme(s: UpstreamScheme) -> v1::Scheme {
     }
 }
 
+/// `retryTimeout` in ms: seconds as a number, or a duration; `0` disables it.
+fn retry_timeout(t: &IntOrString, field: &str, problems: &mut Problems) -> Option<u64> {
+    match t {
+        IntOrString::Int(s) if *s >= 0 => Some(u64::try_from(*s).unwrap_or(0) * 1000),
+        IntOrString::Int(s) => {
+            problems.error(field, format!("{s} must not be negative"));
+            None
+        }
+        IntOrString::String(s) if parse_duration(s).is_ok_and(|d| d.is_zero()) => Some(0),
+        IntOrString::String(s) => duration_ms(s).map_err(|e| problems.error(field, e)).ok(),
+    }
+}
+
 /// Proto timeouts, `None` when nothing is set (0 = the dataplane default).
 pub(crate) fn timeouts(t: [Option<u64>; 3]) -> Option<v1::Timeouts> {
     if t.iter().all(Option::is_none) {
@@ -228,6 +253,7 @@ pub(crate) fn timeouts(t: [Option<u64>; 3]) -> Option<v1::Timeouts> {
         connect_ms: t[0].unwrap_or(0),
         send_ms: t[1].unwrap_or(0),
         read_ms: t[2].unwrap_or(0),
+        ..Default::default()
     })
 }
 
