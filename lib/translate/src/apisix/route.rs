@@ -427,6 +427,7 @@ impl RuleCtx<'_, '_> {
                 backends.push(v1::Backend {
                     upstream_id: up.id.clone(),
                     weight,
+                    plugins: Vec::new(),
                 });
                 upstreams.push(up);
             }
@@ -436,6 +437,7 @@ impl RuleCtx<'_, '_> {
                 backends.push(v1::Backend {
                     upstream_id: up.id.clone(),
                     weight,
+                    plugins: Vec::new(),
                 });
                 upstreams.push(up);
             }
