@@ -352,3 +352,48 @@ pub(super) fn redirect(
     };
     Ok(config)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::origin_regex;
+
+    /// Which of `origins` the CORS origin `pattern` allows.
+    fn allowed<'a>(pattern: &str, origins: &[&'a str]) -> Vec<&'a str> {
+        let re = regex::Regex::new(&origin_regex(pattern).unwrap()).unwrap();
+        origins.iter().copied().filter(|o| re.is_match(o)).collect()
+    }
+
+    #[test]
+    fn origins_match_as_the_gateway_api_says() {
+        let all = [
+            "https://www.bar.com",
+            "https://a.b.bar.com",
+            "https://bar.com",
+            "https://xbar.com",
+            "https://www.bar.com:443",
+            "https://www.bar.com:8443",
+            "http://www.bar.com",
+            "HTTPS://WWW.BAR.COM",
+            "https://www.bar.com.evil.test",
+        ];
+        assert_eq!(
+            allowed("https://*.bar.com", &all),
+            [
+                "https://www.bar.com",
+                "https://a.b.bar.com",
+                "https://www.bar.com:443",
+                "HTTPS://WWW.BAR.COM"
+            ]
+        );
+        assert_eq!(
+            allowed("https://www.bar.com:8443", &all),
+            ["https://www.bar.com:8443"]
+        );
+        assert_eq!(allowed("http://*", &all), ["http://www.bar.com"]);
+        assert_eq!(allowed("*", &all).len(), all.len());
+        for bad in ["ftp://a.test", "https://", "https://a.*.test", "https://a.test:0", "x"] {
+            assert_eq!(origin_regex(bad), None, "{bad}");
+        }
+    }
+}
