@@ -105,25 +105,28 @@ spec:
       backendRefs: [{name: app, port: PORT}]
 ";
 
+/// A preflight for `GET /cors/x` with two request headers, from `origin`.
+async fn preflight(addr: SocketAddr, origin: &str) -> Resp {
+    request(
+        addr,
+        "OPTIONS",
+        "/cors/x",
+        &[
+            ("origin", origin),
+            ("access-control-request-method", "GET"),
+            ("access-control-request-headers", "x-header-1, x-header-2"),
+        ],
+    )
+    .await
+}
+
 #[tokio::test]
 async fn cors_preflight_is_answered_without_the_backend() {
     let echo = EchoServer::start("app", any()).await.unwrap();
     let route = CORS_ROUTE.replace("PORT", &echo.addr.port().to_string());
     let dp = serve(&format!("{}{route}", service("app", echo.addr))).await;
 
-    let preflight = |origin: &'static str| {
-        request(
-            dp.addr,
-            "OPTIONS",
-            "/cors/x",
-            &[
-                
-                ("origin", origin),
-                ("access-control-request-method", "GET"),
-                ("access-control-request-headers", "x-header-1, x-header-2"),
-            ],
-        )
-    };
+    let preflight = |origin: &'static str| preflight(dp.addr, origin);
     // An exact origin and one under the wildcard (any number of labels).
     for origin in ["https://www.foo.com", "https://xpto.www.bar.com"] {
         let r = preflight(origin).await;
