@@ -131,7 +131,10 @@ async fn cors_preflight_is_answered_without_the_backend() {
     for origin in ["https://www.foo.com", "https://xpto.www.bar.com"] {
         let r = preflight(origin).await;
         assert_eq!(r.status, StatusCode::OK, "{origin}");
-        assert!(!from_origin(&r), "{origin}: the backend answered the preflight");
+        assert!(
+            !from_origin(&r),
+            "{origin}: the backend answered the preflight"
+        );
         assert_eq!(h(&r, "access-control-allow-origin"), Some(origin));
         assert_eq!(h(&r, "access-control-allow-methods"), Some("GET, OPTIONS"));
         assert_eq!(
@@ -153,7 +156,11 @@ async fn cors_preflight_is_answered_without_the_backend() {
     assert_eq!(h(&r, "access-control-allow-origin"), None);
     assert_eq!(h(&r, "access-control-allow-credentials"), None);
     // The wildcard needs a label before `.bar.com`, and the default port only.
-    for origin in ["https://bar.com", "https://www.bar.com:8443", "http://www.bar.com"] {
+    for origin in [
+        "https://bar.com",
+        "https://www.bar.com:8443",
+        "http://www.bar.com",
+    ] {
         let r = preflight(origin).await;
         assert_eq!(h(&r, "access-control-allow-origin"), None, "{origin}");
     }
@@ -168,7 +175,7 @@ async fn cors_preflight_is_answered_without_the_backend() {
         dp.addr,
         "GET",
         "/cors/x",
-        &[ ("origin", "https://www.bar.com")],
+        &[("origin", "https://www.bar.com")],
     )
     .await;
     assert_eq!(r.status, StatusCode::OK);
@@ -185,7 +192,13 @@ async fn cors_preflight_is_answered_without_the_backend() {
     // An OPTIONS request that is no preflight goes to the backend.
     let r = request(dp.addr, "OPTIONS", "/cors/x", &[]).await;
     assert!(from_origin(&r), "{}", r.text());
-    let r = request(dp.addr, "GET", "/cors/x", &[("origin", "https://evil.test")]).await;
+    let r = request(
+        dp.addr,
+        "GET",
+        "/cors/x",
+        &[("origin", "https://evil.test")],
+    )
+    .await;
     assert!(from_origin(&r));
     assert_eq!(h(&r, "access-control-allow-origin"), None);
 

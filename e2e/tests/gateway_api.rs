@@ -423,7 +423,11 @@ spec:
     };
     let r = preflight("https://app.example.com");
     assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(r.header("x-echo-server"), None, "the backend answered: {r:?}");
+    assert_eq!(
+        r.header("x-echo-server"),
+        None,
+        "the backend answered: {r:?}"
+    );
     assert_eq!(
         r.header("access-control-allow-origin"),
         Some("https://app.example.com")

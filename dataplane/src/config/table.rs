@@ -32,7 +32,9 @@ pub enum InvalidSnapshot {
     #[error(transparent)]
     Tls(#[from] crate::config::certs::InvalidTlsCertificate),
     /// A backend of a route has a plugin that cannot run per backend.
-    #[error("route {route}: backends[{index}].plugins: `{plugin}` cannot run per backend (only proxy-rewrite, response-rewrite)")]
+    #[error(
+        "route {route}: backends[{index}].plugins: `{plugin}` cannot run per backend (only proxy-rewrite, response-rewrite)"
+    )]
     BackendPlugin {
         /// Route id.
         route: String,
@@ -433,7 +435,10 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
         if l.protocol != v1::ListenerProtocol::Http as i32 {
             return Err(fail(
                 "protocol",
-                format!("{:?} listeners are not served by this dataplane", l.protocol()),
+                format!(
+                    "{:?} listeners are not served by this dataplane",
+                    l.protocol()
+                ),
             ));
         }
         if l.accept_proxy_protocol {

@@ -209,7 +209,10 @@ impl Plugin for Cors {
                     h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, m.clone());
                 }
                 None => {
-                    h.append(header::VARY, HeaderValue::from_static("Access-Control-Request-Method"));
+                    h.append(
+                        header::VARY,
+                        HeaderValue::from_static("Access-Control-Request-Method"),
+                    );
                     if let Some(m) = &r.request_method {
                         h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, m.clone());
                     }

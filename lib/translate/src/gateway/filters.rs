@@ -105,7 +105,11 @@ pub(super) fn backend_plugins(
     let mut out = Vec::new();
     for (k, f) in filters.iter().enumerate() {
         let ff = format!("{field}.filters[{k}]");
-        let (name, config) = match (f.type_.as_str(), &f.request_header_modifier, &f.response_header_modifier) {
+        let (name, config) = match (
+            f.type_.as_str(),
+            &f.request_header_modifier,
+            &f.response_header_modifier,
+        ) {
             ("RequestHeaderModifier", Some(h), _) => ("proxy-rewrite", header_ops(h)),
             ("ResponseHeaderModifier", _, Some(h)) => ("response-rewrite", header_ops(h)),
             (t @ ("RequestHeaderModifier" | "ResponseHeaderModifier"), _, _) => {
@@ -145,10 +149,10 @@ pub(super) fn cors(c: &HttpCorsFilter, field: &str) -> Result<Value, String> {
     let cred = c.allow_credentials.unwrap_or(false);
     let mut regexes = Vec::with_capacity(c.allow_origins.len());
     for (k, o) in c.allow_origins.iter().enumerate() {
-        regexes.push(
-            origin_regex(o)
-                .ok_or_else(|| format!("{field}.cors.allowOrigins[{k}]: `{o}` is not an origin"))?,
-        );
+        regexes
+            .push(origin_regex(o).ok_or_else(|| {
+                format!("{field}.cors.allowOrigins[{k}]: `{o}` is not an origin")
+            })?);
     }
     if regexes.is_empty() {
         // NB: no origin is allowed: a regex that matches nothing keeps every CORS header out.
@@ -224,7 +228,10 @@ fn origin_regex(o: &str) -> Option<String> {
         p if p == default_port => format!("(?::{p})?"),
         p => format!(":{p}"),
     };
-    Some(format!("(?i)^{}://{host_re}{port_re}$", regex::escape(scheme)))
+    Some(format!(
+        "(?i)^{}://{host_re}{port_re}$",
+        regex::escape(scheme)
+    ))
 }
 
 /// For a path modifier of `what` (`urlRewrite`, `requestRedirect`): `None` for
@@ -392,7 +399,13 @@ mod tests {
         );
         assert_eq!(allowed("http://*", &all), ["http://www.bar.com"]);
         assert_eq!(allowed("*", &all).len(), all.len());
-        for bad in ["ftp://a.test", "https://", "https://a.*.test", "https://a.test:0", "x"] {
+        for bad in [
+            "ftp://a.test",
+            "https://",
+            "https://a.*.test",
+            "https://a.test:0",
+            "x",
+        ] {
             assert_eq!(origin_regex(bad), None, "{bad}");
         }
     }

@@ -360,11 +360,7 @@ impl RulesBuild<'_, '_> {
 
     /// The weighted backends of a rule (the upstreams into `self`), the weight of those that
     /// are invalid, and whether one speaks WebSocket.
-    fn backends(
-        &mut self,
-        parts: &RuleParts<'_>,
-        field: &str,
-    ) -> ((Vec<v1::Backend>, u32), bool) {
+    fn backends(&mut self, parts: &RuleParts<'_>, field: &str) -> ((Vec<v1::Backend>, u32), bool) {
         let mut backends = Vec::new();
         let mut invalid_weight: u32 = 0;
         let mut websocket = false;
