@@ -104,6 +104,9 @@ pub struct ListenerTable {
     pub certs: crate::config::certs::TlsTable,
 }
 
+/// The plugins of each backend of a route (`None` for a backend without any).
+pub type BackendPlugins = Box<[Option<Arc<[Instance]>>]>;
+
 /// A route ready to serve.
 #[derive(Debug)]
 pub struct CompiledRoute {
@@ -113,7 +116,7 @@ pub struct CompiledRoute {
     pub backends: Vec<Arc<Upstream>>,
     /// The plugins of each of `backends` (`Backend.plugins`); `None` when no backend has
     /// any.
-    pub backend_plugins: Option<Box<[Option<Arc<[Instance]>>]>>,
+    pub backend_plugins: Option<BackendPlugins>,
     split: Option<WeightedSequence>,
     /// Timeouts of the route.
     pub timeouts: Timeouts,

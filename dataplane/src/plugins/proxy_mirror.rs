@@ -414,6 +414,7 @@ mod tests {
 
     fn plugin(path: Option<&str>, mode: PathConcatMode) -> ProxyMirror {
         ProxyMirror {
+            id: 0,
             path: path.map(str::to_owned),
             mode,
             sample_ratio: 1.0,
