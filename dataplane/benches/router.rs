@@ -34,6 +34,7 @@ fn route(i: usize) -> Route {
         backends: vec![Backend {
             upstream_id: format!("ns{ns}/svc{i}:80"),
             weight: 100,
+            plugins: Vec::new(),
         }],
         ..Route::default()
     };

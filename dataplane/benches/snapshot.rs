@@ -41,6 +41,7 @@ fn snapshot(routes: usize, version: u64) -> v1::Snapshot {
             backends: vec![v1::Backend {
                 upstream_id: format!("ns{}/svc:80", i % 100),
                 weight: 100,
+                plugins: Vec::new(),
             }],
             ..Default::default()
         });

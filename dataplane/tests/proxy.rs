@@ -114,10 +114,12 @@ async fn weighted_round_robin_over_endpoints_and_split_over_backends() {
         sluice_proto::v1::Backend {
             upstream_id: "ab".into(),
             weight: 75,
+            plugins: Vec::new(),
         },
         sluice_proto::v1::Backend {
             upstream_id: "c".into(),
             weight: 25,
+            plugins: Vec::new(),
         },
     ];
     dp.store

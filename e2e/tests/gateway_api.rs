@@ -358,6 +358,106 @@ spec:
     );
 }
 
+/// The CORS filter and a backendRef's own filter, applied to the real API server (so the
+/// vendored CRDs' schema accepts them) and served: a preflight is answered by the dataplane
+/// (the echo backend never sees it), the actual request gets the CORS headers, and the
+/// backendRef's request header reaches the backend.
+#[test]
+fn cors_preflight_and_a_backend_ref_header() {
+    let p = Pipeline::start_with_gateway_api(&[]).unwrap();
+    let ns = p.namespace.clone();
+    p.cluster.apply(&class_and_gateway(&ns, "Same")).unwrap();
+    p.cluster
+        .apply(&format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: cors, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: gw}}]
+  hostnames: [cors.e2e]
+  rules:
+    - matches: [{{path: {{type: PathPrefix, value: /}}}}]
+      filters:
+        - type: CORS
+          cors:
+            allowOrigins: ["https://*.example.com"]
+            allowMethods: [GET, PUT]
+            allowHeaders: [x-token]
+            allowCredentials: true
+            maxAge: 600
+      backendRefs:
+        - name: echo
+          port: 80
+          filters:
+            - type: RequestHeaderModifier
+              requestHeaderModifier: {{set: [{{name: X-Backend-Ref, value: echo}}]}}
+"#
+        ))
+        .unwrap();
+    let route = wait_object(&p, "httproute", Some(&ns), "cors", "Accepted=True", |r| {
+        parent_cond(r, "Accepted").is_some_and(|(s, _, _)| s == "True")
+    });
+    assert_eq!(
+        parent_cond(&route, "ResolvedRefs").map(|c| c.0),
+        Some("True".into())
+    );
+    let actual = wait_http(p.http, "cors.e2e", "/actual", 200);
+    // The backendRef's filter: the header reached the backend.
+    let echoed: Value = serde_json::from_str(&actual.body).unwrap();
+    assert_eq!(echoed["headers"]["x-backend-ref"], "echo", "{echoed:#}");
+
+    let preflight = |origin: &str| {
+        sluice_e2e::http_request(
+            p.http,
+            "OPTIONS",
+            "cors.e2e",
+            "/actual",
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "PUT"),
+                ("Access-Control-Request-Headers", "x-token"),
+            ],
+            b"",
+        )
+        .unwrap()
+    };
+    let r = preflight("https://app.example.com");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        r.header("x-echo-server"),
+        None,
+        "the backend answered: {r:?}"
+    );
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
+    assert_eq!(r.header("access-control-allow-methods"), Some("GET, PUT"));
+    assert_eq!(r.header("access-control-allow-headers"), Some("x-token"));
+    assert_eq!(r.header("access-control-allow-credentials"), Some("true"));
+    assert_eq!(r.header("access-control-max-age"), Some("600"));
+    let r = preflight("https://example.org");
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.header("access-control-allow-origin"), None, "{r:?}");
+
+    // The actual request: from the backend, with the CORS headers.
+    let r = sluice_e2e::http_request(
+        p.http,
+        "GET",
+        "cors.e2e",
+        "/actual",
+        &[("Origin", "https://app.example.com")],
+        b"",
+    )
+    .unwrap();
+    assert_eq!(r.header("x-echo-server"), Some("e2e-echo"), "{r:?}");
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
+    assert_eq!(r.header("vary"), Some("Origin"));
+}
+
 /// A gRPC unary call `sluice.test.v1.Echo/Unary` with message `msg`, made with curl over
 /// h2c (prior knowledge); returns (response headers and trailers, body).
 fn grpc_unary(addr: SocketAddr, host: &str, msg: &str) -> Option<(String, Vec<u8>)> {

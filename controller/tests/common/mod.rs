@@ -137,6 +137,7 @@ pub fn snapshot(path: &str, upstream: &str) -> v1::Snapshot {
             backends: vec![v1::Backend {
                 upstream_id: upstream.into(),
                 weight: 100,
+                plugins: Vec::new(),
             }],
             ..Default::default()
         }],

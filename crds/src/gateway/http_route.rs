@@ -202,12 +202,54 @@ pub struct HttpRouteFilter {
     /// For `URLRewrite`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url_rewrite: Option<HttpUrlRewriteFilter>,
-    /// For `CORS` (kept opaque: not translated yet).
+    /// For `CORS`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cors: Option<serde_json::Value>,
+    pub cors: Option<HttpCorsFilter>,
     /// For `ExtensionRef`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub extension_ref: Option<LocalObjectReference>,
+}
+
+/// `HTTPCORSFilter`: the answers to cross-origin requests (Gateway API v1.6, standard
+/// channel).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpCorsFilter {
+    /// Origins allowed: `<scheme>://<host>[:<port>]`, where the host may start with `*.`
+    /// (any number of labels) or be `*`; or `*` alone (every origin).
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub allow_origins: Vec<String>,
+    /// Whether `Access-Control-Allow-Credentials: true` is sent; default false.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allow_credentials: Option<bool>,
+    /// Methods allowed, or `*` alone.
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub allow_methods: Vec<String>,
+    /// Request headers allowed, or `*` alone.
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub allow_headers: Vec<String>,
+    /// Response headers exposed to scripts, or `*`.
+    #[serde(
+        default,
+        deserialize_with = "null_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub expose_headers: Vec<String>,
+    /// Seconds a preflight answer may be cached; default 5.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_age: Option<i32>,
 }
 
 /// `HTTPPathModifier`.

@@ -581,6 +581,7 @@ mod tests {
                     backends: vec![v1::Backend {
                         upstream_id: upstream.into(),
                         weight: 100,
+                        plugins: Vec::new(),
                     }],
                     ..Default::default()
                 }],

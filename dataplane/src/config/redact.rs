@@ -39,10 +39,17 @@ pub fn redacted(snapshot: &v1::Snapshot) -> v1::Snapshot {
             hide(&mut tls.client_key_pem);
         }
     }
+    // A backend's plugins (`Backend.plugins`) may set credential headers too.
     let plugins = s
         .routes
         .iter_mut()
-        .flat_map(|r| r.plugins.iter_mut())
+        .flat_map(|r| {
+            let v1::Route {
+                plugins, backends, ..
+            } = r;
+            let own = backends.iter_mut().flat_map(|b| b.plugins.iter_mut());
+            plugins.iter_mut().chain(own)
+        })
         .chain(s.global_rules.iter_mut().flat_map(|g| g.plugins.iter_mut()))
         .chain(s.consumers.iter_mut().flat_map(|c| c.plugins.iter_mut()));
     for plugin in plugins {
@@ -216,6 +223,28 @@ mod tests {
             name: name.into(),
             config_json: config.to_string(),
         }
+    }
+
+    #[test]
+    fn a_backend_plugin_credential_is_hidden() {
+        let snap = v1::Snapshot {
+            routes: vec![v1::Route {
+                id: "r".into(),
+                backends: vec![v1::Backend {
+                    upstream_id: "u".into(),
+                    weight: 1,
+                    plugins: vec![plugin(
+                        "proxy-rewrite",
+                        serde_json::json!({"headers": {"set": {"Authorization": "Bearer BACKEND-CRED"}}}),
+                    )],
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let shown = serde_json::to_string(&redacted(&snap)).unwrap();
+        assert!(!shown.contains("BACKEND-CRED"), "{shown}");
+        assert!(shown.contains("Authorization"), "{shown}");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sluice_proto::v1;
 
-use crate::plugins::{self, BuildCtx, ConsumerTable, PluginChain, PluginState};
+use crate::plugins::{self, BuildCtx, ConsumerTable, Instance, PluginChain, PluginState};
 use crate::router::{InvalidRoute, Router};
 use crate::upstream::attempt::{AttemptPolicy, RetryPolicy, StatusCodes};
 use crate::upstream::{InvalidUpstream, PoolRegistry, Timeouts, Upstream, WeightedSequence};
@@ -32,6 +32,18 @@ pub enum InvalidSnapshot {
     /// A server certificate is invalid.
     #[error(transparent)]
     Tls(#[from] crate::config::certs::InvalidTlsCertificate),
+    /// A backend of a route has a plugin that cannot run per backend.
+    #[error(
+        "route {route}: backends[{index}].plugins: `{plugin}` cannot run per backend (only proxy-rewrite, response-rewrite)"
+    )]
+    BackendPlugin {
+        /// Route id.
+        route: String,
+        /// Index in `backends`.
+        index: usize,
+        /// The plugin's name.
+        plugin: String,
+    },
     /// A route has no backend with a non-zero weight.
     #[error("route {0}: backends: no backend with a non-zero weight")]
     NoBackend(String),
@@ -96,6 +108,9 @@ pub struct ListenerTable {
     pub sections: crate::config::sections::Sections,
 }
 
+/// The plugins of each backend of a route (`None` for a backend without any).
+pub type BackendPlugins = Box<[Option<Arc<[Instance]>>]>;
+
 /// A route ready to serve.
 #[derive(Debug)]
 pub struct CompiledRoute {
@@ -103,6 +118,9 @@ pub struct CompiledRoute {
     pub id: String,
     /// Upstreams of the weighted split.
     pub backends: Vec<Arc<Upstream>>,
+    /// The plugins of each of `backends` (`Backend.plugins`); `None` when no backend has
+    /// any.
+    pub backend_plugins: Option<BackendPlugins>,
     split: Option<WeightedSequence>,
     /// Timeouts of the route.
     pub timeouts: Timeouts,
@@ -119,10 +137,23 @@ impl CompiledRoute {
     /// The upstream for the next request, by the route's weighted split.
     #[inline]
     pub fn pick_backend(&self) -> Option<&Arc<Upstream>> {
-        match self.backends.len() {
-            1 => self.backends.first(),
-            _ => self.backends.get(self.split.as_ref()?.next()),
-        }
+        self.pick_backend_at().map(|(_, up)| up)
+    }
+
+    /// Like [`CompiledRoute::pick_backend`], with the upstream's index in `backends`.
+    #[inline]
+    pub fn pick_backend_at(&self) -> Option<(usize, &Arc<Upstream>)> {
+        let i = match self.backends.len() {
+            1 => 0,
+            _ => self.split.as_ref()?.next(),
+        };
+        self.backends.get(i).map(|up| (i, up))
+    }
+
+    /// The plugins of `backends[i]`, if it has any.
+    #[inline]
+    pub fn plugins_of_backend(&self, i: usize) -> Option<&Arc<[Instance]>> {
+        self.backend_plugins.as_ref()?.get(i)?.as_ref()
     }
 }
 
@@ -291,8 +322,15 @@ impl RouteTable {
         }
         let mut routes = Vec::with_capacity(snapshot.routes.len());
         for r in &snapshot.routes {
+            let cx = BuildCtx {
+                owner: &r.id,
+                state: plugin_state,
+                consumers: &consumers,
+                upstreams: Some(&upstreams),
+            };
             let mut backends = Vec::with_capacity(r.backends.len());
             let mut weights = Vec::with_capacity(r.backends.len());
+            let mut backend_plugins = Vec::new();
             for (index, b) in r.backends.iter().enumerate() {
                 let up = upstreams.get(b.upstream_id.as_str()).ok_or_else(|| {
                     InvalidSnapshot::UnknownUpstream {
@@ -304,17 +342,12 @@ impl RouteTable {
                 if b.weight > 0 {
                     backends.push(Arc::clone(up));
                     weights.push(b.weight);
+                    backend_plugins.push(compile_backend_plugins(r, index, b, &cx)?);
                 }
             }
             if backends.is_empty() {
                 return Err(InvalidSnapshot::NoBackend(r.id.clone()));
             }
-            let cx = BuildCtx {
-                owner: &r.id,
-                state: plugin_state,
-                consumers: &consumers,
-                upstreams: Some(&upstreams),
-            };
             let route_plugins = plugins::build_sorted(&r.plugins, &cx).map_err(|error| {
                 InvalidSnapshot::Plugin {
                     owner: format!("route {}", r.id),
@@ -322,8 +355,13 @@ impl RouteTable {
                 }
             })?;
             let chain = PluginChain::new(r, global.clone(), route_plugins, Arc::clone(&consumers));
+            let backend_plugins = backend_plugins
+                .iter()
+                .any(Option::is_some)
+                .then(|| backend_plugins.into_boxed_slice());
             routes.push(CompiledRoute {
                 plugins: chain,
+                backend_plugins,
                 id: r.id.clone(),
                 split: WeightedSequence::new(&weights),
                 backends,
@@ -386,6 +424,38 @@ impl RouteTable {
             Some(id) => self.listener(id).map(|l| &l.certs),
         }
     }
+}
+
+/// Plugins a backend may have: those that only change the request's and the response's
+/// headers (Gateway API `backendRefs[].filters`).
+const BACKEND_PLUGINS: &[&str] = &["proxy-rewrite", "response-rewrite"];
+
+/// The plugins of `backends[index]` of route `r`, sorted by priority; `None` for none.
+fn compile_backend_plugins(
+    r: &v1::Route,
+    index: usize,
+    b: &v1::Backend,
+    cx: &BuildCtx<'_>,
+) -> Result<Option<Arc<[Instance]>>, InvalidSnapshot> {
+    if b.plugins.is_empty() {
+        return Ok(None);
+    }
+    if let Some(p) = b
+        .plugins
+        .iter()
+        .find(|p| !BACKEND_PLUGINS.contains(&p.name.as_str()))
+    {
+        return Err(InvalidSnapshot::BackendPlugin {
+            route: r.id.clone(),
+            index,
+            plugin: p.name.clone(),
+        });
+    }
+    let built = plugins::build_sorted(&b.plugins, cx).map_err(|error| InvalidSnapshot::Plugin {
+        owner: format!("route {} backends[{index}]", r.id),
+        error,
+    })?;
+    Ok(Some(Arc::from(built)))
 }
 
 /// Validates and compiles `snapshot.listeners`, and checks that every route's

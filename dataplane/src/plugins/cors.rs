@@ -11,6 +11,12 @@
 //!   request's `Access-Control-Request-Headers`), `-Max-Age`, `-Expose-Headers` (when set),
 //!   `-Allow-Credentials: true` with `allow_credential`;
 //! - `Timing-Allow-Origin` when `timing_allow_origins(_by_regex)` allows the Origin.
+//!
+//! Two Sluice extensions serve the Gateway API CORS filter: `echo_request_method` (the
+//! allowed method is the request's `Access-Control-Request-Method`, with
+//! `Vary: Access-Control-Request-Method`) and `preflight_only` (only an `OPTIONS` request
+//! with `Origin` and `Access-Control-Request-Method` is answered; other `OPTIONS` requests
+//! go upstream).
 
 use http::header::{self, HeaderName, HeaderValue};
 use http::{Method, Response, StatusCode, request, response};
@@ -83,12 +89,14 @@ impl Origins {
 pub struct Cors {
     origins: Origins,
     vary: bool,
-    methods: HeaderValue,
+    /// `None`: the request's `Access-Control-Request-Method` (`echo_request_method`).
+    methods: Option<HeaderValue>,
     headers: Option<HeaderValue>,
     expose: Option<HeaderValue>,
     max_age: HeaderValue,
     credential: bool,
     timing: Option<Origins>,
+    preflight_only: bool,
 }
 
 /// What the response phase needs from the request, as it arrived.
@@ -96,6 +104,8 @@ pub struct Cors {
 struct CorsRequest {
     origin: Option<HeaderValue>,
     request_headers: Option<HeaderValue>,
+    /// Kept only with `echo_request_method`.
+    request_method: Option<HeaderValue>,
 }
 
 fn value(field: &str, v: &str) -> Result<HeaderValue, ConfigError> {
@@ -134,8 +144,9 @@ impl Builtin for Cors {
             )?),
         };
         let methods = match conf.allow_methods.trim() {
-            "**" => HeaderValue::from_static(ALL_METHODS),
-            m => value("allow_methods", m)?,
+            _ if conf.echo_request_method => None,
+            "**" => Some(HeaderValue::from_static(ALL_METHODS)),
+            m => Some(value("allow_methods", m)?),
         };
         let headers = match conf.allow_headers.trim() {
             "**" => None,
@@ -154,21 +165,28 @@ impl Builtin for Cors {
             max_age: HeaderValue::from(conf.max_age),
             credential: conf.allow_credential,
             timing,
+            preflight_only: conf.preflight_only,
         })
     }
 }
 
 static ACRH: HeaderName = HeaderName::from_static("access-control-request-headers");
+static ACRM: HeaderName = HeaderName::from_static("access-control-request-method");
 static TIMING: HeaderName = HeaderName::from_static("timing-allow-origin");
 
 impl Plugin for Cors {
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         // NB: kept before other plugins may change the request, as APISIX does.
+        let origin = req.headers.get(header::ORIGIN).cloned();
+        let request_method = req.headers.get(&ACRM).cloned();
+        let preflight = req.method == Method::OPTIONS
+            && (!self.preflight_only || (origin.is_some() && request_method.is_some()));
         ctx.extensions.insert(CorsRequest {
-            origin: req.headers.get(header::ORIGIN).cloned(),
+            origin,
             request_headers: req.headers.get(&ACRH).cloned(),
+            request_method: request_method.filter(|_| self.methods.is_none()),
         });
-        if req.method == Method::OPTIONS {
+        if preflight {
             let mut resp = Response::new(ProxyBody::empty());
             *resp.status_mut() = StatusCode::OK;
             return Flow::Respond(Box::new(resp));
@@ -186,7 +204,20 @@ impl Plugin for Cors {
         }
         if let Some(allow) = self.origins.resolve(r.origin.as_ref()) {
             h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, allow);
-            h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, self.methods.clone());
+            match &self.methods {
+                Some(m) => {
+                    h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, m.clone());
+                }
+                None => {
+                    h.append(
+                        header::VARY,
+                        HeaderValue::from_static("Access-Control-Request-Method"),
+                    );
+                    if let Some(m) = &r.request_method {
+                        h.insert(header::ACCESS_CONTROL_ALLOW_METHODS, m.clone());
+                    }
+                }
+            }
             h.insert(header::ACCESS_CONTROL_MAX_AGE, self.max_age.clone());
             if let Some(v) = &self.expose {
                 h.insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, v.clone());

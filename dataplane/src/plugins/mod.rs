@@ -79,8 +79,9 @@ pub mod uri_blocker;
 pub use framework::{
     BodyFilter, BodyRefusal, BuildCtx, Builtin, Consumer, ConsumerTable, Flow, Hooks, Instance,
     PhaseResult, Plugin, PluginBody, PluginChain, PluginCtx, PluginMetadata, PluginSlot,
-    PluginState, ReadBodyError, Registration, UpstreamMap, build, build_sorted, builtin, degrade,
-    json_response, read_whole_body, rejection, request_phases, response_phases, status,
+    PluginState, ReadBodyError, Registration, UpstreamMap, backend_phases, build, build_sorted,
+    builtin, degrade, json_response, read_whole_body, rejection, request_phases, response_phases,
+    status,
 };
 
 /// Every plugin the dataplane can run; each row takes the plugin's name, priority and hooks

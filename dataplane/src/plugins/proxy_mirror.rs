@@ -110,6 +110,8 @@ impl MirrorMetrics {
 /// The plugin on one route.
 #[derive(Debug)]
 pub struct ProxyMirror {
+    /// Tells this mirror's target apart from another mirror's on the same route.
+    id: u64,
     path: Option<String>,
     mode: PathConcatMode,
     sample_ratio: f64,
@@ -148,7 +150,9 @@ impl Builtin for ProxyMirror {
             permits: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
             idle: Mutex::new(Vec::new()),
         });
+        static NEXT_ID: AtomicU64 = AtomicU64::new(0);
         Ok(ProxyMirror {
+            id: NEXT_ID.fetch_add(1, Relaxed),
             path: conf.path,
             mode: conf.path_concat_mode,
             sample_ratio: conf.sample_ratio,
@@ -158,9 +162,10 @@ impl Builtin for ProxyMirror {
     }
 }
 
-/// The target of this request's mirror, chosen in the rewrite phase.
-#[derive(Debug, Clone)]
-struct MirrorUri(String);
+/// The targets of this request's mirrors (by [`ProxyMirror::id`]: a route may have several,
+/// e.g. a Gateway API rule with two `RequestMirror` filters), chosen in the rewrite phase.
+#[derive(Debug, Clone, Default)]
+struct MirrorUris(Vec<(u64, String)>);
 
 impl ProxyMirror {
     /// The mirror's request target for a request to `req.uri`, as APISIX computes it.
@@ -207,7 +212,13 @@ impl Plugin for ProxyMirror {
     /// changes the upstream path).
     fn rewrite<'a>(&'a self, req: &'a mut request::Parts, ctx: &'a mut PluginCtx) -> Flow<'a> {
         if self.sample_ratio >= 1.0 || fastrand::f64() < self.sample_ratio {
-            ctx.extensions.insert(MirrorUri(self.target_of(req)));
+            let target = self.target_of(req);
+            match ctx.extensions.get_mut::<MirrorUris>() {
+                Some(MirrorUris(uris)) => uris.push((self.id, target)),
+                None => {
+                    ctx.extensions.insert(MirrorUris(vec![(self.id, target)]));
+                }
+            }
         }
         Flow::Continue
     }
@@ -215,9 +226,13 @@ impl Plugin for ProxyMirror {
     /// The request goes upstream: the mirror request is spawned, to leave once the body
     /// has been copied.
     fn before_proxy(&self, req: &mut request::Parts, ctx: &mut PluginCtx) {
-        let Some(MirrorUri(target)) = ctx.extensions.remove::<MirrorUri>() else {
+        let Some(MirrorUris(uris)) = ctx.extensions.get_mut::<MirrorUris>() else {
             return;
         };
+        let Some(at) = uris.iter().position(|(id, _)| *id == self.id) else {
+            return;
+        };
+        let (_, target) = uris.swap_remove(at);
         let Ok(permit) = Arc::clone(&self.client.permits).try_acquire_owned() else {
             self.metrics.queue_full.fetch_add(1, Relaxed);
             return;
@@ -399,6 +414,7 @@ mod tests {
 
     fn plugin(path: Option<&str>, mode: PathConcatMode) -> ProxyMirror {
         ProxyMirror {
+            id: 0,
             path: path.map(str::to_owned),
             mode,
             sample_ratio: 1.0,

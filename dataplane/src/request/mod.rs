@@ -266,9 +266,10 @@ fn route<'t>(
 }
 
 /// Phase 2, request plugins (rewrite, access, before_proxy) of a route with plugins, then
-/// its upstream and balancer hash. They run before every protocol (WebSocket, h2/gRPC
-/// upstreams too), so auth is never bypassed. `Ok(Err(answer))`: a plugin answered the
-/// request itself (a rejection, a redirect, a preflight).
+/// its upstream and balancer hash, and the request phases of that backend's own plugins
+/// (`Backend.plugins`). They run before every protocol (WebSocket, h2/gRPC upstreams too),
+/// so auth is never bypassed. `Ok(Err(answer))`: a plugin answered the request itself (a
+/// rejection, a redirect, a preflight).
 async fn request_plugins<'a, 't: 'a>(
     route: &'t CompiledRoute,
     parts: &mut request::Parts,
@@ -311,9 +312,17 @@ async fn request_plugins<'a, 't: 'a>(
     *split = ctx.split_upstream.take();
     let upstream = match split {
         Some(up) => up,
-        None => route
-            .pick_backend()
-            .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?,
+        None => {
+            let (i, up) = route
+                .pick_backend_at()
+                .ok_or_else(|| ProxyError::NoEndpoint(route.id.clone()))?;
+            if let Some(own) = route.plugins_of_backend(i)
+                && let Err(answer) = Box::pin(plugins::backend_phases(own, parts, ctx)).await
+            {
+                return Ok(Err(*answer));
+            }
+            up
+        }
     };
     let info = RequestInfo {
         method: &parts.method,

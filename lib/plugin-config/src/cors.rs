@@ -42,6 +42,17 @@ pub struct Cors {
     /// Origins given `Timing-Allow-Origin` by regex; replaces `timing_allow_origins`.
     #[serde(default)]
     pub timing_allow_origins_by_regex: Option<Vec<String>>,
+    /// Sluice extension (the Gateway API CORS filter): `Access-Control-Allow-Methods` is the
+    /// request's `Access-Control-Request-Method` (left out without one) instead of
+    /// `allow_methods`, which is then ignored. Default false.
+    #[serde(default)]
+    pub echo_request_method: bool,
+    /// Sluice extension (the Gateway API CORS filter): only preflight requests (`OPTIONS`
+    /// with `Origin` and `Access-Control-Request-Method`) are answered by the plugin; any
+    /// other `OPTIONS` request goes upstream. Default false: every `OPTIONS` request is
+    /// answered, as APISIX does.
+    #[serde(default)]
+    pub preflight_only: bool,
 }
 
 fn star() -> String {
@@ -94,7 +105,10 @@ impl PluginSchema for Cors {
         if self.allow_credential {
             for (field, v) in [
                 ("allow_origins", Some(&self.allow_origins)),
-                ("allow_methods", Some(&self.allow_methods)),
+                (
+                    "allow_methods",
+                    Some(&self.allow_methods).filter(|_| !self.echo_request_method),
+                ),
                 ("allow_headers", Some(&self.allow_headers)),
                 ("expose_headers", self.expose_headers.as_ref()),
             ] {
@@ -163,6 +177,8 @@ mod tests {
                 .contains("expose_headers: \"*\" is not allowed"),
             "{e}"
         );
+        // The method is echoed: `*` is not sent, so it is allowed with credentials.
+        validate("cors", &json!({"allow_origins": "**", "allow_credential": true, "allow_methods": "*", "allow_headers": "**", "echo_request_method": true, "preflight_only": true})).unwrap();
         let e = validate("cors", &json!({"max_age": -2})).unwrap_err();
         assert!(e.to_string().contains("max_age: must be -1 or more"), "{e}");
         let e = validate("cors", &json!({"allow_origins_by_metadata": ["x"]})).unwrap_err();

@@ -75,6 +75,7 @@ mod tests {
                 backends: vec![Backend {
                     upstream_id: "default/svc:80".into(),
                     weight: 100,
+                    plugins: Vec::new(),
                 }],
                 ..Default::default()
             }],

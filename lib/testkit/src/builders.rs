@@ -13,6 +13,7 @@ pub fn route(id: &str, paths: &[&str], upstream: &str) -> v1::Route {
         backends: vec![v1::Backend {
             upstream_id: upstream.into(),
             weight: 100,
+            plugins: Vec::new(),
         }],
         ..Default::default()
     }

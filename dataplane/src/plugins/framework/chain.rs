@@ -69,14 +69,16 @@ pub struct PluginChain {
 }
 
 impl PluginChain {
-    /// A chain; `None` when there is nothing to run.
+    /// A chain; `None` when there is nothing to run. A route with plugins on a backend
+    /// (`Backend.plugins`) always has one: they run with the request's plugin state.
     pub fn new(
         route: &v1::Route,
         global: Vec<Instance>,
         plugins: Vec<Instance>,
         consumers: Arc<ConsumerTable>,
     ) -> Option<Arc<Self>> {
-        if global.is_empty() && plugins.is_empty() {
+        let backend_plugins = route.backends.iter().any(|b| !b.plugins.is_empty());
+        if global.is_empty() && plugins.is_empty() && !backend_plugins {
             return None;
         }
         // The hooks of every plugin of the chain, and of every consumer's (which may merge in).

@@ -63,6 +63,9 @@ pub struct PluginCtx {
     pub ended: Option<Instant>,
     /// The upstream traffic-split chose for this request instead of the route's backends.
     pub split_upstream: Option<Arc<crate::upstream::Upstream>>,
+    /// The plugins of the backend the weighted split picked (`Backend.plugins`), whose
+    /// response phases run before the route's.
+    pub backend_plugins: Option<Arc<[Instance]>>,
     /// Response status (set before the response phases).
     pub status: StatusCode,
     /// Request head + body bytes received (approximate head size).
@@ -124,6 +127,7 @@ impl PluginCtx {
             upstream_started: None,
             ended: None,
             split_upstream: None,
+            backend_plugins: None,
             status: StatusCode::OK,
             request_bytes: 0,
             response_body_bytes: 0,

@@ -15,7 +15,7 @@ pub mod state;
 pub use chain::PluginChain;
 pub use consumer::{Consumer, ConsumerTable, InvalidConsumer};
 pub use context::{BodyRefusal, PluginCtx, ReadBodyError, read_whole_body};
-pub use phases::{PluginBody, PluginSlot, request_phases, response_phases};
+pub use phases::{PluginBody, PluginSlot, backend_phases, request_phases, response_phases};
 pub use plugin::{BodyFilter, Flow, Hooks, Instance, PhaseResult, Plugin};
 pub use registry::{BuildCtx, Builtin, Registration, UpstreamMap, build, build_sorted, builtin};
 pub use respond::{degrade, json_response, rejection, status};

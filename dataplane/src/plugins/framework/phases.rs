@@ -88,6 +88,28 @@ pub async fn request_phases(
     Ok(())
 }
 
+/// Runs the request phases (rewrite, access, before_proxy) of the plugins of the backend
+/// the weighted split picked, after the route's ([`request_phases`]); their response phases
+/// then run in [`response_phases`], before the route's. `Err` carries the response a plugin
+/// answered with.
+pub async fn backend_phases(
+    plugins: &Arc<[Instance]>,
+    req: &mut request::Parts,
+    ctx: &mut PluginCtx,
+) -> PhaseResult {
+    ctx.backend_plugins = Some(Arc::clone(plugins));
+    for p in plugins.iter().filter(|p| p.hooks.has(Hooks::REWRITE)) {
+        phase!(p.rewrite(req, ctx));
+    }
+    for p in plugins.iter().filter(|p| p.hooks.has(Hooks::ACCESS)) {
+        phase!(p.access(req, ctx));
+    }
+    for p in plugins.iter().filter(|p| p.hooks.has(Hooks::BEFORE_PROXY)) {
+        p.before_proxy(req, ctx);
+    }
+    Ok(())
+}
+
 /// A request's plugin state and its route's chain, from the request phases to the response
 /// phases. The state is boxed: a request's future keeps room for the slot whether or not
 /// its route has plugins, and a streaming response body takes the box as it is.
@@ -126,17 +148,20 @@ pub fn response_phases(
     }
     let merged = ctx.merged.clone();
     let plugins: &[Instance] = merged.as_deref().unwrap_or(&chain.route);
+    // NB: cloned only when the picked backend has plugins of its own.
+    let backend = ctx.backend_plugins.clone();
+    let backend: &[Instance] = backend.as_deref().unwrap_or(&[]);
     let mut filters = Vec::new();
     // Encoders (gzip) last: they see the headers and body every other plugin made.
     // NB: skipped when no plugin of the chain has response phases (a consumer's merged
     // plugins may have).
-    let passes: &[bool] = if chain.response_phases || merged.is_some() {
+    let passes: &[bool] = if chain.response_phases || merged.is_some() || !backend.is_empty() {
         &[false, true]
     } else {
         &[]
     };
     for &last in passes {
-        for p in plugins.iter().chain(chain.global.iter()) {
+        for p in backend.iter().chain(plugins).chain(chain.global.iter()) {
             if p.hooks.has(Hooks::ENCODES_BODY) != last {
                 continue;
             }

@@ -428,6 +428,7 @@ impl RuleCtx<'_, '_> {
                 backends.push(v1::Backend {
                     upstream_id: up.id.clone(),
                     weight,
+                    plugins: Vec::new(),
                 });
                 upstreams.push(up);
             }
@@ -437,6 +438,7 @@ impl RuleCtx<'_, '_> {
                 backends.push(v1::Backend {
                     upstream_id: up.id.clone(),
                     weight,
+                    plugins: Vec::new(),
                 });
                 upstreams.push(up);
             }

@@ -1,12 +1,12 @@
-//! HTTPRoute filters → plugins: `proxy-rewrite`, `response-rewrite`, `redirect` (see the
-//! [`http`](super::http) module docs; `RequestMirror` is in [`super::backends`]).
+//! HTTPRoute filters → plugins: `proxy-rewrite`, `response-rewrite`, `redirect`, `cors`
+//! (see the [`http`](super::http) module docs; `RequestMirror` is in [`super::backends`]).
 
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 use sluice_crds::gateway::{
-    HttpHeaderFilter, HttpPathModifier, HttpRequestMirrorFilter, HttpRequestRedirectFilter,
-    HttpUrlRewriteFilter,
+    HttpCorsFilter, HttpHeaderFilter, HttpPathModifier, HttpRequestMirrorFilter,
+    HttpRequestRedirectFilter, HttpRouteFilter, HttpUrlRewriteFilter,
 };
 use sluice_proto::v1;
 
@@ -19,7 +19,9 @@ pub(super) struct Filters<'a> {
     pub(super) response_headers: Option<&'a HttpHeaderFilter>,
     pub(super) redirect: Option<&'a HttpRequestRedirectFilter>,
     pub(super) rewrite: Option<&'a HttpUrlRewriteFilter>,
-    pub(super) mirror: Option<&'a HttpRequestMirrorFilter>,
+    /// The `RequestMirror` filters with their index in `filters`.
+    pub(super) mirrors: Vec<(usize, &'a HttpRequestMirrorFilter)>,
+    pub(super) cors: Option<&'a HttpCorsFilter>,
 }
 
 /// `$` is a variable in plugin templates; header values and paths are literal.
@@ -85,7 +87,151 @@ pub(super) fn plugins(
         let config = redirect(r, m, field, listener_port)?;
         out.push(plugin("redirect", &config, field)?);
     }
+    if let Some(c) = f.cors {
+        out.push(plugin("cors", &cors(c, field)?, field)?);
+    }
     Ok(out)
+}
+
+/// The plugins of the filters of one backendRef (`field`: `spec.rules[i].backendRefs[k]`):
+/// `RequestHeaderModifier` → `proxy-rewrite` headers, `ResponseHeaderModifier` →
+/// `response-rewrite` headers. Any other filter type is an error: it would have to run
+/// before the backend is picked (a redirect, a rewrite of the path the router matched) or
+/// is not per backend in Sluice (mirror, CORS).
+pub(super) fn backend_plugins(
+    filters: &[HttpRouteFilter],
+    field: &str,
+) -> Result<Vec<v1::Plugin>, String> {
+    let mut out = Vec::new();
+    for (k, f) in filters.iter().enumerate() {
+        let ff = format!("{field}.filters[{k}]");
+        let (name, config) = match (
+            f.type_.as_str(),
+            &f.request_header_modifier,
+            &f.response_header_modifier,
+        ) {
+            ("RequestHeaderModifier", Some(h), _) => ("proxy-rewrite", header_ops(h)),
+            ("ResponseHeaderModifier", _, Some(h)) => ("response-rewrite", header_ops(h)),
+            (t @ ("RequestHeaderModifier" | "ResponseHeaderModifier"), _, _) => {
+                return Err(format!("{ff}: a {t} filter needs its configuration"));
+            }
+            (other, _, _) => {
+                return Err(format!(
+                    "{ff}: {other} filters are not supported on a backendRef (only \
+                     RequestHeaderModifier and ResponseHeaderModifier)"
+                ));
+            }
+        };
+        if let Some(h) = config {
+            out.push(plugin(name, &json!({ "headers": h }), &ff)?);
+        }
+    }
+    Ok(out)
+}
+
+/// The `cors` config of a CORS filter (`field`: the rule's `filters`).
+///
+/// - Origins become anchored, case-insensitive regexes, so that the response always names
+///   the request's own Origin (never `*`, which a browser refuses with credentials) and
+///   carries `Vary: Origin`. `https://*.example.com` matches any number of labels before
+///   `.example.com`; a host `*` matches every host of the scheme; `*` alone every origin.
+///   An origin without a port is the scheme's default port (80, 443), written or not.
+/// - `allowMethods: ["*"]`: `*` without credentials; with credentials the request's
+///   `Access-Control-Request-Method` (`echo_request_method`). No methods: the CORS-safelisted
+///   ones (`GET, HEAD, POST`).
+/// - `allowHeaders: ["*"]`: the request's `Access-Control-Request-Headers` (`**`). No headers:
+///   the CORS-safelisted request header names (a browser never asks for those).
+/// - `exposeHeaders: ["*"]`: `*` without credentials; with credentials it is left out (a
+///   browser reads `*` literally then).
+/// - Only preflights (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) are
+///   answered without the backend (`preflight_only`); `maxAge` default 5.
+pub(super) fn cors(c: &HttpCorsFilter, field: &str) -> Result<Value, String> {
+    let cred = c.allow_credentials.unwrap_or(false);
+    let mut regexes = Vec::with_capacity(c.allow_origins.len());
+    for (k, o) in c.allow_origins.iter().enumerate() {
+        regexes
+            .push(origin_regex(o).ok_or_else(|| {
+                format!("{field}.cors.allowOrigins[{k}]: `{o}` is not an origin")
+            })?);
+    }
+    if regexes.is_empty() {
+        // NB: no origin is allowed: a regex that matches nothing keeps every CORS header out.
+        regexes.push("^$".to_owned());
+    }
+    let wildcard = |list: &[String]| list.len() == 1 && list[0] == "*";
+    let (methods, echo) = match (wildcard(&c.allow_methods), cred) {
+        (true, false) => ("*".to_owned(), false),
+        (true, true) => ("**".to_owned(), true),
+        (false, _) if c.allow_methods.is_empty() => ("GET, HEAD, POST".to_owned(), false),
+        (false, _) => (c.allow_methods.join(", "), false),
+    };
+    let headers = if wildcard(&c.allow_headers) {
+        "**".to_owned()
+    } else if c.allow_headers.is_empty() {
+        "Accept, Accept-Language, Content-Language".to_owned()
+    } else {
+        c.allow_headers.join(", ")
+    };
+    let mut config = json!({
+        // NB: ignored when regexes are given; not `*`, which is refused with credentials.
+        "allow_origins": "**",
+        "allow_origins_by_regex": regexes,
+        "allow_methods": methods,
+        "allow_headers": headers,
+        "allow_credential": cred,
+        "max_age": c.max_age.unwrap_or(5),
+        "echo_request_method": echo,
+        "preflight_only": true,
+    });
+    let expose = match (wildcard(&c.expose_headers), cred) {
+        (true, true) => None,
+        _ if c.expose_headers.is_empty() => None,
+        _ => Some(c.expose_headers.join(", ")),
+    };
+    if let (Some(e), Value::Object(m)) = (expose, &mut config) {
+        m.insert("expose_headers".into(), json!(e));
+    }
+    Ok(config)
+}
+
+/// The anchored regex of a Gateway API CORS origin (`*`, or
+/// `<scheme>://<host>[:<port>]` whose host may be `*` or start with `*.`); `None` when it
+/// is none of those.
+fn origin_regex(o: &str) -> Option<String> {
+    if o == "*" {
+        return Some("^.*$".to_owned());
+    }
+    let (scheme, rest) = o.split_once("://")?;
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "http" => 80,
+        "https" => 443,
+        _ => return None,
+    };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p.parse::<u16>().ok().filter(|p| *p != 0)?)),
+        None => (rest, None),
+    };
+    if host.is_empty() || host.contains(['/', '?', '#', '@']) {
+        return None;
+    }
+    let host_re = if host == "*" {
+        "[^/:]+".to_owned()
+    } else if let Some(suffix) = host.strip_prefix("*.") {
+        format!("[^/:]+\\.{}", regex::escape(suffix))
+    } else if host.contains('*') {
+        return None;
+    } else {
+        regex::escape(host)
+    };
+    // The scheme's default port may be written or not.
+    let port_re = match port.unwrap_or(default_port) {
+        p if p == default_port => format!("(?::{p})?"),
+        p => format!(":{p}"),
+    };
+    Some(format!(
+        "(?i)^{}://{host_re}{port_re}$",
+        regex::escape(scheme)
+    ))
 }
 
 /// For a path modifier of `what` (`urlRewrite`, `requestRedirect`): `None` for
@@ -212,4 +358,55 @@ pub(super) fn redirect(
         },
     };
     Ok(config)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::origin_regex;
+
+    /// Which of `origins` the CORS origin `pattern` allows.
+    fn allowed<'a>(pattern: &str, origins: &[&'a str]) -> Vec<&'a str> {
+        let re = regex::Regex::new(&origin_regex(pattern).unwrap()).unwrap();
+        origins.iter().copied().filter(|o| re.is_match(o)).collect()
+    }
+
+    #[test]
+    fn origins_match_as_the_gateway_api_says() {
+        let all = [
+            "https://www.bar.com",
+            "https://a.b.bar.com",
+            "https://bar.com",
+            "https://xbar.com",
+            "https://www.bar.com:443",
+            "https://www.bar.com:8443",
+            "http://www.bar.com",
+            "HTTPS://WWW.BAR.COM",
+            "https://www.bar.com.evil.test",
+        ];
+        assert_eq!(
+            allowed("https://*.bar.com", &all),
+            [
+                "https://www.bar.com",
+                "https://a.b.bar.com",
+                "https://www.bar.com:443",
+                "HTTPS://WWW.BAR.COM"
+            ]
+        );
+        assert_eq!(
+            allowed("https://www.bar.com:8443", &all),
+            ["https://www.bar.com:8443"]
+        );
+        assert_eq!(allowed("http://*", &all), ["http://www.bar.com"]);
+        assert_eq!(allowed("*", &all).len(), all.len());
+        for bad in [
+            "ftp://a.test",
+            "https://",
+            "https://a.*.test",
+            "https://a.test:0",
+            "x",
+        ] {
+            assert_eq!(origin_regex(bad), None, "{bad}");
+        }
+    }
 }

@@ -15,12 +15,16 @@
 //!   `RequestRedirect` → `redirect` (`uri` built from scheme, hostname, port and path, the
 //!   request's `$scheme`/`$host`/`$uri` where unset, query string kept; 302 by default);
 //!   `RequestMirror` → `proxy-mirror` to the backend Service's ClusterIP and port, with
-//!   `percent` / `fraction` as `sample_ratio` (one mirror per rule).
-//!   Header values are literal (`$` is escaped for the plugins' templates).
+//!   `percent` / `fraction` as `sample_ratio` (one plugin per mirror, several per rule);
+//!   `CORS` → `cors` (see [`super::filters::cors`]: preflights answered without the
+//!   backend). Header values are literal (`$` is escaped for the plugins' templates).
 //! - `timeouts` and `retry`: see `timeouts.rs` (invalid values leave the rule out).
+//! - Filters on one backendRef: `RequestHeaderModifier` / `ResponseHeaderModifier` →
+//!   `Backend.plugins` (`proxy-rewrite` / `response-rewrite` headers), run for the requests
+//!   the weighted split sends to that backend only, after the rule's own filters.
 //! - Unsupported, reported with `UnsupportedValue` and the rule left out of the snapshot
-//!   (`PartiallyInvalid=True`, or `Accepted=False` when no rule is left): a second
-//!   `RequestMirror`, `CORS`, `ExtensionRef`, filters on a single backendRef.
+//!   (`PartiallyInvalid=True`, or `Accepted=False` when no rule is left): `ExtensionRef`,
+//!   other filters on a backendRef (and any on a GRPCRoute backendRef).
 //! - Backends. A `Service` (group `""`) with a port, resolved like an ApisixRoute backend
 //!   (upstream `<ns>/<svc>:<port>`, `@grpc` with scheme grpc for GRPCRoute: HTTP/2 prior
 //!   knowledge); weight default 1, 0 = no traffic. Another kind → `InvalidKind`; another
@@ -47,7 +51,7 @@ use sluice_crds::gateway::{
 };
 use sluice_proto::v1;
 
-use super::filters::{Filters, plugins};
+use super::filters::{Filters, backend_plugins, plugins};
 use super::matches::{Match, expr, grpc_match, http_match};
 use super::{RESOLVED_REFS, RouteKind, Slot, cond, reason};
 use crate::Index;
@@ -194,8 +198,8 @@ pub(crate) fn translate_rules(
 struct RuleParts<'r> {
     filters: Filters<'r>,
     matches: Vec<Result<Match, String>>,
-    /// (backend, weight, whether it has filters of its own).
-    backend_refs: Vec<(&'r BackendObjectReference, i32, bool)>,
+    /// (backend, weight, the plugins of its own filters).
+    backend_refs: Vec<(&'r BackendObjectReference, i32, Vec<v1::Plugin>)>,
     /// `timeouts` (HTTPRoute).
     timeout: Option<v1::Timeouts>,
     /// `retry` (HTTPRoute).
@@ -219,10 +223,14 @@ fn http_rule_parts<'r>(
             }
             "RequestRedirect" => filters.redirect = f.request_redirect.as_ref(),
             "URLRewrite" => filters.rewrite = f.url_rewrite.as_ref(),
-            "RequestMirror" if filters.mirror.is_some() => problems.push(format!(
-                "{ff}: only one RequestMirror per rule is supported"
-            )),
-            "RequestMirror" => filters.mirror = f.request_mirror.as_ref(),
+            "RequestMirror" => match &f.request_mirror {
+                Some(m) => filters.mirrors.push((k, m)),
+                None => problems.push(format!("{ff}: requestMirror is required")),
+            },
+            "CORS" => match &f.cors {
+                Some(c) => filters.cors = Some(c),
+                None => problems.push(format!("{ff}: cors is required")),
+            },
             other => problems.push(format!("{ff}: {other} filters are not supported")),
         }
     }
@@ -245,9 +253,15 @@ fn http_rule_parts<'r>(
             .matches
             .push(http_match(m, &format!("{field}.matches[{j}]")));
     }
-    for b in &rule.backend_refs {
-        let entry = (&b.backend, b.weight.unwrap_or(1), !b.filters.is_empty());
-        parts.backend_refs.push(entry);
+    for (k, b) in rule.backend_refs.iter().enumerate() {
+        let plugins = backend_plugins(&b.filters, &format!("{field}.backendRefs[{k}]"))
+            .unwrap_or_else(|e| {
+                problems.push(e);
+                Vec::new()
+            });
+        parts
+            .backend_refs
+            .push((&b.backend, b.weight.unwrap_or(1), plugins));
     }
     parts
 }
@@ -284,9 +298,16 @@ fn grpc_rule_parts<'r>(
             .matches
             .push(grpc_match(m, &format!("{field}.matches[{j}]")));
     }
-    for b in &rule.backend_refs {
-        let entry = (&b.backend, b.weight.unwrap_or(1), !b.filters.is_empty());
-        parts.backend_refs.push(entry);
+    for (k, b) in rule.backend_refs.iter().enumerate() {
+        if !b.filters.is_empty() {
+            problems.push(format!(
+                "{field}.backendRefs[{k}].filters: filters on one backendRef of a GRPCRoute \
+                 are not supported"
+            ));
+        }
+        parts
+            .backend_refs
+            .push((&b.backend, b.weight.unwrap_or(1), Vec::new()));
     }
     parts
 }
@@ -318,7 +339,7 @@ impl RulesBuild<'_, '_> {
             Rules::Grpc(rules) => grpc_rule_parts(&rules[i], &field, &mut problems),
         };
         // Backends (resolved even for a rule left out, so ResolvedRefs tells the whole story).
-        let (backends, websocket) = self.backends(&parts, &field, &mut problems);
+        let (backends, websocket) = self.backends(&parts, &field);
         let extra_plugins = self.extra_plugins(&parts.filters, &backends, &field, &mut problems);
         let backends = self.with_no_backend(backends);
         let rule = Rule {
@@ -348,22 +369,12 @@ impl RulesBuild<'_, '_> {
 
     /// The weighted backends of a rule (the upstreams into `self`), the weight of those that
     /// are invalid, and whether one speaks WebSocket.
-    fn backends(
-        &mut self,
-        parts: &RuleParts<'_>,
-        field: &str,
-        problems: &mut Vec<String>,
-    ) -> ((Vec<v1::Backend>, u32), bool) {
+    fn backends(&mut self, parts: &RuleParts<'_>, field: &str) -> ((Vec<v1::Backend>, u32), bool) {
         let mut backends = Vec::new();
         let mut invalid_weight: u32 = 0;
         let mut websocket = false;
-        for (k, (b, weight, has_filters)) in parts.backend_refs.iter().enumerate() {
+        for (k, (b, weight, plugins)) in parts.backend_refs.iter().enumerate() {
             let bf = format!("{field}.backendRefs[{k}]");
-            if *has_filters {
-                problems.push(format!(
-                    "{bf}.filters: filters on one backendRef are not supported"
-                ));
-            }
             let up = self
                 .ctx
                 .backend(b, self.route, &bf, &mut self.unresolved, &mut websocket);
@@ -373,6 +384,7 @@ impl RulesBuild<'_, '_> {
                     backends.push(v1::Backend {
                         upstream_id: up.id.clone(),
                         weight,
+                        plugins: plugins.clone(),
                     });
                     self.upstreams.push(up);
                 }
@@ -383,7 +395,7 @@ impl RulesBuild<'_, '_> {
         ((backends, invalid_weight), websocket)
     }
 
-    /// The mirror plugin, and the fault-injection plugin answering 500 when there is nothing
+    /// The mirror plugins, and the fault-injection plugin answering 500 when there is nothing
     /// to proxy to and no redirect answers by itself.
     fn extra_plugins(
         &mut self,
@@ -393,8 +405,8 @@ impl RulesBuild<'_, '_> {
         problems: &mut Vec<String>,
     ) -> Vec<v1::Plugin> {
         let mut extra_plugins = Vec::new();
-        if let Some(mf) = filters.mirror {
-            let mfield = format!("{field}.filters.requestMirror.backendRef");
+        for &(k, mf) in &filters.mirrors {
+            let mfield = format!("{field}.filters[{k}].requestMirror.backendRef");
             match self
                 .ctx
                 .mirror_plugin(mf, self.route, &mfield, &mut self.unresolved)
@@ -430,6 +442,7 @@ impl RulesBuild<'_, '_> {
         backends.push(v1::Backend {
             upstream_id: self.no_backend_id.clone(),
             weight,
+            plugins: Vec::new(),
         });
         self.no_backend_used = true;
         backends

@@ -345,6 +345,7 @@ impl Ctx<'_, '_> {
             v1::Backend {
                 upstream_id: up.id.clone(),
                 weight: BACKEND_WEIGHT,
+                plugins: Vec::new(),
             },
             up,
         ))
