@@ -368,7 +368,10 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
         if l.protocol != v1::ListenerProtocol::Http as i32 {
             return Err(fail(
                 "protocol",
-                format!("{:?} listeners are not served by this dataplane", l.protocol()),
+                format!(
+                    "{:?} listeners are not served by this dataplane",
+                    l.protocol()
+                ),
             ));
         }
         if l.accept_proxy_protocol {

@@ -461,7 +461,7 @@ pub(crate) fn tls_from_secret(
             ca_pem: ca.unwrap_or_default(),
             client_cert_pem: cert.unwrap_or_default(),
             client_key_pem: key.unwrap_or_default(),
-            sni: String::new(),
+            ..Default::default()
         }),
     }
 }
