@@ -21,7 +21,7 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::Resource;
@@ -82,6 +82,8 @@ pub struct Inputs {
     pub reference_grants: Vec<Arc<ReferenceGrant>>,
     /// BackendTLSPolicies.
     pub backend_tls_policies: Vec<Arc<BackendTLSPolicy>>,
+    /// ConfigMaps (BackendTLSPolicy CA bundles; watched with BackendTLSPolicies).
+    pub config_maps: Vec<Arc<ConfigMap>>,
 }
 
 /// Decides which objects belong to this controller.
@@ -189,6 +191,7 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         grpc_routes: all(&inputs.grpc_routes),
         reference_grants: all(&inputs.reference_grants),
         backend_tls_policies: all(&inputs.backend_tls_policies),
+        config_maps: all(&inputs.config_maps),
     }
 }
 
@@ -218,6 +221,7 @@ impl From<ClusterState> for Inputs {
             grpc_routes: arcs(s.grpc_routes),
             reference_grants: arcs(s.reference_grants),
             backend_tls_policies: arcs(s.backend_tls_policies),
+            config_maps: arcs(s.config_maps),
         }
     }
 }

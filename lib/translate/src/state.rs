@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use k8s_openapi::api::core::v1::{Namespace, Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -69,8 +69,10 @@ pub struct ClusterState {
     pub grpc_routes: Vec<GRPCRoute>,
     /// `gateway.networking.k8s.io/v1beta1` (or `v1`) ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
-    /// `gateway.networking.k8s.io/v1` BackendTLSPolicies. Loaded, not translated yet.
+    /// `gateway.networking.k8s.io/v1` BackendTLSPolicies.
     pub backend_tls_policies: Vec<BackendTLSPolicy>,
+    /// `v1` ConfigMaps (BackendTLSPolicy CA bundles, key `ca.crt`).
+    pub config_maps: Vec<ConfigMap>,
 }
 
 /// The text given to [`ClusterState::load_yaml`] is not YAML at all. Nothing was loaded from
@@ -200,6 +202,7 @@ enum KnownKind {
     Service,
     EndpointSlice,
     Secret,
+    ConfigMap,
     Pod,
     Ingress,
     IngressClass,
@@ -230,6 +233,7 @@ impl KnownKind {
             "ApisixGlobalRule" => (Self::ApisixGlobalRule, apisix),
             "Service" => (Self::Service, ("", "v1")),
             "Secret" => (Self::Secret, ("", "v1")),
+            "ConfigMap" => (Self::ConfigMap, ("", "v1")),
             "Pod" => (Self::Pod, ("", "v1")),
             "EndpointSlice" => (Self::EndpointSlice, ("discovery.k8s.io", "v1")),
             "Ingress" => (Self::Ingress, ("networking.k8s.io", "v1")),
@@ -535,6 +539,7 @@ impl ClusterState {
             KnownKind::Service => add(doc, &mut self.services),
             KnownKind::EndpointSlice => add(doc, &mut self.endpoint_slices),
             KnownKind::Secret => add(doc, &mut self.secrets),
+            KnownKind::ConfigMap => add(doc, &mut self.config_maps),
             KnownKind::Pod => add(doc, &mut self.pods),
             KnownKind::Ingress => add(doc, &mut self.ingresses),
             KnownKind::IngressClass => add(doc, &mut self.ingress_classes),
