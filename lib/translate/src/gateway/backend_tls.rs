@@ -471,11 +471,9 @@ fn ca_bundle(
         ("", "Secret") => idx
             .secrets
             .get(&(ns, r.name.as_str()))
+            .map(|s| crate::tls::secret_value(s, "ca.crt"))
             .ok_or_else(|| missing("Secret"))?
-            .data
-            .as_ref()
-            .and_then(|d| d.get("ca.crt"))
-            .and_then(|b| String::from_utf8(b.0.clone()).ok()),
+            .and_then(|b| String::from_utf8(b.into_owned()).ok()),
         (g, k) => {
             return Err((
                 policy_reason::INVALID_KIND,

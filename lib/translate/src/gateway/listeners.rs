@@ -210,7 +210,12 @@ fn accepted(
                 reason::UNSUPPORTED_VALUE,
                 format!("{field}.tls.mode: {mode} is not supported for HTTPS (Terminate)"),
             );
-        } else if gw.spec.tls.as_ref().is_some_and(|t| t.get("frontend").is_some()) {
+        } else if gw
+            .spec
+            .tls
+            .as_ref()
+            .is_some_and(|t| t.get("frontend").is_some())
+        {
             return cond(
                 ACCEPTED,
                 false,
