@@ -84,6 +84,8 @@ pub struct Inputs {
     pub reference_grants: Vec<Arc<ReferenceGrant>>,
     /// BackendTLSPolicies.
     pub backend_tls_policies: Vec<Arc<BackendTLSPolicy>>,
+    /// ConfigMaps (BackendTLSPolicy CA bundles; watched with BackendTLSPolicies).
+    pub config_maps: Vec<Arc<ConfigMap>>,
 }
 
 /// Decides which objects belong to this controller.
@@ -192,6 +194,7 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         grpc_routes: all(&inputs.grpc_routes),
         reference_grants: all(&inputs.reference_grants),
         backend_tls_policies: all(&inputs.backend_tls_policies),
+        config_maps: all(&inputs.config_maps),
     }
 }
 
@@ -222,6 +225,7 @@ impl From<ClusterState> for Inputs {
             grpc_routes: arcs(s.grpc_routes),
             reference_grants: arcs(s.reference_grants),
             backend_tls_policies: arcs(s.backend_tls_policies),
+            config_maps: arcs(s.config_maps),
         }
     }
 }

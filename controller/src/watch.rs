@@ -19,7 +19,8 @@
 //! once at INFO and serves the Apisix kinds and Ingress as before. Discovery is repeated
 //! every [`GATEWAY_DISCOVERY_INTERVAL`] until the CRDs appear; their watches start then.
 //! They are not filtered by ingress class: a Gateway is ours by its GatewayClass's
-//! `controllerName`, which translation decides.
+//! `controllerName`, which translation decides. ConfigMaps (BackendTLSPolicy CA bundles) are
+//! watched only when BackendTLSPolicies are served.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -489,6 +490,7 @@ struct GatewayStores {
     grpc_routes: Vec<Store<GRPCRoute>>,
     reference_grants: Vec<Store<ReferenceGrant>>,
     backend_tls_policies: Vec<Store<BackendTLSPolicy>>,
+    config_maps: Vec<Store<ConfigMap>>,
 }
 
 impl GatewayStores {
@@ -553,6 +555,9 @@ impl GatewayStores {
             backend_tls_policies: when(kinds.backend_tls_policies, || {
                 watch_kind(client, scope, &any, "BackendTLSPolicy", t, m)
             }),
+            config_maps: when(kinds.backend_tls_policies, || {
+                watch_kind(client, scope, &any, "ConfigMap", t, m)
+            }),
         }
     }
 
@@ -564,6 +569,7 @@ impl GatewayStores {
         wait_ready(&self.grpc_routes).await;
         wait_ready(&self.reference_grants).await;
         wait_ready(&self.backend_tls_policies).await;
+        wait_ready(&self.config_maps).await;
     }
 }
 
@@ -844,6 +850,7 @@ impl Stores {
             grpc_routes: read(&g.grpc_routes),
             reference_grants: read(&g.reference_grants),
             backend_tls_policies: read(&g.backend_tls_policies),
+            config_maps: read(&g.config_maps),
             ..Inputs::default()
         }
     }
@@ -876,6 +883,19 @@ impl Stores {
         self.gateway
             .get()
             .map(|g| read(&g.grpc_routes))
+            .unwrap_or_default()
+    }
+
+    /// A BackendTLSPolicy as the stores have it.
+    pub fn backend_tls_policy(&self, namespace: &str, name: &str) -> Option<Arc<BackendTLSPolicy>> {
+        find(&self.gateway.get()?.backend_tls_policies, namespace, name)
+    }
+
+    /// Every BackendTLSPolicy the stores hold.
+    pub fn backend_tls_policies(&self) -> Vec<Arc<BackendTLSPolicy>> {
+        self.gateway
+            .get()
+            .map(|g| read(&g.backend_tls_policies))
             .unwrap_or_default()
     }
 

@@ -117,6 +117,12 @@ pub struct ApisixUpstreamConfig {
     /// Client certificate Secret for mTLS to the upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_secret: Option<ApisixSecret>,
+    /// Which name the upstream's certificate is verified for (schemes `https` and `grpcs`;
+    /// the CA is `tlsSecret`'s `ca.crt`, else the system roots). Sluice extension, shaped
+    /// like the Gateway API BackendTLSPolicy's `validation`. Default: the endpoint's address,
+    /// with no SNI for an IP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_verify: Option<UpstreamTlsVerify>,
     /// Named groups of endpoints selected by Pod labels (referenced by `backends[].subset`).
     #[serde(
         default,
@@ -445,4 +451,38 @@ pub struct PassiveHealthCheckUnhealthy {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 254))]
     pub timeout: Option<i32>,
+}
+
+/// `tlsVerify`: the name an upstream's certificate is verified for.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamTlsVerify {
+    /// Sent as SNI, and the name the certificate must carry unless `subjectAltNames` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub hostname: Option<String>,
+    /// The certificate must carry one of these instead of `hostname` (which is then only
+    /// sent as SNI).
+    #[serde(
+        default,
+        deserialize_with = "null_as_default",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub subject_alt_names: Vec<UpstreamSubjectAltName>,
+}
+
+/// One subject alternative name: a DNS name or a URI (e.g. a SPIFFE ID).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpstreamSubjectAltName {
+    /// `Hostname` or `URI`.
+    #[serde(rename = "type")]
+    #[schemars(regex(pattern = r"^(Hostname|URI)$"))]
+    pub type_: String,
+    /// For type `Hostname`: a DNS name (a certificate wildcard covers it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// For type `URI`: compared exactly.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uri: Option<String>,
 }

@@ -1070,3 +1070,143 @@ spec:
         .count();
     assert_eq!(posts, 2, "{:?}", seen.lock().unwrap());
 }
+
+/// A BackendTLSPolicy `ns/name` for Service `secure`: CA from ConfigMap `backend-ca`, SNI
+/// `secure.e2e`, verified against the DNS SAN `san`.
+fn backend_tls_policy(ns: &str, san: &str) -> String {
+    format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: BackendTLSPolicy
+metadata: {{name: secure, namespace: {ns}}}
+spec:
+  targetRefs: [{{group: "", kind: Service, name: secure}}]
+  validation:
+    caCertificateRefs: [{{group: "", kind: ConfigMap, name: backend-ca}}]
+    hostname: secure.e2e
+    subjectAltNames: [{{type: Hostname, hostname: {san}}}]
+"#
+    )
+}
+
+#[test]
+fn backend_tls_policy_verifies_the_backend_san_502_when_wrong_200_when_right() {
+    let p = Pipeline::start_with_gateway_api(&[]).unwrap();
+    let ns = p.namespace.clone();
+    // A TLS-only backend in the backends' network namespace: `openssl s_server -www` answers
+    // any request with 200 over TLS, with a certificate for `backend.e2e.internal` only.
+    let ca = sluice_testkit::pki::Ca::new("e2e backend ca");
+    let leaf = ca.sign(sluice_testkit::pki::params_for(&["backend.e2e.internal"]));
+    let dir = tempfile_dir();
+    std::fs::write(dir.join("tls.crt"), &leaf.pem).unwrap();
+    std::fs::write(dir.join("tls.key"), &leaf.key_pem).unwrap();
+    let listen = SocketAddr::from((p.net.addr(), 8443));
+    let mut cmd = p.net.command("openssl");
+    cmd.args(["s_server", "-quiet", "-www", "-accept"])
+        .arg(listen.to_string())
+        .arg("-cert")
+        .arg(dir.join("tls.crt"))
+        .arg("-key")
+        .arg(dir.join("tls.key"));
+    let _backend = p.net.spawn(cmd, listen, Duration::from_secs(10)).unwrap();
+    let indented_ca: String = ca.pem.lines().map(|l| format!("    {l}\n")).collect();
+    p.cluster.apply(&class_and_gateway(&ns, "Same")).unwrap();
+    p.cluster
+        .apply(&format!(
+            r#"apiVersion: v1
+kind: Service
+metadata: {{name: secure, namespace: {ns}}}
+spec:
+  ports: [{{name: https, port: 443, targetPort: 8443}}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: secure-1
+  namespace: {ns}
+  labels: {{kubernetes.io/service-name: secure}}
+addressType: IPv4
+endpoints:
+  - addresses: ["{addr}"]
+    conditions: {{ready: true}}
+ports: [{{name: https, port: 8443}}]
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {{name: backend-ca, namespace: {ns}}}
+data:
+  ca.crt: |
+{indented_ca}"#,
+            addr = p.net.addr()
+        ))
+        .unwrap();
+    p.cluster
+        .apply(&backend_tls_policy(&ns, "wrong.e2e.internal"))
+        .unwrap();
+    p.cluster
+        .apply(&http_route(
+            &ns,
+            "secure",
+            &ns,
+            &["secure.e2e"],
+            "{name: secure, port: 443}",
+        ))
+        .unwrap();
+
+    // The policy is accepted for the Gateway; the certificate lacks the SAN: 502.
+    let policy = wait_object(
+        &p,
+        "backendtlspolicy",
+        Some(&ns),
+        "secure",
+        "an ancestor entry of ours",
+        |v| {
+            v["status"]["ancestors"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|e| e["controllerName"] == CONTROLLER))
+        },
+    );
+    let ours = policy["status"]["ancestors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["controllerName"] == CONTROLLER)
+        .unwrap();
+    assert_eq!(ours["ancestorRef"]["name"], "gw");
+    assert_eq!(ours["ancestorRef"]["kind"], "Gateway");
+    assert_eq!(cond(&ours["conditions"], "Accepted").unwrap().0, "True");
+    assert_eq!(cond(&ours["conditions"], "ResolvedRefs").unwrap().0, "True");
+    wait_http(p.http, "secure.e2e", "/", 502);
+
+    // The right SAN: 200, over TLS (the backend speaks nothing else).
+    p.cluster
+        .apply(&backend_tls_policy(&ns, "backend.e2e.internal"))
+        .unwrap();
+    let resp = wait_http(p.http, "secure.e2e", "/", 200);
+    assert!(
+        resp.body.contains("s_server"),
+        "the TLS backend answered: {:?}",
+        resp.body
+    );
+
+    // The CA ConfigMap gone: ResolvedRefs=False, and the backend is never reached.
+    p.cluster
+        .kubectl_ok(&["delete", "configmap", "backend-ca", "-n", &ns])
+        .unwrap();
+    wait_object(
+        &p,
+        "backendtlspolicy",
+        Some(&ns),
+        "secure",
+        "ResolvedRefs=False",
+        |v| {
+            v["status"]["ancestors"].as_array().is_some_and(|a| {
+                a.iter().any(|e| {
+                    e["controllerName"] == CONTROLLER
+                        && cond(&e["conditions"], "ResolvedRefs")
+                            .is_some_and(|(s, r, _)| s == "False" && r == "InvalidCACertificateRef")
+                })
+            })
+        },
+    );
+    wait_http(p.http, "secure.e2e", "/", 503);
+}

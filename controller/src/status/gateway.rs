@@ -12,6 +12,10 @@
 //!   `resourceVersion` so a concurrent write by another controller is never overwritten
 //!   (the write is retried). A route that no longer has a parent of ours loses our entries.
 //!
+//! - `BackendTLSPolicy` `status.ancestors[]`: our entries (one per Gateway whose routes use
+//!   the policy's targets), other controllers' kept, with the same `resourceVersion` guard
+//!   as routes; a policy no longer used by our routes loses our entries.
+//!
 //! `Programmed` of a Gateway and of its listeners: see [`super::programmed`]. Every condition carries `observedGeneration`;
 //! `lastTransitionTime` is kept while a condition's status does not change; an object whose
 //! status already says what we would write is not patched.
@@ -25,11 +29,12 @@ use kube::api::{Patch, PatchParams};
 use serde::Serialize;
 use serde_json::json;
 use sluice_crds::gateway::{
-    GRPCRoute, Gateway, GatewayClass, GatewayStatusAddress, HTTPRoute, ListenerStatus,
-    RouteParentStatus, SupportedFeature,
+    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, GatewayStatusAddress, HTTPRoute,
+    ListenerStatus, PolicyAncestorStatus, PolicyStatus, RouteParentStatus, SupportedFeature,
 };
 use sluice_translate::gateway::{
-    self as gw, GatewayClassStatus, GatewayStatus, GatewayStatusReport, RouteKind, RouteStatus,
+    self as gw, BackendTlsPolicyStatus, GatewayClassStatus, GatewayStatus, GatewayStatusReport,
+    RouteKind, RouteStatus,
 };
 use sluice_translate::status::ConditionStatus;
 
@@ -150,6 +155,35 @@ pub fn route_parents(
     out
 }
 
+/// `status.ancestors[]` of a BackendTLSPolicy: other controllers' entries as they are, then
+/// ours by Gateway.
+pub fn policy_ancestors(
+    want: &BackendTlsPolicyStatus,
+    existing: &[PolicyAncestorStatus],
+    now: Timestamp,
+) -> Vec<PolicyAncestorStatus> {
+    let ours = &want.controller_name;
+    let mut out: Vec<PolicyAncestorStatus> = existing
+        .iter()
+        .filter(|a| &a.controller_name != ours)
+        .cloned()
+        .collect();
+    for a in &want.ancestors {
+        let desired: Vec<Desired> = a.conditions.iter().map(from_translation).collect();
+        let old = existing
+            .iter()
+            .find(|e| &e.controller_name == ours && e.ancestor_ref == a.ancestor_ref)
+            .map(|e| e.conditions.as_slice())
+            .unwrap_or_default();
+        out.push(PolicyAncestorStatus {
+            ancestor_ref: a.ancestor_ref.clone(),
+            controller_name: ours.clone(),
+            conditions: conditions_to_write(&desired, want.generation, old, now),
+        });
+    }
+    out
+}
+
 /// Gateway addresses from the Ingress publish setting: IPs as `IPAddress`, names as
 /// `Hostname`.
 pub fn addresses(points: &[IngressLoadBalancerIngress]) -> Vec<GatewayStatusAddress> {
@@ -188,6 +222,14 @@ pub enum Write {
         resource_version: Option<String>,
         /// The whole `status`.
         status: sluice_crds::gateway::RouteStatus,
+    },
+    /// A BackendTLSPolicy's `status.ancestors`.
+    Policy {
+        /// The policy's `resourceVersion` the write is based on.
+        #[serde(skip)]
+        resource_version: Option<String>,
+        /// The whole `status`.
+        status: PolicyStatus,
     },
 }
 
@@ -238,6 +280,22 @@ impl Write {
                     }
                 }
             }
+            Write::Policy {
+                resource_version,
+                status,
+            } => {
+                // NB: `ancestors` is atomic and shared with other controllers, as a route's
+                // `parents` are.
+                let patch = json!({
+                    "apiVersion": API_VERSION,
+                    "kind": "BackendTLSPolicy",
+                    "metadata": {"resourceVersion": resource_version},
+                    "status": {"ancestors": status.ancestors},
+                });
+                kube::Api::<BackendTLSPolicy>::namespaced(client.clone(), namespace)
+                    .patch_status(name, &params, &Patch::Apply(&patch))
+                    .await?;
+            }
         }
         Ok(())
     }
@@ -257,6 +315,14 @@ pub trait Current {
     fn http_routes(&self) -> Vec<Arc<HTTPRoute>>;
     /// Every GRPCRoute.
     fn grpc_routes(&self) -> Vec<Arc<GRPCRoute>>;
+    /// A BackendTLSPolicy.
+    fn backend_tls_policy(&self, _namespace: &str, _name: &str) -> Option<Arc<BackendTLSPolicy>> {
+        None
+    }
+    /// Every BackendTLSPolicy.
+    fn backend_tls_policies(&self) -> Vec<Arc<BackendTLSPolicy>> {
+        Vec::new()
+    }
 }
 
 impl Current for Stores {
@@ -277,6 +343,12 @@ impl Current for Stores {
     }
     fn grpc_routes(&self) -> Vec<Arc<GRPCRoute>> {
         Stores::grpc_routes(self)
+    }
+    fn backend_tls_policy(&self, namespace: &str, name: &str) -> Option<Arc<BackendTLSPolicy>> {
+        Stores::backend_tls_policy(self, namespace, name)
+    }
+    fn backend_tls_policies(&self) -> Vec<Arc<BackendTLSPolicy>> {
+        Stores::backend_tls_policies(self)
     }
 }
 
@@ -322,6 +394,65 @@ pub fn desired(
             .filter_map(|r| route_write(r, &report.controller_name, stores, now)),
     );
     out.extend(stale_routes(report, stores));
+    out.extend(policy_writes(report, stores, now));
+    out
+}
+
+/// The writes of BackendTLSPolicy statuses: reported ones when they would change, and our
+/// entries removed from policies no longer reported.
+fn policy_writes(
+    report: &GatewayStatusReport,
+    stores: &impl Current,
+    now: Timestamp,
+) -> Vec<(Key, Write)> {
+    let mut out = Vec::new();
+    for p in &report.backend_tls_policies {
+        let Some(obj) = stores.backend_tls_policy(&p.namespace, &p.name) else {
+            continue;
+        };
+        let existing = obj
+            .status
+            .as_ref()
+            .map(|s| s.ancestors.as_slice())
+            .unwrap_or_default();
+        let want = PolicyStatus {
+            ancestors: policy_ancestors(p, existing, now),
+        };
+        if obj.status.as_ref() != Some(&want) {
+            out.push((
+                Key::new("BackendTLSPolicy", &p.namespace, &p.name),
+                Write::Policy {
+                    resource_version: obj.metadata.resource_version.clone(),
+                    status: want,
+                },
+            ));
+        }
+    }
+    for obj in stores.backend_tls_policies() {
+        let namespace = obj.metadata.namespace.clone().unwrap_or_default();
+        let name = obj.metadata.name.clone().unwrap_or_default();
+        let ancestors = obj
+            .status
+            .as_ref()
+            .map(|s| s.ancestors.as_slice())
+            .unwrap_or_default();
+        let ours = |a: &PolicyAncestorStatus| a.controller_name == report.controller_name;
+        let reported = report
+            .backend_tls_policies
+            .iter()
+            .any(|p| p.namespace == namespace && p.name == name);
+        if reported || !ancestors.iter().any(ours) {
+            continue;
+        }
+        let kept = ancestors.iter().filter(|a| !ours(a)).cloned().collect();
+        out.push((
+            Key::new("BackendTLSPolicy", &namespace, &name),
+            Write::Policy {
+                resource_version: obj.metadata.resource_version.clone(),
+                status: PolicyStatus { ancestors: kept },
+            },
+        ));
+    }
     out
 }
 

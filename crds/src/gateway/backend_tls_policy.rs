@@ -63,7 +63,12 @@ pub struct BackendTlsPolicyValidation {
     )]
     pub ca_certificate_refs: Vec<LocalObjectReference>,
     /// `System`: verify against the system roots.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    // NB: camelCase would make it `wellKnownCaCertificates`.
+    #[serde(
+        default,
+        rename = "wellKnownCACertificates",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub well_known_ca_certificates: Option<String>,
     /// Server name sent as SNI and verified.
     pub hostname: String,

@@ -7,6 +7,13 @@
 //! `UpstreamTls.sni` when set, else the endpoint host (an IP endpoint is verified against the
 //! certificate's IP addresses and sends no SNI). A client certificate is presented when the
 //! snapshot carries one (upstream mTLS).
+//!
+//! With subject alternative names (`UpstreamTls.subject_alt_dns_names` / `subject_alt_uris`,
+//! from a BackendTLSPolicy's `subjectAltNames` or an ApisixUpstream's `tlsVerify`), the
+//! certificate must carry one of them instead of the SNI name, which is then only sent
+//! (the Gateway API's semantics): [`SanVerifier`] checks the chain with rustls' webpki
+//! verifier, DNS names with webpki's name matching, and URIs against the certificate's URI
+//! SANs as x509-parser reads them.
 
 use std::sync::{Arc, OnceLock};
 
@@ -30,6 +37,9 @@ pub enum InvalidUpstreamTls {
     /// `sni` is not a DNS name or IP address.
     #[error("tls.sni: `{0}` is not a DNS name or IP address")]
     Sni(String),
+    /// A `subject_alt_dns_names` entry is not a DNS name.
+    #[error("tls.subject_alt_dns_names: `{0}` is not a DNS name")]
+    SanDns(String),
     /// rustls refused the configuration.
     #[error("tls: {0}")]
     Config(String),
@@ -144,13 +154,27 @@ impl UpstreamTlsClient {
                     .map_err(|_| InvalidUpstreamTls::Sni(sni_name.to_owned()))?,
             )
         };
+        let sans = Sans::new(tls)?;
         let config = |alpn: &[&[u8]]| -> Result<Arc<ClientConfig>, InvalidUpstreamTls> {
             let provider = Arc::new(rustls::crypto::ring::default_provider());
             let builder = ClientConfig::builder_with_provider(Arc::clone(&provider))
                 .with_safe_default_protocol_versions()
                 .map_err(|e| InvalidUpstreamTls::Config(e.to_string()))?;
-            let builder = if verify {
+            let builder = if verify && sans.is_empty() {
                 builder.with_root_certificates(Arc::clone(&roots))
+            } else if verify {
+                let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(
+                    Arc::clone(&roots),
+                    Arc::clone(&provider),
+                )
+                .build()
+                .map_err(|e| InvalidUpstreamTls::Config(e.to_string()))?;
+                builder
+                    .dangerous()
+                    .with_custom_certificate_verifier(Arc::new(SanVerifier {
+                        webpki,
+                        sans: sans.clone(),
+                    }))
             } else {
                 builder
                     .dangerous()
@@ -258,6 +282,145 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
 
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// The subject alternative names an upstream's certificate must carry one of.
+#[derive(Debug, Clone, Default)]
+struct Sans {
+    dns: Vec<ServerName<'static>>,
+    uris: Vec<String>,
+}
+
+impl Sans {
+    fn new(tls: &v1::UpstreamTls) -> Result<Self, InvalidUpstreamTls> {
+        let dns = tls
+            .subject_alt_dns_names
+            .iter()
+            .map(|n| match ServerName::try_from(n.clone()) {
+                Ok(name @ ServerName::DnsName(_)) => Ok(name),
+                _ => Err(InvalidUpstreamTls::SanDns(n.clone())),
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            dns,
+            uris: tls.subject_alt_uris.clone(),
+        })
+    }
+
+    fn is_empty(&self) -> bool {
+        self.dns.is_empty() && self.uris.is_empty()
+    }
+}
+
+/// Verifies an upstream certificate against a list of subject alternative names instead of
+/// the server name: the chain as [`rustls::client::WebPkiServerVerifier`] does, then a DNS
+/// SAN by webpki's own matching (the verifier run for that name) or a URI SAN exactly.
+#[derive(Debug)]
+struct SanVerifier {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    sans: Sans,
+}
+
+/// Whether `e` says only that the certificate does not carry the name asked for (webpki
+/// checks the name after the chain, so the chain is then known to be good).
+fn only_the_name_differs(e: &rustls::Error) -> bool {
+    matches!(
+        e,
+        rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidForName
+                | rustls::CertificateError::NotValidForNameContext { .. }
+        )
+    )
+}
+
+/// The URI subject alternative names of a DER certificate.
+fn uri_sans(cert: &CertificateDer<'_>) -> Result<Vec<String>, rustls::Error> {
+    use x509_parser::extensions::GeneralName;
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref())
+        .map_err(|_| rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding))?;
+    let san = parsed
+        .subject_alternative_name()
+        .map_err(|_| rustls::Error::InvalidCertificate(rustls::CertificateError::BadEncoding))?;
+    Ok(san
+        .map(|ext| {
+            ext.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    GeneralName::URI(u) => Some((*u).to_owned()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+impl rustls::client::danger::ServerCertVerifier for SanVerifier {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp_response: &[u8],
+        now: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        for name in &self.sans.dns {
+            match self.webpki.verify_server_cert(
+                end_entity,
+                intermediates,
+                name,
+                ocsp_response,
+                now,
+            ) {
+                Ok(ok) => return Ok(ok),
+                Err(e) if only_the_name_differs(&e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if !self.sans.uris.is_empty() {
+            // The chain, whatever name the certificate carries.
+            match self.webpki.verify_server_cert(
+                end_entity,
+                intermediates,
+                server_name,
+                ocsp_response,
+                now,
+            ) {
+                Ok(_) => {}
+                Err(e) if only_the_name_differs(&e) => {}
+                Err(e) => return Err(e),
+            }
+            let found = uri_sans(end_entity)?;
+            if found.iter().any(|u| self.sans.uris.contains(u)) {
+                return Ok(rustls::client::danger::ServerCertVerified::assertion());
+            }
+        }
+        Err(rustls::Error::InvalidCertificate(
+            rustls::CertificateError::NotValidForName,
+        ))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.webpki.supported_verify_schemes()
     }
 }
 

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::Ingress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -30,6 +30,7 @@ pub(crate) struct Index<'a> {
     /// Keyed by (namespace, Service name from the label); slices sorted by name.
     pub(crate) slices: BTreeMap<(&'a str, &'a str), Vec<&'a EndpointSlice>>,
     pub(crate) secrets: BTreeMap<(&'a str, &'a str), &'a Secret>,
+    pub(crate) config_maps: BTreeMap<(&'a str, &'a str), &'a ConfigMap>,
     pub(crate) plugin_configs: BTreeMap<(&'a str, &'a str), &'a ApisixPluginConfig>,
     pub(crate) consumers: BTreeMap<(&'a str, &'a str), &'a ApisixConsumer>,
     pub(crate) global_rules: BTreeMap<(&'a str, &'a str), &'a ApisixGlobalRule>,
@@ -128,6 +129,7 @@ impl<'a> Index<'a> {
             services: by_key(&state.services),
             slices: slices_by_service(&state.endpoint_slices),
             secrets: by_key(&state.secrets),
+            config_maps: by_key(&state.config_maps),
             plugin_configs: by_key(of_class(
                 &state.apisix_plugin_configs,
                 |o| o.spec.ingress_class_name.as_deref(),

@@ -71,8 +71,10 @@ pub struct ClusterState {
     pub grpc_routes: Vec<GRPCRoute>,
     /// `gateway.networking.k8s.io/v1beta1` (or `v1`) ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
-    /// `gateway.networking.k8s.io/v1` BackendTLSPolicies. Loaded, not translated yet.
+    /// `gateway.networking.k8s.io/v1` BackendTLSPolicies.
     pub backend_tls_policies: Vec<BackendTLSPolicy>,
+    /// `v1` ConfigMaps (BackendTLSPolicy CA bundles, key `ca.crt`).
+    pub config_maps: Vec<ConfigMap>,
 }
 
 /// The text given to [`ClusterState::load_yaml`] is not YAML at all. Nothing was loaded from

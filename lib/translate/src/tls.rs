@@ -559,7 +559,7 @@ fn non_empty(s: &str) -> Option<&str> {
 }
 
 /// The value of `key` in a Secret: `data`, else `stringData`.
-fn secret_value<'s>(secret: &'s Secret, key: &str) -> Option<Cow<'s, [u8]>> {
+pub(crate) fn secret_value<'s>(secret: &'s Secret, key: &str) -> Option<Cow<'s, [u8]>> {
     if let Some(v) = secret.data.as_ref().and_then(|d| d.get(key)) {
         return Some(Cow::Borrowed(&v.0));
     }

@@ -6,6 +6,7 @@ use serde_json::json;
 use sluice_crds::gateway::{BackendObjectReference, HttpRequestMirrorFilter};
 use sluice_proto::v1;
 
+use super::backend_tls::BackendTls;
 use super::filters::plugin;
 use super::http::{Ctx, RouteInput};
 use super::{RouteKind, granted, reason};
@@ -58,13 +59,30 @@ impl Ctx<'_, '_> {
             .get(&(ns, b.name.as_str()))
             .and_then(|svc| upstream::find_port(svc, &port));
         let port_name = svc_port.and_then(|p| p.name.as_deref());
-        if let Some(refused) = self.tls_policy(ns, b, port_name, field) {
-            unresolved.push(refused);
-            return None;
-        }
+        let tls = self.tls_policies.backend(ns, &b.name, port_name);
+        let tls_asked = tls.is_some();
         let app_protocol = svc_port.and_then(|p| p.app_protocol.as_deref());
         *websocket |= app_protocol == Some("kubernetes.io/ws");
-        if app_protocol == Some("kubernetes.io/h2c") && route.kind == RouteKind::HttpRoute {
+        match tls {
+            Some(BackendTls::Tls(settings, suffix)) => {
+                up.id.push_str(&suffix);
+                up.scheme = v1::Scheme::Https as i32;
+                up.tls = Some(settings);
+            }
+            Some(BackendTls::Refused) => {
+                // NB: an invalid policy still claims its backends: no endpoint, so every
+                // request fails (503) rather than reaching the backend in plain text.
+                up.id.push_str("@tls-invalid");
+                up.scheme = v1::Scheme::Https as i32;
+                up.endpoints.clear();
+                up.health_check = None;
+            }
+            None => {}
+        }
+        if app_protocol == Some("kubernetes.io/h2c")
+            && route.kind == RouteKind::HttpRoute
+            && !tls_asked
+        {
             // HTTP/2 with prior knowledge, in clear text (the scheme gRPC upstreams use).
             up.id.push_str("@h2c");
             up.scheme = v1::Scheme::Grpc as i32;
@@ -115,38 +133,6 @@ impl Ctx<'_, '_> {
         };
         Ok((ns, port))
     }
-
-    /// Why a BackendTLSPolicy for the Service port refuses the backend, if one does.
-    // NB: fail closed: TLS to the backend is not implemented yet, and sending plain text
-    // where a BackendTLSPolicy asks for TLS would expose the traffic.
-    fn tls_policy(
-        &self,
-        ns: &str,
-        b: &BackendObjectReference,
-        port_name: Option<&str>,
-        field: &str,
-    ) -> Option<(&'static str, String)> {
-        let policy = self.tls_policies.iter().find(|p| {
-            crate::key(&p.metadata).0 == ns
-                && p.spec.target_refs.iter().any(|t| {
-                    t.group.is_empty()
-                        && t.kind == "Service"
-                        && t.name == b.name
-                        && t.section_name
-                            .as_deref()
-                            .is_none_or(|s| Some(s) == port_name)
-                })
-        })?;
-        Some((
-            reason::UNSUPPORTED_PROTOCOL,
-            format!(
-                "{field}: BackendTLSPolicy {ns}/{} asks for TLS to Service {ns}/{}, which \
-                 Sluice does not support yet (the backend is not used)",
-                policy.metadata.name.as_deref().unwrap_or_default(),
-                b.name
-            ),
-        ))
-    }
 }
 
 impl Ctx<'_, '_> {
@@ -163,13 +149,18 @@ impl Ctx<'_, '_> {
         unresolved: &mut Vec<(&'static str, String)>,
     ) -> Result<Option<v1::Plugin>, String> {
         let mut websocket = false;
-        if self
-            .backend(&mf.backend_ref, route, field, unresolved, &mut websocket)
-            .is_none()
-        {
+        let Some(up) = self.backend(&mf.backend_ref, route, field, unresolved, &mut websocket)
+        else {
             return Ok(None);
-        }
+        };
         let b = &mf.backend_ref;
+        if up.tls.is_some() || up.id.ends_with("@tls-invalid") {
+            return Err(format!(
+                "{field}: Service {} is targeted by a BackendTLSPolicy and mirrors are sent in \
+                 plain text (not supported)",
+                b.name
+            ));
+        }
         let ns = b.namespace.as_deref().unwrap_or(route.ns);
         let ip = self
             .idx

@@ -133,6 +133,7 @@ fn checked_like_apisix_tls(
         services: BTreeMap::new(),
         slices: BTreeMap::new(),
         secrets: inputs.idx.secrets.clone(),
+        config_maps: BTreeMap::new(),
         plugin_configs: BTreeMap::new(),
         consumers: BTreeMap::new(),
         global_rules: BTreeMap::new(),

@@ -36,9 +36,9 @@
 //! - A Service port with `appProtocol: kubernetes.io/h2c` is spoken to in HTTP/2 with prior
 //!   knowledge (upstream `<ns>/<svc>:<port>@h2c`).
 //! - A Service port with `appProtocol: kubernetes.io/ws` makes the rule's routes accept
-//!   WebSocket upgrades. A backend Service targeted by a BackendTLSPolicy is invalid
-//!   (`ResolvedRefs=False`, `UnsupportedProtocol`): TLS to backends is not implemented yet,
-//!   and plain text is not sent where TLS was asked for.
+//!   WebSocket upgrades. A backend Service port targeted by a BackendTLSPolicy is spoken to
+//!   over verified TLS (`backend_tls.rs`); a mirror to one is refused (mirrors are plain
+//!   text).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,8 +46,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde_json::json;
 use sluice_crds::gateway::{
-    BackendObjectReference, BackendTLSPolicy, GRPCRoute, GrpcRouteRule, HTTPRoute, HttpRouteRule,
-    ParentReference, ReferenceGrant,
+    BackendObjectReference, GRPCRoute, GrpcRouteRule, HTTPRoute, HttpRouteRule, ParentReference,
+    ReferenceGrant,
 };
 use sluice_proto::v1;
 
@@ -113,7 +113,7 @@ pub(crate) struct Ctx<'c, 'a> {
     pub(crate) idx: &'c Index<'a>,
     pub(crate) aus: &'c BTreeMap<(&'a str, &'a str), Result<UpstreamObject, ()>>,
     pub(crate) grants: &'c [ReferenceGrant],
-    pub(crate) tls_policies: &'c [BackendTLSPolicy],
+    pub(crate) tls_policies: &'c super::backend_tls::Policies<'a>,
 }
 
 /// Precedence of a snapshot route among Gateway API routes; greater wins.

@@ -233,7 +233,13 @@ fn accepted(
                 reason::UNSUPPORTED_VALUE,
                 format!("{field}.tls.mode: {mode} is not supported for HTTPS (Terminate)"),
             );
-        } else if gw.spec.tls.is_some() && !per_gateway {
+        } else if !per_gateway
+            && gw
+                .spec
+                .tls
+                .as_ref()
+                .is_some_and(|t| t.get("frontend").is_some())
+        {
             return cond(
                 ACCEPTED,
                 false,

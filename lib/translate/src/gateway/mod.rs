@@ -73,6 +73,7 @@
 //! API route never takes traffic away from an existing Apisix or Ingress route.
 
 mod attach;
+mod backend_tls;
 mod backends;
 mod certificate;
 mod filters;
@@ -91,6 +92,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sluice_crds::gateway::{GATEWAY_GROUP, ReferenceGrant};
 use sluice_proto::v1;
 
+pub use backend_tls::{BackendTlsPolicyStatus, PolicyAncestor, policy_reason};
 pub use status::*;
 
 use crate::status::{Condition, ConditionStatus};
@@ -264,14 +266,23 @@ pub(crate) fn translate(
         opts,
     };
     let mut gws = gateways::gateways(&inputs, &classes, served_certificates, &mut out);
+    let tls_policies = backend_tls::Policies::new(state, idx);
     let ctx = http::Ctx {
         idx,
         aus,
         grants: &state.reference_grants,
-        tls_policies: &state.backend_tls_policies,
+        tls_policies: &tls_policies,
     };
     let entries = routes::routes(state, &ctx, taken, &mut gws, &mut out);
+    out.status.backend_tls_policies = tls_policies.status(&gopts.controller_name);
     routes::prioritise(entries, &mut out);
     gws.finish(&mut out);
+    // A Gateway's unusable backend client certificate: `ResolvedRefs=False` on the Gateway
+    // (its TLS backends are then reached without one).
+    for g in &mut out.status.gateways {
+        if let Some((reason, m)) = tls_policies.client_certificate_problem(&g.namespace, &g.name) {
+            g.conditions.push(cond(RESOLVED_REFS, false, reason, m));
+        }
+    }
     out
 }

@@ -56,7 +56,9 @@ pub(super) fn routes(
             parents: Vec::new(),
             routes: Vec::new(),
         };
+        ctx.tls_policies.start_route(&att.gateways);
         let mut translated = http::translate_rules(input, &att.schemes, ctx);
+        ctx.tls_policies.end_route(att.any_attached);
         refuse_taken(&mut translated, taken);
         for (parent_ref, accepted) in att.parents {
             rs.parents

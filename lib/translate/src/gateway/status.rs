@@ -207,4 +207,7 @@ pub struct GatewayStatusReport {
     /// Routes with a parent among those Gateways, by kind, namespace and name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteStatus>,
+    /// BackendTLSPolicies used by those routes, by namespace and name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub backend_tls_policies: Vec<super::BackendTlsPolicyStatus>,
 }

@@ -130,6 +130,7 @@ impl Settings {
                 .map_err(|e| problems.error(format!("{field}tlsSecret"), e))
                 .ok()
         });
+        let tls = tls_verify(c, tls, field, problems);
         let https_probes = health_check
             .as_ref()
             .and_then(|h| h.active.as_ref())
@@ -438,6 +439,50 @@ fn subsets(
     subsets
 }
 
+/// `tls` (from `tlsSecret`) with `tlsVerify`'s name to verify (and SNI) and subject
+/// alternative names; a `tlsVerify` without `tlsSecret` verifies against the system roots.
+fn tls_verify(
+    c: &ApisixUpstreamConfig,
+    tls: Option<v1::UpstreamTls>,
+    field: &str,
+    problems: &mut Problems,
+) -> Option<v1::UpstreamTls> {
+    let Some(v) = &c.tls_verify else {
+        return tls;
+    };
+    let mut tls = tls.unwrap_or_default();
+    if let Some(h) = &v.hostname {
+        let h = h.to_ascii_lowercase();
+        if h.contains('*') || crate::validate::host(&h).is_err() {
+            problems.error(
+                format!("{field}tlsVerify.hostname"),
+                format!("{h:?} is not a DNS name"),
+            );
+            return None;
+        }
+        tls.sni = h;
+    }
+    for (i, san) in v.subject_alt_names.iter().enumerate() {
+        let f = format!("{field}tlsVerify.subjectAltNames[{i}]");
+        match (san.type_.as_str(), &san.hostname, &san.uri) {
+            ("Hostname", Some(h), _)
+                if !h.starts_with("*.") && crate::validate::host(h).is_ok() =>
+            {
+                tls.subject_alt_dns_names.push(h.to_ascii_lowercase());
+            }
+            ("URI", _, Some(u)) if u.contains(':') => tls.subject_alt_uris.push(u.clone()),
+            (t, _, _) => {
+                problems.error(
+                    f,
+                    format!("type {t:?} needs a DNS name in hostname (Hostname) or an absolute uri (URI)"),
+                );
+                return None;
+            }
+        }
+    }
+    Some(tls)
+}
+
 /// The upstream TLS settings of the `tlsSecret` `<ns>/<name>`: keys `tls.crt` + `tls.key`
 /// (the client certificate for upstream mTLS, as in a `kubernetes.io/tls` Secret) and/or
 /// `ca.crt` (the CA that signs the upstream's certificate; without it the dataplane verifies
@@ -487,7 +532,7 @@ pub(crate) fn tls_from_secret(
             ca_pem: ca.unwrap_or_default(),
             client_cert_pem: cert.unwrap_or_default(),
             client_key_pem: key.unwrap_or_default(),
-            sni: String::new(),
+            ..Default::default()
         }),
     }
 }
