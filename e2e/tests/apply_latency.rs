@@ -162,7 +162,8 @@ fn apply_to_first_200_latency() {
         after_apply.push(applied.elapsed());
     }
     let per_round = |before: Duration, pid: u32| (cpu_time(pid) - before) / rounds as u32;
-    println!("existing routes: {background}");
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("existing routes: {background}; load average after the rounds: {load}");
     report("apply -> first 200 (kubectl apply included)", samples);
     report("kubectl apply returned -> first 200", after_apply);
     println!(
