@@ -90,30 +90,35 @@ fn apply_background(p: &Pipeline, n: usize) {
         }
     });
     let ns = p.namespace.clone();
-    eventually(Wait::up_to(Duration::from_secs(900)).every(Duration::from_secs(2)), || {
-        let out = p
-            .cluster
-            .kubectl_ok(&["get", "ar", "-n", &ns, "-o", "json"])
-            .ok()?;
-        let v: serde_json::Value = serde_json::from_str(&out).ok()?;
-        let programmed = v["items"]
-            .as_array()?
-            .iter()
-            .filter(|o| {
-                o["status"]["conditions"].as_array().is_some_and(|c| {
-                    c.iter()
-                        .any(|c| c["type"] == "Programmed" && c["status"] == "True")
+    eventually(
+        Wait::up_to(Duration::from_secs(900)).every(Duration::from_secs(2)),
+        || {
+            let out = p
+                .cluster
+                .kubectl_ok(&["get", "ar", "-n", &ns, "-o", "json"])
+                .ok()?;
+            let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+            let programmed = v["items"]
+                .as_array()?
+                .iter()
+                .filter(|o| {
+                    o["status"]["conditions"].as_array().is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c["type"] == "Programmed" && c["status"] == "True")
+                    })
                 })
-            })
-            .count();
-        (programmed >= n).then_some(())
-    })
+                .count();
+            (programmed >= n).then_some(())
+        },
+    )
     .expect("background routes Programmed");
     let last = n - 1;
     let host = format!("bg-{}.e2e", last % 500);
     let path = format!("/bg/{last}/x");
     eventually(Duration::from_secs(60), || {
-        http_get(p.http, &host, &path).ok().filter(|r| r.status == 200)
+        http_get(p.http, &host, &path)
+            .ok()
+            .filter(|r| r.status == 200)
     })
     .expect("the last background route serves");
     println!(
