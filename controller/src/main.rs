@@ -74,9 +74,11 @@ struct Args {
     /// (snapshots carry TLS keys).
     #[arg(long)]
     insecure: bool,
-    /// Rebuild once no change arrived for this many milliseconds (at most 10x later).
-    #[arg(long, value_name = "MS", default_value_t = 100)]
-    debounce_ms: u64,
+    /// Least time between the starts of two snapshot rebuilds, in milliseconds. A change
+    /// that finds no rebuild running is rebuilt at once; changes during a rebuild (or within
+    /// this interval) share the next one.
+    #[arg(long, value_name = "MS", default_value_t = 10)]
+    rebuild_min_interval: u64,
     /// Ingress `status.loadBalancer`: the address of this Service (`NAMESPACE/NAME`, usually
     /// the dataplane's Service), as APISIX's `ingress_publish_service`.
     #[arg(
@@ -245,8 +247,7 @@ async fn main() -> anyhow::Result<()> {
             Scope::Namespaces(args.watch_namespace.clone())
         },
         debounce: Debounce {
-            quiet: Duration::from_millis(args.debounce_ms),
-            max_delay: Duration::from_millis(args.debounce_ms.saturating_mul(10)),
+            min_interval: Duration::from_millis(args.rebuild_min_interval),
         },
         lease: lease.clone(),
         publish,

@@ -1,13 +1,19 @@
-//! The one rebuild loop: waits for the caches to sync, then for change signals, debounces
-//! them, and rebuilds the snapshot — assemble the [`Inputs`] of our class, translate, and
-//! seal and publish a new version only when the content hash changed.
+//! The one rebuild loop: waits for the caches to sync, then for change signals, and rebuilds
+//! the snapshot — assemble the [`Inputs`] of our class, translate, and seal and publish a new
+//! version only when the content hash changed.
 //!
 //! ```text
-//! watch events ──(skip no-op events)──▶ trigger ──debounce 100 ms (at most 1 s)──▶ rebuild
-//!                                                                                   │
+//! watch events ──(skip no-op events)──▶ trigger ──leading edge, ≥ 10 ms apart──▶ rebuild
+//!                                                                                  │
 //!                         hub.publish(v+1) ◀── hash changed? ◀── translate ◀── assemble
 //!                         status side output (per object: conditions, since-version)
 //! ```
+//!
+//! The batching is leading-edge: a change that finds the loop idle is rebuilt at once (no
+//! quiet period to wait out, so a new route is not delayed by a fixed floor); changes that
+//! arrive while a rebuild runs, or less than [`Debounce::min_interval`] after the last one
+//! started, coalesce into the one next rebuild. A burst of N changes therefore costs at most
+//! one rebuild per rebuild duration (or per minimum interval), never N.
 //!
 //! Certificates are checked against the time of each rebuild. Translation also says when
 //! a certificate verdict next changes (an expiry, or a `notBefore` reached); the loop
@@ -32,21 +38,23 @@ use crate::cluster::{Inputs, assemble};
 use crate::grpc::{Hub, Published};
 use crate::metrics::Metrics;
 
-/// How the loop batches changes.
+/// How the loop batches changes (leading-edge: see the module doc).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Debounce {
-    /// Rebuild once no change arrived for this long (default 100 ms).
-    pub quiet: Duration,
-    /// ... but at the latest this long after the first change of a batch, so a constant
-    /// stream of changes cannot starve the rebuild (default 1 s).
-    pub max_delay: Duration,
+    /// Least time from the start of one rebuild to the start of the next (default 10 ms,
+    /// `--rebuild-min-interval`). A change that arrives later than this after the last
+    /// rebuild started, with no rebuild running, is rebuilt at once; the others wait for the
+    /// next rebuild and share it.
+    pub min_interval: Duration,
 }
+
+/// The default of [`Debounce::min_interval`].
+pub const DEFAULT_MIN_INTERVAL: Duration = Duration::from_millis(10);
 
 impl Default for Debounce {
     fn default() -> Self {
         Self {
-            quiet: Duration::from_millis(100),
-            max_delay: Duration::from_secs(1),
+            min_interval: DEFAULT_MIN_INTERVAL,
         }
     }
 }
@@ -284,7 +292,12 @@ impl Rebuilder {
             let mut rejected_objects = translation.settings.clone();
             rejected_objects.extend(rejected_lines(&translation.status.objects));
             self.hub.publish(Published {
-                snapshot: sluice_proto::seal(translation.snapshot, self.version),
+                // NB: `hash` is this content's: hashing it again costs as much as translating.
+                snapshot: sluice_proto::seal_with_hash(
+                    translation.snapshot,
+                    self.version,
+                    hash.clone(),
+                ),
                 rejected_objects,
             });
             self.hash = Some(hash);
@@ -374,23 +387,21 @@ fn rejected_lines(objects: &[ObjectStatus]) -> Vec<String> {
     lines
 }
 
-/// Waits for the next batch of changes: returns after the first change once `quiet` passed
-/// without another one, or `max_delay` after the first. `false` when the sender is gone and
-/// nothing is pending.
-pub async fn next_batch(trigger: &mut watch::Receiver<u64>, debounce: Debounce) -> bool {
+/// Waits for the next batch of changes after a rebuild that started at `last_start`: returns
+/// as soon as a change is pending (at once if one arrived during that rebuild) and at least
+/// `debounce.min_interval` passed since `last_start`; every change seen until then belongs
+/// to the batch. `false` when the sender is gone and nothing is pending.
+pub async fn next_batch(
+    trigger: &mut watch::Receiver<u64>,
+    debounce: Debounce,
+    last_start: tokio::time::Instant,
+) -> bool {
     if trigger.changed().await.is_err() {
         return false;
     }
-    let first = tokio::time::Instant::now();
-    loop {
-        let deadline =
-            (tokio::time::Instant::now() + debounce.quiet).min(first + debounce.max_delay);
-        match tokio::time::timeout_at(deadline, trigger.changed()).await {
-            Ok(Ok(())) => continue,
-            // Quiet long enough, or the sender is gone: rebuild what we have.
-            Ok(Err(_)) | Err(_) => break,
-        }
-    }
+    // NB: a rebuild that starts later than this takes in whatever arrived meanwhile, so a
+    // burst becomes one rebuild per interval rather than one per change.
+    tokio::time::sleep_until(last_start + debounce.min_interval).await;
     trigger.borrow_and_update();
     true
 }
@@ -412,6 +423,7 @@ pub async fn run<F>(
     // Changes seen while syncing are part of the first build.
     trigger.borrow_and_update();
     loop {
+        let started = tokio::time::Instant::now();
         let read = Arc::clone(&inputs);
         // Translation of a large cluster takes milliseconds to seconds; keep it off the reactor.
         let done = tokio::task::spawn_blocking(move || {
@@ -431,7 +443,7 @@ pub async fn run<F>(
         }
         let recheck = rebuilder.certificates_change_at().map(wait_until);
         tokio::select! {
-            more = next_batch(&mut trigger, debounce) => {
+            more = next_batch(&mut trigger, debounce, started) => {
                 if !more {
                     return;
                 }
@@ -566,51 +578,152 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn debounce_coalesces_a_burst_into_one_batch() {
-        let (tx, mut rx) = watch::channel(0u64);
-        let debounce = Debounce::default();
-        let sender = tokio::spawn(async move {
-            for i in 1..=5 {
-                tx.send_replace(i);
-                tokio::time::sleep(Duration::from_millis(30)).await;
-            }
-            // Keep the sender alive past the quiet period.
-            tokio::time::sleep(Duration::from_secs(5)).await;
-            tx.send_replace(99);
-            tokio::time::sleep(Duration::from_secs(5)).await;
-        });
-        let start = tokio::time::Instant::now();
-        assert!(next_batch(&mut rx, debounce).await);
-        // 5 changes 30 ms apart, then 100 ms of quiet: one batch ending ~220 ms in.
-        let took = start.elapsed();
-        assert!(
-            took >= Duration::from_millis(220) && took < Duration::from_millis(300),
-            "{took:?}"
-        );
-        assert_eq!(*rx.borrow(), 5);
-        assert!(next_batch(&mut rx, debounce).await);
-        assert_eq!(*rx.borrow(), 99);
-        sender.abort();
+    /// The rebuild loop over `state`, with a record of the (virtual) time of every read of
+    /// the inputs, that is of every rebuild. `during` runs inside each rebuild (its argument
+    /// is the rebuild's number, from 0) with the trigger in hand.
+    struct Looped {
+        hub: Arc<Hub>,
+        state: Arc<std::sync::Mutex<Inputs>>,
+        trigger: Arc<watch::Sender<u64>>,
+        reads: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+        task: tokio::task::JoinHandle<()>,
     }
 
+    impl Looped {
+        fn start(yaml: &str, during: fn(usize, &watch::Sender<u64>)) -> Looped {
+            let (_, hub, _) = rebuilder();
+            let rb = Rebuilder::new(Arc::clone(&hub), Metrics::new().unwrap(), "apisix");
+            let state = Arc::new(std::sync::Mutex::new(inputs(yaml)));
+            let (trigger, rx) = watch::channel(0u64);
+            let trigger = Arc::new(trigger);
+            let reads = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let (read_state, read_trigger, read_reads) =
+                (Arc::clone(&state), Arc::clone(&trigger), Arc::clone(&reads));
+            let task = tokio::spawn(run(
+                rb,
+                move || {
+                    let n = {
+                        let mut reads = read_reads.lock().unwrap();
+                        reads.push(tokio::time::Instant::now());
+                        reads.len() - 1
+                    };
+                    during(n, &read_trigger);
+                    read_state.lock().unwrap().clone()
+                },
+                rx,
+                Debounce::default(),
+                async {},
+            ));
+            Looped {
+                hub,
+                state,
+                trigger,
+                reads,
+                task,
+            }
+        }
+
+        async fn wait_version(&self, version: u64) {
+            self.hub
+                .subscribe()
+                .wait_for(|p| p.as_ref().is_some_and(|p| p.snapshot.version >= version))
+                .await
+                .unwrap();
+        }
+
+        fn reads(&self) -> Vec<tokio::time::Instant> {
+            self.reads.lock().unwrap().clone()
+        }
+    }
+
+    /// A change that finds the loop idle is rebuilt without waiting for a quiet period (the
+    /// old 100 ms debounce published it 100 ms later).
     #[tokio::test(start_paused = true)]
-    async fn a_constant_stream_of_changes_still_rebuilds_within_max_delay() {
-        let (tx, mut rx) = watch::channel(0u64);
+    async fn an_idle_change_is_rebuilt_at_once() {
+        let l = Looped::start(&format!("{SVC}{}", route("a", "/a", 1)), |_, _| {});
+        l.wait_version(1).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        *l.state.lock().unwrap() = inputs(&format!(
+            "{SVC}{}{}",
+            route("a", "/a", 1),
+            route("b", "/b", 1)
+        ));
+        let changed = tokio::time::Instant::now();
+        l.trigger.send_replace(1);
+        l.wait_version(2).await;
+        let waited = changed.elapsed();
+        assert!(
+            waited < Debounce::default().min_interval,
+            "published {waited:?} after an idle change"
+        );
+        assert_eq!(l.reads().len(), 2);
+        assert_eq!(l.hub.current().unwrap().snapshot.routes.len(), 2);
+        l.task.abort();
+    }
+
+    /// 1,000 changes 1 ms apart: the first is rebuilt at once, the rest share rebuilds at
+    /// most one per minimum interval (not one per change), and the last content is published.
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_is_coalesced_and_its_first_change_is_rebuilt_at_once() {
+        let l = Looped::start(&format!("{SVC}{}", route("a", "/a", 1)), |_, _| {});
+        l.wait_version(1).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        *l.state.lock().unwrap() = inputs(&format!(
+            "{SVC}{}{}",
+            route("a", "/a", 1),
+            route("b", "/b", 1)
+        ));
+        let burst = tokio::time::Instant::now();
+        let trigger = Arc::clone(&l.trigger);
         let sender = tokio::spawn(async move {
-            for i in 1.. {
-                tx.send_replace(i);
-                tokio::time::sleep(Duration::from_millis(50)).await;
+            for i in 1..=1000u64 {
+                trigger.send_replace(i);
+                tokio::time::sleep(Duration::from_millis(1)).await;
             }
         });
-        let start = tokio::time::Instant::now();
-        assert!(next_batch(&mut rx, Debounce::default()).await);
-        let took = start.elapsed();
+        l.wait_version(2).await;
         assert!(
-            took >= Duration::from_secs(1) && took < Duration::from_millis(1100),
-            "{took:?}"
+            burst.elapsed() < Debounce::default().min_interval,
+            "the first change of the burst waited {:?}",
+            burst.elapsed()
         );
-        sender.abort();
+        sender.await.unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let rebuilds = l.reads().len() - 1;
+        let bound = 1000 / Debounce::default().min_interval.as_millis() as usize + 2;
+        assert!(
+            (2..=bound).contains(&rebuilds),
+            "{rebuilds} rebuilds for 1,000 changes over 1 s (at most {bound})"
+        );
+        let current = l.hub.current().unwrap();
+        assert_eq!(current.snapshot.version, 2, "one new content, one version");
+        assert_eq!(current.snapshot.routes.len(), 2);
+        l.task.abort();
+    }
+
+    /// Changes that arrive while a rebuild runs cause exactly one more rebuild, started as
+    /// soon as the minimum interval allows (the old debounce waited 100 ms of quiet first).
+    #[tokio::test(start_paused = true)]
+    async fn changes_during_a_rebuild_cause_exactly_one_more() {
+        let l = Looped::start(&format!("{SVC}{}", route("a", "/a", 1)), |n, trigger| {
+            if n == 1 {
+                for i in 100..105 {
+                    trigger.send_replace(i);
+                }
+            }
+        });
+        l.wait_version(1).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        l.trigger.send_replace(1);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let reads = l.reads();
+        assert_eq!(reads.len(), 3, "the first build, the change, one more");
+        let gap = reads[2] - reads[1];
+        assert!(
+            gap <= Debounce::default().min_interval,
+            "the rebuild for the changes during a rebuild started {gap:?} after it"
+        );
+        l.task.abort();
     }
 
     /// A self-signed certificate for `host` valid until `not_after`: (cert PEM, key PEM).
@@ -827,10 +940,7 @@ mod tests {
             rb,
             move || read.lock().unwrap().clone(),
             rx,
-            Debounce {
-                quiet: Duration::from_millis(10),
-                max_delay: Duration::from_millis(100),
-            },
+            Debounce::default(),
             async move {
                 let _ = synced_rx.await;
             },

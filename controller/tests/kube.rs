@@ -55,10 +55,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
     Settings {
         ingress_class: "apisix".into(),
         scope: Scope::Namespaces(vec![ns.to_owned()]),
-        debounce: Debounce {
-            quiet: Duration::from_millis(50),
-            max_delay: Duration::from_millis(500),
-        },
+        debounce: Debounce::default(),
         lease,
         publish: None,
         instance: None,

@@ -295,9 +295,9 @@ pub fn restore(store: &Store, state_dir: &Path) -> Result<Option<u64>, ClientErr
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(bad(e.to_string())),
     };
-    let snapshot =
+    let mut snapshot =
         v1::Snapshot::decode(bytes.as_slice()).map_err(|e| bad(format!("not a snapshot: {e}")))?;
-    verify_hash(&snapshot).map_err(bad)?;
+    verify_hash(&mut snapshot).map_err(bad)?;
     let version = snapshot.version;
     store
         .apply(snapshot, Vec::new())
@@ -321,8 +321,8 @@ pub fn persist(state_dir: &Path, snapshot: &v1::Snapshot) -> std::io::Result<()>
     std::fs::File::open(state_dir)?.sync_all()
 }
 
-fn verify_hash(snapshot: &v1::Snapshot) -> Result<(), String> {
-    let actual = sluice_proto::content_hash(snapshot);
+fn verify_hash(snapshot: &mut v1::Snapshot) -> Result<(), String> {
+    let actual = sluice_proto::content_hash_of_sealed(snapshot);
     if actual == snapshot.hash {
         Ok(())
     } else {
@@ -339,7 +339,7 @@ fn handle(
     state_dir: Option<&Path>,
     msg: v1::ControllerMessage,
 ) -> dataplane_message::Kind {
-    let Some(snapshot) = msg.snapshot else {
+    let Some(mut snapshot) = msg.snapshot else {
         return dataplane_message::Kind::Nack(v1::Nack {
             version: 0,
             hash: String::new(),
@@ -355,16 +355,17 @@ fn handle(
             reasons,
         })
     };
-    if let Err(reason) = verify_hash(&snapshot) {
+    if let Err(reason) = verify_hash(&mut snapshot) {
         store.record_error(format!("snapshot v{version} rejected: {reason}"));
         return nack(vec![reason]);
     }
-    let persisted = state_dir.map(|_| snapshot.clone());
     if let Err(e) = store.apply(snapshot, msg.rejected_objects) {
         return nack(vec![e.to_string()]);
     }
     tracing::info!(version, %hash, "snapshot live");
-    if let (Some(dir), Some(snapshot)) = (state_dir, persisted)
+    // NB: persisted from the store's copy, after the swap: no clone of the whole snapshot
+    // before it is live.
+    if let (Some(dir), Some(snapshot)) = (state_dir, store.snapshot())
         && let Err(e) = persist(dir, &snapshot)
     {
         // NB: still an ACK: the snapshot is being served; only a restart would lose it.
