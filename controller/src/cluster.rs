@@ -62,8 +62,6 @@ pub struct Inputs {
     pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// Secrets.
     pub secrets: Vec<Arc<Secret>>,
-    /// ConfigMaps (CA bundles of Gateway frontend client-certificate validation).
-    pub config_maps: Vec<Arc<ConfigMap>>,
     /// Pods, metadata only (name, namespace, labels): for ApisixUpstream subsets.
     pub pods: Vec<Arc<PartialObjectMeta<Pod>>>,
     /// Ingresses.
@@ -84,7 +82,8 @@ pub struct Inputs {
     pub reference_grants: Vec<Arc<ReferenceGrant>>,
     /// BackendTLSPolicies.
     pub backend_tls_policies: Vec<Arc<BackendTLSPolicy>>,
-    /// ConfigMaps (BackendTLSPolicy CA bundles; watched with BackendTLSPolicies).
+    /// ConfigMaps (CA bundles of BackendTLSPolicy and Gateway frontend validation; watched
+    /// with the Gateway API).
     pub config_maps: Vec<Arc<ConfigMap>>,
 }
 
@@ -181,7 +180,6 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         services: all(&inputs.services),
         endpoint_slices: all(&inputs.endpoint_slices),
         secrets: all(&inputs.secrets),
-        config_maps: all(&inputs.config_maps),
         pods: all(&inputs.pods),
         ingresses: owned(&inputs.ingresses, |o| f.selects_ingress(o)),
         ingress_classes: owned(&inputs.ingress_classes, |o| {
@@ -214,7 +212,6 @@ impl From<ClusterState> for Inputs {
             services: arcs(s.services),
             endpoint_slices: arcs(s.endpoint_slices),
             secrets: arcs(s.secrets),
-            config_maps: arcs(s.config_maps),
             pods: arcs(s.pods),
             ingresses: arcs(s.ingresses),
             ingress_classes: arcs(s.ingress_classes),

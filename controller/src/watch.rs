@@ -19,8 +19,9 @@
 //! once at INFO and serves the Apisix kinds and Ingress as before. Discovery is repeated
 //! every [`GATEWAY_DISCOVERY_INTERVAL`] until the CRDs appear; their watches start then.
 //! They are not filtered by ingress class: a Gateway is ours by its GatewayClass's
-//! `controllerName`, which translation decides. ConfigMaps (BackendTLSPolicy CA bundles) are
-//! watched only when BackendTLSPolicies are served.
+//! `controllerName`, which translation decides. ConfigMaps (CA bundles of BackendTLSPolicy
+//! and of Gateway frontend client-certificate validation) are watched only when Gateways are
+//! served.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -555,7 +556,8 @@ impl GatewayStores {
             backend_tls_policies: when(kinds.backend_tls_policies, || {
                 watch_kind(client, scope, &any, "BackendTLSPolicy", t, m)
             }),
-            config_maps: when(kinds.backend_tls_policies, || {
+            // NB: CA bundles of BackendTLSPolicy and of Gateway frontend validation.
+            config_maps: when(kinds.gateways, || {
                 watch_kind(client, scope, &any, "ConfigMap", t, m)
             }),
         }
@@ -696,7 +698,6 @@ kinds_table! {
     services: Service, every_object;
     endpoint_slices: EndpointSlice, service_slices;
     secrets: Secret, not_helm_releases;
-    config_maps: ConfigMap, every_object;
     ingresses: Ingress, every_object;
 }
 

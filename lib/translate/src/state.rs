@@ -48,8 +48,6 @@ pub struct ClusterState {
     pub endpoint_slices: Vec<EndpointSlice>,
     /// `v1` Secrets (plugin `secretRef`s).
     pub secrets: Vec<Secret>,
-    /// `v1` ConfigMaps (CA bundles of Gateway frontend client-certificate validation).
-    pub config_maps: Vec<ConfigMap>,
     /// `v1` Pods, metadata only: their labels select the endpoints of ApisixUpstream
     /// `subsets` (matched through the EndpointSlice endpoints' `targetRef`). The loader
     /// accepts full `kind: Pod` documents and keeps only the metadata.
@@ -73,7 +71,8 @@ pub struct ClusterState {
     pub reference_grants: Vec<ReferenceGrant>,
     /// `gateway.networking.k8s.io/v1` BackendTLSPolicies.
     pub backend_tls_policies: Vec<BackendTLSPolicy>,
-    /// `v1` ConfigMaps (BackendTLSPolicy CA bundles, key `ca.crt`).
+    /// `v1` ConfigMaps (CA bundles, key `ca.crt`: BackendTLSPolicy, Gateway frontend
+    /// client-certificate validation).
     pub config_maps: Vec<ConfigMap>,
 }
 
