@@ -76,7 +76,11 @@ pub(crate) fn service_upstream(
         (None, _) => None,
     };
     let mut up = b.upstream(port_number, idx, au_entry);
-    if !is_external && let Some(tls) = up.tls.as_mut() {
+    // NB: an ApisixUpstream `tlsVerify.hostname` already chose the name.
+    if !is_external
+        && let Some(tls) = up.tls.as_mut()
+        && tls.sni.is_empty()
+    {
         tls.sni = format!("{name}.{ns}.svc");
     }
     let Some((svc, port_u32, subset)) = b.resolvable(svc, port_number, subset, problems) else {
