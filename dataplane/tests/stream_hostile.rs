@@ -275,3 +275,55 @@ async fn lying_proxy_headers_are_closed() {
     trusted_gw.drain();
     untrusted_gw.drain();
 }
+
+/// A UDP flood from many source ports of one IP opens at most the per-IP cap of sessions;
+/// a client from another IP still gets answers.
+#[tokio::test]
+async fn a_udp_flood_from_one_ip_is_capped_and_others_are_served() {
+    let echo = sluice_testkit::l4::UdpEcho::start().await;
+    let limits = StreamLimits {
+        udp_max_sessions_per_ip: 5,
+        ..Default::default()
+    };
+    let (store, mut gw, port) = serve_one(v1::ListenerProtocol::Udp, echo.addr, limits, |_| {});
+    let mut flood = Vec::new();
+    for _ in 0..40 {
+        let s = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        s.send_to(b"flood", at(port)).await.unwrap();
+        flood.push(s);
+    }
+    eventually(Duration::from_secs(5), || {
+        metric(&store.render_metrics(), "sluice_udp_sessions", &[]) == Some(5.0)
+    })
+    .await;
+    let mut answered = 0;
+    for s in &flood {
+        let mut b = [0u8; 16];
+        if tokio::time::timeout(Duration::from_millis(100), s.recv(&mut b))
+            .await
+            .is_ok()
+        {
+            answered += 1;
+        }
+    }
+    assert_eq!(answered, 5);
+    assert_eq!(echo.received(), 5);
+    // Another loopback address is another client IP.
+    let other = tokio::net::UdpSocket::bind("127.0.0.2:0").await.unwrap();
+    other.send_to(b"legit", at(port)).await.unwrap();
+    let mut b = [0u8; 16];
+    let n = tokio::time::timeout(Duration::from_secs(5), other.recv(&mut b))
+        .await
+        .expect("the other client got no answer")
+        .unwrap();
+    assert_eq!(&b[..n], b"legit");
+    assert_eq!(
+        metric(
+            &store.render_metrics(),
+            "sluice_stream_connections_total",
+            &[r#"outcome="session_limit""#]
+        ),
+        Some(35.0)
+    );
+    gw.drain();
+}

@@ -38,7 +38,8 @@ pub struct Metrics {
 pub struct StreamMetrics {
     /// `sluice_stream_connections_total{listener,route,outcome}`: connections (UDP sessions)
     /// by how they ended: `ok`, `no_route`, `denied`, `upstream_failed`, `client_hello`,
-    /// `proxy_header`, `tls_failed`, `drained`, `idle`. `route` is empty before routing.
+    /// `proxy_header`, `tls_failed`, `drained`, `idle`, `session_limit` (UDP caps). `route` is
+    /// empty before routing.
     pub connections: IntCounterVec,
     /// `sluice_stream_bytes_total{direction}`: `upstream` (client to upstream) and
     /// `downstream` (upstream to client).

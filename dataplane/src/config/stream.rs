@@ -312,3 +312,151 @@ pub(super) fn compile(
     }
     Ok((out, all))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use sluice_proto::v1;
+
+    use crate::config::table::RouteTable;
+    use crate::upstream::PoolRegistry;
+
+    fn listener(id: &str, port: u32, p: v1::ListenerProtocol) -> v1::Listener {
+        v1::Listener {
+            id: id.into(),
+            port,
+            protocol: p as i32,
+            ..Default::default()
+        }
+    }
+
+    fn route(id: &str, listener: &str, tls: v1::StreamTls, hosts: &[&str]) -> v1::StreamRoute {
+        v1::StreamRoute {
+            id: id.into(),
+            listeners: vec![listener.into()],
+            tls: tls as i32,
+            hosts: hosts.iter().map(|s| s.to_string()).collect(),
+            backends: vec![v1::Backend {
+                upstream_id: "u".into(),
+                weight: 1,
+            }],
+            ..Default::default()
+        }
+    }
+
+    fn compile(
+        listeners: Vec<v1::Listener>,
+        routes: Vec<v1::StreamRoute>,
+    ) -> Result<RouteTable, String> {
+        let snap = v1::Snapshot {
+            listeners,
+            stream_routes: routes,
+            upstreams: vec![v1::Upstream {
+                id: "u".into(),
+                endpoints: vec![v1::Endpoint {
+                    host: "127.0.0.1".into(),
+                    port: 9,
+                    weight: 1,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        RouteTable::compile(&snap, &PoolRegistry::default()).map_err(|e| e.to_string())
+    }
+
+    use v1::ListenerProtocol::{Tcp, Tls, Udp};
+    use v1::StreamTls::{None as Plain, Passthrough, Terminate};
+
+    #[test]
+    fn tcp_and_udp_share_a_port_number_but_two_tcp_do_not() {
+        let t = compile(
+            vec![listener("l/tcp", 53, Tcp), listener("l/53/udp", 53, Udp)],
+            vec![
+                route("a", "l/tcp", Plain, &[]),
+                route("b", "l/53/udp", Plain, &[]),
+            ],
+        )
+        .unwrap();
+        assert_eq!(t.stream_routes.len(), 2);
+        let e = compile(vec![listener("a", 53, Tcp), listener("b", 53, Tls)], vec![]).unwrap_err();
+        assert!(e.contains("same id or port 53"), "{e}");
+    }
+
+    #[test]
+    fn modes_hosts_and_listener_kinds_are_checked_with_the_field_named() {
+        let cases = [
+            (
+                listener("l", 1, Tls),
+                route("r", "l", Plain, &[]),
+                "tls: must be PASSTHROUGH",
+            ),
+            (
+                listener("l", 1, Tls),
+                route("r", "l", Terminate, &[]),
+                "which has no certificate",
+            ),
+            (
+                listener("l", 1, Tcp),
+                route("r", "l", Passthrough, &[]),
+                "not a TLS listener",
+            ),
+            (
+                listener("l", 1, Tcp),
+                route("r", "l", Plain, &["a.com"]),
+                "hosts:",
+            ),
+            (
+                listener("l", 1, v1::ListenerProtocol::Http),
+                route("r", "l", Plain, &[]),
+                "is an HTTP listener",
+            ),
+            (
+                listener("l", 1, Tcp),
+                route("r", "x", Plain, &[]),
+                "unknown listener `x`",
+            ),
+            (
+                listener("l", 1, Tls),
+                route("r", "l", Passthrough, &["a.*.com"]),
+                "hosts[0]",
+            ),
+        ];
+        for (l, r, want) in cases {
+            let e = compile(vec![l], vec![r]).unwrap_err();
+            assert!(
+                e.starts_with("stream route r: ") && e.contains(want),
+                "{e} / {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_route_that_stays_keeps_its_drain_token_and_one_that_goes_fires_it() {
+        let l = vec![listener("l", 1, Tcp)];
+        let first = compile(l.clone(), vec![route("r", "l", Plain, &[])]).unwrap();
+        let snap = v1::Snapshot {
+            listeners: l,
+            stream_routes: vec![route("r", "l", Plain, &[])],
+            upstreams: vec![v1::Upstream {
+                id: "u".into(),
+                endpoints: vec![v1::Endpoint {
+                    host: "127.0.0.1".into(),
+                    port: 9,
+                    weight: 1,
+                }],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let pools = PoolRegistry::default();
+        let state = crate::plugins::PluginState::default();
+        let second = RouteTable::compile_after(&snap, &pools, &state, Some(&first)).unwrap();
+        first.cancel_removed_streams(&second);
+        let token = &second.stream_routes["r"].removed;
+        assert!(!token.is_cancelled());
+        let third = RouteTable::compile(&v1::Snapshot::default(), &pools).unwrap();
+        second.cancel_removed_streams(&third);
+        assert!(first.stream_routes["r"].removed.is_cancelled());
+    }
+}
