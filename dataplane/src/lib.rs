@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! listener   accept, TLS termination, admin              ─┐
+//! stream     layer-4 connections: TCP, TLS by SNI, UDP     │
 //! request    the phases of one request, errors → responses │  each imports only
 //! config     snapshot store, compiled table, sources       │  the folders below it
 //! router     host index, path trie, exprs                  │
@@ -32,4 +33,5 @@ pub mod listener;
 pub mod plugins;
 pub mod request;
 pub mod router;
+pub mod stream;
 pub mod upstream;

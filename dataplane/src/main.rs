@@ -107,6 +107,18 @@ struct Args {
     /// `keepalive_timeout`).
     #[arg(long, default_value = "60s", value_parser = duration)]
     idle_timeout: Duration,
+    /// Stream (TCP, TLS, UDP) ports: how long the connections of a stream route that a
+    /// snapshot removed (or of a port being closed) go on before they are closed.
+    #[arg(long, default_value = "60s", value_parser = duration)]
+    stream_drain_timeout: Duration,
+    /// TLS stream ports: time a client has to send its ClientHello (and, for routes that
+    /// terminate TLS, to finish the handshake).
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    client_hello_timeout: Duration,
+    /// UDP stream ports: most sessions per worker and port (each holds a socket); a
+    /// datagram that would open one more is dropped. A client IP may hold at most 256.
+    #[arg(long, default_value_t = 10_000)]
+    udp_max_sessions: usize,
     /// Longest pause between two pieces of a request body (nginx `client_body_timeout`);
     /// past it the request is answered 408. The upstream read timeout (the route's
     /// `timeout.read`) bounds the pause between two pieces of a response body the same way.
@@ -342,12 +354,16 @@ fn main() -> anyhow::Result<()> {
     });
     server::set_idle_trim(trim_heap);
     let (drain_trigger, drain) = server::Drain::channel();
-    let gateway_listeners = Arc::new(std::sync::Mutex::new(gateway::GatewayListeners::new(
-        args.listen_http.ip(),
-        workers,
-        Arc::clone(&store),
-        limits,
-    )));
+    let gateway_listeners = Arc::new(std::sync::Mutex::new(
+        gateway::GatewayListeners::new(args.listen_http.ip(), workers, Arc::clone(&store), limits)
+            .with_stream_limits(sluice_dataplane::stream::StreamLimits {
+                max_connections: args.max_connections,
+                client_hello_timeout: args.client_hello_timeout,
+                drain_timeout: args.stream_drain_timeout,
+                udp_max_sessions: args.udp_max_sessions,
+                ..Default::default()
+            }),
+    ));
     let gateway_drain = drain.clone();
     let mut handles = server::spawn_workers_until(
         args.listen_http,

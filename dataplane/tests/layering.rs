@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 /// ones after it, never the ones before it. Keep `src/lib.rs`'s picture in step.
 /// The I/O plumbing below them all is the `sluice-io` crate (`lib/io`), which cannot import
 /// the dataplane (cargo refuses a cycle).
-const LAYERS: [&str; 7] = [
-    "listener", "request", "config", "router", "plugins", "upstream", "http",
+const LAYERS: [&str; 8] = [
+    "listener", "stream", "request", "config", "router", "plugins", "upstream", "http",
 ];
 
 /// This crate's directory, read when the test runs (cargo sets `CARGO_MANIFEST_DIR` for

@@ -29,6 +29,59 @@ pub struct Metrics {
     /// Idle HTTP/1.1 keep-alive connections parked without their buffers
     /// (`crate::listener::idle`).
     pub parked_connections: IntGauge,
+    /// Layer-4 connections, bytes and UDP sessions.
+    pub stream: StreamMetrics,
+}
+
+/// Metric families of the stream proxy (`crate::config::stream`).
+#[derive(Debug, Clone)]
+pub struct StreamMetrics {
+    /// `sluice_stream_connections_total{listener,route,outcome}`: connections (UDP sessions)
+    /// by how they ended: `ok`, `no_route`, `denied`, `upstream_failed`, `client_hello`,
+    /// `proxy_header`, `tls_failed`, `drained`, `idle`, `session_limit` (UDP caps). `route` is
+    /// empty before routing.
+    pub connections: IntCounterVec,
+    /// `sluice_stream_bytes_total{direction}`: `upstream` (client to upstream) and
+    /// `downstream` (upstream to client).
+    pub bytes: IntCounterVec,
+    /// `sluice_stream_active_connections`: TCP/TLS connections open now.
+    pub active: IntGauge,
+    /// `sluice_udp_sessions`: UDP sessions open now.
+    pub udp_sessions: IntGauge,
+}
+
+impl StreamMetrics {
+    fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        let connections = IntCounterVec::new(
+            Opts::new(
+                "sluice_stream_connections_total",
+                "Layer-4 connections and UDP sessions by listener, route and outcome",
+            ),
+            &["listener", "route", "outcome"],
+        )?;
+        let bytes = IntCounterVec::new(
+            Opts::new(
+                "sluice_stream_bytes_total",
+                "Bytes copied by the stream proxy, by direction (upstream: client to upstream)",
+            ),
+            &["direction"],
+        )?;
+        let active = IntGauge::new(
+            "sluice_stream_active_connections",
+            "Layer-4 TCP connections open now",
+        )?;
+        let udp_sessions = IntGauge::new("sluice_udp_sessions", "UDP sessions open now")?;
+        registry.register(Box::new(connections.clone()))?;
+        registry.register(Box::new(bytes.clone()))?;
+        registry.register(Box::new(active.clone()))?;
+        registry.register(Box::new(udp_sessions.clone()))?;
+        Ok(StreamMetrics {
+            connections,
+            bytes,
+            active,
+            udp_sessions,
+        })
+    }
 }
 
 impl Metrics {
@@ -95,7 +148,9 @@ impl Metrics {
         registry.register(Box::new(write_batching.clone()))?;
         registry.register(Box::new(snapshot_loads.clone()))?;
         registry.register(Box::new(by_class))?;
+        let stream = StreamMetrics::new(&registry)?;
         Ok(Metrics {
+            stream,
             registry,
             snapshot_version,
             snapshot_loads,

@@ -7,6 +7,7 @@
 //! - [`standalone`]: the same translate pipeline as the controller, fed from YAML files.
 //! - [`table`]: a snapshot compiled for serving (router, upstreams, plugin chains,
 //!   [`certs`], [`sections`]).
+//! - [`stream`]: the layer-4 routes of a snapshot, per listener.
 //! - [`store`]: the live table, the last good snapshot on disk, and [`metrics`].
 //! - [`redact`]: the copy of a snapshot that may be shown (no keys, no credentials).
 //!
@@ -20,4 +21,5 @@ pub mod redact;
 pub mod sections;
 pub mod standalone;
 pub mod store;
+pub mod stream;
 pub mod table;

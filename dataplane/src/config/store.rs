@@ -113,7 +113,9 @@ impl Store {
         snapshot: v1::Snapshot,
         rejected_objects: Vec<String>,
     ) -> Result<(), InvalidSnapshot> {
-        match RouteTable::compile_with(&snapshot, &self.pools, &self.plugin_state) {
+        let previous = self.table.load_full();
+        match RouteTable::compile_after(&snapshot, &self.pools, &self.plugin_state, Some(&previous))
+        {
             Ok(table) => {
                 let routes = table.routes.len();
                 let upstreams = table.upstream_count;
@@ -122,7 +124,9 @@ impl Store {
                 // table waits here for the new state (the e2e fault test once read 7 routes
                 // after a deleted route had already gone 404).
                 let mut st = lock(&self.state);
-                self.table.store(Arc::new(table));
+                let table = Arc::new(table);
+                self.table.store(Arc::clone(&table));
+                previous.cancel_removed_streams(&table);
                 self.changed.notify_one();
                 self.plugin_state.prune();
                 self.metrics

@@ -93,12 +93,21 @@ pub enum InvalidSnapshot {
 /// certificates.
 #[derive(Debug)]
 pub struct ListenerTable {
-    /// `<namespace>/<gateway>/<port>`.
+    /// `<namespace>/<gateway>/<port>`, `.../<port>/udp` for a UDP one sharing a port number,
+    /// or `stream/{tcp,udp,tls}/<port>` for the fleet-wide stream ports.
     pub id: String,
     /// Port the dataplane listens on.
     pub port: u16,
-    /// Whether TLS is terminated on it.
+    /// Whether TLS is terminated on it (HTTP listeners only).
     pub tls: bool,
+    /// What it speaks.
+    pub kind: crate::config::stream::ListenerKind,
+    /// Whether every connection must start with a PROXY protocol header.
+    pub accept_proxy_protocol: bool,
+    /// Peers allowed to send that header; empty = any.
+    pub proxy_protocol_trusted: Vec<ipnet::IpNet>,
+    /// Its stream routes (TCP, UDP and TLS listeners).
+    pub streams: crate::config::stream::ListenerStreams,
     /// Index of the routes served on it (indexes of [`RouteTable::routes`]).
     pub router: Router,
     /// Its certificates (empty unless `tls`).
@@ -176,6 +185,8 @@ pub struct RouteTable {
     pub tls: crate::config::certs::TlsTable,
     /// Per-Gateway ports, sorted by id.
     pub listeners: Vec<ListenerTable>,
+    /// Every stream route by id (their listeners index them too).
+    pub stream_routes: HashMap<String, Arc<crate::config::stream::CompiledStreamRoute>>,
 }
 
 fn duration_or(ms: u64, default: Duration) -> Duration {
@@ -243,6 +254,17 @@ impl RouteTable {
         pools: &PoolRegistry,
         plugin_state: &PluginState,
     ) -> Result<Self, InvalidSnapshot> {
+        Self::compile_after(snapshot, pools, plugin_state, None)
+    }
+
+    /// Like [`RouteTable::compile_with`], replacing `previous`: stream routes that stay (by
+    /// id) keep their drain token and limit-conn counters.
+    pub fn compile_after(
+        snapshot: &v1::Snapshot,
+        pools: &PoolRegistry,
+        plugin_state: &PluginState,
+        previous: Option<&RouteTable>,
+    ) -> Result<Self, InvalidSnapshot> {
         let consumers = ConsumerTable::build(&snapshot.consumers, plugin_state).map_err(|e| {
             InvalidSnapshot::Plugin {
                 owner: format!("consumer {}", e.consumer),
@@ -268,7 +290,7 @@ impl RouteTable {
         }
         global.sort_by_key(|p| std::cmp::Reverse(p.priority()));
         let router = Router::new(&snapshot.routes)?;
-        let listeners = compile_listeners(snapshot)?;
+        let mut listeners = compile_listeners(snapshot)?;
         let tls = crate::config::certs::TlsTable::compile_with_defaults(
             &snapshot.tls_certificates,
             snapshot.default_certificate.as_ref(),
@@ -297,13 +319,6 @@ impl RouteTable {
                 .timeout
                 .as_ref()
                 .map(|t| timeouts(Some(t), Timeouts::default()));
-            if up.send_proxy_protocol != v1::ProxyProtocolVersion::ProxyProtocolNone as i32 {
-                return Err(InvalidSnapshot::Listener {
-                    owner: format!("upstream {}", up.id),
-                    field: "send_proxy_protocol".into(),
-                    reason: "PROXY protocol to upstreams is not served by this dataplane".into(),
-                });
-            }
             let addresses: Vec<String> = endpoints.iter().map(|(a, _)| a.clone()).collect();
             let protocol = crate::upstream::protocol::UpstreamProtocol::compile(
                 up,
@@ -344,6 +359,23 @@ impl RouteTable {
                     weights.push(b.weight);
                     backend_plugins.push(compile_backend_plugins(r, index, b, &cx)?);
                 }
+                // NB: the HTTP path writes no PROXY header yet; an HTTP route must not
+                // reach an upstream that expects one (it would take the request for garbage).
+                if snapshot
+                    .upstreams
+                    .iter()
+                    .any(|u| u.id == b.upstream_id && u.send_proxy_protocol != 0)
+                {
+                    return Err(InvalidSnapshot::Listener {
+                        owner: format!("route {}", r.id),
+                        field: format!("backends[{index}]"),
+                        reason: format!(
+                            "upstream `{}` has send_proxy_protocol, which only stream routes \
+                             serve",
+                            b.upstream_id
+                        ),
+                    });
+                }
             }
             if backends.is_empty() {
                 return Err(InvalidSnapshot::NoBackend(r.id.clone()));
@@ -370,6 +402,26 @@ impl RouteTable {
                 websocket: r.websocket,
             });
         }
+        let facts: Vec<crate::config::stream::ListenerFacts<'_>> = listeners
+            .iter()
+            .map(|l| crate::config::stream::ListenerFacts {
+                id: &l.id,
+                kind: l.kind,
+                has_certs: !l.certs.is_empty(),
+            })
+            .collect();
+        let (mut streams, stream_routes) = crate::config::stream::compile(
+            snapshot,
+            &facts,
+            &upstreams,
+            previous.map(|p| &p.stream_routes),
+        )?;
+        drop(facts);
+        for l in &mut listeners {
+            if let Some(s) = streams.remove(&l.id) {
+                l.streams = s;
+            }
+        }
         pools.prune();
         Ok(RouteTable {
             version: snapshot.version,
@@ -384,7 +436,18 @@ impl RouteTable {
                 .collect(),
             tls,
             listeners,
+            stream_routes,
         })
+    }
+
+    /// Fires the drain token of every stream route of this table that `next` no longer
+    /// carries (by id): their connections close after the stream drain timeout.
+    pub fn cancel_removed_streams(&self, next: &RouteTable) {
+        for (id, r) in &self.stream_routes {
+            if !next.stream_routes.contains_key(id) {
+                r.removed.cancel();
+            }
+        }
     }
 
     /// The per-Gateway listener `id`.
@@ -475,34 +538,62 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
             .ok()
             .filter(|p| *p != 0)
             .ok_or_else(|| fail("port", format!("{} is not a TCP port", l.port)))?;
-        if let Some(other) = out.iter().find(|o| o.id == l.id || o.port == port) {
+        use crate::config::stream::ListenerKind;
+        let kind = ListenerKind::from_proto(l.protocol)
+            .ok_or_else(|| fail("protocol", format!("unknown value {}", l.protocol)))?;
+        // A UDP port may share its number with a TCP one (another transport).
+        let udp = kind == ListenerKind::Udp;
+        if let Some(other) = out
+            .iter()
+            .find(|o| o.id == l.id || (o.port == port && (o.kind == ListenerKind::Udp) == udp))
+        {
             return Err(fail(
                 "port",
                 format!("listener {} has the same id or port {port}", other.id),
             ));
         }
-        // NB: the layer-4 fields are wire types only until the stream proxy lands; a
-        // snapshot that needs them is refused whole rather than served as HTTP.
-        if l.protocol != v1::ListenerProtocol::Http as i32 {
-            return Err(fail(
-                "protocol",
-                format!(
-                    "{:?} listeners are not served by this dataplane",
-                    l.protocol()
-                ),
-            ));
-        }
-        if l.accept_proxy_protocol {
+        // NB: PROXY protocol is read on stream listeners only so far; an HTTP listener that
+        // asks for it is refused rather than served without it.
+        if l.accept_proxy_protocol && kind == ListenerKind::Http {
             return Err(fail(
                 "accept_proxy_protocol",
-                "PROXY protocol is not served by this dataplane".into(),
+                "PROXY protocol on HTTP listeners is not served by this dataplane".into(),
             ));
         }
-        if !l.tls && (!l.tls_certificates.is_empty() || l.default_certificate.is_some()) {
+        if l.accept_proxy_protocol && udp {
             return Err(fail(
-                "tls_certificates",
-                "certificates on a listener without TLS".into(),
+                "accept_proxy_protocol",
+                "PROXY protocol is for TCP listeners".into(),
             ));
+        }
+        let mut trusted = Vec::with_capacity(l.proxy_protocol_trusted.len());
+        for (i, c) in l.proxy_protocol_trusted.iter().enumerate() {
+            let net = c
+                .parse::<ipnet::IpNet>()
+                .or_else(|_| c.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                .map_err(|_| {
+                    fail(
+                        &format!("proxy_protocol_trusted[{i}]"),
+                        format!("{c:?} is not an IP address or CIDR"),
+                    )
+                })?;
+            trusted.push(net);
+        }
+        let has_certs = !l.tls_certificates.is_empty() || l.default_certificate.is_some();
+        match kind {
+            ListenerKind::Http if !l.tls && has_certs => {
+                return Err(fail(
+                    "tls_certificates",
+                    "certificates on a listener without TLS".into(),
+                ));
+            }
+            ListenerKind::Tcp | ListenerKind::Udp if l.tls || has_certs => {
+                return Err(fail(
+                    "tls",
+                    format!("TLS on a {kind:?} listener (use protocol TLS)"),
+                ));
+            }
+            _ => {}
         }
         let id = l.id.clone();
         let router = Router::scoped(&snapshot.routes, |r| r.listeners.contains(&id))?;
@@ -523,29 +614,31 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
         out.push(ListenerTable {
             id,
             port,
-            tls: l.tls,
+            tls: l.tls && kind == ListenerKind::Http,
+            kind,
+            accept_proxy_protocol: l.accept_proxy_protocol,
+            proxy_protocol_trusted: trusted,
+            streams: Default::default(),
             router,
             certs,
             sections,
         });
     }
     out.sort_by(|a, b| a.id.cmp(&b.id));
-    if let Some(r) = snapshot.stream_routes.first() {
-        return Err(InvalidSnapshot::Listener {
-            owner: format!("stream route {}", r.id),
-            field: "stream_routes".into(),
-            reason: "stream routes are not served by this dataplane".into(),
-        });
-    }
     for r in &snapshot.routes {
         for (i, id) in r.listeners.iter().enumerate() {
-            if out.binary_search_by(|l| l.id.as_str().cmp(id)).is_err() {
-                return Err(InvalidSnapshot::Listener {
-                    owner: format!("route {}", r.id),
-                    field: format!("listeners[{i}]"),
-                    reason: format!("unknown listener `{id}`"),
-                });
-            }
+            let reason = match out.binary_search_by(|l| l.id.as_str().cmp(id)) {
+                Err(_) => format!("unknown listener `{id}`"),
+                Ok(k) if out[k].kind.is_stream() => {
+                    format!("listener `{id}` is a {:?} listener", out[k].kind)
+                }
+                Ok(_) => continue,
+            };
+            return Err(InvalidSnapshot::Listener {
+                owner: format!("route {}", r.id),
+                field: format!("listeners[{i}]"),
+                reason,
+            });
         }
     }
     Ok(out)

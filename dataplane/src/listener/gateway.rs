@@ -10,6 +10,9 @@
 //! - A listener that goes away (or changes port or protocol) stops accepting; its open
 //!   connections finish their requests, as on shutdown.
 //! - On shutdown the process's [`Drain`] phases are passed on to every port.
+//! - Stream listeners (TCP, TLS, UDP: `Listener.protocol`) are opened and closed the same
+//!   way and served by [`crate::stream`]; a UDP listener may share its port number with a
+//!   TCP one. Adding or removing one never touches another port.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
@@ -17,8 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::config::store::Store;
+use crate::config::stream::ListenerKind;
 use crate::listener::server::{Drain, DrainTrigger, Limits, serve_scoped, spawn_listener_workers};
 use crate::listener::tls::serve_https_scoped;
+use crate::stream::StreamLimits;
 use sluice_io::lock;
 
 /// How long a port that could not be bound waits before the next try.
@@ -28,6 +33,7 @@ pub const RETRY: Duration = Duration::from_secs(5);
 struct Running {
     port: u16,
     tls: bool,
+    kind: ListenerKind,
     trigger: DrainTrigger,
     threads: Vec<std::thread::JoinHandle<()>>,
 }
@@ -38,6 +44,7 @@ pub struct GatewayListeners {
     workers: usize,
     store: Arc<Store>,
     limits: Limits,
+    stream_limits: StreamLimits,
     running: BTreeMap<String, Running>,
     /// Threads of ports already closed, until they finish.
     closing: Vec<std::thread::JoinHandle<()>>,
@@ -64,6 +71,7 @@ impl GatewayListeners {
             workers,
             store,
             limits,
+            stream_limits: StreamLimits::default(),
             running: BTreeMap::new(),
             closing: Vec::new(),
             failed: BTreeMap::new(),
@@ -71,18 +79,24 @@ impl GatewayListeners {
         }
     }
 
+    /// The bounds of the stream (TCP, TLS, UDP) ports opened from now on.
+    pub fn with_stream_limits(mut self, limits: StreamLimits) -> Self {
+        self.stream_limits = limits;
+        self
+    }
+
     /// Opens the ports the current table names and closes the others.
     pub fn reconcile(&mut self) {
         let table = self.store.table();
-        let want: BTreeMap<&str, (u16, bool)> = table
+        let want: BTreeMap<&str, (u16, bool, ListenerKind)> = table
             .listeners
             .iter()
-            .map(|l| (l.id.as_str(), (l.port, l.tls)))
+            .map(|l| (l.id.as_str(), (l.port, l.tls, l.kind)))
             .collect();
         let stale: Vec<String> = self
             .running
             .iter()
-            .filter(|(id, r)| want.get(id.as_str()) != Some(&(r.port, r.tls)))
+            .filter(|(id, r)| want.get(id.as_str()) != Some(&(r.port, r.tls, r.kind)))
             .map(|(id, _)| id.clone())
             .collect();
         for id in stale {
@@ -93,16 +107,16 @@ impl GatewayListeners {
             }
         }
         self.failed.retain(|id, _| want.contains_key(id.as_str()));
-        for (id, (port, tls)) in want {
+        for (id, (port, tls, kind)) in want {
             if self.running.contains_key(id) {
                 continue;
             }
             if self.failed.get(id).is_some_and(|at| at.elapsed() < RETRY) {
                 continue;
             }
-            match self.open(id, port, tls) {
+            match self.open(id, port, tls, kind) {
                 Ok(r) => {
-                    tracing::info!(listener = %id, port, tls, "Gateway listener serving");
+                    tracing::info!(listener = %id, port, tls, protocol = ?kind, "Gateway listener serving");
                     self.failed.remove(id);
                     self.running.insert(id.to_owned(), r);
                 }
@@ -115,7 +129,7 @@ impl GatewayListeners {
         self.closing.retain(|t| !t.is_finished());
     }
 
-    fn open(&self, id: &str, port: u16, tls: bool) -> std::io::Result<Running> {
+    fn open(&self, id: &str, port: u16, tls: bool, kind: ListenerKind) -> std::io::Result<Running> {
         let addr = SocketAddr::new(self.ip, port);
         let (trigger, drain) = Drain::channel();
         if self.going_away {
@@ -123,7 +137,30 @@ impl GatewayListeners {
         }
         let scope: Arc<str> = Arc::from(id);
         let (store, limits) = (Arc::clone(&self.store), self.limits);
-        let threads = if tls {
+        let stream_limits = self.stream_limits;
+        let threads = if kind == ListenerKind::Udp {
+            spawn_udp_workers(addr, self.workers, move |socket| {
+                let drain = drain.clone();
+                crate::stream::udp::serve_udp(
+                    socket,
+                    Arc::clone(&store),
+                    stream_limits,
+                    Arc::clone(&scope),
+                    async move { drain.draining().await },
+                )
+            })?
+        } else if kind.is_stream() {
+            spawn_listener_workers(addr, self.workers, "sluice-l4", move |listener| {
+                let drain = drain.clone();
+                crate::stream::serve_tcp(
+                    listener,
+                    Arc::clone(&store),
+                    stream_limits,
+                    Arc::clone(&scope),
+                    async move { drain.draining().await },
+                )
+            })?
+        } else if tls {
             spawn_listener_workers(addr, self.workers, "sluice-gw-tls", move |listener| {
                 serve_https_scoped(
                     listener,
@@ -147,6 +184,7 @@ impl GatewayListeners {
         Ok(Running {
             port,
             tls,
+            kind,
             trigger,
             threads,
         })
@@ -182,6 +220,37 @@ impl GatewayListeners {
     pub fn open_ids(&self) -> Vec<String> {
         self.running.keys().cloned().collect()
     }
+}
+
+/// Starts `workers` threads, each with its own `SO_REUSEPORT` UDP socket on `addr` and a
+/// current-thread runtime running `serve(socket)`. Returns once every socket is bound.
+fn spawn_udp_workers<F, Fut>(
+    addr: SocketAddr,
+    workers: usize,
+    serve: F,
+) -> std::io::Result<Vec<std::thread::JoinHandle<()>>>
+where
+    F: Fn(tokio::net::UdpSocket) -> Fut,
+    Fut: std::future::Future<Output = ()> + Send + 'static,
+{
+    let mut handles = Vec::with_capacity(workers);
+    for i in 0..workers.max(1) {
+        let std_socket = crate::stream::udp::bind_udp_reuseport(addr)?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let socket = {
+            let _guard = rt.enter();
+            tokio::net::UdpSocket::from_std(std_socket)?
+        };
+        let fut = serve(socket);
+        handles.push(
+            std::thread::Builder::new()
+                .name(format!("sluice-udp-{i}"))
+                .spawn(move || rt.block_on(fut))?,
+        );
+    }
+    Ok(handles)
 }
 
 /// Keeps `listeners` in step with the served table until `drain` starts going away; then

@@ -72,6 +72,7 @@ pub mod redirect;
 pub mod request_id;
 pub mod request_validation;
 pub mod response_rewrite;
+pub mod stream;
 pub mod traffic_split;
 pub mod ua_restriction;
 pub mod uri_blocker;

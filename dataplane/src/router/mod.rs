@@ -31,6 +31,7 @@
 mod expr;
 pub(crate) mod host;
 mod radix;
+pub mod stream;
 #[cfg(test)]
 mod tests;
 

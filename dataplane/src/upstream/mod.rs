@@ -735,6 +735,17 @@ impl Pool {
         Ok(self.adopt(Conn::new(stream)))
     }
 
+    /// A new TCP connection to this endpoint, not pooled (a stream route's), within
+    /// `connect_timeout`.
+    pub async fn connect_stream(&self, connect_timeout: Duration) -> Result<TcpStream, ProxyError> {
+        let addr = self.address.clone();
+        match tokio::time::timeout(connect_timeout, self.connect_tcp()).await {
+            Err(_) => Err(ProxyError::ConnectTimeout(addr)),
+            Ok(Err(source)) => Err(ProxyError::Connect { addr, source }),
+            Ok(Ok(s)) => Ok(s),
+        }
+    }
+
     async fn connect_tcp(&self) -> std::io::Result<TcpStream> {
         if let Ok(sa) = self.address.parse::<SocketAddr>() {
             return TcpStream::connect(sa).await;

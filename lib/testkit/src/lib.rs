@@ -23,6 +23,7 @@
 pub mod builders;
 pub mod client;
 pub mod grpc;
+pub mod l4;
 pub mod metrics;
 pub mod net;
 pub mod origin;
