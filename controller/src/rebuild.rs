@@ -517,6 +517,38 @@ mod tests {
     }
 
     #[test]
+    fn a_gateways_content_has_its_udp_ports_and_stream_routes_but_no_fleet_stream_port() {
+        let l = |id: &str, source: &str, port| v1::Listener {
+            id: id.into(),
+            source: source.into(),
+            port,
+            ..Default::default()
+        };
+        // NB: a Gateway named `tcp` in namespace `stream` shares the fleet ports' prefix.
+        let gw = ("stream", "tcp");
+        let mut snap = v1::Snapshot {
+            listeners: vec![
+                l("stream/tcp/53/udp", "Gateway stream/tcp", 20001),
+                l("stream/tcp/9100", "--stream-ports tcp", 9100),
+            ],
+            ..Default::default()
+        };
+        let routes = vec!["stream/r/udproute-r0".to_owned()];
+        let content = |s: &v1::Snapshot| gateway_content(s, gw, &routes, &[], true);
+        let before = content(&snap);
+        snap.listeners[0].port = 20002;
+        let moved = content(&snap);
+        assert_ne!(moved, before, "the Gateway's UDP port is part of it");
+        snap.listeners[1].port = 9101;
+        assert_eq!(content(&snap), moved, "a --stream-ports port is not");
+        snap.stream_routes.push(v1::StreamRoute {
+            id: "stream/r/udproute-r0".into(),
+            ..Default::default()
+        });
+        assert_ne!(content(&snap), moved, "its stream routes are");
+    }
+
+    #[test]
     fn new_version_only_when_the_content_changes() {
         let (mut rb, hub, metrics) = rebuilder();
         let a = inputs(&format!("{SVC}{}", route("a", "/a", 1)));

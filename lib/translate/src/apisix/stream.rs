@@ -208,11 +208,12 @@ fn host_of(
         );
         return None;
     }
-    if let Err(e) = crate::validate::host(h) {
+    let h = h.to_ascii_lowercase();
+    if let Err(e) = crate::validate::host(&h) {
         problems.error(format!("{field}.match.host"), e);
         return None;
     }
-    Some(h.to_ascii_lowercase())
+    Some(h)
 }
 
 /// The rule's plugins: stream ones only, validated as HTTP ones are, without HTTP-only keys.
@@ -239,7 +240,7 @@ fn stream_plugins(
             ok = false;
             continue;
         };
-        if let Some(serde_json::Value::Object(config)) = &p.config {
+        if let Some(config) = &p.config {
             for key in http_only.iter().filter(|k| config.contains_key(**k)) {
                 problems.error(
                     format!("{f}.config.{key}"),

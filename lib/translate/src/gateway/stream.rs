@@ -122,7 +122,10 @@ pub(super) fn routes(
                     }
                 }
             }
-            out.upstreams.extend(translated.upstreams);
+            // NB: a route bound nowhere (an older one holds its listeners) adds no upstream.
+            if out.stream_routes.len() > translated.first_route {
+                out.upstreams.extend(translated.upstreams);
+            }
         } else {
             out.stream_routes.truncate(translated.first_route);
         }
