@@ -20,11 +20,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::IngressLoadBalancerIngress;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use serde::Serialize;
 use serde_json::json;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use sluice_crds::gateway::{
     GRPCRoute, Gateway, GatewayClass, GatewayStatusAddress, HTTPRoute, ListenerStatus,
     RouteParentStatus, SupportedFeature, TCPRoute, TLSRoute, UDPRoute,
@@ -319,9 +319,7 @@ fn stream_route(
     stores
         .stream_routes(kind)
         .into_iter()
-        .find(|(m, _)| {
-            m.namespace.as_deref() == Some(namespace) && m.name.as_deref() == Some(name)
-        })
+        .find(|(m, _)| m.namespace.as_deref() == Some(namespace) && m.name.as_deref() == Some(name))
         .map(|(m, s)| (s, m.resource_version))
 }
 
@@ -430,15 +428,19 @@ fn stale_routes(report: &GatewayStatusReport, stores: &impl Current) -> Vec<(Key
                 .map(|r| (RouteKind::GrpcRoute, r.metadata.clone(), r.status.clone())),
         )
         .chain(
-            [RouteKind::TlsRoute, RouteKind::TcpRoute, RouteKind::UdpRoute]
-                .into_iter()
-                .flat_map(|kind| {
-                    stores
-                        .stream_routes(kind)
-                        .into_iter()
-                        .filter(|(_, s)| ours(s))
-                        .map(move |(m, s)| (kind, m, s))
-                }),
+            [
+                RouteKind::TlsRoute,
+                RouteKind::TcpRoute,
+                RouteKind::UdpRoute,
+            ]
+            .into_iter()
+            .flat_map(|kind| {
+                stores
+                    .stream_routes(kind)
+                    .into_iter()
+                    .filter(|(_, s)| ours(s))
+                    .map(move |(m, s)| (kind, m, s))
+            }),
         );
     let mut out = Vec::new();
     for (kind, meta, status) in stale {

@@ -110,9 +110,7 @@ mod validate;
 
 pub use builder::Translation;
 pub use index::SERVICE_NAME_LABEL;
-pub use options::{
-    Options, STREAM_PORTS_FLAG, StreamPort, StreamPortProtocol, parse_stream_ports,
-};
+pub use options::{Options, STREAM_PORTS_FLAG, StreamPort, StreamPortProtocol, parse_stream_ports};
 pub use refs::CrossNamespaceRefs;
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
 pub use status::{

@@ -88,7 +88,11 @@ pub fn parse_stream_ports(s: &str) -> Result<Vec<StreamPort>, String> {
             "tcp" => StreamPortProtocol::Tcp,
             "udp" => StreamPortProtocol::Udp,
             "tls" => StreamPortProtocol::Tls,
-            other => return Err(format!("{item:?}: unknown protocol {other:?} (tcp, udp, tls)")),
+            other => {
+                return Err(format!(
+                    "{item:?}: unknown protocol {other:?} (tcp, udp, tls)"
+                ));
+            }
         };
         let port = port
             .parse::<u16>()
@@ -122,10 +126,22 @@ mod tests {
         let ids: Vec<String> = p.iter().map(StreamPort::listener_id).collect();
         assert_eq!(
             ids,
-            ["stream/tcp/9100", "stream/udp/9100", "stream/udp/9200", "stream/tls/9443"]
+            [
+                "stream/tcp/9100",
+                "stream/udp/9100",
+                "stream/udp/9200",
+                "stream/tls/9443"
+            ]
         );
         assert_eq!(parse_stream_ports("").unwrap(), Vec::new());
-        for bad in ["tcp:0", "tcp", "sctp:1", "tcp:70000", "tcp:9100,tls:9100", "udp:1,udp:1"] {
+        for bad in [
+            "tcp:0",
+            "tcp",
+            "sctp:1",
+            "tcp:70000",
+            "tcp:9100,tls:9100",
+            "udp:1,udp:1",
+        ] {
             assert!(parse_stream_ports(bad).is_err(), "{bad}");
         }
     }

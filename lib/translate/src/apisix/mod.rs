@@ -173,8 +173,7 @@ pub(crate) fn routes(
     for (&(ns, name), ar) in sorted {
         let mut problems = Problems::default();
         let translated = route::translate_object(ar, ns, name, idx, aus, pcs, &mut problems);
-        let streams =
-            stream::translate_rules(ar, ns, name, idx, aus, stream_ports, &mut problems);
+        let streams = stream::translate_rules(ar, ns, name, idx, aus, stream_ports, &mut problems);
         if problems.is_valid() {
             let owner = format!("ApisixRoute {ns}/{name}");
             stream::claim(&streams, &owner, &mut claims, &mut problems);

@@ -231,11 +231,7 @@ fn stream_plugins(
             let names: Vec<&str> = STREAM_PLUGINS.iter().map(|(n, _)| *n).collect();
             problems.error(
                 format!("{f}.name"),
-                format!(
-                    "{:?} is not a stream plugin ({})",
-                    p.name,
-                    names.join(", ")
-                ),
+                format!("{:?} is not a stream plugin ({})", p.name, names.join(", ")),
             );
             ok = false;
             continue;
@@ -244,7 +240,10 @@ fn stream_plugins(
             for key in http_only.iter().filter(|k| config.contains_key(**k)) {
                 problems.error(
                     format!("{f}.config.{key}"),
-                    format!("only applies to HTTP; {} on a stream closes the connection", p.name),
+                    format!(
+                        "only applies to HTTP; {} on a stream closes the connection",
+                        p.name
+                    ),
                 );
                 ok = false;
             }
@@ -282,7 +281,11 @@ pub(crate) fn listeners(
         };
         let mut l = v1::Listener {
             id: id.clone(),
-            source: format!("{} {}", crate::options::STREAM_PORTS_FLAG, p.protocol.as_str()),
+            source: format!(
+                "{} {}",
+                crate::options::STREAM_PORTS_FLAG,
+                p.protocol.as_str()
+            ),
             port: u32::from(p.port),
             tls,
             protocol: protocol as i32,

@@ -110,8 +110,11 @@ pub(super) fn routes(
             routes: Vec::new(),
         };
         for (parent_ref, accepted) in att.parents {
-            rs.parents
-                .push(super::routes::parent_status(parent_ref, accepted, &translated.status));
+            rs.parents.push(super::routes::parent_status(
+                parent_ref,
+                accepted,
+                &translated.status,
+            ));
         }
         if att.any_attached {
             for r in &out.stream_routes[translated.first_route..] {
