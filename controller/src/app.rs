@@ -60,6 +60,9 @@ pub struct Settings {
     /// Which cross-namespace references of the APISIX kinds are honoured
     /// (`--allow-cross-namespace-refs`); default: only those a ReferenceGrant allows.
     pub cross_namespace_refs: CrossNamespaceRefs,
+    /// The fleet-wide stream ports ApisixRoute `spec.stream` rules may use
+    /// (`--stream-ports`); empty: none.
+    pub stream_ports: Vec<sluice_translate::StreamPort>,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -98,7 +101,8 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
     let rebuilder = Rebuilder::new(Arc::clone(&hub), metrics.clone(), &settings.ingress_class)
         .with_tls(settings.tls.clone())
         .with_gateway(settings.gateway.clone())
-        .with_cross_namespace_refs(settings.cross_namespace_refs);
+        .with_cross_namespace_refs(settings.cross_namespace_refs)
+        .with_stream_ports(settings.stream_ports.clone());
     let (leader_tx, leader_rx) = watch::channel(settings.lease.is_none());
     metrics.leader.set(i64::from(settings.lease.is_none()));
     let ctx = Context {

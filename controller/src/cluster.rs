@@ -27,7 +27,8 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::Resource;
 use kube::core::PartialObjectMeta;
 use sluice_crds::gateway::{
-    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant,
+    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute,
+    TLSRoute, UDPRoute,
 };
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
@@ -78,6 +79,12 @@ pub struct Inputs {
     pub http_routes: Vec<Arc<HTTPRoute>>,
     /// GRPCRoutes.
     pub grpc_routes: Vec<Arc<GRPCRoute>>,
+    /// TLSRoutes.
+    pub tls_routes: Vec<Arc<TLSRoute>>,
+    /// TCPRoutes.
+    pub tcp_routes: Vec<Arc<TCPRoute>>,
+    /// UDPRoutes.
+    pub udp_routes: Vec<Arc<UDPRoute>>,
     /// ReferenceGrants.
     pub reference_grants: Vec<Arc<ReferenceGrant>>,
     /// BackendTLSPolicies.
@@ -190,6 +197,9 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         gateways: all(&inputs.gateways),
         http_routes: all(&inputs.http_routes),
         grpc_routes: all(&inputs.grpc_routes),
+        tls_routes: all(&inputs.tls_routes),
+        tcp_routes: all(&inputs.tcp_routes),
+        udp_routes: all(&inputs.udp_routes),
         reference_grants: all(&inputs.reference_grants),
         backend_tls_policies: all(&inputs.backend_tls_policies),
         config_maps: all(&inputs.config_maps),
@@ -220,6 +230,9 @@ impl From<ClusterState> for Inputs {
             gateways: arcs(s.gateways),
             http_routes: arcs(s.http_routes),
             grpc_routes: arcs(s.grpc_routes),
+            tls_routes: arcs(s.tls_routes),
+            tcp_routes: arcs(s.tcp_routes),
+            udp_routes: arcs(s.udp_routes),
             reference_grants: arcs(s.reference_grants),
             backend_tls_policies: arcs(s.backend_tls_policies),
             config_maps: arcs(s.config_maps),

@@ -135,6 +135,12 @@ struct Args {
     /// `--gateway-service-namespace`. Keep them clear of the dataplanes' other ports.
     #[arg(long, value_name = "FIRST-LAST", default_value = "20000-29999", value_parser = port_range)]
     gateway_listener_ports: std::ops::RangeInclusive<u16>,
+    /// The dataplanes' layer-4 ports for ApisixRoute `spec.stream` rules:
+    /// `tcp:9100,udp:9200,tls:9443` (`tls:` ports terminate TLS by SNI with the ApisixTls
+    /// certificates). Each is opened by every dataplane; a rule on another port is refused.
+    /// Default: none.
+    #[arg(long, value_name = "PROTO:PORT,...", default_value = "", value_parser = sluice_translate::parse_stream_ports)]
+    stream_ports: StreamPorts,
     /// Honour every cross-namespace reference of the APISIX kinds (ApisixUpstream
     /// `tlsSecret`, ApisixTls `secret` and `client.caSecret`, ApisixRoute
     /// `plugin_config_namespace`), as APISIX does. Default: a reference to another namespace
@@ -177,6 +183,9 @@ fn service_ref(raw: &str) -> Result<(String, String), String> {
 fn secret_ref(raw: &str) -> Result<(String, String), String> {
     sluice_translate::parse_secret_ref(raw)
 }
+
+/// `--stream-ports`; NB: an alias, so clap takes the whole list as one value.
+type StreamPorts = Vec<sluice_translate::StreamPort>;
 
 fn fallback_sni(raw: &str) -> Result<String, String> {
     sluice_translate::parse_fallback_sni(raw)
@@ -286,6 +295,7 @@ async fn main() -> anyhow::Result<()> {
         } else {
             CrossNamespaceRefs::RequireGrant
         },
+        stream_ports: args.stream_ports.clone(),
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);
     let hub = Arc::clone(&running.hub);

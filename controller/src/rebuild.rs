@@ -93,9 +93,10 @@ pub struct GatewayRebuilt {
     /// certificates of that Gateway are the ones in the snapshot now (a dataplane at this
     /// version or later serves the Gateway as it is). 0 when nothing was published yet.
     pub since: BTreeMap<(String, String), u64>,
-    /// The per-Gateway ports of the snapshot (id, port, TLS), without certificates: what
-    /// the Gateway Services target.
-    pub listeners: Vec<(String, u16, bool)>,
+    /// The per-Gateway ports of the snapshot (id, port, kind: `http`, `https`, `tls`, `tcp`
+    /// or `udp`, see [`crate::status::gateway_services::port_kind`]), without certificates:
+    /// what the Gateway Services target.
+    pub listeners: Vec<(String, u16, &'static str)>,
 }
 
 /// A fingerprint of the snapshot entries a Gateway contributes (its routes, certificates,
@@ -108,14 +109,26 @@ fn gateway_content(
     accepted: bool,
 ) -> String {
     let prefix = format!("{}/{}/", gateway.0, gateway.1);
+    let source = format!("Gateway {}/{}", gateway.0, gateway.1);
     let part = v1::Snapshot {
+        // NB: ids are `<ns>/<gw>/<port>` and `<ns>/<gw>/<port>/udp`; the source keeps out a
+        // stream port `stream/tcp/9100` when a Gateway is named `stream/tcp`.
         listeners: snapshot
             .listeners
             .iter()
             .filter(|l| {
-                l.id.strip_prefix(&prefix)
-                    .is_some_and(|port| !port.contains('/'))
+                l.source == source
+                    && l.id.strip_prefix(&prefix).is_some_and(|rest| {
+                        let port = rest.strip_suffix("/udp").unwrap_or(rest);
+                        !port.is_empty() && port.bytes().all(|b| b.is_ascii_digit())
+                    })
             })
+            .cloned()
+            .collect(),
+        stream_routes: snapshot
+            .stream_routes
+            .iter()
+            .filter(|r| routes.binary_search(&r.id).is_ok())
             .cloned()
             .collect(),
         routes: snapshot
@@ -181,6 +194,7 @@ pub struct Rebuilder {
     gateway: GatewayOptions,
     gateway_since: HashMap<(String, String), (String, u64)>,
     cross_namespace_refs: CrossNamespaceRefs,
+    stream_ports: Vec<sluice_translate::StreamPort>,
 }
 
 impl Rebuilder {
@@ -200,6 +214,7 @@ impl Rebuilder {
             gateway: GatewayOptions::default(),
             gateway_since: HashMap::new(),
             cross_namespace_refs: CrossNamespaceRefs::default(),
+            stream_ports: Vec::new(),
         }
     }
 
@@ -213,6 +228,13 @@ impl Rebuilder {
     /// on (`--allow-cross-namespace-refs`).
     pub fn with_cross_namespace_refs(mut self, refs: CrossNamespaceRefs) -> Self {
         self.cross_namespace_refs = refs;
+        self
+    }
+
+    /// Serves ApisixRoute `spec.stream` rules on these ports (`--stream-ports`) from the next
+    /// rebuild on.
+    pub fn with_stream_ports(mut self, ports: Vec<sluice_translate::StreamPort>) -> Self {
+        self.stream_ports = ports;
         self
     }
 
@@ -245,6 +267,7 @@ impl Rebuilder {
             fallback_sni: self.tls.fallback_sni.clone(),
             gateway: self.gateway.clone(),
             cross_namespace_refs: self.cross_namespace_refs,
+            stream_ports: self.stream_ports.clone(),
             ..Options::default()
         };
         let translation = translate(&state, &opts);
@@ -278,11 +301,16 @@ impl Rebuilder {
                 )
             })
             .collect();
-        let listener_ports: Vec<(String, u16, bool)> = translation
+        // NB: the stream ports of --stream-ports are the dataplane Service's, not a Gateway's.
+        let listener_ports: Vec<(String, u16, &'static str)> = translation
             .snapshot
             .listeners
             .iter()
-            .filter_map(|l| Some((l.id.clone(), u16::try_from(l.port).ok()?, l.tls)))
+            .filter(|l| l.source.starts_with("Gateway "))
+            .filter_map(|l| {
+                let kind = crate::status::gateway_services::port_kind(l);
+                Some((l.id.clone(), u16::try_from(l.port).ok()?, kind))
+            })
             .collect();
         let outcome = if self.hash.as_deref() == Some(hash.as_str()) {
             Outcome::Unchanged(self.version)
@@ -498,6 +526,38 @@ mod tests {
             hub,
             metrics,
         )
+    }
+
+    #[test]
+    fn a_gateways_content_has_its_udp_ports_and_stream_routes_but_no_fleet_stream_port() {
+        let l = |id: &str, source: &str, port| v1::Listener {
+            id: id.into(),
+            source: source.into(),
+            port,
+            ..Default::default()
+        };
+        // NB: a Gateway named `tcp` in namespace `stream` shares the fleet ports' prefix.
+        let gw = ("stream", "tcp");
+        let mut snap = v1::Snapshot {
+            listeners: vec![
+                l("stream/tcp/53/udp", "Gateway stream/tcp", 20001),
+                l("stream/tcp/9100", "--stream-ports tcp", 9100),
+            ],
+            ..Default::default()
+        };
+        let routes = vec!["stream/r/udproute-r0".to_owned()];
+        let content = |s: &v1::Snapshot| gateway_content(s, gw, &routes, &[], true);
+        let before = content(&snap);
+        snap.listeners[0].port = 20002;
+        let moved = content(&snap);
+        assert_ne!(moved, before, "the Gateway's UDP port is part of it");
+        snap.listeners[1].port = 9101;
+        assert_eq!(content(&snap), moved, "a --stream-ports port is not");
+        snap.stream_routes.push(v1::StreamRoute {
+            id: "stream/r/udproute-r0".into(),
+            ..Default::default()
+        });
+        assert_ne!(content(&snap), moved, "its stream routes are");
     }
 
     #[test]

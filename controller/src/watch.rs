@@ -13,7 +13,8 @@
 //! and labels, and only a label change (or a Pod appearing or going away) triggers a
 //! rebuild: status and annotation churn of Pods is skipped.
 //!
-//! The Gateway API kinds (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant,
+//! The Gateway API kinds (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute,
+//! UDPRoute, ReferenceGrant,
 //! BackendTLSPolicy, plus Namespaces as metadata for `allowedRoutes` selectors) are watched
 //! only when API discovery finds them: a cluster without the Gateway API CRDs logs that
 //! once at INFO and serves the Apisix kinds and Ingress as before. Discovery is repeated
@@ -31,6 +32,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod, Secret, Service};
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::core::PartialObjectMeta;
 use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, Store};
@@ -39,7 +41,8 @@ use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::gateway::{
-    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant,
+    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant, RouteStatus,
+    TCPRoute, TLSRoute, UDPRoute,
 };
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixStatus, ApisixTls,
@@ -423,6 +426,12 @@ pub struct GatewayKinds {
     pub http_routes: bool,
     /// `grpcroutes` (v1).
     pub grpc_routes: bool,
+    /// `tlsroutes` (v1).
+    pub tls_routes: bool,
+    /// `tcproutes` (v1).
+    pub tcp_routes: bool,
+    /// `udproutes` (v1).
+    pub udp_routes: bool,
     /// `referencegrants` (v1beta1).
     pub reference_grants: bool,
     /// `backendtlspolicies` (v1).
@@ -438,6 +447,9 @@ impl GatewayKinds {
             gateways: has(v1, "gateways"),
             http_routes: has(v1, "httproutes"),
             grpc_routes: has(v1, "grpcroutes"),
+            tls_routes: has(v1, "tlsroutes"),
+            tcp_routes: has(v1, "tcproutes"),
+            udp_routes: has(v1, "udproutes"),
             reference_grants: has(v1beta1, "referencegrants"),
             backend_tls_policies: has(v1, "backendtlspolicies"),
         }
@@ -455,6 +467,9 @@ impl GatewayKinds {
             (self.gateways, "Gateway"),
             (self.http_routes, "HTTPRoute"),
             (self.grpc_routes, "GRPCRoute"),
+            (self.tls_routes, "TLSRoute"),
+            (self.tcp_routes, "TCPRoute"),
+            (self.udp_routes, "UDPRoute"),
             (self.reference_grants, "ReferenceGrant"),
             (self.backend_tls_policies, "BackendTLSPolicy"),
         ]
@@ -489,6 +504,9 @@ struct GatewayStores {
     gateways: Vec<Store<Gateway>>,
     http_routes: Vec<Store<HTTPRoute>>,
     grpc_routes: Vec<Store<GRPCRoute>>,
+    tls_routes: Vec<Store<TLSRoute>>,
+    tcp_routes: Vec<Store<TCPRoute>>,
+    udp_routes: Vec<Store<UDPRoute>>,
     reference_grants: Vec<Store<ReferenceGrant>>,
     backend_tls_policies: Vec<Store<BackendTLSPolicy>>,
     config_maps: Vec<Store<ConfigMap>>,
@@ -550,6 +568,15 @@ impl GatewayStores {
             grpc_routes: when(kinds.grpc_routes, || {
                 watch_kind(client, scope, &any, "GRPCRoute", t, m)
             }),
+            tls_routes: when(kinds.tls_routes, || {
+                watch_kind(client, scope, &any, "TLSRoute", t, m)
+            }),
+            tcp_routes: when(kinds.tcp_routes, || {
+                watch_kind(client, scope, &any, "TCPRoute", t, m)
+            }),
+            udp_routes: when(kinds.udp_routes, || {
+                watch_kind(client, scope, &any, "UDPRoute", t, m)
+            }),
             reference_grants: when(kinds.reference_grants, || {
                 watch_kind(client, scope, &any, "ReferenceGrant", t, m)
             }),
@@ -569,6 +596,9 @@ impl GatewayStores {
         wait_ready(&self.gateways).await;
         wait_ready(&self.http_routes).await;
         wait_ready(&self.grpc_routes).await;
+        wait_ready(&self.tls_routes).await;
+        wait_ready(&self.tcp_routes).await;
+        wait_ready(&self.udp_routes).await;
         wait_ready(&self.reference_grants).await;
         wait_ready(&self.backend_tls_policies).await;
         wait_ready(&self.config_maps).await;
@@ -755,6 +785,20 @@ fn read<K: Resource<DynamicType = ()> + Clone>(stores: &[Store<K>]) -> Vec<Arc<K
     stores.iter().flat_map(Store::state).collect()
 }
 
+/// The metadata and route status of every object of `stores`.
+fn meta_status<K: Resource<DynamicType = ()> + Clone>(
+    stores: &[Store<K>],
+    parts: impl Fn(&K) -> (&ObjectMeta, &Option<RouteStatus>),
+) -> Vec<(ObjectMeta, Option<RouteStatus>)> {
+    read(stores)
+        .iter()
+        .map(|o| {
+            let (m, s) = parts(o);
+            (m.clone(), s.clone())
+        })
+        .collect()
+}
+
 fn find_cluster<K: Resource<DynamicType = ()> + Clone>(
     stores: &[Store<K>],
     name: &str,
@@ -849,6 +893,9 @@ impl Stores {
             gateways: read(&g.gateways),
             http_routes: read(&g.http_routes),
             grpc_routes: read(&g.grpc_routes),
+            tls_routes: read(&g.tls_routes),
+            tcp_routes: read(&g.tcp_routes),
+            udp_routes: read(&g.udp_routes),
             reference_grants: read(&g.reference_grants),
             backend_tls_policies: read(&g.backend_tls_policies),
             config_maps: read(&g.config_maps),
@@ -903,6 +950,19 @@ impl Stores {
     /// A GRPCRoute as the stores have it.
     pub fn grpc_route(&self, namespace: &str, name: &str) -> Option<Arc<GRPCRoute>> {
         find(&self.gateway.get()?.grpc_routes, namespace, name)
+    }
+
+    /// Every TLSRoute, TCPRoute or UDPRoute (by `kind`) the stores hold: metadata and status.
+    pub fn stream_routes(&self, kind: &str) -> Vec<(ObjectMeta, Option<RouteStatus>)> {
+        let Some(g) = self.gateway.get() else {
+            return Vec::new();
+        };
+        match kind {
+            "TLSRoute" => meta_status(&g.tls_routes, |o| (&o.metadata, &o.status)),
+            "TCPRoute" => meta_status(&g.tcp_routes, |o| (&o.metadata, &o.status)),
+            "UDPRoute" => meta_status(&g.udp_routes, |o| (&o.metadata, &o.status)),
+            _ => Vec::new(),
+        }
     }
 
     /// The uid of an object by its Kubernetes kind (the kinds of `kinds_table!`).

@@ -64,6 +64,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
         gateway: Default::default(),
         gateway_services: None,
         cross_namespace_refs: Default::default(),
+        stream_ports: Vec::new(),
     }
 }
 

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::gateway::{
     BackendTLSPolicy, GATEWAY_API_BUNDLE_VERSION, GATEWAY_GROUP, GRPCRoute, Gateway, GatewayClass,
-    HTTPRoute, ReferenceGrant,
+    HTTPRoute, ReferenceGrant, TCPRoute, TLSRoute, UDPRoute,
 };
 
 fn manifest_dir() -> PathBuf {
@@ -95,6 +95,19 @@ fn upstream_examples_parse_and_round_trip() {
                     let p: BackendTLSPolicy = round_trip(&doc, &what);
                     assert!(!p.spec.target_refs.is_empty(), "{what}");
                 }
+                "TLSRoute" => {
+                    let r: TLSRoute = round_trip(&doc, &what);
+                    assert!(!r.spec.hostnames.is_empty(), "{what}: hostnames");
+                    assert!(stream_backends_named(&r.spec.rules), "{what}");
+                }
+                "TCPRoute" => {
+                    let r: TCPRoute = round_trip(&doc, &what);
+                    assert!(stream_backends_named(&r.spec.rules), "{what}");
+                }
+                "UDPRoute" => {
+                    let r: UDPRoute = round_trip(&doc, &what);
+                    assert!(stream_backends_named(&r.spec.rules), "{what}");
+                }
                 _ => continue,
             }
             *counts.entry(kind).or_default() += 1;
@@ -108,12 +121,61 @@ fn upstream_examples_parse_and_round_trip() {
         "GRPCRoute",
         "ReferenceGrant",
         "BackendTLSPolicy",
+        "TLSRoute",
+        "TCPRoute",
+        "UDPRoute",
     ] {
         assert!(
             counts.get(kind).copied().unwrap_or(0) > 0,
             "no {kind} example: {counts:?}"
         );
     }
+}
+
+/// Every backendRef of the rules names something, and at least one rule has backends.
+fn stream_backends_named(rules: &[sluice_crds::gateway::StreamRouteRule]) -> bool {
+    let refs: Vec<_> = rules.iter().flat_map(|r| &r.backend_refs).collect();
+    !refs.is_empty() && refs.iter().all(|b| !b.backend.name.is_empty())
+}
+
+#[test]
+fn layer4_routes_keep_the_fields_sluice_reads() {
+    let r: TLSRoute = serde_yaml::from_str(
+        r#"
+apiVersion: gateway.networking.k8s.io/v1
+kind: TLSRoute
+metadata: {name: r, namespace: web}
+spec:
+  parentRefs: [{name: gw, sectionName: tls, port: 443}]
+  hostnames: ["*.example.com"]
+  rules:
+    - name: one
+      backendRefs:
+        - {name: svc, port: 8443, weight: 0, namespace: other, somethingNew: 1}
+"#,
+    )
+    .unwrap();
+    assert_eq!(r.spec.parent_refs[0].port, Some(443));
+    assert_eq!(r.spec.hostnames, ["*.example.com"]);
+    let b = &r.spec.rules[0].backend_refs[0];
+    assert_eq!(
+        (b.backend.name.as_str(), b.backend.port, b.weight),
+        ("svc", Some(8443), Some(0))
+    );
+    assert_eq!(b.backend.namespace.as_deref(), Some("other"));
+    assert_eq!(r.spec.rules[0].name.as_deref(), Some("one"));
+    let u: UDPRoute = serde_yaml::from_str(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: UDPRoute\nmetadata: {name: u}\n\
+         spec: {parentRefs: [{name: gw}], rules: [{backendRefs: [{name: dns, port: 53}]}]}\n",
+    )
+    .unwrap();
+    assert_eq!(u.spec.rules[0].backend_refs[0].backend.port, Some(53));
+    let t: TCPRoute = serde_yaml::from_str(
+        "apiVersion: gateway.networking.k8s.io/v1\nkind: TCPRoute\nmetadata: {name: t}\n\
+         spec: {rules: null}\n",
+    )
+    .unwrap();
+    assert!(t.spec.rules.is_empty() && t.spec.parent_refs.is_empty());
 }
 
 #[test]
@@ -214,6 +276,9 @@ fn vendored_crds_are_the_release_the_types_follow() {
         (GRPCRoute::kind(&()), GRPCRoute::version(&())),
         (ReferenceGrant::kind(&()), ReferenceGrant::version(&())),
         (BackendTLSPolicy::kind(&()), BackendTLSPolicy::version(&())),
+        (TLSRoute::kind(&()), TLSRoute::version(&())),
+        (TCPRoute::kind(&()), TCPRoute::version(&())),
+        (UDPRoute::kind(&()), UDPRoute::version(&())),
     ] {
         let (_, served, _) = crds
             .iter()

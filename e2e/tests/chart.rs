@@ -119,6 +119,39 @@ fn the_values_schema_refuses_bad_values_with_the_field_named() {
             "dataplane.shutdownDelaySeconds (10) + dataplane.drainTimeoutSeconds (25) must be \
              below dataplane.terminationGracePeriodSeconds (35)",
         ),
+        // A dataplane port used twice.
+        (
+            &[
+                "--set-json",
+                r#"dataplane.stream.ports=[{"name":"pg","port":9443}]"#,
+            ],
+            "dataplane.stream.ports[0]: TCP port 9443 is already used by dataplane.ports.https",
+        ),
+        (
+            &[
+                "--set-json",
+                r#"dataplane.stream.ports=[{"name":"a","port":9100},{"name":"b","port":9100}]"#,
+            ],
+            "dataplane.stream.ports[1]: TCP port 9100 is already used by dataplane.stream.ports[0]",
+        ),
+        (
+            &["--set", "dataplane.ports.admin=9090"],
+            "dataplane.ports.status: port 9090 is already used by dataplane.ports.admin",
+        ),
+        (
+            &[
+                "--set-json",
+                r#"dataplane.stream.ports=[{"name":"a","port":20001}]"#,
+            ],
+            "port 20001 is inside controller.gatewayServices.listenerPorts (20000-29999)",
+        ),
+        (
+            &[
+                "--set-json",
+                r#"dataplane.stream.ports=[{"name":"dns","port":53,"protocol":"UDP","tls":true}]"#,
+            ],
+            "dataplane.stream.ports[0]: tls needs protocol TCP",
+        ),
     ];
     let chart = chart_dir();
     for (args, want) in cases {
@@ -679,6 +712,45 @@ fn a_network_policy_admits_traffic_and_metrics_only_when_asked_for() {
     }
     // The debug port is never admitted: it listens on loopback.
     assert!(!policy.contains("9091"), "{policy}");
+}
+
+#[test]
+fn stream_ports_reach_the_pods_the_service_the_network_policy_and_the_controller() {
+    let chart = chart_dir();
+    let out = helm(&[
+        "template",
+        "s",
+        chart.to_str().unwrap(),
+        "--namespace",
+        "ns",
+        "--set",
+        "dataplane.networkPolicy.enabled=true",
+        "--set-json",
+        r#"dataplane.stream.ports=[{"name":"redis","port":9100,"protocol":"TCP"},{"name":"dns","port":9100,"protocol":"UDP"},{"name":"pg-tls","port":9543,"tls":true}]"#,
+    ])
+    .unwrap();
+    assert!(out.success, "{}", out.stderr);
+    let y = &out.stdout;
+    for want in [
+        // Pods.
+        "- {name: redis, containerPort: 9100, protocol: TCP}",
+        "- {name: dns, containerPort: 9100, protocol: UDP}",
+        "- {name: pg-tls, containerPort: 9543, protocol: TCP}",
+        // The dataplane Service.
+        "- {name: dns, port: 9100, targetPort: dns, protocol: UDP}",
+        "- {name: pg-tls, port: 9543, targetPort: pg-tls, protocol: TCP}",
+        // The NetworkPolicy, and UDP for Gateway listeners.
+        "- {port: 9100, protocol: UDP}",
+        "- {port: 20000, endPort: 29999, protocol: UDP}",
+        // The controller.
+        "- --stream-ports=tcp:9100,udp:9100,tls:9543",
+    ] {
+        assert!(y.contains(want), "{want} missing");
+    }
+    // None by default: no flag.
+    let out = helm(&["template", "s", chart.to_str().unwrap()]).unwrap();
+    assert!(out.success, "{}", out.stderr);
+    assert!(!out.stdout.contains("--stream-ports"));
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! - `Gateway.status`: `Accepted`, `Programmed`, `listeners[]` (name, supportedKinds,
 //!   attachedRoutes, conditions) and, with `--ingress-status-address` or
 //!   `--ingress-publish-service`, `addresses[]` (the same address Ingresses get).
-//! - `HTTPRoute` / `GRPCRoute` `status.parents[]`: the entries whose `controllerName` is ours
+//! - `HTTPRoute` / `GRPCRoute` / `TLSRoute` / `TCPRoute` / `UDPRoute` `status.parents[]`: the entries whose `controllerName` is ours
 //!   (`--gateway-controller-name`). Entries of other controllers are kept as they are: the
 //!   list is atomic, so the write carries them unchanged, with the route's
 //!   `resourceVersion` so a concurrent write by another controller is never overwritten
@@ -24,6 +24,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use k8s_openapi::api::networking::v1::IngressLoadBalancerIngress;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Patch, PatchParams};
 use serde::Serialize;
@@ -31,6 +32,7 @@ use serde_json::json;
 use sluice_crds::gateway::{
     BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, GatewayStatusAddress, HTTPRoute,
     ListenerStatus, PolicyAncestorStatus, PolicyStatus, RouteParentStatus, SupportedFeature,
+    TCPRoute, TLSRoute, UDPRoute,
 };
 use sluice_translate::gateway::{
     self as gw, BackendTlsPolicyStatus, GatewayClassStatus, GatewayStatus, GatewayStatusReport,
@@ -214,7 +216,7 @@ pub enum Write {
     Gateway(sluice_crds::gateway::GatewayStatus),
     /// A route's `status.parents`.
     Route {
-        /// HTTPRoute or GRPCRoute.
+        /// The route's kind.
         #[serde(skip)]
         kind: RouteKind,
         /// The route's `resourceVersion` the write is based on.
@@ -278,6 +280,21 @@ impl Write {
                             .patch_status(name, &params, &Patch::Apply(&patch))
                             .await?;
                     }
+                    RouteKind::TlsRoute => {
+                        kube::Api::<TLSRoute>::namespaced(client.clone(), namespace)
+                            .patch_status(name, &params, &Patch::Apply(&patch))
+                            .await?;
+                    }
+                    RouteKind::TcpRoute => {
+                        kube::Api::<TCPRoute>::namespaced(client.clone(), namespace)
+                            .patch_status(name, &params, &Patch::Apply(&patch))
+                            .await?;
+                    }
+                    RouteKind::UdpRoute => {
+                        kube::Api::<UDPRoute>::namespaced(client.clone(), namespace)
+                            .patch_status(name, &params, &Patch::Apply(&patch))
+                            .await?;
+                    }
                 }
             }
             Write::Policy {
@@ -323,6 +340,13 @@ pub trait Current {
     fn backend_tls_policies(&self) -> Vec<Arc<BackendTLSPolicy>> {
         Vec::new()
     }
+    /// Every TLSRoute, TCPRoute or UDPRoute of `kind`: metadata and status. Default: none.
+    fn stream_routes(
+        &self,
+        _kind: RouteKind,
+    ) -> Vec<(ObjectMeta, Option<sluice_crds::gateway::RouteStatus>)> {
+        Vec::new()
+    }
 }
 
 impl Current for Stores {
@@ -350,6 +374,26 @@ impl Current for Stores {
     fn backend_tls_policies(&self) -> Vec<Arc<BackendTLSPolicy>> {
         Stores::backend_tls_policies(self)
     }
+    fn stream_routes(
+        &self,
+        kind: RouteKind,
+    ) -> Vec<(ObjectMeta, Option<sluice_crds::gateway::RouteStatus>)> {
+        Stores::stream_routes(self, kind.as_str())
+    }
+}
+
+/// A TLSRoute, TCPRoute or UDPRoute as `stores` have it: (status, resourceVersion).
+fn stream_route(
+    stores: &impl Current,
+    kind: RouteKind,
+    namespace: &str,
+    name: &str,
+) -> Option<(Option<sluice_crds::gateway::RouteStatus>, Option<String>)> {
+    stores
+        .stream_routes(kind)
+        .into_iter()
+        .find(|(m, _)| m.namespace.as_deref() == Some(namespace) && m.name.as_deref() == Some(name))
+        .map(|(m, s)| (s, m.resource_version))
 }
 
 /// Every write that would change an object's status now; `since` per Gateway is the first
@@ -470,6 +514,9 @@ fn route_write(
         RouteKind::GrpcRoute => stores
             .grpc_route(&r.namespace, &r.name)
             .map(|o| (o.status.clone(), o.metadata.resource_version.clone()))?,
+        RouteKind::TlsRoute | RouteKind::TcpRoute | RouteKind::UdpRoute => {
+            stream_route(stores, r.kind, &r.namespace, &r.name)?
+        }
     };
     let existing = current
         .as_ref()
@@ -511,6 +558,21 @@ fn stale_routes(report: &GatewayStatusReport, stores: &impl Current) -> Vec<(Key
                 .into_iter()
                 .filter(|r| ours(&r.status))
                 .map(|r| (RouteKind::GrpcRoute, r.metadata.clone(), r.status.clone())),
+        )
+        .chain(
+            [
+                RouteKind::TlsRoute,
+                RouteKind::TcpRoute,
+                RouteKind::UdpRoute,
+            ]
+            .into_iter()
+            .flat_map(|kind| {
+                stores
+                    .stream_routes(kind)
+                    .into_iter()
+                    .filter(|(_, s)| ours(s))
+                    .map(move |(m, s)| (kind, m, s))
+            }),
         );
     let mut out = Vec::new();
     for (kind, meta, status) in stale {

@@ -102,10 +102,31 @@ pub fn service_name(ns: &str, name: &str) -> String {
     format!("{readable}-{hash}")
 }
 
-/// The Services `listeners` (id `<ns>/<gateway>/<port>`, dataplane port, TLS) ask for.
-pub fn desired(listeners: &[(String, u16, bool)], cfg: &GatewayServices) -> Vec<Service> {
+/// What a per-Gateway listener port speaks, as the prefix of its Service port name:
+/// `http`, `https`, `tls`, `tcp` or `udp`.
+pub fn port_kind(l: &sluice_proto::v1::Listener) -> &'static str {
+    use sluice_proto::v1::ListenerProtocol;
+    match ListenerProtocol::try_from(l.protocol) {
+        Ok(ListenerProtocol::Tls) => "tls",
+        Ok(ListenerProtocol::Tcp) => "tcp",
+        Ok(ListenerProtocol::Udp) => "udp",
+        _ if l.tls => "https",
+        _ => "http",
+    }
+}
+
+/// The Services `listeners` (id `<ns>/<gateway>/<port>` or `<ns>/<gateway>/<port>/udp`,
+/// dataplane port, [`port_kind`]) ask for. Port names are `<kind>-<port>`; UDP ports have
+/// protocol `UDP` (a Service mixing TCP and UDP needs Kubernetes 1.26 for `LoadBalancer`).
+pub fn desired(listeners: &[(String, u16, &'static str)], cfg: &GatewayServices) -> Vec<Service> {
     let mut by_gateway: BTreeMap<(String, String), Vec<ServicePort>> = BTreeMap::new();
-    for (id, target, tls) in listeners {
+    for (id, target, kind) in listeners {
+        let udp = *kind == "udp";
+        let id = if udp {
+            id.strip_suffix("/udp").unwrap_or(id)
+        } else {
+            id
+        };
         let mut parts = id.rsplitn(3, '/');
         let (Some(port), Some(name), Some(ns)) = (parts.next(), parts.next(), parts.next()) else {
             continue;
@@ -117,10 +138,10 @@ pub fn desired(listeners: &[(String, u16, bool)], cfg: &GatewayServices) -> Vec<
             .entry((ns.to_owned(), name.to_owned()))
             .or_default()
             .push(ServicePort {
-                name: Some(format!("{}-{port}", if *tls { "https" } else { "http" })),
+                name: Some(format!("{kind}-{port}")),
                 port,
                 target_port: Some(IntOrString::Int(i32::from(*target))),
-                protocol: Some("TCP".into()),
+                protocol: Some(if udp { "UDP" } else { "TCP" }.into()),
                 ..Default::default()
             });
     }
@@ -175,7 +196,7 @@ pub enum Write {
 /// Every write that makes the Services in `cfg.namespace` what `listeners` ask for, given
 /// the names of the Services labelled [`MANAGED_BY`] there now (`existing`).
 pub fn desired_writes(
-    listeners: &[(String, u16, bool)],
+    listeners: &[(String, u16, &'static str)],
     cfg: &GatewayServices,
     existing: &[String],
 ) -> Vec<(Key, Write)> {
@@ -310,8 +331,8 @@ mod tests {
         // Each Gateway of such a pair gets its own Service.
         let want = desired(
             &[
-                (format!("{ns47}/gw355805/80"), 20001, false),
-                (format!("{ns48}/gx643100/80"), 20002, false),
+                (format!("{ns47}/gw355805/80"), 20001, "http"),
+                (format!("{ns48}/gx643100/80"), 20002, "http"),
             ],
             &cfg(),
         );
@@ -323,9 +344,9 @@ mod tests {
     fn one_service_per_gateway_with_its_ports() {
         let want = desired(
             &[
-                ("default/web/80".into(), 20001, false),
-                ("default/web/443".into(), 20002, true),
-                ("other/api/8080".into(), 20003, false),
+                ("default/web/80".into(), 20001, "http"),
+                ("default/web/443".into(), 20002, "https"),
+                ("other/api/8080".into(), 20003, "http"),
             ],
             &cfg(),
         );
@@ -362,6 +383,52 @@ mod tests {
     }
 
     #[test]
+    fn udp_ports_beside_tcp_ones_of_the_same_number() {
+        let want = desired(
+            &[
+                ("default/dns/53".into(), 20001, "tcp"),
+                ("default/dns/53/udp".into(), 20002, "udp"),
+                ("default/dns/853".into(), 20003, "tls"),
+            ],
+            &cfg(),
+        );
+        assert_eq!(want.len(), 1, "one Service for the Gateway");
+        let ports: Vec<(String, i32, String, Option<IntOrString>)> = want[0]
+            .spec
+            .as_ref()
+            .unwrap()
+            .ports
+            .as_ref()
+            .unwrap()
+            .iter()
+            .map(|p| {
+                (
+                    p.name.clone().unwrap(),
+                    p.port,
+                    p.protocol.clone().unwrap(),
+                    p.target_port.clone(),
+                )
+            })
+            .collect();
+        let want_ports = |name: &str, port, proto: &str, target| {
+            (
+                name.to_owned(),
+                port,
+                proto.to_owned(),
+                Some(IntOrString::Int(target)),
+            )
+        };
+        assert_eq!(
+            ports,
+            vec![
+                want_ports("tcp-53", 53, "TCP", 20001),
+                want_ports("udp-53", 53, "UDP", 20002),
+                want_ports("tls-853", 853, "TCP", 20003),
+            ]
+        );
+    }
+
+    #[test]
     fn selectors_must_name_labels() {
         assert!(parse_selector("").is_err());
         assert!(parse_selector("novalue").is_err());
@@ -373,7 +440,7 @@ mod tests {
         let web = service_name("default", "web");
         let gone = service_name("default", "gone");
         let writes = desired_writes(
-            &[("default/web/80".into(), 20001, false)],
+            &[("default/web/80".into(), 20001, "http")],
             &cfg(),
             &[web.clone(), gone.clone()],
         );

@@ -1,5 +1,6 @@
 //! Rust types of the Gateway API kinds Sluice reads (`gateway.networking.k8s.io`, standard
-//! channel v1.6.3): GatewayClass, Gateway, HTTPRoute, GRPCRoute (v1), ReferenceGrant
+//! channel v1.6.3): GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute, UDPRoute
+//! (v1), ReferenceGrant
 //! (v1beta1, the storage version; v1 has the same schema) and BackendTLSPolicy (v1).
 //!
 //! Only the fields Sluice uses are modelled, plus the status types the controller writes.
@@ -21,6 +22,7 @@ pub mod grpc_route;
 pub mod http_route;
 pub mod reference_grant;
 pub mod shared;
+pub mod stream_route;
 
 pub use backend_tls_policy::*;
 pub use gateway_class::*;
@@ -29,6 +31,7 @@ pub use grpc_route::*;
 pub use http_route::*;
 pub use reference_grant::*;
 pub use shared::*;
+pub use stream_route::*;
 
 /// API group of every Gateway API kind.
 pub const GATEWAY_GROUP: &str = "gateway.networking.k8s.io";

@@ -47,6 +47,10 @@ pub(crate) struct RouteOutput {
 pub(crate) struct Builder {
     /// By id: the snapshot's routes come out sorted.
     pub(crate) routes: BTreeMap<String, v1::Route>,
+    /// Layer-4 routes by id.
+    pub(crate) stream_routes: BTreeMap<String, v1::StreamRoute>,
+    /// Listeners of the declared stream ports (ApisixRoute `spec.stream`).
+    stream_listeners: Vec<v1::Listener>,
     /// By id; the same id always resolves to the same content, so the first one stays.
     upstreams: BTreeMap<String, v1::Upstream>,
     pub(crate) consumers: Vec<v1::Consumer>,
@@ -76,6 +80,35 @@ impl Builder {
         }
         ids.sort();
         ids
+    }
+
+    /// Adds stream routes (replacing any of the same id) and their upstreams; returns the
+    /// route ids.
+    pub(crate) fn add_streams(
+        &mut self,
+        routes: Vec<v1::StreamRoute>,
+        upstreams: Vec<v1::Upstream>,
+    ) -> Vec<String> {
+        let mut ids = Vec::new();
+        for r in routes {
+            ids.push(r.id.clone());
+            self.stream_routes.insert(r.id.clone(), r);
+        }
+        for u in upstreams {
+            self.upstream(u);
+        }
+        ids
+    }
+
+    /// The listeners of the declared stream ports; call after [`Builder::tls`] (TLS ports
+    /// carry the certificates their routes need).
+    pub(crate) fn stream_listeners(&mut self, ports: &[crate::StreamPort]) {
+        self.stream_listeners = crate::apisix::stream::listeners(
+            ports,
+            &self.stream_routes,
+            &self.tls.certificates,
+            self.tls.default_certificate.as_ref(),
+        );
     }
 
     /// Adds an upstream unless one of its id is there already.
@@ -108,6 +141,9 @@ impl Builder {
         for u in std::mem::take(&mut gw.upstreams) {
             self.upstream(u);
         }
+        for r in std::mem::take(&mut gw.stream_routes) {
+            self.stream_routes.entry(r.id.clone()).or_insert(r);
+        }
         self.status.gateway = std::mem::take(&mut gw.status);
         self.gateway = gw;
     }
@@ -123,6 +159,9 @@ impl Builder {
         }
         self.status.sort();
         self.consumers.sort_by(|a, b| a.name.cmp(&b.name));
+        let mut listeners = gw.listeners;
+        listeners.extend(self.stream_listeners);
+        listeners.sort_by(|a, b| a.id.cmp(&b.id));
         Translation {
             snapshot: v1::Snapshot {
                 version: 0,
@@ -135,8 +174,8 @@ impl Builder {
                 // NB: the operator's --default-ssl-certificate wins over a Gateway's.
                 default_certificate: tls.default_certificate.or(gw.default_certificate),
                 fallback_sni: tls.fallback_sni,
-                listeners: gw.listeners,
-                stream_routes: Vec::new(),
+                listeners,
+                stream_routes: self.stream_routes.into_values().collect(),
             },
             status: self.status,
             ingresses: self.ingresses,

@@ -87,7 +87,7 @@ fn file_name(p: &Path) -> String {
 /// The [`Options`] a first line `# options: k=v ...` of `input` asks for: `ingress_class=<name>
 /// now=<unix seconds> default_certificate=<ns>/<name> fallback_sni=<host>
 /// controller_name=<name> http_port=<n> https_port=<n> listener_ports=<first>-<last>
-/// allow_cross_namespace_refs=true`.
+/// allow_cross_namespace_refs=true stream_ports=tcp:9100,udp:9200,tls:9443`.
 /// `Err` names an unknown key or a bad value.
 pub fn options(input: &str) -> Result<Options, String> {
     let mut opts = Options::default();
@@ -121,6 +121,9 @@ pub fn options(input: &str) -> Result<Options, String> {
             Some(("listener_ports", v)) => {
                 let (a, b) = v.split_once('-').ok_or_else(|| bad("<first>-<last>"))?;
                 opts.gateway.listener_ports = Some(port(a)?..=port(b)?);
+            }
+            Some(("stream_ports", v)) => {
+                opts.stream_ports = crate::parse_stream_ports(v).map_err(|e| bad(&e))?;
             }
             _ => return Err(bad("unknown key")),
         }
@@ -207,6 +210,9 @@ struct Listener<'a> {
     source: &'a str,
     port: u32,
     tls: bool,
+    /// `TLS`, `TCP` or `UDP`; left out for HTTP.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    protocol: Option<&'static str>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     certificates: Vec<Certificate<'a>>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -239,6 +245,9 @@ struct GatewayView<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     load: Option<&'a LoadReport>,
     routes: serde_json::Value,
+    /// TLSRoutes, TCPRoutes and UDPRoutes.
+    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
+    stream_routes: serde_json::Value,
     upstreams: serde_json::Value,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     certificates: Vec<Certificate<'a>>,
@@ -261,6 +270,11 @@ fn gateway_view<'a>(
     Ok(GatewayView {
         load,
         routes: serde_json::to_value(&snap.routes)?,
+        stream_routes: if snap.stream_routes.is_empty() {
+            serde_json::Value::Null
+        } else {
+            serde_json::to_value(&snap.stream_routes)?
+        },
         upstreams: serde_json::to_value(&snap.upstreams)?,
         certificates: snap.tls_certificates.iter().map(certificate).collect(),
         default_certificate: snap.default_certificate.as_ref().map(|c| c.source.as_str()),
@@ -272,6 +286,12 @@ fn gateway_view<'a>(
                 source: &l.source,
                 port: l.port,
                 tls: l.tls,
+                protocol: match sluice_proto::v1::ListenerProtocol::try_from(l.protocol) {
+                    Ok(sluice_proto::v1::ListenerProtocol::Tls) => Some("TLS"),
+                    Ok(sluice_proto::v1::ListenerProtocol::Tcp) => Some("TCP"),
+                    Ok(sluice_proto::v1::ListenerProtocol::Udp) => Some("UDP"),
+                    _ => None,
+                },
                 certificates: l.tls_certificates.iter().map(certificate).collect(),
                 default_certificate: l.default_certificate.as_ref().map(|c| c.source.as_str()),
                 sections: &l.sections,

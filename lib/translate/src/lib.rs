@@ -60,14 +60,20 @@
 //!   annotation is `c`, or neither is set and IngressClass `c` is the cluster default (unlike
 //!   ApisixRoute, an unclassed Ingress is not ours otherwise). Ingress verdicts are in
 //!   [`Translation::ingresses`], not in the status report.
+//! - Each ApisixRoute `spec.stream[]` rule becomes one stream route
+//!   `<ns>/<name>/stream/<rule>` on a declared stream port ([`Options::stream_ports`], listener
+//!   `stream/<tcp|udp|tls>/<port>`); `src/apisix/stream.rs` documents ports, SNI, backends,
+//!   plugins and who keeps a contested (port, host).
 //! - ApisixTls objects and Ingress `spec.tls[]` entries become `tls_certificates`; `src/tls.rs`
 //!   documents the checks (Secret present, PEM, key matches, validity at [`Options::now`]) and
 //!   how two claims of one host are settled, the default certificate and fallback SNI
 //!   ([`Options::default_certificate`], [`Options::fallback_sni`]) and when certificate
 //!   verdicts change with time ([`Translation::certificates_change_at`]).
-//! - Gateway API (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) of the
+//! - Gateway API (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute, UDPRoute,
+//!   ReferenceGrant) of the
 //!   GatewayClasses whose `controllerName` is [`Options::gateway`]'s: see [`gateway`] for
-//!   listeners, attachment, route ids (`<ns>/<name>/httproute-r<i>-m<j>`), precedence against
+//!   listeners, attachment, route ids (`<ns>/<name>/httproute-r<i>-m<j>`, stream routes
+//!   `<ns>/<name>/tcproute-r<i>`), precedence against
 //!   Apisix and Ingress routes, and what is reported unsupported. Its status is
 //!   [`StatusReport::gateway`].
 //!
@@ -104,7 +110,7 @@ mod validate;
 
 pub use builder::Translation;
 pub use index::SERVICE_NAME_LABEL;
-pub use options::Options;
+pub use options::{Options, STREAM_PORTS_FLAG, StreamPort, StreamPortProtocol, parse_stream_ports};
 pub use refs::CrossNamespaceRefs;
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};
 pub use status::{
@@ -132,8 +138,9 @@ pub fn translate(state: &ClusterState, opts: &Options) -> Translation {
     let pcs = apisix::plugin_configs(&idx, &mut out);
     apisix::consumers(&idx, &mut out);
     apisix::global_rules(&idx, &mut out);
-    apisix::routes(&idx, &aus, &pcs, &mut out);
+    apisix::routes(&idx, &aus, &pcs, &opts.stream_ports, &mut out);
     let ingress_tls = out.tls(tls::translate(&idx, opts));
+    out.stream_listeners(&opts.stream_ports);
     ingress::translate(&idx, &aus, ingress_tls, &mut out);
     let gw = gateway::translate(state, &idx, &aus, opts, &out.routes, out.certificates());
     out.gateway(gw);

@@ -13,6 +13,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::gateway::{
     BackendTLSPolicy, GATEWAY_GROUP, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant,
+    TCPRoute, TLSRoute, UDPRoute,
 };
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
@@ -67,6 +68,12 @@ pub struct ClusterState {
     pub http_routes: Vec<HTTPRoute>,
     /// `gateway.networking.k8s.io/v1` GRPCRoutes.
     pub grpc_routes: Vec<GRPCRoute>,
+    /// `gateway.networking.k8s.io/v1` TLSRoutes.
+    pub tls_routes: Vec<TLSRoute>,
+    /// `gateway.networking.k8s.io/v1` TCPRoutes.
+    pub tcp_routes: Vec<TCPRoute>,
+    /// `gateway.networking.k8s.io/v1` UDPRoutes.
+    pub udp_routes: Vec<UDPRoute>,
     /// `gateway.networking.k8s.io/v1beta1` (or `v1`) ReferenceGrants.
     pub reference_grants: Vec<ReferenceGrant>,
     /// `gateway.networking.k8s.io/v1` BackendTLSPolicies.
@@ -212,6 +219,9 @@ enum KnownKind {
     Gateway,
     HttpRoute,
     GrpcRoute,
+    TlsRoute,
+    TcpRoute,
+    UdpRoute,
     ReferenceGrant,
     BackendTlsPolicy,
 }
@@ -257,6 +267,9 @@ impl KnownKind {
                 (known, (GATEWAY_GROUP, v))
             }
             "GRPCRoute" => (Self::GrpcRoute, (GATEWAY_GROUP, "v1")),
+            "TLSRoute" => (Self::TlsRoute, (GATEWAY_GROUP, "v1")),
+            "TCPRoute" => (Self::TcpRoute, (GATEWAY_GROUP, "v1")),
+            "UDPRoute" => (Self::UdpRoute, (GATEWAY_GROUP, "v1")),
             "BackendTLSPolicy" => (Self::BackendTlsPolicy, (GATEWAY_GROUP, "v1")),
             _ => return Ok(None),
         };
@@ -549,6 +562,9 @@ impl ClusterState {
             KnownKind::Gateway => add(doc, &mut self.gateways),
             KnownKind::HttpRoute => add(doc, &mut self.http_routes),
             KnownKind::GrpcRoute => add(doc, &mut self.grpc_routes),
+            KnownKind::TlsRoute => add(doc, &mut self.tls_routes),
+            KnownKind::TcpRoute => add(doc, &mut self.tcp_routes),
+            KnownKind::UdpRoute => add(doc, &mut self.udp_routes),
             KnownKind::ReferenceGrant => add(doc, &mut self.reference_grants),
             KnownKind::BackendTlsPolicy => add(doc, &mut self.backend_tls_policies),
         }

@@ -4,11 +4,13 @@
 //! which settles host claims between ApisixTls objects and Ingresses.
 //!
 //! Files: [`route`] (one ApisixRoute), [`plugins`] (plugin lists, consumers, credentials),
-//! [`traffic_split`] (the `traffic-split` plugin's upstreams). ApisixUpstream settings are
+//! [`traffic_split`] (the `traffic-split` plugin's upstreams), [`stream`] (`spec.stream[]`
+//! rules on the declared stream ports). ApisixUpstream settings are
 //! shared with the other families: [`crate::upstream::settings`].
 
 pub(crate) mod plugins;
 pub(crate) mod route;
+pub(crate) mod stream;
 mod traffic_split;
 
 use std::collections::BTreeMap;
@@ -152,21 +154,37 @@ pub(crate) fn global_rules(idx: &Index<'_>, out: &mut Builder) {
     }
 }
 
-/// Every ApisixRoute: all its rules enter the snapshot, or none (`Accepted=False`).
+/// Every ApisixRoute: all its rules (http and stream) enter the snapshot, or none
+/// (`Accepted=False`). Oldest first (creationTimestamp, then namespace/name), so the older
+/// object keeps a stream (port, host) two claim.
 pub(crate) fn routes(
     idx: &Index<'_>,
     aus: &Upstreams<'_>,
     pcs: &route::PluginConfigs<'_>,
+    stream_ports: &[crate::StreamPort],
     out: &mut Builder,
 ) {
-    for (&(ns, name), ar) in &idx.routes {
+    let mut sorted: Vec<_> = idx.routes.iter().collect();
+    sorted.sort_by_key(|(key, ar)| {
+        let created = ar.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        (created, **key)
+    });
+    let mut claims = stream::Claims::new();
+    for (&(ns, name), ar) in sorted {
         let mut problems = Problems::default();
         let translated = route::translate_object(ar, ns, name, idx, aus, pcs, &mut problems);
+        let streams = stream::translate_rules(ar, ns, name, idx, aus, stream_ports, &mut problems);
+        if problems.is_valid() {
+            let owner = format!("ApisixRoute {ns}/{name}");
+            stream::claim(&streams, &owner, &mut claims, &mut problems);
+        }
         let mut conditions = vec![problems.accepted()];
         let mut ids = Vec::new();
         if problems.is_valid() {
             conditions.push(problems.resolved_refs());
             ids = out.add(translated);
+            ids.extend(out.add_streams(streams.routes, streams.upstreams));
+            ids.sort();
         }
         out.status(ObjectStatus {
             kind: ObjectKind::ApisixRoute,

@@ -1,4 +1,4 @@
-//! ApisixRoute `spec.http[]` rules → snapshot routes.
+//! ApisixRoute `spec.http[]` rules → snapshot routes (`spec.stream[]`: [`super::stream`]).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -50,12 +50,6 @@ pub(crate) fn translate_object(
             out.routes.push(route);
             out.upstreams.extend(ups);
         }
-    }
-    if !ar.spec.stream.is_empty() {
-        problems.notes.push(format!(
-            "spec.stream is not supported yet: {} stream rule(s) ignored",
-            ar.spec.stream.len()
-        ));
     }
     out
 }

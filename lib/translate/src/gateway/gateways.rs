@@ -189,9 +189,8 @@ fn gateway(
     if !ok {
         not_accepted(&mut infos, &mut st);
         let prefix = format!("{ns}/{name}/");
-        served
-            .ports
-            .retain(|id, _| !id.starts_with(&prefix) || id[prefix.len()..].contains('/'));
+        // NB: every id under the prefix is this Gateway's (`<port>` or `<port>/udp`).
+        served.ports.retain(|id, _| !id.starts_with(&prefix));
     }
     st.conditions = vec![accepted, programmed];
     if ok && inputs.gopts.listener_ports.is_some() && super::frontend::insecure_fallback(&g) {

@@ -72,6 +72,8 @@ pub(crate) struct RouteInput<'a> {
 enum Rules<'a> {
     Http(&'a [HttpRouteRule]),
     Grpc(&'a [GrpcRouteRule]),
+    /// A TLSRoute, TCPRoute or UDPRoute: its rules are translated by [`super::stream`].
+    Stream,
 }
 
 impl<'a> RouteInput<'a> {
@@ -101,10 +103,32 @@ impl<'a> RouteInput<'a> {
         }
     }
 
-    fn id_prefix(&self) -> &'static str {
+    /// A TLSRoute, TCPRoute or UDPRoute, for attachment.
+    pub(crate) fn stream(
+        kind: RouteKind,
+        meta: &'a ObjectMeta,
+        parent_refs: &'a [ParentReference],
+        hostnames: &'a [String],
+    ) -> Self {
+        let (ns, name) = crate::key(meta);
+        Self {
+            kind,
+            ns,
+            name,
+            meta,
+            parent_refs,
+            hostnames,
+            rules: Rules::Stream,
+        }
+    }
+
+    pub(crate) fn id_prefix(&self) -> &'static str {
         match self.kind {
             RouteKind::HttpRoute => "httproute",
             RouteKind::GrpcRoute => "grpcroute",
+            RouteKind::TlsRoute => "tlsroute",
+            RouteKind::TcpRoute => "tcproute",
+            RouteKind::UdpRoute => "udproute",
         }
     }
 }
@@ -186,6 +210,7 @@ pub(crate) fn translate_rules(
     let rule_count = match route.rules {
         Rules::Http(r) => r.len(),
         Rules::Grpc(r) => r.len(),
+        Rules::Stream => 0,
     };
     for i in 0..rule_count {
         b.rule(i);
@@ -337,6 +362,7 @@ impl RulesBuild<'_, '_> {
         let parts = match self.route.rules {
             Rules::Http(rules) => http_rule_parts(&rules[i], &field, &mut problems),
             Rules::Grpc(rules) => grpc_rule_parts(&rules[i], &field, &mut problems),
+            Rules::Stream => return,
         };
         // Backends (resolved even for a rule left out, so ResolvedRefs tells the whole story).
         let (backends, websocket) = self.backends(&parts, &field);

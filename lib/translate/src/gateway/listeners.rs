@@ -31,6 +31,8 @@ pub(super) struct PortBuild {
     /// Rank of its Gateway, oldest first (allocation order).
     age: usize,
     tls: bool,
+    /// `v1::ListenerProtocol`.
+    protocol: i32,
     certificates: Vec<v1::TlsCertificate>,
     default_certificate: Option<v1::TlsCertificate>,
     /// Host → the listener certificate serving it on this port.
@@ -117,14 +119,20 @@ fn listener(
     let per_gateway = gopts.listener_ports.is_some();
     let field = format!("spec.listeners[{i}]");
     let https = l.protocol == "HTTPS";
+    let stream = stream_kind(l);
     let want_port = match l.protocol.as_str() {
         // NB: with per-Gateway ports every port is the Gateway's own.
-        "HTTP" | "HTTPS" if per_gateway => u16::try_from(l.port).ok(),
+        "HTTP" | "HTTPS" | "TLS" | "TCP" | "UDP" if per_gateway => u16::try_from(l.port).ok(),
         "HTTP" => Some(gopts.http_port),
         "HTTPS" => Some(gopts.https_port),
         _ => None,
     };
-    let host = l.hostname.as_deref().map(hostname);
+    // NB: TCP and UDP listeners ignore `hostname` (the Gateway API says so).
+    let host = if matches!(l.protocol.as_str(), "TCP" | "UDP") {
+        None
+    } else {
+        l.hostname.as_deref().map(hostname)
+    };
     let mut accepted = accepted(g.gw, l, &field, want_port, host.as_ref(), per_gateway);
     if per_gateway && accepted.status == ConditionStatus::True && !within_port_cap(g.gw, l) {
         accepted = cond(
@@ -161,17 +169,20 @@ fn listener(
     }
     let usable_so_far =
         accepted.status == ConditionStatus::True && conflicted.status == ConditionStatus::False;
-    let port_id = format!("{}/{}/{}", g.ns, g.name, l.port);
+    let port_id = port_id(g.ns, g.name, l);
+    // TLS is terminated here with the listener's certificate: HTTPS, and TLS in Terminate mode.
+    let terminate = https || stream == Some(v1::StreamTls::Terminate);
     if per_gateway && usable_so_far && g.serve {
         let port = served.ports.entry(port_id.clone()).or_default();
         port.age = g.age;
-        port.tls = https;
+        port.tls |= terminate;
+        port.protocol = listener_protocol(&l.protocol) as i32;
         if validation.is_some() {
             port.client_validation = validation;
         }
     }
     let mut cert_ok = true;
-    if https && usable_so_far && g.serve {
+    if terminate && usable_so_far && g.serve {
         let cert = listener_certificate(g, i, l, inputs, served.out);
         let port = &port_id;
         if let Err(c) = serve_certificate(cert, l, per_gateway.then_some(port), served, st) {
@@ -190,13 +201,16 @@ fn listener(
         attached_routes: 0,
         conditions: vec![accepted, conflicted, resolved, programmed(usable)],
     });
+    let slot = match stream {
+        Some(tls) => Slot::Stream(port_id, tls as i32),
+        None if per_gateway => {
+            Slot::Listener(port_id, u16::try_from(l.port).unwrap_or_default(), https)
+        }
+        None => Slot::Scheme(https),
+    };
     ListenerInfo {
         gateway: (g.ns.to_owned(), g.name.to_owned()),
-        slot: if per_gateway {
-            Slot::Listener(port_id, u16::try_from(l.port).unwrap_or_default(), https)
-        } else {
-            Slot::Scheme(https)
-        },
+        slot,
         index: i,
         name: l.name.clone(),
         hostname: host.and_then(Result::ok),
@@ -206,6 +220,48 @@ fn listener(
         kinds,
         from: allowed_from(l),
         attached: BTreeSet::new(),
+    }
+}
+
+/// The `Snapshot.listeners` id of a listener's port: `<ns>/<gateway>/<port>`, and
+/// `<ns>/<gateway>/<port>/udp` for UDP, which may share the port number with a TCP-based
+/// listener. NB: every UDP port carries the suffix, so its id (and the dataplane port the
+/// range gives it) does not change when a TCP listener joins its port number.
+fn port_id(ns: &str, name: &str, l: &Listener) -> String {
+    if l.protocol == "UDP" {
+        format!("{ns}/{name}/{}/udp", l.port)
+    } else {
+        format!("{ns}/{name}/{}", l.port)
+    }
+}
+
+/// How a TLS, TCP or UDP listener treats TLS; `None` for HTTP and HTTPS (and protocols
+/// Sluice does not serve).
+fn stream_kind(l: &Listener) -> Option<v1::StreamTls> {
+    match l.protocol.as_str() {
+        "TCP" | "UDP" => Some(v1::StreamTls::None),
+        "TLS" => match tls_mode(l) {
+            "Passthrough" => Some(v1::StreamTls::Passthrough),
+            _ => Some(v1::StreamTls::Terminate),
+        },
+        _ => None,
+    }
+}
+
+/// `tls.mode`, default `Terminate`.
+fn tls_mode(l: &Listener) -> &str {
+    l.tls
+        .as_ref()
+        .and_then(|t| t.mode.as_deref())
+        .unwrap_or("Terminate")
+}
+
+fn listener_protocol(protocol: &str) -> v1::ListenerProtocol {
+    match protocol {
+        "TLS" => v1::ListenerProtocol::Tls,
+        "TCP" => v1::ListenerProtocol::Tcp,
+        "UDP" => v1::ListenerProtocol::Udp,
+        _ => v1::ListenerProtocol::Http,
     }
 }
 
@@ -220,12 +276,19 @@ fn accepted(
     per_gateway: bool,
 ) -> Condition {
     // NB: checked first: a TLS verdict wins over the port and hostname ones.
+    if l.protocol == "TLS" && !matches!(tls_mode(l), "Terminate" | "Passthrough") {
+        return cond(
+            ACCEPTED,
+            false,
+            reason::UNSUPPORTED_VALUE,
+            format!(
+                "{field}.tls.mode: {} is not a TLS mode (Terminate, Passthrough)",
+                tls_mode(l)
+            ),
+        );
+    }
     if l.protocol == "HTTPS" {
-        let mode = l
-            .tls
-            .as_ref()
-            .and_then(|t| t.mode.as_deref())
-            .unwrap_or("Terminate");
+        let mode = tls_mode(l);
         if mode != "Terminate" {
             return cond(
                 ACCEPTED,
@@ -250,13 +313,26 @@ fn accepted(
         }
     }
     match (want_port, host) {
+        (None, _) if is_served(&l.protocol) => {
+            return cond(
+                ACCEPTED,
+                false,
+                reason::UNSUPPORTED_PROTOCOL,
+                format!(
+                    "{field}.protocol: {} needs a port of the Gateway's own (per-Gateway \
+                     ports, --gateway-service-namespace); the shared dataplane ports serve \
+                     HTTP and HTTPS",
+                    l.protocol
+                ),
+            );
+        }
         (None, _) => {
             return cond(
                 ACCEPTED,
                 false,
                 reason::UNSUPPORTED_PROTOCOL,
                 format!(
-                    "{field}.protocol: {} is not supported (HTTP, HTTPS)",
+                    "{field}.protocol: {} is not supported (HTTP, HTTPS, TLS, TCP, UDP)",
                     l.protocol
                 ),
             );
@@ -285,11 +361,11 @@ fn accepted(
     cond(ACCEPTED, true, reason::ACCEPTED, "Accepted")
 }
 
-/// Whether `l`'s port is among the first [`MAX_PORTS_PER_GATEWAY`] distinct ports of the
-/// HTTP/HTTPS listeners of `gw`, in `spec.listeners` order.
+/// Whether `l`'s port is among the first [`MAX_PORTS_PER_GATEWAY`] distinct port numbers of
+/// the listeners of `gw` Sluice serves, in `spec.listeners` order.
 fn within_port_cap(gw: &Gateway, l: &Listener) -> bool {
     let mut ports = Vec::with_capacity(MAX_PORTS_PER_GATEWAY);
-    for o in gw.spec.listeners.iter().filter(|o| is_http(&o.protocol)) {
+    for o in gw.spec.listeners.iter().filter(|o| is_served(&o.protocol)) {
         if !ports.contains(&o.port) {
             if ports.len() == MAX_PORTS_PER_GATEWAY {
                 break;
@@ -300,11 +376,19 @@ fn within_port_cap(gw: &Gateway, l: &Listener) -> bool {
     ports.contains(&l.port)
 }
 
-/// `Conflicted`: same port, other protocol; or same port, protocol and hostname.
+/// `Conflicted`: same port and transport (UDP, or TCP for the others), other protocol; or
+/// same port, protocol and hostname. TLS listeners of both modes share a port (SNI tells
+/// them apart), and so do a UDP listener and a TCP-based one.
 fn conflicted(ls: &[Listener], i: usize, l: &Listener, want_port: Option<u16>) -> Condition {
+    let udp = |p: &str| p == "UDP";
     for (j, o) in ls.iter().enumerate() {
-        // NB: only listeners Sluice can serve conflict; a TCP listener is just unsupported.
-        if j == i || o.port != l.port || want_port.is_none() || !is_http(&o.protocol) {
+        // NB: only listeners Sluice can serve conflict; an SCTP listener is just unsupported.
+        if j == i
+            || o.port != l.port
+            || want_port.is_none()
+            || !is_served(&o.protocol)
+            || udp(&o.protocol) != udp(&l.protocol)
+        {
             continue;
         }
         if o.protocol != l.protocol {
@@ -318,8 +402,11 @@ fn conflicted(ls: &[Listener], i: usize, l: &Listener, want_port: Option<u16>) -
                 ),
             );
         }
+        // NB: TCP and UDP listeners ignore hostnames: one per port.
         let norm = |h: Option<&str>| h.map(str::to_ascii_lowercase);
-        if norm(o.hostname.as_deref()) == norm(l.hostname.as_deref()) {
+        let same_host = matches!(l.protocol.as_str(), "TCP" | "UDP")
+            || norm(o.hostname.as_deref()) == norm(l.hostname.as_deref());
+        if same_host {
             return cond(
                 CONFLICTED,
                 true,
@@ -489,7 +576,8 @@ pub(super) fn allocate_ports(
             continue;
         };
         used.insert(port);
-        let source = id.rsplit_once('/').map(|x| x.0).unwrap_or_default();
+        // `<ns>/<gateway>` of `<ns>/<gateway>/<port>[/udp]`.
+        let source = id.splitn(3, '/').take(2).collect::<Vec<_>>().join("/");
         let mut certificates = p.certificates;
         certificates.sort_by(|a, b| a.id.cmp(&b.id));
         out.push(v1::Listener {
@@ -497,6 +585,7 @@ pub(super) fn allocate_ports(
             source: format!("Gateway {source}"),
             port,
             tls: p.tls,
+            protocol: p.protocol,
             tls_certificates: certificates,
             default_certificate: p.default_certificate,
             client_validation: p.client_validation,
@@ -507,17 +596,30 @@ pub(super) fn allocate_ports(
     out
 }
 
-fn is_http(protocol: &str) -> bool {
-    matches!(protocol, "HTTP" | "HTTPS")
+/// Protocols Sluice serves on listeners.
+fn is_served(protocol: &str) -> bool {
+    matches!(protocol, "HTTP" | "HTTPS" | "TLS" | "TCP" | "UDP")
+}
+
+/// The route kinds a listener of `protocol` takes.
+fn kinds_for(protocol: &str) -> &'static [RouteKind] {
+    match protocol {
+        "HTTP" | "HTTPS" => &[RouteKind::HttpRoute, RouteKind::GrpcRoute],
+        "TLS" => &[RouteKind::TlsRoute],
+        "TCP" => &[RouteKind::TcpRoute],
+        "UDP" => &[RouteKind::UdpRoute],
+        _ => &[],
+    }
 }
 
 /// (kinds routes may be, supportedKinds for the status, names of unsupported kinds).
 fn route_kinds(l: &Listener) -> (Vec<RouteKind>, Vec<RouteGroupKind>, Vec<String>) {
-    let gk = |kind: &str| RouteGroupKind {
+    let gk = |kind: RouteKind| RouteGroupKind {
         group: Some(GATEWAY_GROUP.to_owned()),
-        kind: kind.to_owned(),
+        kind: kind.as_str().to_owned(),
     };
-    if !is_http(&l.protocol) {
+    let allowed = kinds_for(&l.protocol);
+    if allowed.is_empty() {
         return (Vec::new(), Vec::new(), Vec::new());
     }
     let wanted = l
@@ -527,8 +629,8 @@ fn route_kinds(l: &Listener) -> (Vec<RouteKind>, Vec<RouteGroupKind>, Vec<String
         .filter(|k| !k.is_empty());
     let Some(wanted) = wanted else {
         return (
-            vec![RouteKind::HttpRoute, RouteKind::GrpcRoute],
-            vec![gk("HTTPRoute"), gk("GRPCRoute")],
+            allowed.to_vec(),
+            allowed.iter().map(|k| gk(*k)).collect(),
             Vec::new(),
         );
     };
@@ -537,15 +639,16 @@ fn route_kinds(l: &Listener) -> (Vec<RouteKind>, Vec<RouteGroupKind>, Vec<String
     let mut bad = Vec::new();
     for k in wanted {
         let group = k.group.as_deref().unwrap_or(GATEWAY_GROUP);
-        match (group, k.kind.as_str()) {
-            (GATEWAY_GROUP, "HTTPRoute") => kinds.push(RouteKind::HttpRoute),
-            (GATEWAY_GROUP, "GRPCRoute") => kinds.push(RouteKind::GrpcRoute),
-            _ => {
-                bad.push(format!("{group}/{}", k.kind));
-                continue;
+        let kind = allowed
+            .iter()
+            .find(|a| group == GATEWAY_GROUP && a.as_str() == k.kind);
+        match kind {
+            Some(kind) => {
+                kinds.push(*kind);
+                supported.push(gk(*kind));
             }
+            None => bad.push(format!("{group}/{}", k.kind)),
         }
-        supported.push(gk(&k.kind));
     }
     (kinds, supported, bad)
 }

@@ -1,5 +1,5 @@
-//! Gateway API (GatewayClass, Gateway, HTTPRoute, GRPCRoute, ReferenceGrant) → snapshot
-//! routes, upstreams and certificates, plus the Gateway API status ([`GatewayStatusReport`]).
+//! Gateway API (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute, UDPRoute,
+//! ReferenceGrant) → snapshot routes, stream routes, upstreams and certificates, plus the Gateway API status ([`GatewayStatusReport`]).
 //!
 //! # What is ours
 //!
@@ -19,6 +19,15 @@
 //! (`HostnameConflict`). Listeners of different Gateways share the ports, as the Gateway API
 //! allows ("merging").
 //!
+//! `TLS` (modes `Passthrough` and `Terminate`), `TCP` and `UDP` listeners need per-Gateway
+//! ports (below); on the shared ports they are `UnsupportedProtocol`. Each takes only its
+//! kind of route (`supportedKinds`: TLSRoute, TCPRoute, UDPRoute; another kind in
+//! `allowedRoutes.kinds` is `InvalidRouteKinds`). TLS listeners of both modes share a port
+//! (SNI tells them apart); a UDP listener shares its port number with a TCP-based one; on one
+//! transport and port, other protocols conflict (`ProtocolConflict`), and two TCP or two UDP
+//! listeners too (`HostnameConflict`: they have no hostname). A `Terminate` listener's
+//! certificate is read as an HTTPS listener's. [`stream`] translates their routes.
+//!
 //! HTTPS listeners terminate TLS with their first `certificateRefs` entry, checked exactly as
 //! an ApisixTls Secret is (`tls.rs`: present, PEM, key matches the leaf, valid at
 //! `Options::now`); a Secret in another namespace needs a ReferenceGrant (`RefNotPermitted`).
@@ -26,14 +35,15 @@
 //! for the DNS names of the certificate. A host that an ApisixTls, an Ingress or an older
 //! listener already serves is not taken over: the listener is `Conflicted`
 //! (`HostnameConflict`) naming the holder. Certificate ids: `<ns>/<gateway>/<listener>`.
-//! `Passthrough` is `UnsupportedValue`; `spec.tls` (frontend client-certificate
-//! validation) is served with per-Gateway ports only (`frontend.rs`).
+//! HTTPS `Passthrough` is `UnsupportedValue` (use a TLS listener); `spec.tls` (frontend
+//! client-certificate validation) is served with per-Gateway ports only (`frontend.rs`).
 //!
 //! # Per-Gateway ports
 //!
 //! With [`GatewayOptions::listener_ports`] (the controller's `--gateway-service-namespace`)
 //! each Gateway gets an address of its own: every distinct port of its listeners becomes a
-//! dataplane port taken from that range (`Snapshot.listeners`, id `<ns>/<gateway>/<port>`)
+//! dataplane port taken from that range (`Snapshot.listeners`, id `<ns>/<gateway>/<port>`,
+//! `<ns>/<gateway>/<port>/udp` for UDP, with the port's protocol: HTTP, TLS, TCP or UDP)
 //! and a port of the Gateway's own Service, which the controller keeps (one Service per
 //! Gateway, of `--gateway-service-type`, e.g. `LoadBalancer`). A Gateway uses at most
 //! [`MAX_PORTS_PER_GATEWAY`] distinct ports, so one Gateway cannot take a large share of
@@ -84,6 +94,7 @@ mod listeners;
 mod matches;
 mod routes;
 mod status;
+mod stream;
 mod timeouts;
 
 use std::collections::BTreeMap;
@@ -179,6 +190,8 @@ fn supported_features(gopts: &GatewayOptions) -> Vec<String> {
 pub(crate) struct Output {
     pub(crate) routes: Vec<v1::Route>,
     pub(crate) upstreams: Vec<v1::Upstream>,
+    /// TLSRoutes, TCPRoutes and UDPRoutes.
+    pub(crate) stream_routes: Vec<v1::StreamRoute>,
     pub(crate) certificates: Vec<v1::TlsCertificate>,
     /// The certificate of the first HTTPS listener without a hostname (oldest Gateway
     /// first): served to handshakes without SNI or for a host no certificate covers, unless
@@ -208,6 +221,9 @@ pub(crate) enum Slot {
     Scheme(bool),
     /// A per-Gateway port: its id, the Gateway's port number, whether it is HTTPS.
     Listener(String, u16, bool),
+    /// A per-Gateway TLS, TCP or UDP port: its id and how the listener treats TLS
+    /// (`v1::StreamTls`: none, passthrough or terminate).
+    Stream(String, i32),
 }
 
 /// Whether `grants` in namespace `to_ns` let a `from_kind` in `from_ns` refer to the
@@ -276,6 +292,7 @@ pub(crate) fn translate(
     let entries = routes::routes(state, &ctx, taken, &mut gws, &mut out);
     out.status.backend_tls_policies = tls_policies.status(&gopts.controller_name);
     routes::prioritise(entries, &mut out);
+    stream::routes(state, &ctx, &mut gws, &mut out);
     gws.finish(&mut out);
     // A Gateway's unusable backend client certificate: `ResolvedRefs=False` on the Gateway
     // (its TLS backends are then reached without one).

@@ -134,7 +134,7 @@ fn refuse_taken(translated: &mut Translated, taken: &BTreeMap<String, v1::Route>
 
 /// The status of a route for one parent: its attachment verdict, unless no rule is valid
 /// (`Accepted=False`) or some are not (`PartiallyInvalid`), then `ResolvedRefs`.
-fn parent_status(
+pub(super) fn parent_status(
     parent_ref: ParentReference,
     accepted: Condition,
     translated: &Translated,

@@ -132,7 +132,8 @@ pub struct GatewayStatus {
     pub conditions: Vec<Condition>,
     /// In `spec.listeners` order.
     pub listeners: Vec<ListenerStatus>,
-    /// Snapshot route ids served through this Gateway, sorted (for `Programmed`).
+    /// Snapshot route and stream route ids served through this Gateway, sorted (for
+    /// `Programmed`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<String>,
     /// Snapshot certificate ids of its HTTPS listeners, sorted.
@@ -140,7 +141,7 @@ pub struct GatewayStatus {
     pub certificates: Vec<String>,
 }
 
-/// `HTTPRoute` or `GRPCRoute`.
+/// `HTTPRoute`, `GRPCRoute`, `TLSRoute`, `TCPRoute` or `UDPRoute`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub enum RouteKind {
     /// `HTTPRoute`.
@@ -149,6 +150,15 @@ pub enum RouteKind {
     /// `GRPCRoute`.
     #[serde(rename = "GRPCRoute")]
     GrpcRoute,
+    /// `TLSRoute`.
+    #[serde(rename = "TLSRoute")]
+    TlsRoute,
+    /// `TCPRoute`.
+    #[serde(rename = "TCPRoute")]
+    TcpRoute,
+    /// `UDPRoute`.
+    #[serde(rename = "UDPRoute")]
+    UdpRoute,
 }
 
 impl RouteKind {
@@ -157,6 +167,9 @@ impl RouteKind {
         match self {
             Self::HttpRoute => "HTTPRoute",
             Self::GrpcRoute => "GRPCRoute",
+            Self::TlsRoute => "TLSRoute",
+            Self::TcpRoute => "TCPRoute",
+            Self::UdpRoute => "UDPRoute",
         }
     }
 }
@@ -171,7 +184,7 @@ pub struct RouteParentStatus {
     pub conditions: Vec<Condition>,
 }
 
-/// Status of an HTTPRoute or GRPCRoute with at least one parent Sluice owns.
+/// Status of a route (any [`RouteKind`]) with at least one parent Sluice owns.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RouteStatus {
