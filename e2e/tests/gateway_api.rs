@@ -908,6 +908,8 @@ apiVersion: gateway.networking.k8s.io/v1\nkind: Gateway\nmetadata: {{name: broke
                     .is_some_and(|(s, r, _)| s == "False" && r == "InvalidCACertificateRef")
         },
     );
+}
+
 /// A backend in the root namespace (on the veth's host end, which the dataplane reaches)
 /// that accepts every connection, reads the request and never answers. Returns its address
 /// and the request lines it saw.

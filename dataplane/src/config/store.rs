@@ -127,6 +127,9 @@ impl Store {
                 let table = Arc::new(table);
                 self.table.store(Arc::clone(&table));
                 previous.cancel_removed_streams(&table);
+                // NB: before `prune`, which only drops plugin state no table holds any more
+                // (a removed logger sends what it held then).
+                drop(previous);
                 self.changed.notify_one();
                 self.plugin_state.prune();
                 self.metrics

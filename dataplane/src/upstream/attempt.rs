@@ -217,18 +217,22 @@ pub(crate) async fn run<E: Exchange>(
         let attempt = exchange.attempt(upstream, endpoint, in_flight, attempt_started);
         let result = match attempts.attempt_deadline() {
             None => attempt.await,
-            Some((until, whole)) => match tokio::time::timeout_at(until.into(), attempt).await {
-                Ok(r) => r,
-                // NB: the attempt's future is dropped: its connection is closed, never
-                // pooled again, and its in-flight count ends.
-                Err(_) if whole => Err(Failure::taken(ProxyError::RequestTimeout(
-                    upstream.id.clone(),
-                ))),
-                Err(_) => Err(Failure {
-                    error: ProxyError::AttemptTimeout(endpoint.address.clone()),
-                    may_retry: Some(exchange.replayable()),
-                }),
-            },
+            // NB: boxed, so that a route without deadlines keeps the request's future as small
+            // as before (a timer is ~200 bytes; `a_requests_future_is_small`).
+            Some((until, whole)) => {
+                match Box::pin(tokio::time::timeout_at(until.into(), attempt)).await {
+                    Ok(r) => r,
+                    // NB: the attempt's future is dropped: its connection is closed, never
+                    // pooled again, and its in-flight count ends.
+                    Err(_) if whole => Err(Failure::taken(ProxyError::RequestTimeout(
+                        upstream.id.clone(),
+                    ))),
+                    Err(_) => Err(Failure {
+                        error: ProxyError::AttemptTimeout(endpoint.address.clone()),
+                        may_retry: Some(exchange.replayable()),
+                    }),
+                }
+            }
         };
         match result {
             Ok(out) => {
@@ -413,11 +417,12 @@ impl<'p> Attempts<'p> {
                 let until = Instant::now() + w;
                 match deadline {
                     Some(d) if d <= until => {
-                        tokio::time::sleep_until(d.into()).await;
+                        // NB: boxed timers, as in `run`: only a retry pays for them.
+                        Box::pin(tokio::time::sleep_until(d.into())).await;
                         Err(timed_out())
                     }
                     _ => {
-                        tokio::time::sleep_until(until.into()).await;
+                        Box::pin(tokio::time::sleep_until(until.into())).await;
                         Ok(())
                     }
                 }
