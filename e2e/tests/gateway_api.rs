@@ -630,8 +630,10 @@ fn each_gateway_gets_its_own_service_address_and_ports() {
         "app.kubernetes.io/component=dataplane",
         "--gateway-service-type",
         "ClusterIP",
+        // NB: below both the tests' port picker (21000-32767) and the kernel's ephemeral
+        // range (32768-60999): a port from either may be held by another test's socket.
         "--gateway-listener-ports",
-        "41000-41999",
+        "20000-20499",
     ])
     .unwrap();
     let ns = p.namespace.clone();
@@ -681,7 +683,7 @@ spec:
         ))
     })
     .unwrap_or_else(|| panic!("no Gateway Services: {:#?}", gateway_services(&p, &ns)));
-    assert!((41000..=41999).contains(&one) && (41000..=41999).contains(&two));
+    assert!((20000..=20499).contains(&one) && (20000..=20499).contains(&two));
     assert_ne!(one, two);
     let services = gateway_services(&p, &ns);
     for s in &services {
@@ -799,7 +801,7 @@ fn a_validating_gateway_listener_refuses_clients_without_a_certificate_and_misdi
         "--gateway-service-type",
         "ClusterIP",
         "--gateway-listener-ports",
-        "42000-42999",
+        "20500-20999",
     ])
     .unwrap();
     let ns = p.namespace.clone();
