@@ -41,7 +41,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 SLUICE_CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
-MODDIR="$ROOT/scripts/gateway-conformance"
+MODDIR="$ROOT/scripts/conformance/gateway-conformance"
 VERSION="$(cat "$ROOT/crds/gateway-api/VERSION")"
 BIN="$SLUICE_CACHE/bin"
 SUITE="$BIN/gateway-conformance-$VERSION.test"
@@ -208,7 +208,7 @@ cmd_suite() {
     local report="${SLUICE_CONFORMANCE_REPORT:-$DIR/report.yaml}" s
     local args=(
         --gateway-class="$CLASS"
-        --conformance-profiles=GATEWAY-HTTP,GATEWAY-GRPC
+        --conformance-profiles="${SLUICE_CONFORMANCE_PROFILES:-GATEWAY-HTTP,GATEWAY-GRPC,GATEWAY-TLS,GATEWAY-TCP,GATEWAY-UDP}"
         --organization=sluice --project=sluice --url=https://github.com/sluice-proxy/sluice
         --version="v$(sluice_version)" --contact=@sluice-maintainers
         --report-output="$report"

@@ -147,17 +147,24 @@ impl Default for GatewayOptions {
     }
 }
 
-/// Features listed in `GatewayClass.status.supportedFeatures` (conformance names).
+/// Features listed in `GatewayClass.status.supportedFeatures` (conformance names), each
+/// claimed once its tests of the upstream suite pass (conformance/README.md).
 const SUPPORTED_FEATURES: &[&str] = &[
+    "BackendTLSPolicy",
+    "BackendTLSPolicySANValidation",
     "GRPCRoute",
     "GRPCRouteNamedRouteRule",
     "Gateway",
+    "GatewayBackendClientCertificate",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
     "HTTPRoute307RedirectStatusCode",
     "HTTPRoute308RedirectStatusCode",
     "HTTPRouteBackendProtocolH2C",
     "HTTPRouteBackendProtocolWebSocket",
+    "HTTPRouteBackendRequestHeaderModification",
+    "HTTPRouteBackendTimeout",
+    "HTTPRouteCORS",
     "HTTPRouteHostRewrite",
     "HTTPRouteMethodMatching",
     "HTTPRouteNamedRouteRule",
@@ -166,14 +173,28 @@ const SUPPORTED_FEATURES: &[&str] = &[
     "HTTPRoutePortRedirect",
     "HTTPRouteQueryParamMatching",
     "HTTPRouteRequestMirror",
+    "HTTPRouteRequestMultipleMirrors",
     "HTTPRouteRequestPercentageMirror",
+    "HTTPRouteRequestTimeout",
     "HTTPRouteResponseHeaderModification",
     "HTTPRouteSchemeRedirect",
     "ReferenceGrant",
 ];
 
-/// Features that need each Gateway on ports of its own (`GatewayOptions::listener_ports`).
-const PER_GATEWAY_FEATURES: &[&str] = &["GatewayPort8080", "HTTPRouteParentRefPort"];
+/// Features that need each Gateway on ports of its own (`GatewayOptions::listener_ports`):
+/// a listener on any port, per-port TLS settings, Layer 4 listeners.
+const PER_GATEWAY_FEATURES: &[&str] = &[
+    "GatewayFrontendClientCertificateValidation",
+    "GatewayFrontendClientCertificateValidationInsecureFallback",
+    "GatewayHTTPListenerIsolation",
+    "GatewayHTTPSListenerDetectMisdirectedRequests",
+    "GatewayPort8080",
+    "HTTPRouteParentRefPort",
+    "TCPRoute",
+    "TLSRoute",
+    "TLSRouteModeTerminate",
+    "UDPRoute",
+];
 
 /// `supportedFeatures`, sorted: per-Gateway ones only with per-Gateway ports.
 fn supported_features(gopts: &GatewayOptions) -> Vec<String> {
