@@ -25,6 +25,13 @@ use sluice_translate::gateway::{DEFAULT_CONTROLLER_NAME, GatewayOptions};
 /// Sluice controller: watches ApisixRoute & co., Ingress, the Gateway API (when installed),
 /// Services, EndpointSlices and Secrets, translates them into route snapshots and pushes those to the dataplanes over
 /// mutually authenticated gRPC.
+/// Channel of the installed Gateway API CRDs (`--gateway-api-channel`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum GatewayApiChannel {
+    Standard,
+    Experimental,
+}
+
 #[derive(Debug, Parser)]
 #[command(version, about)]
 struct Args {
@@ -111,6 +118,11 @@ struct Args {
     /// Gateway API: GatewayClasses with this `spec.controllerName` are served by Sluice.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_CONTROLLER_NAME)]
     gateway_controller_name: String,
+    /// Gateway API: the channel of the installed CRDs. `experimental` also claims the
+    /// features whose fields only that channel has (HTTPRoute `retry`) in the GatewayClass's
+    /// `supportedFeatures`; routes use those fields with either value when the CRDs have them.
+    #[arg(long, value_enum, value_name = "CHANNEL", default_value = "standard")]
+    gateway_api_channel: GatewayApiChannel,
     /// Gateway API: the port clients reach the dataplanes' plain-HTTP listener on (the
     /// dataplane Service's port). Gateway HTTP listeners on other ports are
     /// `PortUnavailable`.
@@ -278,6 +290,7 @@ async fn main() -> anyhow::Result<()> {
                 .gateway_service_namespace
                 .as_ref()
                 .map(|_| args.gateway_listener_ports.clone()),
+            experimental_channel: args.gateway_api_channel == GatewayApiChannel::Experimental,
         },
         gateway_services: match (
             &args.gateway_service_namespace,

@@ -54,6 +54,11 @@ REPO=example.invalid/sluice
 NS=sluice
 CLASS=sluice
 SKIP_FILE="$ROOT/conformance/skipped-tests.txt"
+# standard (default): the CRDs in crds/gateway-api/. experimental: the experimental channel's
+# CRDs from the same module version, and the chart told so (HTTPRoute retry is claimed);
+# `run` then writes conformance/experimental/.
+CHANNEL="${SLUICE_CONFORMANCE_CHANNEL:-standard}"
+case "$CHANNEL" in standard | experimental) ;; *) echo "SLUICE_CONFORMANCE_CHANNEL: standard or experimental" >&2; exit 2 ;; esac
 
 log() { echo "==> gateway-conformance: $*" >&2; }
 die() { echo "gateway-conformance: $*" >&2; exit 1; }
@@ -173,9 +178,18 @@ cmd_up() {
     local tag
     tag="$(sluice_version)-gw$(date +%s)"
     load_sluice "$tag"
-    kube apply --server-side -f "$ROOT/crds/gateway-api/" >/dev/null
+    if [ "$CHANNEL" = experimental ]; then
+        local api f
+        api="$(cd "$MODDIR" && go_env go list -m -f '{{.Dir}}' sigs.k8s.io/gateway-api)"
+        for f in "$api"/config/crd/experimental/*.yaml; do
+            [ "$(basename "$f")" = kustomization.yaml ] || kube apply --server-side -f "$f" >/dev/null
+        done
+    else
+        kube apply --server-side -f "$ROOT/crds/gateway-api/" >/dev/null
+    fi
     helm_ install sluice "$ROOT/charts/sluice" --namespace "$NS" --create-namespace \
-        --set image.repository="$REPO" --set image.tag="$tag" --set image.pullPolicy=Never >/dev/null
+        --set image.repository="$REPO" --set image.tag="$tag" --set image.pullPolicy=Never \
+        --set controller.gatewayAPIChannel="$CHANNEL" >/dev/null
     printf '%s\n' "apiVersion: gateway.networking.k8s.io/v1" "kind: GatewayClass" \
         "metadata: {name: $CLASS}" "spec: {controllerName: sluice.dev/gateway-controller}" |
         kube apply -f - >/dev/null
@@ -237,10 +251,12 @@ cmd_run() {
     trap 'cmd_down "$RUN_DIR" || true' EXIT
     local dir=$RUN_DIR
     SLUICE_OWNER_PID=$$ cmd_up "$dir"
-    mkdir -p "$ROOT/conformance"
-    SLUICE_CONFORMANCE_REPORT="$ROOT/conformance/report.yaml" cmd_suite "$dir"
-    cp "$dir/summary.txt" "$ROOT/conformance/summary.txt"
-    log "report: conformance/report.yaml"
+    local out="$ROOT/conformance"
+    [ "$CHANNEL" = standard ] || out="$ROOT/conformance/$CHANNEL"
+    mkdir -p "$out"
+    SLUICE_CONFORMANCE_REPORT="$out/report.yaml" cmd_suite "$dir"
+    cp "$dir/summary.txt" "$out/summary.txt"
+    log "report: ${out#"$ROOT"/}/report.yaml"
 }
 
 case "${1:-}" in

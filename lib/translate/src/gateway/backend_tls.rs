@@ -239,21 +239,21 @@ impl<'a> Policies<'a> {
         Some(BackendTls::Tls(tls, suffix))
     }
 
-    /// Why the backend client certificate of Gateway `ns/name` is unusable, if it names one
-    /// that is: (reason, message) for the Gateway's `ResolvedRefs`.
-    pub(crate) fn client_certificate_problem(
+    /// The Gateway's `ResolvedRefs` for its backend client certificate, when it names one:
+    /// `Ok(())` when usable, else `Err((reason, message))`.
+    pub(crate) fn client_certificate_verdict(
         &self,
         ns: &str,
         name: &str,
-    ) -> Option<(&'static str, String)> {
-        match self.client_certs.get(&(ns.to_owned(), name.to_owned()))? {
-            Ok(_) => None,
-            Err(m) if m.starts_with("RefNotPermitted:") => Some((
+    ) -> Option<Result<(), (&'static str, String)>> {
+        Some(match self.client_certs.get(&(ns.to_owned(), name.to_owned()))? {
+            Ok(_) => Ok(()),
+            Err(m) if m.starts_with("RefNotPermitted:") => Err((
                 super::reason::REF_NOT_PERMITTED,
                 m.trim_start_matches("RefNotPermitted:").to_owned(),
             )),
-            Err(m) => Some((policy_reason::INVALID_CLIENT_CERTIFICATE_REF, m.clone())),
-        }
+            Err(m) => Err((policy_reason::INVALID_CLIENT_CERTIFICATE_REF, m.clone())),
+        })
     }
 
     /// The status of every policy some route of Sluice's Gateways uses, by namespace/name.

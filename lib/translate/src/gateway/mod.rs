@@ -134,6 +134,9 @@ pub struct GatewayOptions {
     /// Gateway, taken from this range (see "Per-Gateway ports" above), and listeners may use
     /// any port. `None` (default): every Gateway shares `http_port` and `https_port`.
     pub listener_ports: Option<std::ops::RangeInclusive<u16>>,
+    /// The Gateway API CRDs installed are the experimental channel's: features whose fields
+    /// only that channel has (HTTPRoute `retry`) are claimed too. Default false.
+    pub experimental_channel: bool,
 }
 
 impl Default for GatewayOptions {
@@ -143,6 +146,7 @@ impl Default for GatewayOptions {
             http_port: 80,
             https_port: 443,
             listener_ports: None,
+            experimental_channel: false,
         }
     }
 }
@@ -189,11 +193,21 @@ const PER_GATEWAY_FEATURES: &[&str] = &[
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayPort8080",
+    "HTTPRouteDestinationPortMatching",
     "HTTPRouteParentRefPort",
     "TCPRoute",
     "TLSRoute",
+    "TLSRouteModeMixed",
     "TLSRouteModeTerminate",
     "UDPRoute",
+];
+
+/// Features whose fields only the experimental channel's CRDs have
+/// (`GatewayOptions::experimental_channel`): with the standard CRDs a route cannot ask for them.
+const EXPERIMENTAL_CHANNEL_FEATURES: &[&str] = &[
+    "HTTPRouteRetry",
+    "HTTPRouteRetryBackendTimeout",
+    "HTTPRouteRetryConnectionError",
 ];
 
 /// `supportedFeatures`, sorted: per-Gateway ones only with per-Gateway ports.
@@ -201,6 +215,9 @@ fn supported_features(gopts: &GatewayOptions) -> Vec<String> {
     let mut out: Vec<String> = SUPPORTED_FEATURES.iter().map(|s| (*s).to_owned()).collect();
     if gopts.listener_ports.is_some() {
         out.extend(PER_GATEWAY_FEATURES.iter().map(|s| (*s).to_owned()));
+    }
+    if gopts.experimental_channel {
+        out.extend(EXPERIMENTAL_CHANNEL_FEATURES.iter().map(|s| (*s).to_owned()));
     }
     out.sort();
     out
@@ -315,12 +332,44 @@ pub(crate) fn translate(
     routes::prioritise(entries, &mut out);
     stream::routes(state, &ctx, &mut gws, &mut out);
     gws.finish(&mut out);
-    // A Gateway's unusable backend client certificate: `ResolvedRefs=False` on the Gateway
-    // (its TLS backends are then reached without one).
+    // A Gateway's backend client certificate: `ResolvedRefs` on the Gateway, False when
+    // unusable (its TLS backends are then reached without one).
     for g in &mut out.status.gateways {
-        if let Some((reason, m)) = tls_policies.client_certificate_problem(&g.namespace, &g.name) {
-            g.conditions.push(cond(RESOLVED_REFS, false, reason, m));
+        match tls_policies.client_certificate_verdict(&g.namespace, &g.name) {
+            Some(Ok(())) => g.conditions.push(cond(
+                RESOLVED_REFS,
+                true,
+                reason::RESOLVED_REFS,
+                "spec.tls.backend.clientCertificateRef resolved",
+            )),
+            Some(Err((reason, m))) => g.conditions.push(cond(RESOLVED_REFS, false, reason, m)),
+            None => {}
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn features_follow_the_ports_and_the_channel() {
+        let shared = supported_features(&GatewayOptions::default());
+        assert!(shared.contains(&"HTTPRouteCORS".to_owned()));
+        assert!(!shared.contains(&"GatewayPort8080".to_owned()));
+        assert!(!shared.contains(&"HTTPRouteRetry".to_owned()));
+        let experimental = supported_features(&GatewayOptions {
+            listener_ports: Some(20000..=29999),
+            experimental_channel: true,
+            ..GatewayOptions::default()
+        });
+        for f in ["GatewayPort8080", "TLSRoute", "HTTPRouteRetry"] {
+            assert!(experimental.contains(&f.to_owned()), "{f}");
+        }
+        let mut sorted = experimental.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(sorted, experimental, "sorted, each once");
+    }
 }
