@@ -26,8 +26,10 @@ struct Cli {
 enum Cmd {
     /// Benchmark nginx and sluice in turn against one nginx origin on 127.0.0.1:1980.
     Proxy {
-        /// 1 = pure proxy; 2 = limit-count + prometheus on the route.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=2))]
+        /// 1 = pure proxy; 2 = limit-count + prometheus on the route; 3 = a Gateway API
+        /// HTTPRoute with request and backend-request timeouts and a retry policy; 4 = the
+        /// same HTTPRoute without them.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=4))]
         scenario: u8,
         /// Length of the measured wrk run (`10s`, `1m`; wrk rounds up to whole seconds).
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -76,6 +78,11 @@ enum Cmd {
         /// between rounds).
         #[arg(long, value_name = "PATH")]
         baseline_bin: Option<PathBuf>,
+        /// The baseline (`--baseline-bin`, which may be the same binary) serves this
+        /// scenario's configuration instead of `--scenario`'s: e.g. `--scenario 3
+        /// --baseline-scenario 4` is the cost of timeouts and retries on one route.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=4), requires = "baseline_bin")]
+        baseline_scenario: Option<u8>,
         /// Every request on a new connection: wrk sends `Connection: close` and reconnects
         /// (connection churn, e.g. side by side with `--baseline-bin`); recorded in the
         /// results.
@@ -396,6 +403,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             emulator,
             sluice_args,
             baseline_bin,
+            baseline_scenario,
             connection_close,
         } => {
             process::install_signal_handler().context("installing signal handlers")?;
@@ -404,6 +412,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 without_first: false,
                 connection_close,
                 baseline_bin,
+                baseline_scenario,
                 emulator,
                 sluice_args,
                 scenario,

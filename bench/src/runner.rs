@@ -82,6 +82,8 @@ pub struct ProxyOptions {
     /// the one under test, on the same scenario during the same seconds
     /// ([`report::BaselineSideBySide`]); with `without_first`, the baseline starts first.
     pub baseline_bin: Option<PathBuf>,
+    /// The scenario the baseline serves; `None`: the same as [`Self::scenario`].
+    pub baseline_scenario: Option<u8>,
     /// Every request on a new connection (wrk sends `Connection: close`).
     pub connection_close: bool,
 }
@@ -493,11 +495,15 @@ fn start_sluice(
 /// Runs the benchmark and writes the result files; returns the result and
 /// where it was written.
 pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), BenchError> {
-    if !matches!(opts.scenario, 1 | 2) {
-        return Err(BenchError::Usage(format!(
-            "unknown scenario {}; use 1 or 2",
-            opts.scenario
-        )));
+    for s in [Some(opts.scenario), opts.baseline_scenario]
+        .into_iter()
+        .flatten()
+    {
+        if !matches!(s, 1..=4) {
+            return Err(BenchError::Usage(format!(
+                "unknown scenario {s}; use 1, 2, 3 or 4"
+            )));
+        }
     }
     let tools = Tools {
         nginx: require("nginx")?,
@@ -728,7 +734,8 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
             let pb = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
             let pa = probe::free_port().map_err(|e| format!("no free port: {e}"))?;
             let start_build = || start_sluice(opts, opts.scenario, bin, proxy_cpu, &dir_b, pb);
-            let start_base = || start_sluice(opts, opts.scenario, baseline, proxy_cpu, &dir_a, pa);
+            let base_scenario = opts.baseline_scenario.unwrap_or(opts.scenario);
+            let start_base = || start_sluice(opts, base_scenario, baseline, proxy_cpu, &dir_a, pa);
             let ((build, _), (base, _)) = if opts.without_first {
                 let base = start_base()?;
                 (start_build()?, base)
@@ -748,7 +755,12 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         match side {
             Ok(x) => {
                 baseline_side_by_side = x.map(|x| report::BaselineSideBySide {
-                    baseline: baseline.display().to_string(),
+                    baseline: match opts.baseline_scenario {
+                        Some(s) if s != opts.scenario => {
+                            format!("{} serving scenario {s}", baseline.display())
+                        }
+                        _ => baseline.display().to_string(),
+                    },
                     build: x.with_plugins,
                     baseline_share: x.without_plugins,
                     ratio: x.ratio,

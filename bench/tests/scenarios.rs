@@ -129,3 +129,50 @@ fn suite_is_scenario_1_plus_the_large_body_paths() {
     check_common(&suite);
     assert_eq!(suite, docs(1));
 }
+
+/// Scenarios 3 and 4: one HTTPRoute, the same but for rule 0's `timeouts` and `retry`; the
+/// translation of 3 carries them into the route and 4's has none, so the side-by-side cost
+/// (`--scenario 3 --baseline-scenario 4`) is theirs alone.
+#[test]
+fn scenario3_is_scenario4_plus_timeouts_and_a_retry_policy() {
+    let (mut with, without) = (docs(3), docs(4));
+    let rule = with[2]["spec"]["rules"][0].as_object_mut().unwrap();
+    assert_eq!(
+        rule["timeouts"],
+        json!({"request": "30s", "backendRequest": "10s"})
+    );
+    assert!(rule.remove("timeouts").is_some() && rule.remove("retry").is_some());
+    assert_eq!(with, without);
+
+    let route = |scenario: u8| {
+        let manifest = manifest_dir();
+        let path = scenario_config(manifest.parent().unwrap(), scenario);
+        let mut state = sluice_translate::ClusterState::new();
+        state
+            .load_yaml("scenario", &std::fs::read_to_string(path).unwrap())
+            .unwrap();
+        let t = sluice_translate::translate(&state, &sluice_translate::Options::default());
+        assert_eq!(t.snapshot.routes.len(), 1, "scenario {scenario}");
+        t.snapshot.routes[0].clone()
+    };
+    let (r3, r4) = (route(3), route(4));
+    let retry = r3
+        .retry
+        .as_ref()
+        .expect("scenario 3's route has a retry policy");
+    assert_eq!(
+        (retry.attempts, retry.codes.clone()),
+        (2, vec![502, 503, 504])
+    );
+    let t = r3
+        .timeout
+        .as_ref()
+        .expect("scenario 3's route has timeouts");
+    assert_eq!((t.request_ms, t.attempt_ms), (30_000, 10_000));
+    assert!(r4.retry.is_none());
+    assert!(
+        r4.timeout
+            .as_ref()
+            .is_none_or(|t| t.request_ms == 0 && t.attempt_ms == 0)
+    );
+}
