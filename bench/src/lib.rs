@@ -27,6 +27,7 @@ pub mod report;
 pub mod results;
 pub mod runner;
 pub mod sluice;
+pub mod stream;
 pub mod suite;
 pub mod tls;
 pub mod wrk;

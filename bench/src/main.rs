@@ -89,6 +89,30 @@ enum Cmd {
         #[arg(long)]
         connection_close: bool,
     },
+    /// Layer 4 (issue 41): plain TCP through Sluice's stream proxy, HAProxy (mode tcp) and
+    /// nginx stream in turn, each pinned to CPU 0 with one worker: throughput of large
+    /// transfers and connection rate, per second and per proxy CPU-second. Prints markdown.
+    Stream {
+        /// Length of each measured case.
+        #[arg(long, default_value = "10s", value_parser = parse_duration)]
+        duration: Duration,
+        /// Client connections (throughput case) and client threads (connect case).
+        #[arg(long, default_value_t = 8)]
+        connections: usize,
+        /// Rounds; the order of the proxies rotates; the table gives medians.
+        #[arg(long, default_value_t = 3)]
+        repeat: usize,
+        /// The sluice-dataplane binary (a release build).
+        #[arg(long, value_name = "PATH")]
+        sluice_bin: PathBuf,
+        /// Extra flag for sluice-dataplane, e.g. `--sluice-arg=--write-batching=send`.
+        #[arg(long = "sluice-arg", value_name = "ARG", allow_hyphen_values = true)]
+        sluice_args: Vec<String>,
+        /// nginx's stream module (Debian: libnginx-mod-stream, installed by
+        /// scripts/install/bench-deps.sh).
+        #[arg(long, value_name = "PATH", default_value = "/usr/lib/nginx/modules/ngx_stream_module.so")]
+        nginx_stream_module: PathBuf,
+    },
     /// HTTPS side by side with nginx (same certificate): keep-alive requests and new TLS
     /// connections (ECDSA P-256, RSA-2048) per proxy CPU-second. Writes tls-<arch>.md.
     Tls {
@@ -466,6 +490,25 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                     eprintln!("sluice-bench: wrote {}", path.display());
                 }
             }
+        }
+        Cmd::Stream {
+            duration,
+            connections,
+            repeat,
+            sluice_bin,
+            sluice_args,
+            nginx_stream_module,
+        } => {
+            process::install_signal_handler().context("installing signal handlers")?;
+            let opts = sluice_bench::stream::StreamOptions {
+                duration,
+                connections,
+                repeat,
+                sluice_bin,
+                sluice_args,
+                nginx_stream_module,
+            };
+            println!("{}", sluice_bench::stream::run(&opts)?);
         }
         Cmd::Tls {
             duration,

@@ -28,6 +28,9 @@ use sluice_process::{LogFormat, init_logs, shutdown_signal};
 #[global_allocator]
 static GLOBAL: sluice_io::allocator::Mimalloc = sluice_io::allocator::Mimalloc;
 
+/// `--stream-ports` (clap takes a `Vec` field as a repeated flag; this is one value).
+type StreamPorts = Vec<sluice_translate::StreamPort>;
+
 /// Sluice dataplane: proxies HTTP traffic by the routes of a snapshot, taken from YAML files
 /// (standalone mode) or from the Sluice controller.
 #[derive(Debug, Parser)]
@@ -37,6 +40,12 @@ struct Args {
     /// EndpointSlice and Secret documents, as for `kubectl apply`. Reloaded on change.
     #[arg(long, value_name = "PATH", conflicts_with = "controller")]
     standalone: Option<PathBuf>,
+    /// Standalone mode: the layer-4 ports for ApisixRoute `spec.stream` rules, as the
+    /// controller's flag of the same name: `tcp:9100,udp:9200,tls:9443` (`tls:` ports
+    /// terminate TLS by SNI with the ApisixTls certificates). A rule on another port is
+    /// refused. In controller mode the controller declares them. Default: none.
+    #[arg(long, value_name = "PROTO:PORT,...", default_value = "", requires = "standalone", value_parser = sluice_translate::parse_stream_ports)]
+    stream_ports: StreamPorts,
     /// Controller mode: the gRPC URL of sluice-controller, e.g.
     /// `https://sluice-controller.sluice.svc:18000`. Needs --tls-cert, --tls-key and
     /// --tls-ca, or --insecure for a controller on localhost. Several controller replicas
@@ -321,6 +330,7 @@ fn main() -> anyhow::Result<()> {
     let standalone_options = sluice_translate::Options {
         default_certificate: args.default_ssl_certificate.clone(),
         fallback_sni: args.fallback_sni.clone(),
+        stream_ports: args.stream_ports.clone(),
         ..Default::default()
     };
     let mut recheck_at = None;

@@ -924,3 +924,111 @@ async fn the_write_batching_mode_is_logged_once_and_exported_as_a_metric() {
         let _ = child.wait();
     }
 }
+
+/// Standalone mode serves ApisixRoute `spec.stream` on the ports `--stream-ports` declares:
+/// TCP bytes and a UDP datagram reach the echo backends and come back. Without the flag the
+/// rules are refused (their ports are not declared) and nothing listens there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn standalone_serves_stream_routes_on_the_declared_stream_ports() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Backends: a TCP echo and a UDP echo on loopback.
+    let tcp_echo = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tcp_port = tcp_echo.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut s, _)) = tcp_echo.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let (mut r, mut w) = s.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let udp_echo = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let udp_port = udp_echo.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        let mut buf = [0u8; 2048];
+        while let Ok((n, from)) = udp_echo.recv_from(&mut buf).await {
+            let _ = udp_echo.send_to(&buf[..n], from).await;
+        }
+    });
+    let (tcp_in, udp_in) = (free_port().port(), free_port().port());
+    let dir = tempfile::tempdir().unwrap();
+    let service = |name: &str, proto: &str, port: u16| {
+        format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
+             spec: {{ports: [{{name: p, protocol: {proto}, port: {port}, targetPort: {port}}}]}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+             addressType: IPv4\nendpoints: [{{addresses: [127.0.0.1], conditions: {{ready: true}}}}]\n\
+             ports: [{{name: p, protocol: {proto}, port: {port}}}]\n"
+        )
+    };
+    std::fs::write(
+        dir.path().join("config.yaml"),
+        format!(
+            "apiVersion: apisix.apache.org/v2\nkind: ApisixRoute\nmetadata: {{name: l4, namespace: default}}\n\
+             spec:\n  stream:\n\
+             \x20   - {{name: tcp, protocol: TCP, match: {{ingressPort: {tcp_in}}}, backend: {{serviceName: tcp-echo, servicePort: {tcp_port}}}}}\n\
+             \x20   - {{name: udp, protocol: UDP, match: {{ingressPort: {udp_in}}}, backend: {{serviceName: udp-echo, servicePort: {udp_port}}}}}\n\
+             {}{}",
+            service("tcp-echo", "TCP", tcp_port),
+            service("udp-echo", "UDP", udp_port),
+        ),
+    )
+    .unwrap();
+
+    // Without --stream-ports: nothing listens on the stream port.
+    let (mut plain, _, _) = start_standalone(dir.path(), &[]).await;
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", tcp_in))
+            .await
+            .is_err()
+    );
+    plain.kill().unwrap();
+    plain.wait().unwrap();
+
+    let ports = format!("tcp:{tcp_in},udp:{udp_in}");
+    let (mut child, _, _) = start_standalone(dir.path(), &["--stream-ports", &ports]).await;
+    // TCP: the listener opens with the first snapshot.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut conn = loop {
+        match tokio::net::TcpStream::connect(("127.0.0.1", tcp_in)).await {
+            Ok(c) => break c,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "{e}\n{}", log_tail(dir.path()));
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    conn.write_all(b"PING\r\n").await.unwrap();
+    let mut got = [0u8; 6];
+    tokio::time::timeout(Duration::from_secs(5), conn.read_exact(&mut got))
+        .await
+        .expect("TCP echo through the stream route")
+        .unwrap();
+    assert_eq!(&got, b"PING\r\n");
+    // UDP: one datagram there and back.
+    let client = tokio::net::UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    client.connect(("127.0.0.1", udp_in)).await.unwrap();
+    let mut buf = [0u8; 64];
+    let mut answered = None;
+    for _ in 0..20 {
+        client.send(b"query").await.unwrap();
+        if let Ok(Ok(n)) =
+            tokio::time::timeout(Duration::from_millis(250), client.recv(&mut buf)).await
+        {
+            answered = Some(buf[..n].to_vec());
+            break;
+        }
+    }
+    assert_eq!(
+        answered.as_deref(),
+        Some(&b"query"[..]),
+        "{}",
+        log_tail(dir.path())
+    );
+    child.kill().unwrap();
+    child.wait().unwrap();
+}

@@ -2,6 +2,7 @@
 # Installs what the bench/ harness (sluice-bench) needs on Debian/Ubuntu:
 #   nginx (nginx-light)  upstream origin and baseline proxy
 #   haproxy              second baseline proxy (sluice-bench suite, issue 21)
+#   libnginx-mod-stream  nginx's stream module (sluice-bench stream, issue 41)
 #   wrk                  load generator
 #   h2load (nghttp2-client) HTTPS keep-alive load (sluice-bench tls)
 #   openssl              certificates for sluice-bench tls
@@ -48,9 +49,11 @@ need curl curl
 need heaptrack heaptrack
 need heaptrack_print heaptrack
 need python3 python3
+# A module, not a command: nginx -V says --with-stream=dynamic.
+[ -e /usr/lib/nginx/modules/ngx_stream_module.so ] || missing="$missing libnginx-mod-stream"
 
 if [ -z "$missing" ]; then
-    echo "install-bench-deps: nginx, haproxy, wrk, taskset, kill, getconf, h2load, curl, openssl, heaptrack and python3 are already installed"
+    echo "install-bench-deps: nginx (with its stream module), haproxy, wrk, taskset, kill, getconf, h2load, curl, openssl, heaptrack and python3 are already installed"
     exit 0
 fi
 

@@ -246,14 +246,16 @@ impl<'a> Policies<'a> {
         ns: &str,
         name: &str,
     ) -> Option<Result<(), (&'static str, String)>> {
-        Some(match self.client_certs.get(&(ns.to_owned(), name.to_owned()))? {
-            Ok(_) => Ok(()),
-            Err(m) if m.starts_with("RefNotPermitted:") => Err((
-                super::reason::REF_NOT_PERMITTED,
-                m.trim_start_matches("RefNotPermitted:").to_owned(),
-            )),
-            Err(m) => Err((policy_reason::INVALID_CLIENT_CERTIFICATE_REF, m.clone())),
-        })
+        Some(
+            match self.client_certs.get(&(ns.to_owned(), name.to_owned()))? {
+                Ok(_) => Ok(()),
+                Err(m) if m.starts_with("RefNotPermitted:") => Err((
+                    super::reason::REF_NOT_PERMITTED,
+                    m.trim_start_matches("RefNotPermitted:").to_owned(),
+                )),
+                Err(m) => Err((policy_reason::INVALID_CLIENT_CERTIFICATE_REF, m.clone())),
+            },
+        )
     }
 
     /// The status of every policy some route of Sluice's Gateways uses, by namespace/name.

@@ -217,7 +217,11 @@ fn supported_features(gopts: &GatewayOptions) -> Vec<String> {
         out.extend(PER_GATEWAY_FEATURES.iter().map(|s| (*s).to_owned()));
     }
     if gopts.experimental_channel {
-        out.extend(EXPERIMENTAL_CHANNEL_FEATURES.iter().map(|s| (*s).to_owned()));
+        out.extend(
+            EXPERIMENTAL_CHANNEL_FEATURES
+                .iter()
+                .map(|s| (*s).to_owned()),
+        );
     }
     out.sort();
     out
