@@ -19,7 +19,12 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/sluice.v1.serde.rs"));
 }
 
+pub mod state;
 pub mod validate;
+
+/// `Hello.protocol` of a peer that speaks deltas ([`v1::Delta`], v2 hash; see [`state`]).
+/// A dataplane that predates them sends 0 and gets whole snapshots with the v1 hash.
+pub const PROTOCOL_DELTA: u32 = 2;
 
 pub use v1::Snapshot;
 
