@@ -39,7 +39,7 @@ fn upstream(id: &str, salt: u64) -> v1::Upstream {
     v1::Upstream {
         id: id.into(),
         load_balancer: (salt % 2) as i32,
-        retries: (salt % 5 == 0).then_some(2),
+        retries: salt.is_multiple_of(5).then_some(2),
         endpoints: endpoints(salt),
         ..Default::default()
     }
@@ -81,7 +81,7 @@ fn listener(id: &str, salt: u64) -> v1::Listener {
         id: id.into(),
         source: format!("Gateway {id}"),
         port: 8000 + (salt % 100) as u32,
-        tls: salt % 2 == 0,
+        tls: salt.is_multiple_of(2),
         ..Default::default()
     }
 }
@@ -410,7 +410,8 @@ fn malformed_deltas_are_refused() {
     assert_eq!(a.apply(&good).unwrap(), b);
 
     let route_upsert = good.upserts[0].clone();
-    let cases: Vec<(&str, v1::Delta, fn(&DeltaError) -> bool)> = vec![
+    type Case = (&'static str, v1::Delta, fn(&DeltaError) -> bool);
+    let cases: Vec<Case> = vec![
         (
             "base version",
             v1::Delta {
