@@ -259,7 +259,8 @@ proptest! {
             let deltas = chunks(&changes, max_bytes);
             for d in &deltas {
                 let items = d.removed.len() + d.upserts.len();
-                prop_assert!(d.encoded_len() <= max_bytes || items <= 1,
+                prop_assert!(items > 0 || deltas.len() == 1, "an empty chunk {}", d.chunk);
+                prop_assert!(d.encoded_len() <= max_bytes || items == 1,
                     "chunk {} is {} bytes with {items} items", d.chunk, d.encoded_len());
             }
             let applied = served.apply_chunks(&deltas);
@@ -337,7 +338,11 @@ fn endpoint_only_change_is_upstream_endpoints() {
         panic!("expected endpoints, got {:?}", cs.upserts[0]);
     };
     assert_eq!(e.upstream_id, b.to_snapshot().upstreams[0].id);
-    assert_eq!(a.apply(&one_delta(&a, &b)).unwrap(), b);
+    let applied = a.apply(&one_delta(&a, &b)).unwrap();
+    assert_eq!(applied, b);
+    // The routes were not copied: the map is the base's.
+    assert!(Arc::ptr_eq(&a.routes, &applied.routes));
+    assert!(!Arc::ptr_eq(&a.upstreams, &applied.upstreams));
 
     // Another field too: the whole upstream.
     let mut s = b.to_snapshot();
@@ -665,7 +670,9 @@ fn chunks_respect_the_cap_and_an_oversized_resource_goes_alone() {
         .expect("the big route's chunk");
     assert_eq!(big.upserts.len() + big.removed.len(), 1);
     for d in &set {
-        assert!(d.encoded_len() <= 300 || d.upserts.len() + d.removed.len() == 1);
+        let items = d.upserts.len() + d.removed.len();
+        assert!(items > 0, "an empty chunk {}", d.chunk);
+        assert!(d.encoded_len() <= 300 || items == 1);
     }
     assert_eq!(set.iter().filter(|d| d.last).count(), 1);
     assert!(set.last().unwrap().last);
