@@ -7,7 +7,9 @@
 //! - `shared`: the next state shares every unchanged resource with the previous one (as a
 //!   state reached by `apply`, or an incremental translate), so `diff` skips them by pointer;
 //! - `apply`: the dataplane's side alone, the delta applied and its hash checked;
-//! - `from_snapshot`: building a state (and its hash) from a whole snapshot, for scale.
+//! - `endpoints_only_shared`: like `shared`, for one upstream whose endpoints changed;
+//! - `from_snapshot`: building a state (and its hash) from a whole snapshot, for scale;
+//! - `v1_content_hash`: today's hash of the same whole snapshot, for comparison.
 
 use std::hint::black_box;
 
@@ -76,6 +78,18 @@ fn bench(c: &mut Criterion) {
     let Ok(b_shared) = a.apply_chunks(&one) else {
         return;
     };
+    // One upstream's endpoints, as pods scale.
+    let mut s = a.to_snapshot();
+    s.version = 3;
+    if let Some(up) = s.upstreams.get_mut(UPSTREAMS / 2) {
+        up.endpoints.truncate(2);
+    }
+    let Ok(c_endpoints) = SnapshotState::from_snapshot(s) else {
+        return;
+    };
+    let Ok(c_shared) = a.apply_chunks(&chunks(&diff(&a, &c_endpoints), 4 << 20)) else {
+        return;
+    };
     let mut g = c.benchmark_group("one_route_change_at_50k");
     g.sample_size(10);
     g.bench_function("independent", |bn| {
@@ -93,12 +107,22 @@ fn bench(c: &mut Criterion) {
     g.bench_function("apply", |bn| {
         bn.iter(|| black_box(a.apply_chunks(black_box(&one)).map(|s| s.hash().len())))
     });
+    g.bench_function("endpoints_only_shared", |bn| {
+        bn.iter(|| {
+            let deltas = chunks(&diff(black_box(&a), black_box(&c_shared)), 4 << 20);
+            black_box(a.apply_chunks(&deltas).map(|s| s.hash().len()))
+        })
+    });
     g.bench_function("from_snapshot", |bn| {
         bn.iter_batched(
             || snapshot(2, Some(ROUTES / 2)),
             |s| black_box(SnapshotState::from_snapshot(s).map(|s| s.hash().len())),
             BatchSize::LargeInput,
         )
+    });
+    let whole = snapshot(2, Some(ROUTES / 2));
+    g.bench_function("v1_content_hash", |bn| {
+        bn.iter(|| black_box(sluice_proto::content_hash(black_box(&whole)).len()))
     });
     g.finish();
 }

@@ -9,6 +9,9 @@
 //! [`v1::snapshot_service_client`] is used by the dataplane. The dataplane sends a
 //! [`v1::Hello`], the controller answers with the current snapshot and every new one, the
 //! dataplane acknowledges each with a [`v1::Ack`] or a [`v1::Nack`].
+//!
+//! [`state`] holds a snapshot as resources keyed by kind and id, the deltas between two
+//! of them ([`v1::Delta`], protocol [`PROTOCOL_DELTA`]) and the v2 hash of a resource set.
 
 #![forbid(unsafe_code)]
 
