@@ -91,6 +91,7 @@ fn main() {
     let msg = v1::ControllerMessage {
         snapshot: Some(snapshot.clone()),
         rejected_objects: Vec::new(),
+        delta: None,
     };
     let encoded = time(runs, || msg.encode_to_vec());
     let bytes = msg.encode_to_vec().len();

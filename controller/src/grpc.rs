@@ -452,6 +452,7 @@ impl SnapshotService for SnapshotServer {
                             let msg = v1::ControllerMessage {
                                 snapshot: Some(p.snapshot.clone()),
                                 rejected_objects: p.rejected_objects.clone(),
+                                delta: None,
                             };
                             return Some((Ok(msg), (rx, serving, false, connection)));
                         }

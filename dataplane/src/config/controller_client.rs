@@ -344,6 +344,7 @@ fn handle(
             version: 0,
             hash: String::new(),
             reasons: vec!["message carries no snapshot".into()],
+            reason: v1::NackReason::Invalid as i32,
         });
     };
     let (version, hash) = (snapshot.version, snapshot.hash.clone());
@@ -353,6 +354,7 @@ fn handle(
             version,
             hash: hash.clone(),
             reasons,
+            reason: v1::NackReason::Invalid as i32,
         })
     };
     if let Err(reason) = verify_hash(&mut snapshot) {
@@ -410,6 +412,8 @@ async fn stream(
         dataplane_id: config.dataplane_id.clone(),
         version: serving.version,
         hash: serving.hash,
+        // NB: deltas are not wired in yet (issue 43): full snapshots only.
+        protocol: 0,
     });
     // NB: the channel was just created with room for 4; this cannot fail.
     let _ = tx.try_send(v1::DataplaneMessage { kind: Some(hello) });
@@ -718,6 +722,7 @@ mod tests {
         let msg = v1::ControllerMessage {
             snapshot: Some(snapshot(7, "default/svc:80")),
             rejected_objects: vec!["ApisixRoute default/bad: InvalidSpec".into()],
+            delta: None,
         };
         let answer = handle(&store, Some(dir.path()), msg);
         assert!(
@@ -740,6 +745,7 @@ mod tests {
         let good = v1::ControllerMessage {
             snapshot: Some(snapshot(1, "default/svc:80")),
             rejected_objects: Vec::new(),
+            delta: None,
         };
         assert!(matches!(
             handle(&store, Some(dir.path()), good),
@@ -748,6 +754,7 @@ mod tests {
         let bad = v1::ControllerMessage {
             snapshot: Some(snapshot(2, "default/missing:80")),
             rejected_objects: Vec::new(),
+            delta: None,
         };
         let answer = handle(&store, Some(dir.path()), bad);
         let dataplane_message::Kind::Nack(nack) = answer else {
@@ -776,6 +783,7 @@ mod tests {
             v1::ControllerMessage {
                 snapshot: Some(snap),
                 rejected_objects: Vec::new(),
+                delta: None,
             },
         );
         let dataplane_message::Kind::Nack(nack) = answer else {

@@ -9,6 +9,9 @@
 //! [`v1::snapshot_service_client`] is used by the dataplane. The dataplane sends a
 //! [`v1::Hello`], the controller answers with the current snapshot and every new one, the
 //! dataplane acknowledges each with a [`v1::Ack`] or a [`v1::Nack`].
+//!
+//! [`state`] holds a snapshot as resources keyed by kind and id, the deltas between two
+//! of them ([`v1::Delta`], protocol [`PROTOCOL_DELTA`]) and the v2 hash of a resource set.
 
 #![forbid(unsafe_code)]
 
@@ -19,7 +22,12 @@ pub mod v1 {
     include!(concat!(env!("OUT_DIR"), "/sluice.v1.serde.rs"));
 }
 
+pub mod state;
 pub mod validate;
+
+/// `Hello.protocol` of a peer that speaks deltas ([`v1::Delta`], v2 hash; see [`state`]).
+/// A dataplane that predates them sends 0 and gets whole snapshots with the v1 hash.
+pub const PROTOCOL_DELTA: u32 = 2;
 
 pub use v1::Snapshot;
 
