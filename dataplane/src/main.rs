@@ -184,7 +184,8 @@ struct Args {
     /// HTTPS listeners and to HTTP/1.1 upstream connections.
     #[arg(long, value_enum, default_value = "auto")]
     write_batching: WriteBatching,
-    /// PROXY protocol v1/v2 on --listen-http and --listen-https (as ingress-nginx's
+    /// PROXY protocol v1/v2 on --listen-http, --listen-https and the controller's
+    /// --stream-ports TCP/TLS ports, the ports of the dataplane Service (as ingress-nginx's
     /// `use-proxy-protocol`): every connection must start with a PROXY header, which a
     /// load balancer in front (AWS NLB, HAProxy) writes; the client address it carries is
     /// the one X-Forwarded-For, real-ip, ip-restriction, limit-* and the logs see. A
@@ -391,7 +392,8 @@ fn main() -> anyhow::Result<()> {
                 udp_max_sessions: args.udp_max_sessions,
                 proxy_header_timeout: args.proxy_header_timeout,
                 ..Default::default()
-            }),
+            })
+            .with_fleet_proxy_protocol(proxy_protocol.clone()),
     ));
     let gateway_drain = drain.clone();
     let mut handles = server::spawn_workers_until(

@@ -478,3 +478,74 @@ async fn a_gateway_listener_with_accept_proxy_protocol_reads_the_header() {
     assert_eq!(seen(&r).0, "127.0.0.1");
     gw.drain();
 }
+
+/// `--proxy-protocol` covers the fleet-wide TCP stream ports (`stream/...`, on the dataplane
+/// Service behind the same balancer): the header is read and stripped, the echo sees only
+/// the client's bytes, and a connection without it is closed; a Gateway's TCP port without
+/// `accept_proxy_protocol` is not affected.
+#[tokio::test]
+async fn the_flag_covers_the_fleet_stream_ports_and_not_the_gateway_ones() {
+    use sluice_testkit::l4::TcpEcho;
+    let echo = TcpEcho::start().await;
+    let store = Arc::new(Store::new().unwrap());
+    let (fleet, gateway) = (closed_port().port(), closed_port().port());
+    let l4 = |id: &str, port: u16| v1::Listener {
+        id: id.into(),
+        source: format!("test {id}"),
+        port: u32::from(port),
+        protocol: v1::ListenerProtocol::Tcp as i32,
+        ..Default::default()
+    };
+    let route = |id: &str, listener: &str| v1::StreamRoute {
+        id: id.into(),
+        source: format!("test {id}"),
+        listeners: vec![listener.into()],
+        backends: vec![v1::Backend {
+            upstream_id: "u".into(),
+            weight: 1,
+            plugins: Vec::new(),
+        }],
+        ..Default::default()
+    };
+    let snap = v1::Snapshot {
+        listeners: vec![l4("stream/tcp/1", fleet), l4("ns/gw/2", gateway)],
+        stream_routes: vec![
+            route("ns/a/stream/0", "stream/tcp/1"),
+            route("ns/b/tcproute-r0", "ns/gw/2"),
+        ],
+        upstreams: vec![upstream("u", &[(echo.addr, 1)])],
+        ..Default::default()
+    };
+    store.apply(sluice_proto::seal(snap, 1), vec![]).unwrap();
+    let mut gw = GatewayListeners::new(
+        "127.0.0.1".parse().unwrap(),
+        1,
+        Arc::clone(&store),
+        Limits::default(),
+    )
+    .with_fleet_proxy_protocol(Some(ProxyProtocol {
+        trusted: vec!["127.0.0.0/8".parse().unwrap()],
+    }));
+    gw.reconcile();
+    let (fleet, gateway) = (
+        SocketAddr::from(([127, 0, 0, 1], fleet)),
+        SocketAddr::from(([127, 0, 0, 1], gateway)),
+    );
+
+    let mut c = TcpStream::connect(fleet).await.unwrap();
+    let mut first = v2_header("203.0.113.7:40000", fleet);
+    first.extend_from_slice(b"ping");
+    c.write_all(&first).await.unwrap();
+    let mut back = [0u8; 4];
+    c.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
+    let mut c = TcpStream::connect(fleet).await.unwrap();
+    c.write_all(b"ping").await.unwrap();
+    assert!(closed_silently(&mut c, Duration::from_secs(2)).await);
+
+    let mut c = TcpStream::connect(gateway).await.unwrap();
+    c.write_all(b"ping").await.unwrap();
+    c.read_exact(&mut back).await.unwrap();
+    assert_eq!(&back, b"ping");
+    gw.drain();
+}

@@ -4,7 +4,8 @@
 //! proxy protocol listener filter:
 //!
 //! - the dataplane's own `--listen-http` / `--listen-https` ports with `--proxy-protocol`
-//!   (peers limited by `--proxy-protocol-trusted`), chart `dataplane.proxyProtocol`;
+//!   (peers limited by `--proxy-protocol-trusted`), chart `dataplane.proxyProtocol`; the
+//!   same flag covers the fleet-wide TCP/TLS stream ports (`crate::stream`);
 //! - a per-Gateway port whose snapshot `Listener` has `accept_proxy_protocol` (peers
 //!   limited by its `proxy_protocol_trusted`).
 //!
