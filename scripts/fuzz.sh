@@ -26,7 +26,7 @@ fi
 seconds="${1:-30}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(h1_response path_normalize snapshot_compile translate_yaml router h1_body host_decision mtls_skip)
+[ ${#targets[@]} -gt 0 ] || targets=(h1_response path_normalize snapshot_compile translate_yaml router h1_body host_decision mtls_skip stream_sniff)
 
 cache="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 triple="$(rustc -vV | sed -n 's/^host: //p')"

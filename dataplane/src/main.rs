@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Parser;
 use sluice_dataplane::config::controller_client::{self, Backoff, ClientConfig, ClientTls};
 use sluice_dataplane::config::{standalone, store::Store};
+use sluice_dataplane::listener::proxy_protocol::ProxyProtocol;
 use sluice_dataplane::listener::{admin, gateway, server, tls};
 use sluice_dataplane::upstream::PoolConfig;
 use sluice_io::allocator::no_transparent_huge_pages;
@@ -192,6 +193,30 @@ struct Args {
     /// HTTPS listeners and to HTTP/1.1 upstream connections.
     #[arg(long, value_enum, default_value = "auto")]
     write_batching: WriteBatching,
+    /// PROXY protocol v1/v2 on --listen-http, --listen-https and the controller's
+    /// --stream-ports TCP/TLS ports, the ports of the dataplane Service (as ingress-nginx's
+    /// `use-proxy-protocol`): every connection must start with a PROXY header, which a
+    /// load balancer in front (AWS NLB, HAProxy) writes; the client address it carries is
+    /// the one X-Forwarded-For, real-ip, ip-restriction, limit-* and the logs see. A
+    /// connection without a valid header is closed. Per-Gateway ports follow their Gateway
+    /// listener's setting instead.
+    #[arg(long)]
+    proxy_protocol: bool,
+    /// With --proxy-protocol: the addresses or CIDRs (comma-separated) of the peers allowed
+    /// to send a PROXY header, i.e. the load balancers; a connection from any other peer is
+    /// closed. Default: any peer.
+    #[arg(long, value_name = "CIDR,...", value_delimiter = ',', value_parser = cidr, requires = "proxy_protocol")]
+    proxy_protocol_trusted: Vec<ipnet::IpNet>,
+    /// Time a load balancer has to send a whole PROXY header (HTTP, HTTPS and stream
+    /// listeners that require one); past it the connection is closed.
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    proxy_header_timeout: Duration,
+}
+
+fn cidr(raw: &str) -> Result<ipnet::IpNet, String> {
+    raw.parse::<ipnet::IpNet>()
+        .or_else(|_| raw.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+        .map_err(|_| format!("{raw:?} is not an IP address or CIDR"))
 }
 
 fn secret_ref(raw: &str) -> Result<(String, String), String> {
@@ -355,8 +380,12 @@ fn main() -> anyhow::Result<()> {
         idle_timeout: args.idle_timeout,
         client_body_timeout: args.client_body_timeout,
         send_timeout: args.send_timeout,
+        proxy_header_timeout: args.proxy_header_timeout,
         ..Default::default()
     };
+    let proxy_protocol = args.proxy_protocol.then(|| ProxyProtocol {
+        trusted: args.proxy_protocol_trusted.clone(),
+    });
     wbatch::set_policy(match args.write_batching {
         WriteBatching::Auto => wbatch::Policy::Auto,
         WriteBatching::Send => wbatch::Policy::Send,
@@ -371,8 +400,10 @@ fn main() -> anyhow::Result<()> {
                 client_hello_timeout: args.client_hello_timeout,
                 drain_timeout: args.stream_drain_timeout,
                 udp_max_sessions: args.udp_max_sessions,
+                proxy_header_timeout: args.proxy_header_timeout,
                 ..Default::default()
-            }),
+            })
+            .with_fleet_proxy_protocol(proxy_protocol.clone()),
     ));
     let gateway_drain = drain.clone();
     let mut handles = server::spawn_workers_until(
@@ -381,6 +412,7 @@ fn main() -> anyhow::Result<()> {
         Arc::clone(&store),
         limits,
         drain.clone(),
+        proxy_protocol.clone(),
     )
     .with_context(|| format!("binding {}", args.listen_http))?;
     handles.extend(
@@ -390,6 +422,7 @@ fn main() -> anyhow::Result<()> {
             Arc::clone(&store),
             limits,
             drain,
+            proxy_protocol,
         )
         .with_context(|| format!("binding {}", args.listen_https))?,
     );

@@ -83,6 +83,10 @@ fn the_values_schema_refuses_bad_values_with_the_field_named() {
         ),
         (&["--set", "dataplane.replicaz=3"], "'replicaz' not allowed"),
         (
+            &["--set", "dataplane.proxyProtocol.trusted={nonsense}"],
+            "/dataplane/proxyProtocol/trusted/0",
+        ),
+        (
             &["--set", "podSecurityContext.runAsNonRoot=false"],
             "/podSecurityContext/runAsNonRoot",
         ),
@@ -712,6 +716,29 @@ fn a_network_policy_admits_traffic_and_metrics_only_when_asked_for() {
     }
     // The debug port is never admitted: it listens on loopback.
     assert!(!policy.contains("9091"), "{policy}");
+}
+
+#[test]
+fn proxy_protocol_reaches_the_dataplane_flags_only_when_enabled() {
+    let d = dataplane_deployment(&[]);
+    assert!(!d.contains("--proxy-protocol"), "{d}");
+    let d = dataplane_deployment(&[
+        "--set",
+        "dataplane.proxyProtocol.enabled=true",
+        "--set",
+        "dataplane.proxyProtocol.trusted={10.0.0.0/8,192.0.2.7}",
+        "--set",
+        "dataplane.proxyProtocol.headerTimeoutSeconds=3",
+    ]);
+    for want in [
+        "\n            - --proxy-protocol\n",
+        "\n            - --proxy-protocol-trusted=10.0.0.0/8,192.0.2.7\n",
+        "\n            - --proxy-header-timeout=3s\n",
+    ] {
+        assert!(d.contains(want), "{want} missing: {d}");
+    }
+    let d = dataplane_deployment(&["--set", "dataplane.proxyProtocol.enabled=true"]);
+    assert!(!d.contains("--proxy-protocol-trusted"), "{d}");
 }
 
 #[test]

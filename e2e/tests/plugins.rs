@@ -983,3 +983,77 @@ spec:
         Some(json!("True"))
     );
 }
+
+/// Sends `GET / HTTP/1.1` for `host` on a new connection to `addr` that starts with
+/// `header` (a PROXY header, or nothing); the whole answer as text ("" when the dataplane
+/// closed without one).
+fn raw_get(addr: std::net::SocketAddr, header: &[u8], host: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    c.set_read_timeout(Some(WAIT)).unwrap();
+    let mut out = header.to_vec();
+    out.extend_from_slice(
+        format!("GET / HTTP/1.1\r\nhost: {host}\r\nconnection: close\r\n\r\n").as_bytes(),
+    );
+    c.write_all(&out).unwrap();
+    let mut answer = Vec::new();
+    let _ = c.read_to_end(&mut answer);
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A PROXY protocol v2 header (PROXY, TCP over IPv4) from `client` to `to`.
+fn proxy_v2(client: [u8; 4], port: u16, to: std::net::SocketAddr) -> Vec<u8> {
+    let mut h = b"\r\n\r\n\0\r\nQUIT\n".to_vec();
+    h.extend_from_slice(&[0x21, 0x11, 0, 12]);
+    h.extend_from_slice(&client);
+    h.extend_from_slice(&[127, 0, 0, 1]);
+    h.extend_from_slice(&port.to_be_bytes());
+    h.extend_from_slice(&to.port().to_be_bytes());
+    h
+}
+
+/// The real dataplane binary with `--proxy-protocol` (as the chart's
+/// `dataplane.proxyProtocol.enabled` runs it) behind a balancer sending PROXY v2: the
+/// address the header carries is the one an ApisixRoute's ip-restriction judges and the one
+/// the upstream gets in X-Forwarded-For; a connection without a header gets no answer.
+#[test]
+fn proxy_protocol_v2_gives_ip_restriction_the_client_address() {
+    let mut p = Pipeline::start().unwrap();
+    p.restart_dataplane_with(&[
+        "--proxy-protocol",
+        "--proxy-protocol-trusted",
+        "127.0.0.0/8",
+    ])
+    .unwrap();
+    let ns = p.namespace.clone();
+    p.cluster
+        .apply(&route(
+            &ns,
+            "pp",
+            "pp.e2e",
+            &[("ip-restriction", json!({"whitelist": ["203.0.113.0/24"]}))],
+            "",
+        ))
+        .unwrap();
+    let allowed = proxy_v2([203, 0, 113, 7], 40000, p.http);
+    let answer = eventually(WAIT, || {
+        Some(raw_get(p.http, &allowed, "pp.e2e")).filter(|a| a.starts_with("HTTP/1.1 200"))
+    })
+    .unwrap_or_else(|| panic!("pp.e2e not served: {}", raw_get(p.http, &allowed, "pp.e2e")));
+    assert!(answer.contains("e2e-echo"), "{answer}");
+    assert!(
+        answer.contains(r#""x-forwarded-for":"203.0.113.7""#),
+        "{answer}"
+    );
+    let denied = raw_get(
+        p.http,
+        &proxy_v2([198, 51, 100, 1], 40000, p.http),
+        "pp.e2e",
+    );
+    assert!(denied.starts_with("HTTP/1.1 403"), "{denied}");
+    assert_eq!(
+        raw_get(p.http, b"", "pp.e2e"),
+        "",
+        "no header: closed without an answer"
+    );
+}

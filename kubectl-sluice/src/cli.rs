@@ -11,6 +11,31 @@ use crate::Format;
 use crate::completion::Shell;
 use crate::offline::DEFAULT_INGRESS_CLASS;
 
+/// `FIRST-LAST`, as the controller's --gateway-listener-ports.
+fn port_range(raw: &str) -> Result<std::ops::RangeInclusive<u16>, String> {
+    let (a, b) = raw
+        .split_once('-')
+        .ok_or_else(|| format!("{raw:?}: expected FIRST-LAST"))?;
+    let parse = |p: &str| {
+        p.trim()
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{p:?}: expected a port"))
+    };
+    let (a, b) = (parse(a)?, parse(b)?);
+    if a > b {
+        return Err(format!("{raw:?}: FIRST is above LAST"));
+    }
+    Ok(a..=b)
+}
+
+/// Checks `--stream-ports` as the controller does; kept as text (clap reads a `Vec` as
+/// repeated values).
+fn stream_ports(raw: &str) -> Result<String, String> {
+    sluice_translate::parse_stream_ports(raw).map(|_| raw.to_owned())
+}
+
 const EXAMPLES: &str = "\
 Examples:
   kubectl sluice validate -f manifests/
@@ -38,7 +63,11 @@ Examples:
       -H 'x-canary: 1' --client-ip 10.1.2.3 -f manifests/ -o yaml
   kubectl sluice explain http://api.example.com/v1/users            # the cluster
   kubectl -n sluice port-forward deploy/sluice-dataplane 9091 &
-  kubectl sluice explain http://api.example.com/v1/users --admin http://127.0.0.1:9091";
+  kubectl sluice explain http://api.example.com/v1/users --admin http://127.0.0.1:9091
+  kubectl sluice explain tls://db.example.com:9443 -f manifests/ --stream-ports tls:9443
+  kubectl sluice explain tcp://:9100 --client-ip 10.1.2.3 --stream-ports tcp:9100
+  kubectl sluice explain tls://foo.example.com:443 -f gw/ \
+      --gateway-listener-ports 20000-29999";
 
 const DIFF_EXAMPLES: &str = "\
 Examples:
@@ -90,6 +119,8 @@ pub struct Input {
 }
 
 /// The subcommands.
+// NB: parsed once per run; boxing `Explain`'s flags would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 pub enum Command {
     /// Translate files as the controller would; list rejected objects (kind, namespace/name,
@@ -102,10 +133,13 @@ pub enum Command {
     },
     /// Which route serves a request, why, with which plugins, to which endpoints: against
     /// files (-f), a running dataplane (--admin), or else the cluster's objects (current
-    /// kubeconfig context).
+    /// kubeconfig context). For a layer-4 connection (`tcp://`, `tls://`, `udp://`): which
+    /// listener, stream route and backend it gets.
     #[command(after_help = EXPLAIN_EXAMPLES)]
     Explain {
-        /// The request URL (`http://host/path?query`; no scheme means http).
+        /// The request URL (`http://host/path?query`; no scheme means http), or a
+        /// connection: `tcp://[HOST]:PORT`, `tls://SNI:PORT`, `udp://[HOST]:PORT`, PORT
+        /// being the dataplane's (a --stream-ports port or a Gateway listener's).
         #[arg(value_hint = ValueHint::Url)]
         url: String,
         /// Request method.
@@ -117,9 +151,23 @@ pub enum Command {
         /// Client address the dataplane sees.
         #[arg(long, default_value = "192.0.2.1")]
         client_ip: IpAddr,
-        /// TLS server name (defaults to the URL host for https).
+        /// TLS server name (defaults to the URL host for https:// and tls://).
         #[arg(long)]
         sni: Option<String>,
+        /// A connection's listener by id (`stream/tcp/9100`, `<ns>/<gateway>/<port>`),
+        /// when its port does not tell.
+        #[arg(long, value_name = "ID")]
+        listener: Option<String>,
+        /// The controller's --stream-ports (`tcp:9100,udp:9200,tls:9443`, the chart's
+        /// `dataplane.stream.ports`): ApisixRoute `spec.stream` rules need their port
+        /// declared. Not used with --admin (the snapshot has its listeners).
+        #[arg(long, value_name = "PROTO:PORT,...", value_parser = stream_ports)]
+        stream_ports: Option<String>,
+        /// The controller's --gateway-listener-ports (`FIRST-LAST`, with per-Gateway
+        /// Services): Gateway ports get dataplane ports of their own, which TLS, TCP and UDP
+        /// listeners need. Not used with --admin.
+        #[arg(long, value_name = "FIRST-LAST", value_parser = port_range)]
+        gateway_listener_ports: Option<std::ops::RangeInclusive<u16>>,
         /// A YAML file, a directory of them (recursive), or `-` for stdin. Repeatable.
         #[arg(
             short = 'f',

@@ -314,7 +314,7 @@ fn field(config: &serde_json::Value, name: &str) -> Option<String> {
 }
 
 /// What can be said of a plugin's decision without a live request.
-fn plugin_note(name: &str, config: &serde_json::Value) -> Option<String> {
+pub(crate) fn plugin_note(name: &str, config: &serde_json::Value) -> Option<String> {
     let key = || field(config, "key").unwrap_or_else(|| "remote_addr".into());
     match name {
         "key-auth" => Some(format!(
@@ -373,7 +373,7 @@ fn plugin_note(name: &str, config: &serde_json::Value) -> Option<String> {
     }
 }
 
-fn plugin_config(list: &[v1::Plugin], name: &str) -> serde_json::Value {
+pub(crate) fn plugin_config(list: &[v1::Plugin], name: &str) -> serde_json::Value {
     list.iter()
         .find(|p| p.name == name)
         .and_then(|p| serde_json::from_str(&p.config_json).ok())
@@ -448,37 +448,10 @@ pub fn explain(
                 let Some(up) = snapshot.upstreams.iter().find(|u| u.id == b.upstream_id) else {
                     continue;
                 };
-                let checked = up.health_check.is_some();
-                let health = |address: &str| match cx.health.as_ref() {
-                    Some(h) => match h.get(&(up.id.clone(), address.to_owned())) {
-                        Some(true) => "healthy (in the dataplane's rotation)".to_owned(),
-                        Some(false) => "UNHEALTHY (ejected by a health check)".to_owned(),
-                        None => "unknown (not in the dataplane's metrics)".to_owned(),
-                    },
-                    None if checked => {
-                        "health-checked (state known only to a running dataplane)".into()
-                    }
-                    None => "healthy (no health checks)".into(),
-                };
                 upstreams.push(UpstreamView {
                     id: up.id.clone(),
                     weight: b.weight,
-                    endpoints: up
-                        .endpoints
-                        .iter()
-                        .map(|e| {
-                            let address = if e.host.contains(':') {
-                                format!("[{}]:{}", e.host, e.port)
-                            } else {
-                                format!("{}:{}", e.host, e.port)
-                            };
-                            EndpointView {
-                                health: health(&address),
-                                address,
-                                weight: e.weight,
-                            }
-                        })
-                        .collect(),
+                    endpoints: endpoint_views(up, cx),
                 });
             }
             upstream_request = Some(upstreamed(route, compiled.plugins.as_ref(), snapshot, req));
@@ -516,6 +489,36 @@ pub fn explain(
         upstreams,
         upstream_request,
     }
+}
+
+/// The endpoints of `up` with what is known of their health: live, from a running
+/// dataplane's metrics, else whether health checks decide it.
+pub(crate) fn endpoint_views(up: &v1::Upstream, cx: &Context) -> Vec<EndpointView> {
+    let checked = up.health_check.is_some();
+    let health = |address: &str| match cx.health.as_ref() {
+        Some(h) => match h.get(&(up.id.clone(), address.to_owned())) {
+            Some(true) => "healthy (in the dataplane's rotation)".to_owned(),
+            Some(false) => "UNHEALTHY (ejected by a health check)".to_owned(),
+            None => "unknown (not in the dataplane's metrics)".to_owned(),
+        },
+        None if checked => "health-checked (state known only to a running dataplane)".into(),
+        None => "healthy (no health checks)".into(),
+    };
+    up.endpoints
+        .iter()
+        .map(|e| {
+            let address = if e.host.contains(':') {
+                format!("[{}]:{}", e.host, e.port)
+            } else {
+                format!("{}:{}", e.host, e.port)
+            };
+            EndpointView {
+                health: health(&address),
+                address,
+                weight: e.weight,
+            }
+        })
+        .collect()
 }
 
 /// The Host, path and headers the upstream receives: the route's own proxy-rewrite plugin
@@ -678,7 +681,7 @@ fn shown_header(line: &str) -> String {
 
 /// Appends `text` to `out` as lines of at most [`WIDTH`] columns: the first starts with
 /// `first` (a label), the others with as many spaces.
-fn para(out: &mut String, first: &str, text: &str) {
+pub(crate) fn para(out: &mut String, first: &str, text: &str) {
     let indent = " ".repeat(first.chars().count());
     let lines = wrap(text, WIDTH, &indent);
     for (i, line) in lines.iter().enumerate() {

@@ -19,6 +19,7 @@ pub mod cluster;
 pub mod completion;
 pub mod diff;
 pub mod explain;
+pub mod explain_stream;
 pub mod offline;
 pub mod status;
 pub mod synthetic;

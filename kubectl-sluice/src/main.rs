@@ -7,7 +7,9 @@ use sluice_kubectl::cli::{Cli, Command};
 use sluice_kubectl::cluster::{self, Scope, Target};
 use sluice_kubectl::offline::{self, Offline};
 use sluice_kubectl::terminal::sanitize;
-use sluice_kubectl::{Format, admin, completion, diff, explain, render_structured, validate};
+use sluice_kubectl::{
+    Format, admin, completion, diff, explain, explain_stream, render_structured, validate,
+};
 
 fn print<T: serde::Serialize>(report: &T, format: Format, text: impl FnOnce() -> String) {
     match format {
@@ -31,6 +33,9 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
             headers,
             client_ip,
             sni,
+            listener,
+            stream_ports,
+            gateway_listener_ports,
             files,
             admin,
             kubeconfig,
@@ -40,8 +45,19 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
             output,
             request_timeout,
         } => {
-            let req = explain::Request::parse(&url, &method, &headers, client_ip, sni)?;
-            let opts = offline::controller_options(&ingress_class);
+            let stream = explain_stream::Connection::parse(&url, sni.clone(), client_ip, listener)?;
+            let req = match stream {
+                Some(_) => None,
+                None => Some(explain::Request::parse(
+                    &url, &method, &headers, client_ip, sni,
+                )?),
+            };
+            let mut opts = offline::controller_options(&ingress_class);
+            opts.gateway.listener_ports = gateway_listener_ports;
+            if let Some(ports) = &stream_ports {
+                opts.stream_ports =
+                    sluice_translate::parse_stream_ports(ports).map_err(anyhow::Error::msg)?;
+            }
             let mut notes = Vec::new();
             let (snapshot, table, cx) = if let Some(url) = admin {
                 let served = admin::served(&url, request_timeout)?;
@@ -108,11 +124,20 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
                 };
                 (off.translation.snapshot, table, cx)
             };
-            let ex = explain::explain(&table, &snapshot, &req, &cx);
             for n in &notes {
                 eprintln!("note: {}", sanitize(n));
             }
-            print(&ex, output, || ex.render_text());
+            match (stream, req) {
+                (Some(conn), _) => {
+                    let ex = explain_stream::explain(&table, &snapshot, &conn, &cx);
+                    print(&ex, output, || ex.render_text());
+                }
+                (None, Some(req)) => {
+                    let ex = explain::explain(&table, &snapshot, &req, &cx);
+                    print(&ex, output, || ex.render_text());
+                }
+                (None, None) => {}
+            }
             Ok(0)
         }
         Command::Diff {

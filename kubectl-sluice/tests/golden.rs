@@ -317,3 +317,72 @@ fn explain_describes_guard_and_hmac_plugins() {
         None,
     );
 }
+
+/// Layer-4 connections: a TCP stream port with ip-restriction (allowed and refused by the
+/// client address), a TLS Gateway listener routing by SNI (exact, wildcard), an unknown SNI.
+#[test]
+fn explain_stream_connections() {
+    let tcp = "../lib/translate/testdata/apisix/stream-tcp-udp.in.yaml";
+    let ports = "tcp:9100,udp:9200,tls:9443";
+    golden(
+        "explain-stream-tcp",
+        &[
+            "explain",
+            "tcp://:9100",
+            "--client-ip",
+            "10.0.0.5",
+            "-f",
+            tcp,
+            "--stream-ports",
+            ports,
+        ],
+        None,
+    );
+    golden(
+        "explain-stream-tcp-refused",
+        &["explain", "tcp://:9100", "-f", tcp, "--stream-ports", ports],
+        None,
+    );
+    let tls = "../lib/translate/testdata/gateway/tlsroute-passthrough.in.yaml";
+    let range = "20000-20099";
+    golden(
+        "explain-stream-tls-exact",
+        &[
+            "explain",
+            "tls://foo.example.com:443",
+            "-f",
+            tls,
+            "--gateway-listener-ports",
+            range,
+        ],
+        None,
+    );
+    golden(
+        "explain-stream-tls-wildcard-yaml",
+        &[
+            "explain",
+            "tls://x.y.example.com:20035",
+            "-f",
+            tls,
+            "--gateway-listener-ports",
+            range,
+            "-o",
+            "yaml",
+        ],
+        None,
+    );
+    golden(
+        "explain-stream-tls-unknown-sni",
+        &[
+            "explain",
+            "tls://:443",
+            "--sni",
+            "db.example.org",
+            "-f",
+            tls,
+            "--gateway-listener-ports",
+            range,
+        ],
+        None,
+    );
+}

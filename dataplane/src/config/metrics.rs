@@ -31,6 +31,9 @@ pub struct Metrics {
     pub parked_connections: IntGauge,
     /// Layer-4 connections, bytes and UDP sessions.
     pub stream: StreamMetrics,
+    /// `sluice_proxy_protocol_refused_total{reason}`: HTTP/HTTPS connections closed for
+    /// their PROXY header (`crate::listener::proxy_protocol`).
+    proxy_protocol_refused: IntCounterVec,
 }
 
 /// Metric families of the stream proxy (`crate::config::stream`).
@@ -149,8 +152,18 @@ impl Metrics {
         registry.register(Box::new(snapshot_loads.clone()))?;
         registry.register(Box::new(by_class))?;
         let stream = StreamMetrics::new(&registry)?;
+        let proxy_protocol_refused = IntCounterVec::new(
+            Opts::new(
+                "sluice_proxy_protocol_refused_total",
+                "HTTP and HTTPS connections closed on a listener that requires the PROXY \
+                 protocol, by reason (missing, invalid, too_long, timeout, closed, untrusted)",
+            ),
+            &["reason"],
+        )?;
+        registry.register(Box::new(proxy_protocol_refused.clone()))?;
         Ok(Metrics {
             stream,
+            proxy_protocol_refused,
             registry,
             snapshot_version,
             snapshot_loads,
@@ -175,6 +188,14 @@ impl Metrics {
         self.modify_indexes
             .with_label_values(&[key])
             .set(i64::try_from(version).unwrap_or(i64::MAX));
+    }
+
+    /// Counts one connection closed for its PROXY header: `reason` is `missing`, `invalid`,
+    /// `too_long`, `timeout`, `closed` or `untrusted`.
+    pub fn proxy_protocol_refused(&self, reason: &str) {
+        self.proxy_protocol_refused
+            .with_label_values(&[reason])
+            .inc();
     }
 
     /// Registers more collectors (e.g. the upstream families) in this registry.

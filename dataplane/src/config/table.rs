@@ -552,14 +552,6 @@ fn compile_listeners(snapshot: &v1::Snapshot) -> Result<Vec<ListenerTable>, Inva
                 format!("listener {} has the same id or port {port}", other.id),
             ));
         }
-        // NB: PROXY protocol is read on stream listeners only so far; an HTTP listener that
-        // asks for it is refused rather than served without it.
-        if l.accept_proxy_protocol && kind == ListenerKind::Http {
-            return Err(fail(
-                "accept_proxy_protocol",
-                "PROXY protocol on HTTP listeners is not served by this dataplane".into(),
-            ));
-        }
         if l.accept_proxy_protocol && udp {
             return Err(fail(
                 "accept_proxy_protocol",

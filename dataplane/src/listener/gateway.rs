@@ -45,6 +45,8 @@ pub struct GatewayListeners {
     store: Arc<Store>,
     limits: Limits,
     stream_limits: StreamLimits,
+    /// `--proxy-protocol` (trusted peers), for the fleet-wide stream ports.
+    fleet_proxy: Option<Arc<Vec<ipnet::IpNet>>>,
     running: BTreeMap<String, Running>,
     /// Threads of ports already closed, until they finish.
     closing: Vec<std::thread::JoinHandle<()>>,
@@ -72,6 +74,7 @@ impl GatewayListeners {
             store,
             limits,
             stream_limits: StreamLimits::default(),
+            fleet_proxy: None,
             running: BTreeMap::new(),
             closing: Vec::new(),
             failed: BTreeMap::new(),
@@ -82,6 +85,18 @@ impl GatewayListeners {
     /// The bounds of the stream (TCP, TLS, UDP) ports opened from now on.
     pub fn with_stream_limits(mut self, limits: StreamLimits) -> Self {
         self.stream_limits = limits;
+        self
+    }
+
+    /// The dataplane's `--proxy-protocol`: the fleet-wide stream ports (`stream/...`, on the
+    /// dataplane Service like the HTTP and HTTPS ports) opened from now on require a PROXY
+    /// header from these peers too, unless their `Listener` says otherwise. Per-Gateway
+    /// ports follow their `Listener` only.
+    pub fn with_fleet_proxy_protocol(
+        mut self,
+        proxy: Option<crate::listener::proxy_protocol::ProxyProtocol>,
+    ) -> Self {
+        self.fleet_proxy = proxy.map(|p| Arc::new(p.trusted));
         self
     }
 
@@ -138,6 +153,7 @@ impl GatewayListeners {
         let scope: Arc<str> = Arc::from(id);
         let (store, limits) = (Arc::clone(&self.store), self.limits);
         let stream_limits = self.stream_limits;
+        let fleet_proxy = self.fleet_proxy.clone();
         let threads = if kind == ListenerKind::Udp {
             spawn_udp_workers(addr, self.workers, move |socket| {
                 let drain = drain.clone();
@@ -157,6 +173,7 @@ impl GatewayListeners {
                     Arc::clone(&store),
                     stream_limits,
                     Arc::clone(&scope),
+                    fleet_proxy.clone(),
                     async move { drain.draining().await },
                 )
             })?

@@ -19,6 +19,7 @@ use tokio::sync::Semaphore;
 use crate::config::store::Store;
 use crate::http::ConnInfo;
 use crate::listener::idle;
+use crate::listener::proxy_protocol::{self, ProxyProtocol};
 use crate::request::handle;
 use sluice_io::send_timeout::SendTimeout;
 use sluice_io::timer::CoarseTimer;
@@ -45,12 +46,15 @@ pub struct Limits {
     /// Longest a write to a client may wait for it to read (nginx `send_timeout`); past it
     /// the connection is closed.
     pub send_timeout: Duration,
+    /// On a listener that requires the PROXY protocol: time a client (its load balancer) has
+    /// to send the whole header ([`crate::listener::proxy_protocol`]).
+    pub proxy_header_timeout: Duration,
 }
 
 impl Default for Limits {
     /// 10,000 connections per worker, 30 s to send a head, 64 KiB and 100 headers, 60 s
     /// idle (APISIX's `keepalive_timeout`), 60 s between pieces of a request body, 60 s for a
-    /// client to read what is sent to it.
+    /// client to read what is sent to it, 5 s for a PROXY header.
     fn default() -> Self {
         Limits {
             max_connections: 10_000,
@@ -60,6 +64,7 @@ impl Default for Limits {
             idle_timeout: Duration::from_secs(60),
             client_body_timeout: crate::http::CLIENT_BODY_TIMEOUT,
             send_timeout: Duration::from_secs(60),
+            proxy_header_timeout: Duration::from_secs(5),
         }
     }
 }
@@ -331,17 +336,25 @@ const SNIFF_READ: usize = 2048;
 /// NB: through `AsyncRead`, not `try_read_buf`: a read that does not fill the buffer then
 /// clears the socket's readiness, so hyper's next read waits for the reactor instead of
 /// trying the socket once more for nothing (`EAGAIN`).
-async fn sniff_h2(stream: &mut tokio::net::TcpStream, timeout: Duration) -> Option<(bool, Bytes)> {
+///
+/// `buf`: bytes the client already sent (what followed its PROXY header), judged first.
+async fn sniff_h2(
+    stream: &mut tokio::net::TcpStream,
+    timeout: Duration,
+    mut buf: Vec<u8>,
+) -> Option<(bool, Bytes)> {
     use tokio::io::AsyncReadExt;
-    let mut buf = Vec::with_capacity(SNIFF_READ);
+    buf.reserve(SNIFF_READ);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let n = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf))
-            .await
-            .ok()?
-            .ok()?;
-        if n == 0 {
-            return None;
+        if buf.is_empty() {
+            let n = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf))
+                .await
+                .ok()?
+                .ok()?;
+            if n == 0 {
+                return None;
+            }
         }
         let n = buf.len().min(3);
         if buf[..n] != H2_PREFACE[..n] {
@@ -352,6 +365,13 @@ async fn sniff_h2(stream: &mut tokio::net::TcpStream, timeout: Duration) -> Opti
             return Some((true, buf.into()));
         }
         // A partial `P` or `PR`: the rest is read once it comes.
+        let more = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf))
+            .await
+            .ok()?
+            .ok()?;
+        if more == 0 {
+            return None;
+        }
     }
 }
 
@@ -731,17 +751,41 @@ pub(crate) fn spawn_idle_trim(permits: &Arc<Semaphore>, max_connections: usize) 
 /// asks every connection to close after its response (see `close_if_going_away` and
 /// `serve_h2`).
 pub async fn serve_until(listener: TcpListener, store: Arc<Store>, limits: Limits, drain: Drain) {
-    serve_scoped(listener, store, limits, drain, None).await;
+    serve_listener(listener, store, limits, drain, None, None).await;
+}
+
+/// Like [`serve_until`], with `--proxy-protocol`: `proxy` set, every connection must start
+/// with a PROXY header ([`crate::listener::proxy_protocol`]).
+pub async fn serve_proxied_until(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+    proxy: Option<ProxyProtocol>,
+) {
+    serve_listener(listener, store, limits, drain, None, proxy.map(Arc::new)).await;
 }
 
 /// Like [`serve_until`], for a per-Gateway listener (`scope`: its id; `None` for the
-/// dataplane's own listener): its connections reach only its routes.
+/// dataplane's own listener): its connections reach only its routes, and start with a PROXY
+/// header when its `Listener` has `accept_proxy_protocol`.
 pub async fn serve_scoped(
     listener: TcpListener,
     store: Arc<Store>,
     limits: Limits,
     drain: Drain,
     scope: Option<Arc<str>>,
+) {
+    serve_listener(listener, store, limits, drain, scope, None).await;
+}
+
+async fn serve_listener(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+    scope: Option<Arc<str>>,
+    proxy: Option<Arc<ProxyProtocol>>,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
     spawn_idle_trim(&permits, limits.max_connections);
@@ -758,6 +802,7 @@ pub async fn serve_scoped(
         timer,
         drain: drain.clone(),
         scope,
+        proxy,
         limits,
     });
     // NB: registered once, not per accepted connection.
@@ -832,6 +877,9 @@ struct Worker {
     timer: CoarseTimer,
     drain: Drain,
     scope: Option<Arc<str>>,
+    /// `--proxy-protocol` on the dataplane's own listener (a per-Gateway listener's setting
+    /// is its snapshot `Listener`'s).
+    proxy: Option<Arc<ProxyProtocol>>,
     limits: Limits,
 }
 
@@ -846,13 +894,13 @@ struct Worker {
 /// `tests::a_parked_connections_task_is_small`).
 async fn plain_connection(
     mut stream: tokio::net::TcpStream,
-    remote: SocketAddr,
+    mut remote: SocketAddr,
     _permit: tokio::sync::OwnedSemaphorePermit,
     worker: Arc<Worker>,
 ) {
     let _closed = ConnClosed(Arc::clone(&worker.store));
     // A connection that has not sent a byte yet is idle: drain closes it.
-    let Some((is_h2, read)) = sniff_or_drain(&mut stream, &worker).await else {
+    let Some((is_h2, read)) = sniff_or_drain(&mut stream, &mut remote, &worker).await else {
         return;
     };
     // NB: on drain, hyper closes an idle connection at once and a busy one after its
@@ -906,18 +954,39 @@ async fn h1_until_parked(
     }
 }
 
-/// [`sniff_h2`], or `None` once `worker` drains; boxed (its sleep is needed once).
+/// The PROXY header when the listener asks for one (then `remote` becomes the address it
+/// carries), then [`sniff_h2`]; `None` once `worker` drains or the header is refused; boxed
+/// (its sleep is needed once).
 fn sniff_or_drain<'a>(
     stream: &'a mut tokio::net::TcpStream,
+    remote: &'a mut SocketAddr,
     worker: &'a Worker,
 ) -> Pin<Box<impl Future<Output = Option<(bool, Bytes)>> + Send + 'a>> {
     Box::pin(async move {
+        let expect = proxy_protocol::expect(
+            worker.proxy.as_deref(),
+            worker.scope.as_deref(),
+            &worker.store,
+            remote,
+        );
+        let sniff = async {
+            let (client, first) = proxy_protocol::accept(
+                stream,
+                *remote,
+                expect,
+                worker.limits.proxy_header_timeout,
+                &worker.store,
+            )
+            .await?;
+            *remote = client;
+            sniff_h2(stream, worker.limits.header_read_timeout, first).await
+        };
         // NB: the sniff first: a connection whose first bytes are there never registers
         // with the drain (a drain that started meanwhile still reaches its request through
         // hyper's graceful shutdown).
         tokio::select! {
             biased;
-            s = sniff_h2(stream, worker.limits.header_read_timeout) => s,
+            s = sniff => s,
             _ = worker.drain.draining() => None,
         }
     })
@@ -1046,20 +1115,29 @@ pub fn spawn_workers(
     store: Arc<Store>,
     limits: Limits,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
-    spawn_workers_until(addr, workers, store, limits, Drain::never())
+    spawn_workers_until(addr, workers, store, limits, Drain::never(), None)
 }
 
 /// Like [`spawn_workers`]; each worker thread ends once `drain` fired and its connections
-/// are done.
+/// are done. `proxy`: `--proxy-protocol` ([`serve_proxied_until`]).
 pub fn spawn_workers_until(
     addr: SocketAddr,
     workers: usize,
     store: Arc<Store>,
     limits: Limits,
     drain: Drain,
+    proxy: Option<ProxyProtocol>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let proxy = proxy.map(Arc::new);
     spawn_listener_workers(addr, workers, "sluice-worker", move |listener| {
-        serve_until(listener, Arc::clone(&store), limits, drain.clone())
+        serve_listener(
+            listener,
+            Arc::clone(&store),
+            limits,
+            drain.clone(),
+            None,
+            proxy.clone(),
+        )
     })
 }
 
@@ -1193,6 +1271,7 @@ mod tests {
             timer,
             drain: Drain::never(),
             scope: None,
+            proxy: None,
             limits,
         }
     }
@@ -1266,13 +1345,13 @@ mod tests {
             .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
             .await
             .unwrap();
-        let (h2, read) = sniff_h2(&mut server, long).await.unwrap();
+        let (h2, read) = sniff_h2(&mut server, long, Vec::new()).await.unwrap();
         assert!(!h2);
         assert_eq!(&read[..], b"GET / HTTP/1.1\r\nHost: a\r\n\r\n");
 
         let (mut client, mut server) = pair().await;
         client.write_all(b"PR").await.unwrap();
-        let sniffing = tokio::spawn(async move { sniff_h2(&mut server, long).await });
+        let sniffing = tokio::spawn(async move { sniff_h2(&mut server, long, Vec::new()).await });
         tokio::time::sleep(Duration::from_millis(50)).await;
         client.write_all(&H2_PREFACE[2..]).await.unwrap();
         let (h2, read) = sniffing.await.unwrap().unwrap();
@@ -1282,9 +1361,12 @@ mod tests {
         let (mut client, mut server) = pair().await;
         client.write_all(b"P").await.unwrap();
         client.shutdown().await.unwrap();
-        let gave_up = tokio::time::timeout(Duration::from_secs(5), sniff_h2(&mut server, long))
-            .await
-            .expect("the sniff waited for the header timeout after the client closed");
+        let gave_up = tokio::time::timeout(
+            Duration::from_secs(5),
+            sniff_h2(&mut server, long, Vec::new()),
+        )
+        .await
+        .expect("the sniff waited for the header timeout after the client closed");
         assert!(gave_up.is_none());
     }
 

@@ -43,6 +43,7 @@ use crate::config::store::Store;
 use crate::http::ConnInfo;
 use crate::http::host::effective_host;
 use crate::listener::mtls::Conn;
+use crate::listener::proxy_protocol::{self, ProxyProtocol};
 use crate::listener::server::{
     Activity, Drain, Limits, close_if_going_away, connection_builders, serve_h2,
     spawn_listener_workers,
@@ -98,9 +99,18 @@ pub fn spawn_https_workers(
     store: Arc<Store>,
     limits: Limits,
     drain: Drain,
+    proxy: Option<ProxyProtocol>,
 ) -> std::io::Result<Vec<std::thread::JoinHandle<()>>> {
+    let proxy = proxy.map(Arc::new);
     spawn_listener_workers(addr, workers, "sluice-tls-worker", move |listener| {
-        serve_https_until(listener, Arc::clone(&store), limits, drain.clone())
+        serve_https_listener(
+            listener,
+            Arc::clone(&store),
+            limits,
+            drain.clone(),
+            None,
+            proxy.clone(),
+        )
     })
 }
 
@@ -118,18 +128,42 @@ pub async fn serve_https_until(
     limits: Limits,
     drain: Drain,
 ) {
-    serve_https_scoped(listener, store, limits, drain, None).await;
+    serve_https_listener(listener, store, limits, drain, None, None).await;
+}
+
+/// Like [`serve_https_until`], with `--proxy-protocol`: `proxy` set, every connection must
+/// start with a PROXY header, before its ClientHello ([`crate::listener::proxy_protocol`]).
+pub async fn serve_https_proxied_until(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+    proxy: Option<ProxyProtocol>,
+) {
+    serve_https_listener(listener, store, limits, drain, None, proxy.map(Arc::new)).await;
 }
 
 /// Like [`serve_https_until`], for a per-Gateway listener (`scope`: its id; `None` for the
 /// dataplane's own HTTPS listener): handshakes take its certificates and requests its
-/// routes.
+/// routes; connections start with a PROXY header when its `Listener` has
+/// `accept_proxy_protocol`.
 pub async fn serve_https_scoped(
     listener: TcpListener,
     store: Arc<Store>,
     limits: Limits,
     drain: Drain,
     scope: Option<Arc<str>>,
+) {
+    serve_https_listener(listener, store, limits, drain, scope, None).await;
+}
+
+async fn serve_https_listener(
+    listener: TcpListener,
+    store: Arc<Store>,
+    limits: Limits,
+    drain: Drain,
+    scope: Option<Arc<str>>,
+    proxy: Option<Arc<ProxyProtocol>>,
 ) {
     let Some(refuse) = refusing_config() else {
         tracing::error!("cannot build the TLS configuration; HTTPS listener not serving");
@@ -158,7 +192,7 @@ pub async fn serve_https_scoped(
         let Some((permit, accepted)) = accepted else {
             return;
         };
-        let (stream, remote) = match accepted {
+        let (mut stream, remote) = match accepted {
             Ok(s) => s,
             Err(e) => {
                 tracing::warn!(error = %e, "accept failed");
@@ -174,30 +208,39 @@ pub async fn serve_https_scoped(
         let refuse = Arc::clone(&refuse);
         let mut drain = drain.clone();
         let scope = scope.clone();
+        let expect = proxy_protocol::expect(proxy.as_deref(), scope.as_deref(), &store, &remote);
         tokio::spawn(async move {
             let deadline = limits.header_read_timeout;
             // NB: boxed, so that the connection's task keeps no room for the handshake
             // once it is done (a parked connection keeps its task; issue 21).
-            let handshaking: Pin<Box<dyn Future<Output = _> + Send + '_>> =
-                Box::pin(tokio::time::timeout(
+            let handshaking: Pin<Box<dyn Future<Output = _> + Send + '_>> = Box::pin(async {
+                // NB: the PROXY header comes before the ClientHello; its own timeout.
+                let (client, first) = proxy_protocol::accept(
+                    &mut stream,
+                    remote,
+                    expect,
+                    limits.proxy_header_timeout,
+                    &store,
+                )
+                .await?;
+                let io = SendTimeout::new(
+                    sluice_io::wbatch::BatchedStream::with_unread(stream, first.into()),
+                    timer.clone(),
+                    limits.send_timeout,
+                );
+                let shaken = tokio::time::timeout(
                     deadline,
-                    handshake(
-                        SendTimeout::new(
-                            sluice_io::wbatch::BatchedStream::new(stream),
-                            timer.clone(),
-                            limits.send_timeout,
-                        ),
-                        remote,
-                        &store,
-                        refuse,
-                        scope.clone(),
-                    ),
-                ));
+                    handshake(io, client, &store, refuse, scope.clone()),
+                )
+                .await
+                .ok()??;
+                Some((client, shaken))
+            });
             let handshaken = tokio::select! {
                 h = handshaking => h,
                 _ = drain.wait() => return,
             };
-            let Ok(Some((tls, conn))) = handshaken else {
+            let Some((remote, (tls, conn))) = handshaken else {
                 return;
             };
             let is_h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");

@@ -79,15 +79,26 @@ struct Worker {
     local: SocketAddr,
     /// Fires once the port closed and the drain timeout passed.
     closing: CancellationToken,
+    /// `--proxy-protocol`'s trusted peers (empty: any), when the dataplane requires the
+    /// PROXY protocol on its own ports: applies to the fleet-wide stream ports
+    /// (`stream/...`, on the dataplane Service behind the same balancer).
+    fleet_proxy: Option<Arc<Vec<ipnet::IpNet>>>,
+}
+
+/// Whether listener `id` is a fleet-wide stream port (`--stream-ports`), not a Gateway's.
+pub fn is_fleet_port(id: &str) -> bool {
+    id.starts_with("stream/")
 }
 
 /// Serves the TCP or TLS stream listener `scope` on `listener` until `stop` resolves; then
-/// its connections get the drain timeout before they are closed.
+/// its connections get the drain timeout before they are closed. `fleet_proxy`: the
+/// dataplane's `--proxy-protocol` trusted peers, for a fleet-wide port ([`is_fleet_port`]).
 pub async fn serve_tcp(
     listener: TcpListener,
     store: Arc<Store>,
     limits: StreamLimits,
     scope: Arc<str>,
+    fleet_proxy: Option<Arc<Vec<ipnet::IpNet>>>,
     stop: impl Future<Output = ()>,
 ) {
     let permits = Arc::new(Semaphore::new(limits.max_connections));
@@ -102,6 +113,7 @@ pub async fn serve_tcp(
         limits,
         local,
         closing: CancellationToken::new(),
+        fleet_proxy,
     });
     tokio::pin!(stop);
     loop {
@@ -170,11 +182,20 @@ async fn connection(mut stream: TcpStream, peer: SocketAddr, w: &Worker) {
         let Some(l) = table.listener(&w.scope) else {
             return;
         };
-        let trusted = l.proxy_protocol_trusted.is_empty()
-            || l.proxy_protocol_trusted
-                .iter()
-                .any(|n| n.contains(&peer.ip().to_canonical()));
-        (l.kind, l.accept_proxy_protocol.then_some(trusted))
+        // NB: the listener's own setting first; else a fleet-wide port follows the
+        // dataplane's --proxy-protocol.
+        let nets = if l.accept_proxy_protocol {
+            Some(&l.proxy_protocol_trusted[..])
+        } else {
+            w.fleet_proxy
+                .as_deref()
+                .filter(|_| is_fleet_port(&l.id))
+                .map(|v| &v[..])
+        };
+        let trusted = |nets: &[ipnet::IpNet]| {
+            nets.is_empty() || nets.iter().any(|n| n.contains(&peer.ip().to_canonical()))
+        };
+        (l.kind, nets.map(trusted))
     };
     let mut client = peer;
     let mut first: Vec<u8> = Vec::new();
