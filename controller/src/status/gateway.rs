@@ -134,7 +134,7 @@ fn listeners_to_write(
                 supported_kinds: l.supported_kinds.clone(),
                 attached_routes: l.attached_routes,
                 conditions: conditions_to_write(
-                    &programmed::gateway_conditions(&l.conditions, &fleet),
+                    &programmed::gateway_conditions(&l.conditions, fleet),
                     generation,
                     old_listener,
                     now,
@@ -844,6 +844,60 @@ mod tests {
             gateway_status(&g, 7, &dp(Some(9)), &[], Some(&done), t1),
             done
         );
+    }
+
+    /// A ListenerSet is programmed when its Gateway's version is served (its listeners are
+    /// the Gateway's); a refused set keeps translation's verdict; the Gateway's count is
+    /// written.
+    #[test]
+    fn a_listener_set_follows_its_gateways_programmed_verdict() {
+        let t0 = Timestamp::from_second(1_700_000_000).unwrap();
+        let set = |accepted: bool, reason: &str| ListenerSetStatus {
+            namespace: "team".into(),
+            name: "apps".into(),
+            generation: Some(2),
+            gateway_namespace: "ns".into(),
+            gateway_name: "gw".into(),
+            conditions: vec![
+                tc(gw::ACCEPTED, accepted, reason),
+                tc(gw::PROGRAMMED, accepted, reason),
+            ],
+            listeners: vec![gw::ListenerStatus {
+                name: "http".into(),
+                supported_kinds: vec![],
+                attached_routes: 1,
+                conditions: vec![
+                    tc(gw::ACCEPTED, true, "Accepted"),
+                    tc(gw::PROGRAMMED, true, "Programmed"),
+                ],
+            }],
+        };
+        let ok = set(true, "Accepted");
+        let pending = listener_set_status(&ok, 7, &dp(Some(6)), None, t0);
+        let p = cond(&pending.conditions, gw::PROGRAMMED);
+        assert_eq!((p.status.as_str(), p.reason.as_str()), ("False", "Pending"));
+        assert_eq!(p.observed_generation, Some(2));
+        let done = listener_set_status(&ok, 7, &dp(Some(7)), Some(&pending), t0);
+        let p = cond(&done.conditions, gw::PROGRAMMED);
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("True", "Programmed")
+        );
+        let lp = cond(&done.listeners[0].conditions, gw::PROGRAMMED);
+        assert_eq!(lp.status, "True");
+        assert_eq!(done.listeners[0].attached_routes, 1);
+
+        let refused = listener_set_status(&set(false, "NotAllowed"), 7, &dp(Some(7)), None, t0);
+        let p = cond(&refused.conditions, gw::PROGRAMMED);
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("False", "NotAllowed")
+        );
+
+        let mut g = gateway(true);
+        g.attached_listener_sets = Some(1);
+        let s = gateway_status(&g, 7, &dp(Some(7)), &[], None, t0);
+        assert_eq!(s.attached_listener_sets, Some(1));
     }
 
     #[test]
