@@ -27,8 +27,8 @@ use k8s_openapi::api::networking::v1::{Ingress, IngressClass};
 use kube::Resource;
 use kube::core::PartialObjectMeta;
 use sluice_crds::gateway::{
-    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant, TCPRoute,
-    TLSRoute, UDPRoute,
+    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ListenerSet, ReferenceGrant,
+    TCPRoute, TLSRoute, UDPRoute,
 };
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
@@ -75,6 +75,8 @@ pub struct Inputs {
     pub gateway_classes: Vec<Arc<GatewayClass>>,
     /// Gateways.
     pub gateways: Vec<Arc<Gateway>>,
+    /// ListenerSets.
+    pub listener_sets: Vec<Arc<ListenerSet>>,
     /// HTTPRoutes.
     pub http_routes: Vec<Arc<HTTPRoute>>,
     /// GRPCRoutes.
@@ -195,6 +197,7 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         namespaces: all(&inputs.namespaces),
         gateway_classes: all(&inputs.gateway_classes),
         gateways: all(&inputs.gateways),
+        listener_sets: all(&inputs.listener_sets),
         http_routes: all(&inputs.http_routes),
         grpc_routes: all(&inputs.grpc_routes),
         tls_routes: all(&inputs.tls_routes),
@@ -228,6 +231,7 @@ impl From<ClusterState> for Inputs {
             namespaces: arcs(s.namespaces),
             gateway_classes: arcs(s.gateway_classes),
             gateways: arcs(s.gateways),
+            listener_sets: arcs(s.listener_sets),
             http_routes: arcs(s.http_routes),
             grpc_routes: arcs(s.grpc_routes),
             tls_routes: arcs(s.tls_routes),

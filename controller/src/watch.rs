@@ -13,8 +13,8 @@
 //! and labels, and only a label change (or a Pod appearing or going away) triggers a
 //! rebuild: status and annotation churn of Pods is skipped.
 //!
-//! The Gateway API kinds (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute,
-//! UDPRoute, ReferenceGrant,
+//! The Gateway API kinds (GatewayClass, Gateway, ListenerSet, HTTPRoute, GRPCRoute, TLSRoute,
+//! TCPRoute, UDPRoute, ReferenceGrant,
 //! BackendTLSPolicy, plus Namespaces as metadata for `allowedRoutes` selectors) are watched
 //! only when API discovery finds them: a cluster without the Gateway API CRDs logs that
 //! once at INFO and serves the Apisix kinds and Ingress as before. Discovery is repeated
@@ -41,8 +41,8 @@ use kube::{Api, Client, Resource};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::gateway::{
-    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant, RouteStatus,
-    TCPRoute, TLSRoute, UDPRoute,
+    BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ListenerSet, ReferenceGrant,
+    RouteStatus, TCPRoute, TLSRoute, UDPRoute,
 };
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixStatus, ApisixTls,
@@ -422,6 +422,8 @@ pub struct GatewayKinds {
     pub gateway_classes: bool,
     /// `gateways` (v1).
     pub gateways: bool,
+    /// `listenersets` (v1).
+    pub listener_sets: bool,
     /// `httproutes` (v1).
     pub http_routes: bool,
     /// `grpcroutes` (v1).
@@ -445,6 +447,7 @@ impl GatewayKinds {
         Self {
             gateway_classes: has(v1, "gatewayclasses"),
             gateways: has(v1, "gateways"),
+            listener_sets: has(v1, "listenersets"),
             http_routes: has(v1, "httproutes"),
             grpc_routes: has(v1, "grpcroutes"),
             tls_routes: has(v1, "tlsroutes"),
@@ -465,6 +468,7 @@ impl GatewayKinds {
         [
             (self.gateway_classes, "GatewayClass"),
             (self.gateways, "Gateway"),
+            (self.listener_sets, "ListenerSet"),
             (self.http_routes, "HTTPRoute"),
             (self.grpc_routes, "GRPCRoute"),
             (self.tls_routes, "TLSRoute"),
@@ -502,6 +506,7 @@ struct GatewayStores {
     namespaces: Vec<Store<PartialObjectMeta<Namespace>>>,
     gateway_classes: Vec<Store<GatewayClass>>,
     gateways: Vec<Store<Gateway>>,
+    listener_sets: Vec<Store<ListenerSet>>,
     http_routes: Vec<Store<HTTPRoute>>,
     grpc_routes: Vec<Store<GRPCRoute>>,
     tls_routes: Vec<Store<TLSRoute>>,
@@ -562,6 +567,9 @@ impl GatewayStores {
             gateways: when(kinds.gateways, || {
                 watch_kind(client, scope, &any, "Gateway", t, m)
             }),
+            listener_sets: when(kinds.listener_sets, || {
+                watch_kind(client, scope, &any, "ListenerSet", t, m)
+            }),
             http_routes: when(kinds.http_routes, || {
                 watch_kind(client, scope, &any, "HTTPRoute", t, m)
             }),
@@ -594,6 +602,7 @@ impl GatewayStores {
         wait_ready(&self.namespaces).await;
         wait_ready(&self.gateway_classes).await;
         wait_ready(&self.gateways).await;
+        wait_ready(&self.listener_sets).await;
         wait_ready(&self.http_routes).await;
         wait_ready(&self.grpc_routes).await;
         wait_ready(&self.tls_routes).await;
@@ -891,6 +900,7 @@ impl Stores {
             namespaces: read(&g.namespaces),
             gateway_classes: read(&g.gateway_classes),
             gateways: read(&g.gateways),
+            listener_sets: read(&g.listener_sets),
             http_routes: read(&g.http_routes),
             grpc_routes: read(&g.grpc_routes),
             tls_routes: read(&g.tls_routes),
@@ -911,6 +921,11 @@ impl Stores {
     /// A Gateway as the stores have it.
     pub fn gateway(&self, namespace: &str, name: &str) -> Option<Arc<Gateway>> {
         find(&self.gateway.get()?.gateways, namespace, name)
+    }
+
+    /// A ListenerSet as the stores have it.
+    pub fn listener_set(&self, namespace: &str, name: &str) -> Option<Arc<ListenerSet>> {
+        find(&self.gateway.get()?.listener_sets, namespace, name)
     }
 
     /// An HTTPRoute as the stores have it.

@@ -10,7 +10,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::gateway::{
     BackendTLSPolicy, GATEWAY_API_BUNDLE_VERSION, GATEWAY_GROUP, GRPCRoute, Gateway, GatewayClass,
-    HTTPRoute, ReferenceGrant, TCPRoute, TLSRoute, UDPRoute,
+    HTTPRoute, ListenerSet, ReferenceGrant, TCPRoute, TLSRoute, UDPRoute,
 };
 
 fn manifest_dir() -> PathBuf {
@@ -67,6 +67,10 @@ fn upstream_examples_parse_and_round_trip() {
                 }
                 "Gateway" => {
                     let gw: Gateway = round_trip(&doc, &what);
+                    if let Some(a) = &gw.spec.allowed_listeners {
+                        let from = a.namespaces.as_ref().and_then(|n| n.from.as_deref());
+                        assert!(from.is_some(), "{what}: allowedListeners.namespaces.from");
+                    }
                     assert!(!gw.spec.listeners.is_empty(), "{what}");
                     assert!(
                         gw.spec.listeners.iter().all(|l| l.port > 0),
@@ -108,6 +112,14 @@ fn upstream_examples_parse_and_round_trip() {
                     let r: UDPRoute = round_trip(&doc, &what);
                     assert!(stream_backends_named(&r.spec.rules), "{what}");
                 }
+                "ListenerSet" => {
+                    let s: ListenerSet = round_trip(&doc, &what);
+                    assert!(!s.spec.parent_ref.name.is_empty(), "{what}");
+                    assert!(
+                        !s.spec.listeners.is_empty() && s.spec.listeners.iter().all(|l| l.port > 0),
+                        "{what}: listeners"
+                    );
+                }
                 _ => continue,
             }
             *counts.entry(kind).or_default() += 1;
@@ -124,6 +136,7 @@ fn upstream_examples_parse_and_round_trip() {
         "TLSRoute",
         "TCPRoute",
         "UDPRoute",
+        "ListenerSet",
     ] {
         assert!(
             counts.get(kind).copied().unwrap_or(0) > 0,

@@ -31,6 +31,7 @@ use crate::{Backend, Cluster, Error, Netns, RELEASE, ServiceProxy, repo_root, wo
 pub const GATEWAY_API_CRDS: &[&str] = &[
     "gatewayclasses.gateway.networking.k8s.io",
     "gateways.gateway.networking.k8s.io",
+    "listenersets.gateway.networking.k8s.io",
     "httproutes.gateway.networking.k8s.io",
     "grpcroutes.gateway.networking.k8s.io",
     "referencegrants.gateway.networking.k8s.io",

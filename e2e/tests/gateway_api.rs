@@ -1214,3 +1214,203 @@ data:
     );
     wait_http(p.http, "secure.e2e", "/", 503);
 }
+
+/// `(status, reason)` of condition `ty` of listener `name` in a `status.listeners` list.
+fn listener_cond(listeners: &Value, name: &str, ty: &str) -> Option<(String, String)> {
+    let l = listeners.as_array()?.iter().find(|l| l["name"] == name)?;
+    cond(&l["conditions"], ty).map(|(s, r, _)| (s, r))
+}
+
+/// ListenerSet (GEP-1713) on per-Gateway ports: a set the Gateway admits
+/// (`allowedListeners: Same`) adds its listeners to the Gateway's Service and ports, and a
+/// route whose parentRef is the set is served there; a set from a namespace the Gateway does
+/// not admit is `Accepted=False` (`NotAllowed`) and its route is not served. The set's HTTPS
+/// listener names a Secret that does not exist yet, as cert-manager's gateway-shim leaves
+/// it: once the Secret is created the listener serves its certificate, with no other change.
+#[test]
+fn a_listener_set_route_is_served_on_its_gateway_and_an_unadmitted_set_is_refused() {
+    use sluice_testkit::pki::Ca;
+    let p = Pipeline::start_with_gateway_api(&[
+        "--gateway-service-namespace",
+        "{namespace}",
+        "--gateway-service-selector",
+        "app.kubernetes.io/component=dataplane",
+        "--gateway-service-type",
+        "ClusterIP",
+        // NB: below the tests' port picker and the kernel's ephemeral range, and no other
+        // test's range.
+        "--gateway-listener-ports",
+        "19000-19499",
+    ])
+    .unwrap();
+    let ns = p.namespace.clone();
+    let other = p.cluster.create_namespace("outside").unwrap();
+    let route = |ns: &str, name: &str, set: &str, backend: &str| {
+        format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  parentRefs: [{{group: gateway.networking.k8s.io, kind: ListenerSet, name: {set}}}]
+  rules:
+    - backendRefs: [{backend}]
+      filters:
+        - type: ResponseHeaderModifier
+          responseHeaderModifier: {{set: [{{name: x-via, value: {set}}}]}}
+"#
+        )
+    };
+    let yaml = format!(
+        r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: sluice}}
+spec: {{controllerName: {CONTROLLER}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: shared, namespace: {ns}}}
+spec:
+  gatewayClassName: sluice
+  allowedListeners: {{namespaces: {{from: Same}}}}
+  listeners: [{{name: http, protocol: HTTP, port: 80, hostname: gw.e2e}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata:
+  name: apps
+  namespace: {ns}
+  annotations: {{cert-manager.io/cluster-issuer: e2e-issuer}}
+spec:
+  parentRef: {{name: shared}}
+  listeners:
+    - {{name: http, protocol: HTTP, port: 80, hostname: app.e2e}}
+    - name: https
+      protocol: HTTPS
+      port: 443
+      hostname: secure.e2e
+      tls: {{certificateRefs: [{{name: app-tls}}]}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: ListenerSet
+metadata: {{name: outsider, namespace: {other}}}
+spec:
+  parentRef: {{name: shared, namespace: {ns}}}
+  listeners: [{{name: http, protocol: HTTP, port: 80, hostname: outsider.e2e}}]
+---
+{}---
+{}"#,
+        route(&ns, "to-apps", "apps", "{name: echo, port: 80}"),
+        route(
+            &other,
+            "to-outsider",
+            "outsider",
+            &format!("{{name: echo, namespace: {ns}, port: 80}}")
+        ),
+    );
+    p.cluster.apply(&yaml).unwrap();
+
+    // The set's listeners are ports of the Gateway's own Service.
+    let (http, https) = eventually(WAIT, || {
+        let s = gateway_services(&p, &ns);
+        let gw = format!("{ns}/shared");
+        Some((target_of(&s, &gw, 80)?, target_of(&s, &gw, 443)?))
+    })
+    .unwrap_or_else(|| panic!("no Gateway Service ports: {:#?}", gateway_services(&p, &ns)));
+    assert!((19000..=19499).contains(&http) && (19000..=19499).contains(&https));
+    let at = SocketAddr::from(([127, 0, 0, 1], http));
+    let r = wait_http(at, "app.e2e", "/", 200);
+    assert_eq!(r.header("x-via"), Some("apps"));
+    // A ListenerSet parentRef attaches to the set's listeners only, not the Gateway's own.
+    assert_eq!(http_get(at, "gw.e2e", "/").unwrap().status, 404);
+    // The set the Gateway does not admit serves nothing.
+    assert_eq!(http_get(at, "outsider.e2e", "/").unwrap().status, 404);
+
+    // Status: the admitted set is accepted and programmed, its HTTP listener has the route,
+    // its HTTPS listener waits for its Secret; the Gateway counts one set.
+    let set = wait_object(&p, "listenerset", Some(&ns), "apps", "Programmed", |s| {
+        let st = &s["status"];
+        cond(&st["conditions"], "Accepted").is_some_and(|(s, _, _)| s == "True")
+            && cond(&st["conditions"], "Programmed")
+                .is_some_and(|(s, r, _)| s == "True" && r == "Programmed")
+            && listener_cond(&st["listeners"], "https", "ResolvedRefs")
+                == Some(("False".into(), "InvalidCertificateRef".into()))
+    });
+    let listeners = set["status"]["listeners"].as_array().unwrap();
+    let http_listener = listeners.iter().find(|l| l["name"] == "http").unwrap();
+    assert_eq!(http_listener["attachedRoutes"], 1, "{set:#}");
+    wait_object(
+        &p,
+        "gateway",
+        Some(&ns),
+        "shared",
+        "attachedListenerSets 1",
+        |g| g["status"]["attachedListenerSets"] == 1,
+    );
+    let outsider = wait_object(
+        &p,
+        "listenerset",
+        Some(&other),
+        "outsider",
+        "NotAllowed",
+        |s| {
+            let c = &s["status"]["conditions"];
+            cond(c, "Accepted").is_some_and(|(s, r, _)| s == "False" && r == "NotAllowed")
+                && cond(c, "Programmed").is_some_and(|(s, r, _)| s == "False" && r == "NotAllowed")
+        },
+    );
+    assert_eq!(
+        cond(&outsider["status"]["conditions"], "Accepted")
+            .unwrap()
+            .2,
+        generation(&outsider)
+    );
+    wait_object(
+        &p,
+        "httproute",
+        Some(&other),
+        "to-outsider",
+        "not accepted",
+        |r| {
+            parent_cond(r, "Accepted")
+                .is_some_and(|(s, r, _)| s == "False" && r == "NoMatchingParent")
+        },
+    );
+    assert_eq!(http_get(at, "outsider.e2e", "/").unwrap().status, 404);
+
+    // cert-manager's part: the Secret appears after the set; the set's HTTPS listener serves
+    // it on the Gateway's port 443 with no other change.
+    let dir = p.cluster.dir().join("listenerset-certs");
+    std::fs::create_dir_all(&dir).unwrap();
+    let ca = Ca::new("listenerset CA");
+    let leaf = ca.leaf(&["secure.e2e"]);
+    let ca_file = dir.join("ca.crt");
+    std::fs::write(&ca_file, &ca.pem).unwrap();
+    assert_eq!(
+        curl_tls(https, "secure.e2e", "secure.e2e", &ca_file, None, false),
+        None,
+        "served a certificate before its Secret existed"
+    );
+    p.cluster
+        .apply(&format!(
+            "apiVersion: v1\nkind: Secret\nmetadata: {{name: app-tls, namespace: {ns}}}\ntype: kubernetes.io/tls\nstringData:\n  tls.crt: |\n{}  tls.key: |\n{}",
+            indented(&leaf.chain_pem, 4),
+            indented(&leaf.key_pem, 4),
+        ))
+        .unwrap();
+    eventually(WAIT, || {
+        (curl_tls(https, "secure.e2e", "secure.e2e", &ca_file, None, false) == Some(200))
+            .then_some(())
+    })
+    .expect("the ListenerSet's HTTPS listener never served the Secret created after it");
+    wait_object(
+        &p,
+        "listenerset",
+        Some(&ns),
+        "apps",
+        "https resolved",
+        |s| {
+            listener_cond(&s["status"]["listeners"], "https", "ResolvedRefs")
+                == Some(("True".into(), "ResolvedRefs".into()))
+        },
+    );
+}

@@ -4,8 +4,10 @@
 //!
 //! - `GatewayClass.status`: `Accepted`, `supportedFeatures[].name`.
 //! - `Gateway.status`: `Accepted`, `Programmed`, `listeners[]` (name, supportedKinds,
-//!   attachedRoutes, conditions) and, with `--ingress-status-address` or
+//!   attachedRoutes, conditions), `attachedListenerSets` and, with `--ingress-status-address` or
 //!   `--ingress-publish-service`, `addresses[]` (the same address Ingresses get).
+//! - `ListenerSet.status`: `Accepted`, `Programmed` (its Gateway's verdict: its listeners
+//!   serve on the Gateway's ports), `listeners[]` as a Gateway's.
 //! - `HTTPRoute` / `GRPCRoute` / `TLSRoute` / `TCPRoute` / `UDPRoute` `status.parents[]`: the entries whose `controllerName` is ours
 //!   (`--gateway-controller-name`). Entries of other controllers are kept as they are: the
 //!   list is atomic, so the write carries them unchanged, with the route's
@@ -31,12 +33,12 @@ use serde::Serialize;
 use serde_json::json;
 use sluice_crds::gateway::{
     BackendTLSPolicy, GRPCRoute, Gateway, GatewayClass, GatewayStatusAddress, HTTPRoute,
-    ListenerStatus, PolicyAncestorStatus, PolicyStatus, RouteParentStatus, SupportedFeature,
-    TCPRoute, TLSRoute, UDPRoute,
+    ListenerSet, ListenerStatus, PolicyAncestorStatus, PolicyStatus, RouteParentStatus,
+    SupportedFeature, TCPRoute, TLSRoute, UDPRoute,
 };
 use sluice_translate::gateway::{
     self as gw, BackendTlsPolicyStatus, GatewayClassStatus, GatewayStatus, GatewayStatusReport,
-    RouteKind, RouteStatus,
+    ListenerSetStatus, RouteKind, RouteStatus,
 };
 use sluice_translate::status::ConditionStatus;
 
@@ -87,27 +89,9 @@ pub fn gateway_status(
     let old = existing
         .map(|s| s.conditions.as_slice())
         .unwrap_or_default();
-    let listeners = want
-        .listeners
-        .iter()
-        .map(|l| {
-            let old_listener = existing
-                .and_then(|s| s.listeners.iter().find(|o| o.name == l.name))
-                .map(|o| o.conditions.as_slice())
-                .unwrap_or_default();
-            ListenerStatus {
-                name: l.name.clone(),
-                supported_kinds: l.supported_kinds.clone(),
-                attached_routes: l.attached_routes,
-                conditions: conditions_to_write(
-                    &programmed::gateway_conditions(&l.conditions, &fleet),
-                    want.generation,
-                    old_listener,
-                    now,
-                ),
-            }
-        })
-        .collect();
+    let old_listeners = existing.map(|s| s.listeners.as_slice()).unwrap_or_default();
+    let listeners =
+        listeners_to_write(&want.listeners, want.generation, &fleet, old_listeners, now);
     let accepted = want
         .conditions
         .iter()
@@ -125,6 +109,63 @@ pub fn gateway_status(
             now,
         ),
         listeners,
+        attached_listener_sets: want.attached_listener_sets,
+    }
+}
+
+/// `listeners[]` of a Gateway or ListenerSet: translation's, with `Programmed=True` replaced
+/// by the dataplanes' verdict `fleet`.
+fn listeners_to_write(
+    want: &[gw::ListenerStatus],
+    generation: Option<i64>,
+    fleet: &super::Desired,
+    existing: &[ListenerStatus],
+    now: Timestamp,
+) -> Vec<ListenerStatus> {
+    want.iter()
+        .map(|l| {
+            let old_listener = existing
+                .iter()
+                .find(|o| o.name == l.name)
+                .map(|o| o.conditions.as_slice())
+                .unwrap_or_default();
+            ListenerStatus {
+                name: l.name.clone(),
+                supported_kinds: l.supported_kinds.clone(),
+                attached_routes: l.attached_routes,
+                conditions: conditions_to_write(
+                    &programmed::gateway_conditions(&l.conditions, fleet),
+                    generation,
+                    old_listener,
+                    now,
+                ),
+            }
+        })
+        .collect()
+}
+
+/// `ListenerSet.status` to write; `since` is the first version serving its Gateway as it is
+/// (the set's listeners and certificates are part of it).
+pub fn listener_set_status(
+    want: &ListenerSetStatus,
+    since: u64,
+    dataplanes: &Dataplanes,
+    existing: Option<&sluice_crds::gateway::ListenerSetStatus>,
+    now: Timestamp,
+) -> sluice_crds::gateway::ListenerSetStatus {
+    let fleet = programmed::gateway(since, dataplanes);
+    let old = existing
+        .map(|s| s.conditions.as_slice())
+        .unwrap_or_default();
+    let old_listeners = existing.map(|s| s.listeners.as_slice()).unwrap_or_default();
+    sluice_crds::gateway::ListenerSetStatus {
+        conditions: conditions_to_write(
+            &programmed::gateway_conditions(&want.conditions, &fleet),
+            want.generation,
+            old,
+            now,
+        ),
+        listeners: listeners_to_write(&want.listeners, want.generation, &fleet, old_listeners, now),
     }
 }
 
@@ -214,6 +255,8 @@ pub enum Write {
     Class(sluice_crds::gateway::GatewayClassStatus),
     /// `Gateway.status`.
     Gateway(sluice_crds::gateway::GatewayStatus),
+    /// `ListenerSet.status`.
+    ListenerSet(sluice_crds::gateway::ListenerSetStatus),
     /// A route's `status.parents`.
     Route {
         /// The route's kind.
@@ -250,6 +293,13 @@ impl Write {
             Write::Gateway(status) => {
                 let patch = json!({"apiVersion": API_VERSION, "kind": "Gateway", "status": status});
                 kube::Api::<Gateway>::namespaced(client.clone(), namespace)
+                    .patch_status(name, &params, &Patch::Apply(&patch))
+                    .await?;
+            }
+            Write::ListenerSet(status) => {
+                let patch =
+                    json!({"apiVersion": API_VERSION, "kind": "ListenerSet", "status": status});
+                kube::Api::<ListenerSet>::namespaced(client.clone(), namespace)
                     .patch_status(name, &params, &Patch::Apply(&patch))
                     .await?;
             }
@@ -324,6 +374,10 @@ pub trait Current {
     fn gateway_class(&self, name: &str) -> Option<Arc<GatewayClass>>;
     /// A Gateway.
     fn gateway(&self, namespace: &str, name: &str) -> Option<Arc<Gateway>>;
+    /// A ListenerSet. Default: none.
+    fn listener_set(&self, _namespace: &str, _name: &str) -> Option<Arc<ListenerSet>> {
+        None
+    }
     /// An HTTPRoute.
     fn http_route(&self, namespace: &str, name: &str) -> Option<Arc<HTTPRoute>>;
     /// A GRPCRoute.
@@ -355,6 +409,9 @@ impl Current for Stores {
     }
     fn gateway(&self, namespace: &str, name: &str) -> Option<Arc<Gateway>> {
         Stores::gateway(self, namespace, name)
+    }
+    fn listener_set(&self, namespace: &str, name: &str) -> Option<Arc<ListenerSet>> {
+        Stores::listener_set(self, namespace, name)
     }
     fn http_route(&self, namespace: &str, name: &str) -> Option<Arc<HTTPRoute>> {
         Stores::http_route(self, namespace, name)
@@ -428,6 +485,20 @@ pub fn desired(
             out.push((
                 Key::new("Gateway", &g.namespace, &g.name),
                 Write::Gateway(want),
+            ));
+        }
+    }
+    for s in &report.listener_sets {
+        let Some(obj) = stores.listener_set(&s.namespace, &s.name) else {
+            continue;
+        };
+        let key = (s.gateway_namespace.clone(), s.gateway_name.clone());
+        let v = since.get(&key).copied().unwrap_or_default();
+        let want = listener_set_status(s, v, dataplanes, obj.status.as_ref(), now);
+        if obj.status.as_ref() != Some(&want) {
+            out.push((
+                Key::new("ListenerSet", &s.namespace, &s.name),
+                Write::ListenerSet(want),
             ));
         }
     }
@@ -738,6 +809,7 @@ mod tests {
             }],
             routes: vec!["ns/r/httproute-r0-m0".into()],
             certificates: vec![],
+            attached_listener_sets: None,
         }
     }
 
@@ -772,6 +844,60 @@ mod tests {
             gateway_status(&g, 7, &dp(Some(9)), &[], Some(&done), t1),
             done
         );
+    }
+
+    /// A ListenerSet is programmed when its Gateway's version is served (its listeners are
+    /// the Gateway's); a refused set keeps translation's verdict; the Gateway's count is
+    /// written.
+    #[test]
+    fn a_listener_set_follows_its_gateways_programmed_verdict() {
+        let t0 = Timestamp::from_second(1_700_000_000).unwrap();
+        let set = |accepted: bool, reason: &str| ListenerSetStatus {
+            namespace: "team".into(),
+            name: "apps".into(),
+            generation: Some(2),
+            gateway_namespace: "ns".into(),
+            gateway_name: "gw".into(),
+            conditions: vec![
+                tc(gw::ACCEPTED, accepted, reason),
+                tc(gw::PROGRAMMED, accepted, reason),
+            ],
+            listeners: vec![gw::ListenerStatus {
+                name: "http".into(),
+                supported_kinds: vec![],
+                attached_routes: 1,
+                conditions: vec![
+                    tc(gw::ACCEPTED, true, "Accepted"),
+                    tc(gw::PROGRAMMED, true, "Programmed"),
+                ],
+            }],
+        };
+        let ok = set(true, "Accepted");
+        let pending = listener_set_status(&ok, 7, &dp(Some(6)), None, t0);
+        let p = cond(&pending.conditions, gw::PROGRAMMED);
+        assert_eq!((p.status.as_str(), p.reason.as_str()), ("False", "Pending"));
+        assert_eq!(p.observed_generation, Some(2));
+        let done = listener_set_status(&ok, 7, &dp(Some(7)), Some(&pending), t0);
+        let p = cond(&done.conditions, gw::PROGRAMMED);
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("True", "Programmed")
+        );
+        let lp = cond(&done.listeners[0].conditions, gw::PROGRAMMED);
+        assert_eq!(lp.status, "True");
+        assert_eq!(done.listeners[0].attached_routes, 1);
+
+        let refused = listener_set_status(&set(false, "NotAllowed"), 7, &dp(Some(7)), None, t0);
+        let p = cond(&refused.conditions, gw::PROGRAMMED);
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("False", "NotAllowed")
+        );
+
+        let mut g = gateway(true);
+        g.attached_listener_sets = Some(1);
+        let s = gateway_status(&g, 7, &dp(Some(7)), &[], None, t0);
+        assert_eq!(s.attached_listener_sets, Some(1));
     }
 
     #[test]

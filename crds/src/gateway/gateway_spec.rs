@@ -41,6 +41,30 @@ pub struct GatewaySpec {
     /// certificate). Modelled as opaque JSON: Sluice only needs to know whether it is set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<serde_json::Value>,
+    /// Which ListenerSets may add listeners to this Gateway; default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_listeners: Option<AllowedListeners>,
+}
+
+/// `AllowedListeners`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct AllowedListeners {
+    /// Namespaces ListenerSets may come from; default `from: None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<ListenerNamespaces>,
+}
+
+/// `ListenerNamespaces`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerNamespaces {
+    /// `None` (default), `Same`, `All` or `Selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
+    /// Namespace label selector, for `from: Selector`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<LabelSelector>,
 }
 
 /// `GatewaySpecAddress`.
@@ -164,6 +188,9 @@ pub struct GatewayStatus {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub listeners: Vec<ListenerStatus>,
+    /// How many ListenerSets are attached (accepted); unset when the Gateway allows none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attached_listener_sets: Option<i32>,
 }
 
 /// `GatewayStatusAddress`.

@@ -1,6 +1,6 @@
 //! Rust types of the Gateway API kinds Sluice reads (`gateway.networking.k8s.io`, standard
-//! channel v1.6.3): GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute, UDPRoute
-//! (v1), ReferenceGrant
+//! channel v1.6.3): GatewayClass, Gateway, ListenerSet, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute,
+//! UDPRoute (v1), ReferenceGrant
 //! (v1beta1, the storage version; v1 has the same schema) and BackendTLSPolicy (v1).
 //!
 //! Only the fields Sluice uses are modelled, plus the status types the controller writes.
@@ -20,6 +20,7 @@ pub mod gateway_class;
 pub mod gateway_spec;
 pub mod grpc_route;
 pub mod http_route;
+pub mod listener_set;
 pub mod reference_grant;
 pub mod shared;
 pub mod stream_route;
@@ -29,6 +30,7 @@ pub use gateway_class::*;
 pub use gateway_spec::*;
 pub use grpc_route::*;
 pub use http_route::*;
+pub use listener_set::*;
 pub use reference_grant::*;
 pub use shared::*;
 pub use stream_route::*;

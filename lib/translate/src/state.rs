@@ -12,8 +12,8 @@ use kube::core::PartialObjectMeta;
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use sluice_crds::gateway::{
-    BackendTLSPolicy, GATEWAY_GROUP, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ReferenceGrant,
-    TCPRoute, TLSRoute, UDPRoute,
+    BackendTLSPolicy, GATEWAY_GROUP, GRPCRoute, Gateway, GatewayClass, HTTPRoute, ListenerSet,
+    ReferenceGrant, TCPRoute, TLSRoute, UDPRoute,
 };
 use sluice_crds::{
     ApisixConsumer, ApisixGlobalRule, ApisixPluginConfig, ApisixRoute, ApisixTls, ApisixUpstream,
@@ -64,6 +64,8 @@ pub struct ClusterState {
     pub gateway_classes: Vec<GatewayClass>,
     /// `gateway.networking.k8s.io/v1` Gateways.
     pub gateways: Vec<Gateway>,
+    /// `gateway.networking.k8s.io/v1` ListenerSets.
+    pub listener_sets: Vec<ListenerSet>,
     /// `gateway.networking.k8s.io/v1` HTTPRoutes.
     pub http_routes: Vec<HTTPRoute>,
     /// `gateway.networking.k8s.io/v1` GRPCRoutes.
@@ -217,6 +219,7 @@ enum KnownKind {
     Namespace,
     GatewayClass,
     Gateway,
+    ListenerSet,
     HttpRoute,
     GrpcRoute,
     TlsRoute,
@@ -267,6 +270,7 @@ impl KnownKind {
                 (known, (GATEWAY_GROUP, v))
             }
             "GRPCRoute" => (Self::GrpcRoute, (GATEWAY_GROUP, "v1")),
+            "ListenerSet" => (Self::ListenerSet, (GATEWAY_GROUP, "v1")),
             "TLSRoute" => (Self::TlsRoute, (GATEWAY_GROUP, "v1")),
             "TCPRoute" => (Self::TcpRoute, (GATEWAY_GROUP, "v1")),
             "UDPRoute" => (Self::UdpRoute, (GATEWAY_GROUP, "v1")),
@@ -560,6 +564,7 @@ impl ClusterState {
             KnownKind::Namespace => add_cluster_scoped(doc, &mut self.namespaces),
             KnownKind::GatewayClass => add_cluster_scoped(doc, &mut self.gateway_classes),
             KnownKind::Gateway => add(doc, &mut self.gateways),
+            KnownKind::ListenerSet => add(doc, &mut self.listener_sets),
             KnownKind::HttpRoute => add(doc, &mut self.http_routes),
             KnownKind::GrpcRoute => add(doc, &mut self.grpc_routes),
             KnownKind::TlsRoute => add(doc, &mut self.tls_routes),

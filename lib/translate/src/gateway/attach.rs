@@ -1,5 +1,6 @@
 //! Attaching a route to the listeners its `parentRefs` select: section name and port,
-//! listener validity, allowed kinds and namespaces, hostname intersection.
+//! listener validity, allowed kinds and namespaces, hostname intersection. A `parentRef` of
+//! kind `Gateway` selects the Gateway's own listeners, one of kind `ListenerSet` the set's.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -24,12 +25,16 @@ pub(super) struct Attachment {
     pub(super) gateways: BTreeSet<(String, String)>,
 }
 
+/// ListenerSets by (namespace, name): their Gateway and whether the set is accepted.
+pub(super) type Sets = BTreeMap<(String, String), ((String, String), bool)>;
+
 /// Attaches `input` to the listeners its parentRefs select. `None` when no parentRef names
-/// a Gateway of Sluice's classes.
+/// a Gateway of Sluice's classes or a ListenerSet of one.
 pub(super) fn attach(
     input: &RouteInput<'_>,
     listeners: &mut [ListenerInfo],
     gw_accepted: &BTreeMap<(String, String), bool>,
+    sets: &Sets,
     namespaces: &BTreeMap<&str, BTreeMap<String, String>>,
 ) -> Option<Attachment> {
     let mut att = Attachment {
@@ -48,28 +53,37 @@ pub(super) fn attach(
     for p in input.parent_refs {
         let group = p.group.as_deref().unwrap_or(GATEWAY_GROUP);
         let kind = p.kind.as_deref().unwrap_or("Gateway");
-        if group != GATEWAY_GROUP || kind != "Gateway" {
+        if group != GATEWAY_GROUP || !matches!(kind, "Gateway" | "ListenerSet") {
             continue;
         }
-        let gw_ns = p.namespace.as_deref().unwrap_or(input.ns).to_owned();
-        let gw_key = (gw_ns, p.name.clone());
-        let Some(&gw_ok) = gw_accepted.get(&gw_key) else {
-            continue; // Not a Gateway of Sluice's classes.
+        let parent_ns = p.namespace.as_deref().unwrap_or(input.ns).to_owned();
+        let key = (parent_ns, p.name.clone());
+        let (gw_key, set, ok) = if kind == "ListenerSet" {
+            let Some((gw_key, ok)) = sets.get(&key) else {
+                continue; // Not a ListenerSet of a Gateway of Sluice's classes.
+            };
+            (gw_key.clone(), Some(&key), *ok)
+        } else {
+            let Some(&ok) = gw_accepted.get(&key) else {
+                continue; // Not a Gateway of Sluice's classes.
+            };
+            (key.clone(), None, ok)
         };
         let parent = Parent {
             input,
             p,
             gw_key: &gw_key,
+            set,
             route_hosts: &route_hosts,
         };
-        let accepted = if gw_ok {
+        let accepted = if ok {
             parent.attach(listeners, namespaces, &mut att)
         } else {
             cond(
                 ACCEPTED,
                 false,
                 reason::NO_MATCHING_PARENT,
-                format!("Gateway {}/{} is not accepted", gw_key.0, gw_key.1),
+                format!("{kind} {}/{} is not accepted", key.0, key.1),
             )
         };
         if accepted.status == crate::status::ConditionStatus::True {
@@ -81,11 +95,15 @@ pub(super) fn attach(
     (!att.parents.is_empty()).then_some(att)
 }
 
-/// One parentRef of a route, naming an accepted Gateway of Sluice's classes.
+/// One parentRef of a route, naming an accepted Gateway of Sluice's classes or an accepted
+/// ListenerSet of one.
 struct Parent<'r> {
     input: &'r RouteInput<'r>,
     p: &'r ParentReference,
+    /// The Gateway the listeners serve on.
     gw_key: &'r (String, String),
+    /// The ListenerSet named, `None` for the Gateway's own listeners.
+    set: Option<&'r (String, String)>,
     /// The route's valid hostnames.
     route_hosts: &'r [String],
 }
@@ -98,7 +116,10 @@ impl Parent<'_> {
         namespaces: &BTreeMap<&str, BTreeMap<String, String>>,
         att: &mut Attachment,
     ) -> Condition {
-        let (gw_ns, gw_name) = self.gw_key;
+        let owner = match self.set {
+            Some((ns, name)) => format!("ListenerSet {ns}/{name}"),
+            None => format!("Gateway {}/{}", self.gw_key.0, self.gw_key.1),
+        };
         let candidates = self.candidates(listeners);
         if candidates.is_empty() {
             return cond(
@@ -120,10 +141,7 @@ impl Parent<'_> {
                 ACCEPTED,
                 false,
                 reason::NOT_ALLOWED_BY_LISTENERS,
-                format!(
-                    "listener(s) {} of Gateway {gw_ns}/{gw_name} are not valid",
-                    names.join(", "),
-                ),
+                format!("listener(s) {} of {owner} are not valid", names.join(", ")),
             );
         }
         let allowed = self.allowed(listeners, valid, namespaces);
@@ -133,7 +151,7 @@ impl Parent<'_> {
                 false,
                 reason::NOT_ALLOWED_BY_LISTENERS,
                 format!(
-                    "no listener of Gateway {gw_ns}/{gw_name} allows {} from namespace {}",
+                    "no listener of {owner} allows {} from namespace {}",
                     self.input.kind.as_str(),
                     self.input.ns
                 ),
@@ -150,13 +168,15 @@ impl Parent<'_> {
         cond(ACCEPTED, true, reason::ACCEPTED, "Accepted")
     }
 
-    /// Listeners of the Gateway matching the parentRef's sectionName and port.
+    /// Listeners of the Gateway (or ListenerSet) matching the parentRef's sectionName and
+    /// port.
     fn candidates(&self, listeners: &[ListenerInfo]) -> Vec<usize> {
         listeners
             .iter()
             .enumerate()
             .filter(|(_, l)| {
                 l.gateway == *self.gw_key
+                    && l.set.as_ref() == self.set
                     && self.p.section_name.as_deref().is_none_or(|s| s == l.name)
                     && self.p.port.is_none_or(|port| port == l.port)
             })
@@ -179,7 +199,7 @@ impl Parent<'_> {
                 l.kinds.contains(&input.kind)
                     && match &l.from {
                         From::All => true,
-                        From::Same => l.gateway.0 == input.ns,
+                        From::Same => l.namespace == input.ns,
                         From::Selector(sel) => namespaces
                             .get(input.ns)
                             .is_some_and(|labels| selects(sel, labels)),
@@ -215,7 +235,7 @@ impl Parent<'_> {
             att.sections
                 .entry(l.slot.clone())
                 .or_default()
-                .insert(l.name.clone());
+                .insert(l.section.clone());
             let slot = att
                 .schemes
                 .entry(l.slot.clone())
@@ -264,7 +284,7 @@ fn intersect(listener: Option<&str>, route: &[String]) -> Option<Vec<String>> {
 }
 
 /// Whether a label selector matches `labels` (matchLabels and matchExpressions).
-fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
+pub(super) fn selects(sel: &LabelSelector, labels: &BTreeMap<String, String>) -> bool {
     let labels_ok = sel
         .match_labels
         .iter()

@@ -9,17 +9,17 @@ use sluice_crds::ApisixTls;
 use sluice_crds::gateway::{Listener, SecretObjectReference};
 use sluice_proto::v1;
 
-use super::listeners::{GatewayRef, Inputs};
+use super::listeners::{Inputs, Owner};
 use super::{Output, granted, reason};
 use crate::{Index, Options};
 
 /// Why a listener has no certificate: (reason, message) for its `ResolvedRefs`.
 type Refusal = (&'static str, String);
 
-/// The certificate of HTTPS listener `l` (index `i`) of `g`; notes in `out` when its
-/// verdict changes with time.
+/// The certificate of HTTPS listener `l` (index `i`) of `g` (a Gateway or a ListenerSet);
+/// notes in `out` when its verdict changes with time.
 pub(super) fn listener_certificate(
-    g: &GatewayRef<'_>,
+    g: &Owner<'_>,
     i: usize,
     l: &Listener,
     inputs: &Inputs<'_, '_>,
@@ -27,7 +27,7 @@ pub(super) fn listener_certificate(
 ) -> Result<v1::TlsCertificate, Refusal> {
     let field = format!("spec.listeners[{i}].tls.certificateRefs");
     let (r, secret_ns) = certificate_ref(g, l, inputs, &field)?;
-    let source = format!("Gateway {}/{} listener {}", g.ns, g.name, l.name);
+    let source = format!("{} {}/{} listener {}", g.kind, g.ns, g.name, l.name);
     let Some(hostname) = l.hostname.as_deref() else {
         // A listener without a hostname serves its certificate to every host no other
         // listener names: the default certificate, checked like every other one. It claims
@@ -39,7 +39,7 @@ pub(super) fn listener_certificate(
             out.changes_at = Some(out.changes_at.map_or(at, |n| n.min(at)));
         }
         return Ok(v1::TlsCertificate {
-            id: format!("{}/{}/{}", g.ns, g.name, l.name),
+            id: g.certificate_id(&l.name),
             source,
             hosts: Vec::new(),
             cert_chain_pem,
@@ -49,13 +49,15 @@ pub(super) fn listener_certificate(
     };
     let mut cert = checked_like_apisix_tls(g, l, hostname, r, secret_ns, inputs, &field, out)?;
     cert.source = source;
+    cert.id = g.certificate_id(&l.name);
     Ok(cert)
 }
 
-/// The first `certificateRefs` entry and its namespace: a core Secret, in the Gateway's
-/// namespace or one whose ReferenceGrant allows it.
+/// The first `certificateRefs` entry and its namespace: a core Secret, in the namespace of
+/// the listener's Gateway or ListenerSet, or one whose ReferenceGrant allows it (a grant
+/// `from` that kind: a Gateway's grant does not cover its ListenerSets).
 fn certificate_ref<'l>(
-    g: &GatewayRef<'l>,
+    g: &Owner<'l>,
     l: &'l Listener,
     inputs: &Inputs<'_, '_>,
     field: &str,
@@ -82,7 +84,7 @@ fn certificate_ref<'l>(
     }
     let secret_ns = r.namespace.as_deref().unwrap_or(ns);
     let grants = &inputs.state.reference_grants;
-    if secret_ns != ns && !granted(grants, "Gateway", ns, "", "Secret", secret_ns, &r.name) {
+    if secret_ns != ns && !granted(grants, g.kind, ns, "", "Secret", secret_ns, &r.name) {
         return Err((
             reason::REF_NOT_PERMITTED,
             format!(
@@ -98,7 +100,7 @@ fn certificate_ref<'l>(
 /// The certificate for `hostname`, checked as a stand-in ApisixTls would be.
 #[allow(clippy::too_many_arguments)]
 fn checked_like_apisix_tls(
-    g: &GatewayRef<'_>,
+    g: &Owner<'_>,
     l: &Listener,
     hostname: &str,
     r: &SecretObjectReference,
@@ -111,7 +113,7 @@ fn checked_like_apisix_tls(
         metadata: ObjectMeta {
             name: Some(format!("{}/{}", g.name, l.name)),
             namespace: Some(g.ns.to_owned()),
-            creation_timestamp: g.gw.metadata.creation_timestamp.clone(),
+            creation_timestamp: g.meta.creation_timestamp.clone(),
             ..Default::default()
         },
         spec: sluice_crds::ApisixTlsSpec {

@@ -4,7 +4,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta,
+};
 use sluice_crds::gateway::{GATEWAY_GROUP, Gateway, Listener, RouteGroupKind};
 use sluice_proto::v1;
 
@@ -43,9 +45,17 @@ pub(super) struct PortBuild {
 
 /// A listener as routes see it.
 pub(crate) struct ListenerInfo {
+    /// The Gateway it serves on (the parent Gateway of a ListenerSet's listener).
     pub(super) gateway: (String, String),
+    /// The ListenerSet it comes from, `None` for the Gateway's own listeners.
+    pub(super) set: Option<(String, String)>,
+    /// Namespace of its owner (Gateway or ListenerSet): `allowedRoutes` `from: Same`.
+    pub(super) namespace: String,
+    /// Its `ListenerSection` name on a per-Gateway port: the listener name, and
+    /// `<ns>/<set>/<name>` for a ListenerSet's (names are unique only within their owner).
+    pub(super) section: String,
     pub(super) slot: Slot,
-    /// Index in `spec.listeners`.
+    /// Index in its owner's `spec.listeners`.
     pub(super) index: usize,
     pub(super) name: String,
     pub(super) hostname: Option<String>,
@@ -90,6 +100,76 @@ pub(super) struct GatewayRef<'g> {
     pub(super) serve: bool,
 }
 
+/// Whose listener it is: the Gateway's own, or a ListenerSet's attached to it.
+pub(super) struct Owner<'g> {
+    /// `Gateway` or `ListenerSet` (the `from` kind of ReferenceGrants).
+    pub(super) kind: &'static str,
+    pub(super) ns: &'g str,
+    pub(super) name: &'g str,
+    pub(super) meta: &'g ObjectMeta,
+}
+
+impl Owner<'_> {
+    fn is_set(&self) -> bool {
+        self.kind == "ListenerSet"
+    }
+
+    /// Snapshot certificate id of its listener `listener`: `<ns>/<gateway>/<listener>`, and
+    /// `<ns>/ListenerSet/<set>/<listener>` for a ListenerSet's (a Gateway of the same name
+    /// may have a listener of the same name).
+    pub(super) fn certificate_id(&self, listener: &str) -> String {
+        if self.is_set() {
+            format!("{}/ListenerSet/{}/{listener}", self.ns, self.name)
+        } else {
+            format!("{}/{}/{listener}", self.ns, self.name)
+        }
+    }
+}
+
+/// The listeners of one Gateway's ListenerSets while they are read, in precedence order
+/// (the Gateway's own first, then sets oldest first, then by namespace/name).
+pub(super) struct SetContext {
+    /// Listeners a further listener conflicts with: the Gateway's, then every accepted set
+    /// listener so far.
+    earlier: Vec<Listener>,
+    /// Distinct ports the Gateway serves so far (at most [`MAX_PORTS_PER_GATEWAY`]).
+    ports: Vec<i32>,
+}
+
+impl SetContext {
+    /// After the Gateway's own listeners.
+    pub(super) fn new(gw: &Gateway) -> Self {
+        let ports = gw
+            .spec
+            .listeners
+            .iter()
+            .filter(|l| within_port_cap(gw, l))
+            .map(|l| l.port)
+            .fold(Vec::new(), |mut v, p| {
+                if !v.contains(&p) {
+                    v.push(p);
+                }
+                v
+            });
+        Self {
+            earlier: gw.spec.listeners.clone(),
+            ports,
+        }
+    }
+
+    /// Whether `port` fits under the Gateway's port cap, taking it if so.
+    fn take_port(&mut self, port: i32) -> bool {
+        if self.ports.contains(&port) {
+            return true;
+        }
+        if self.ports.len() < MAX_PORTS_PER_GATEWAY {
+            self.ports.push(port);
+            return true;
+        }
+        false
+    }
+}
+
 /// Validates the listeners of one Gateway, fills `st.listeners` and adds their
 /// certificates to `served`.
 pub(super) fn listeners_of(
@@ -98,23 +178,61 @@ pub(super) fn listeners_of(
     served: &mut Served<'_>,
     st: &mut GatewayStatus,
 ) -> Vec<ListenerInfo> {
+    let owner = Owner {
+        kind: "Gateway",
+        ns: g.ns,
+        name: g.name,
+        meta: &g.gw.metadata,
+    };
     let ls = &g.gw.spec.listeners;
     let mut infos = Vec::new();
     for (i, l) in ls.iter().enumerate() {
-        infos.push(listener(g, i, l, inputs, served, st));
+        let (status, info) = listener(g, &owner, None, i, l, inputs, served, st);
+        st.listeners.push(status);
+        infos.push(info);
     }
     infos
 }
 
-/// One listener: its status into `st.listeners`, its certificate into `served`.
+/// Validates the listeners of a ListenerSet attached to `g`: their statuses, in
+/// `spec.listeners` order, and what routes see. Certificates go to `served` and their ids
+/// into the Gateway's `st`; a listener that conflicts with an earlier one (`set`) is not
+/// accepted.
+pub(super) fn set_listeners(
+    g: &GatewayRef<'_>,
+    owner: &Owner<'_>,
+    listeners: &[Listener],
+    set: &mut SetContext,
+    inputs: &Inputs<'_, '_>,
+    served: &mut Served<'_>,
+    st: &mut GatewayStatus,
+) -> (Vec<ListenerStatus>, Vec<ListenerInfo>) {
+    let mut statuses = Vec::new();
+    let mut infos = Vec::new();
+    for (i, l) in listeners.iter().enumerate() {
+        let (status, info) = listener(g, owner, Some(&mut *set), i, l, inputs, served, st);
+        if info.attachable {
+            set.earlier.push(l.clone());
+        }
+        statuses.push(status);
+        infos.push(info);
+    }
+    (statuses, infos)
+}
+
+/// One listener of `owner` (the Gateway `g` or one of its ListenerSets, with `set`): its
+/// status, and its certificate into `served` (the id into `st`).
+#[allow(clippy::too_many_arguments)]
 fn listener(
     g: &GatewayRef<'_>,
+    owner: &Owner<'_>,
+    set: Option<&mut SetContext>,
     i: usize,
     l: &Listener,
     inputs: &Inputs<'_, '_>,
     served: &mut Served<'_>,
     st: &mut GatewayStatus,
-) -> ListenerInfo {
+) -> (ListenerStatus, ListenerInfo) {
     let gopts = inputs.gopts;
     let per_gateway = gopts.listener_ports.is_some();
     let field = format!("spec.listeners[{i}]");
@@ -134,7 +252,32 @@ fn listener(
         l.hostname.as_deref().map(hostname)
     };
     let mut accepted = accepted(g.gw, l, &field, want_port, host.as_ref(), per_gateway);
-    if per_gateway && accepted.status == ConditionStatus::True && !within_port_cap(g.gw, l) {
+    let mut conflicted = match set.as_deref() {
+        None => conflicted(&g.gw.spec.listeners, i, l, want_port),
+        Some(s) => conflict_among(s.earlier.iter(), l, want_port),
+    };
+    // NB: a ListenerSet's listener that conflicts with an earlier one (the Gateway's, an
+    // older set's) is not accepted; the earlier one keeps serving (GEP-1713).
+    let set_conflict = set.is_some()
+        && accepted.status == ConditionStatus::True
+        && conflicted.status == ConditionStatus::True;
+    if set_conflict {
+        accepted = cond(
+            ACCEPTED,
+            false,
+            &conflicted.reason,
+            conflicted.message.clone(),
+        );
+    }
+    let cap_ok = match set {
+        None => within_port_cap(g.gw, l),
+        Some(s) => {
+            accepted.status != ConditionStatus::True
+                || !is_served(&l.protocol)
+                || s.take_port(l.port)
+        }
+    };
+    if per_gateway && accepted.status == ConditionStatus::True && !cap_ok {
         accepted = cond(
             ACCEPTED,
             false,
@@ -142,12 +285,12 @@ fn listener(
             format!(
                 "{field}.port: {} is past the {MAX_PORTS_PER_GATEWAY} ports a Gateway may \
                  use (the first {MAX_PORTS_PER_GATEWAY} distinct ports in spec.listeners order \
-                 are served; each is a dataplane port and a port of the Gateway's Service)",
+                 are served, then those of its ListenerSets; each is a dataplane port and a \
+                 port of the Gateway's Service)",
                 l.port
             ),
         );
     }
-    let mut conflicted = conflicted(&g.gw.spec.listeners, i, l, want_port);
     // ResolvedRefs: route kinds, then certificates.
     let (kinds, supported, bad_kinds) = route_kinds(l);
     let mut resolved = kinds_resolved(&field, &bad_kinds);
@@ -183,7 +326,7 @@ fn listener(
     }
     let mut cert_ok = true;
     if terminate && usable_so_far && g.serve {
-        let cert = listener_certificate(g, i, l, inputs, served.out);
+        let cert = listener_certificate(owner, i, l, inputs, served.out);
         let port = &port_id;
         if let Err(c) = serve_certificate(cert, l, per_gateway.then_some(port), served, st) {
             cert_ok = false;
@@ -195,12 +338,22 @@ fn listener(
         }
     }
     let usable = usable_so_far && cert_ok;
-    st.listeners.push(ListenerStatus {
+    let programmed = if set_conflict {
+        cond(
+            PROGRAMMED,
+            false,
+            &conflicted.reason,
+            "The listener conflicts with an earlier one",
+        )
+    } else {
+        programmed(usable)
+    };
+    let status = ListenerStatus {
         name: l.name.clone(),
         supported_kinds: supported,
         attached_routes: 0,
-        conditions: vec![accepted, conflicted, resolved, programmed(usable)],
-    });
+        conditions: vec![accepted, conflicted, resolved, programmed],
+    };
     let slot = match stream {
         Some(tls) => Slot::Stream(port_id, tls as i32),
         None if per_gateway => {
@@ -208,8 +361,17 @@ fn listener(
         }
         None => Slot::Scheme(https),
     };
-    ListenerInfo {
+    let info = ListenerInfo {
         gateway: (g.ns.to_owned(), g.name.to_owned()),
+        set: owner
+            .is_set()
+            .then(|| (owner.ns.to_owned(), owner.name.to_owned())),
+        namespace: owner.ns.to_owned(),
+        section: if owner.is_set() {
+            format!("{}/{}/{}", owner.ns, owner.name, l.name)
+        } else {
+            l.name.clone()
+        },
         slot,
         index: i,
         name: l.name.clone(),
@@ -220,7 +382,8 @@ fn listener(
         kinds,
         from: allowed_from(l),
         attached: BTreeSet::new(),
-    }
+    };
+    (status, info)
 }
 
 /// The `Snapshot.listeners` id of a listener's port: `<ns>/<gateway>/<port>`, and
@@ -380,11 +543,24 @@ fn within_port_cap(gw: &Gateway, l: &Listener) -> bool {
 /// same port, protocol and hostname. TLS listeners of both modes share a port (SNI tells
 /// them apart), and so do a UDP listener and a TCP-based one.
 fn conflicted(ls: &[Listener], i: usize, l: &Listener, want_port: Option<u16>) -> Condition {
+    let others = ls
+        .iter()
+        .enumerate()
+        .filter(|(j, _)| *j != i)
+        .map(|(_, o)| o);
+    conflict_among(others, l, want_port)
+}
+
+/// `Conflicted` of `l` against `others`, by the rules of [`conflicted`].
+fn conflict_among<'a>(
+    others: impl Iterator<Item = &'a Listener>,
+    l: &Listener,
+    want_port: Option<u16>,
+) -> Condition {
     let udp = |p: &str| p == "UDP";
-    for (j, o) in ls.iter().enumerate() {
+    for o in others {
         // NB: only listeners Sluice can serve conflict; an SCTP listener is just unsupported.
-        if j == i
-            || o.port != l.port
+        if o.port != l.port
             || want_port.is_none()
             || !is_served(&o.protocol)
             || udp(&o.protocol) != udp(&l.protocol)

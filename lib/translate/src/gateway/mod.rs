@@ -1,5 +1,5 @@
-//! Gateway API (GatewayClass, Gateway, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute, UDPRoute,
-//! ReferenceGrant) → snapshot routes, stream routes, upstreams and certificates, plus the Gateway API status ([`GatewayStatusReport`]).
+//! Gateway API (GatewayClass, Gateway, ListenerSet, HTTPRoute, GRPCRoute, TLSRoute, TCPRoute,
+//! UDPRoute, ReferenceGrant) → snapshot routes, stream routes, upstreams and certificates, plus the Gateway API status ([`GatewayStatusReport`]).
 //!
 //! # What is ours
 //!
@@ -37,6 +37,13 @@
 //! (`HostnameConflict`) naming the holder. Certificate ids: `<ns>/<gateway>/<listener>`.
 //! HTTPS `Passthrough` is `UnsupportedValue` (use a TLS listener); `spec.tls` (frontend
 //! client-certificate validation) is served with per-Gateway ports only (`frontend.rs`).
+//!
+//! # ListenerSets
+//!
+//! A ListenerSet's listeners join its Gateway's when the Gateway's `allowedListeners`
+//! admits it, after the Gateway's own (see `gateways.rs` for admission, precedence and
+//! status); they serve on the Gateway's ports like its own listeners, and routes reach them
+//! with a `kind: ListenerSet` parentRef (`attach.rs`).
 //!
 //! # Per-Gateway ports
 //!
@@ -195,6 +202,7 @@ const PER_GATEWAY_FEATURES: &[&str] = &[
     "GatewayPort8080",
     "HTTPRouteDestinationPortMatching",
     "HTTPRouteParentRefPort",
+    "ListenerSet",
     "TCPRoute",
     "TLSRoute",
     "TLSRouteModeMixed",

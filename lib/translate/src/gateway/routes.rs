@@ -45,7 +45,13 @@ pub(super) fn routes(
     inputs.sort_by(|a, b| (a.kind, a.ns, a.name).cmp(&(b.kind, b.ns, b.name)));
     let mut entries: Vec<Entry> = Vec::new();
     for input in &inputs {
-        let Some(att) = attach(input, &mut gws.listeners, &gws.accepted, &namespaces) else {
+        let Some(att) = attach(
+            input,
+            &mut gws.listeners,
+            &gws.accepted,
+            &gws.sets,
+            &namespaces,
+        ) else {
             continue;
         };
         let mut rs = RouteStatus {

@@ -1,5 +1,6 @@
 //! Gateway API status computed by translation: what the controller writes into
-//! `GatewayClass.status`, `Gateway.status` and `HTTPRoute`/`GRPCRoute` `status.parents[]`.
+//! `GatewayClass.status`, `Gateway.status`, `ListenerSet.status` and the routes'
+//! `status.parents[]`.
 //!
 //! Conditions carry no timestamps (translation is pure); `generation` is the
 //! `metadata.generation` they were computed from, to write as `observedGeneration` on every
@@ -86,6 +87,11 @@ pub mod reason {
     pub const CONFIGURATION_CHANGED: &str = "ConfigurationChanged";
     /// Programmed = False until dataplanes ACK (written by the controller, never here).
     pub const PENDING: &str = "Pending";
+    /// ListenerSet `Accepted` / `Programmed` = False: its Gateway's `allowedListeners` does
+    /// not admit its namespace.
+    pub const NOT_ALLOWED: &str = "NotAllowed";
+    /// ListenerSet `Accepted` / `Programmed` = False: its Gateway is not accepted.
+    pub const PARENT_NOT_ACCEPTED: &str = "ParentNotAccepted";
 }
 
 /// Status of a GatewayClass whose `controllerName` is Sluice's.
@@ -136,9 +142,36 @@ pub struct GatewayStatus {
     /// `Programmed`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<String>,
-    /// Snapshot certificate ids of its HTTPS listeners, sorted.
+    /// Snapshot certificate ids of its HTTPS listeners (and those of its ListenerSets),
+    /// sorted.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub certificates: Vec<String>,
+    /// `status.attachedListenerSets`: how many ListenerSets are accepted on it; `None` when
+    /// its `allowedListeners` admits none and none is attached.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attached_listener_sets: Option<i32>,
+}
+
+/// Status of a ListenerSet whose parent is a Gateway of one of Sluice's classes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerSetStatus {
+    /// Namespace.
+    pub namespace: String,
+    /// Name.
+    pub name: String,
+    /// `metadata.generation`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generation: Option<i64>,
+    /// Namespace of the parent Gateway. Its `Programmed` verdict from the dataplanes is the
+    /// set's: the set's listeners serve on its ports.
+    pub gateway_namespace: String,
+    /// Name of the parent Gateway.
+    pub gateway_name: String,
+    /// `Accepted`, `Programmed`.
+    pub conditions: Vec<Condition>,
+    /// In `spec.listeners` order; empty when the set is not attached.
+    pub listeners: Vec<ListenerStatus>,
 }
 
 /// `HTTPRoute`, `GRPCRoute`, `TLSRoute`, `TCPRoute` or `UDPRoute`.
@@ -217,6 +250,9 @@ pub struct GatewayStatusReport {
     /// Gateways of those classes, by namespace and name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub gateways: Vec<GatewayStatus>,
+    /// ListenerSets whose parent is one of those Gateways, by namespace and name.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub listener_sets: Vec<ListenerSetStatus>,
     /// Routes with a parent among those Gateways, by kind, namespace and name.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<RouteStatus>,

@@ -96,7 +96,13 @@ pub(super) fn routes(
     let mut statuses = Vec::new();
     for input in &inputs {
         let route = RouteInput::stream(input.kind, input.meta, input.parent_refs, input.hostnames);
-        let Some(att) = attach(&route, &mut gws.listeners, &gws.accepted, &namespaces) else {
+        let Some(att) = attach(
+            &route,
+            &mut gws.listeners,
+            &gws.accepted,
+            &gws.sets,
+            &namespaces,
+        ) else {
             continue;
         };
         let slots = claim(&att.schemes, &mut bound);
