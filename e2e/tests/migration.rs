@@ -46,7 +46,10 @@ fn get(p: &Pipeline, kind: &str, ns: &str, name: &str) -> Option<Value> {
 /// `(status, reason)` of condition `ty` in `conditions`.
 fn cond(conditions: &Value, ty: &str) -> Option<(String, String)> {
     let c = conditions.as_array()?.iter().find(|c| c["type"] == ty)?;
-    Some((c["status"].as_str()?.to_owned(), c["reason"].as_str()?.to_owned()))
+    Some((
+        c["status"].as_str()?.to_owned(),
+        c["reason"].as_str()?.to_owned(),
+    ))
 }
 
 fn is_true(conditions: &Value, ty: &str) -> bool {
@@ -54,7 +57,13 @@ fn is_true(conditions: &Value, ty: &str) -> bool {
 }
 
 /// Waits until `probe` holds on the object; returns it.
-fn wait_object(p: &Pipeline, kind: &str, ns: &str, name: &str, probe: impl Fn(&Value) -> bool) -> Value {
+fn wait_object(
+    p: &Pipeline,
+    kind: &str,
+    ns: &str,
+    name: &str,
+    probe: impl Fn(&Value) -> bool,
+) -> Value {
     let mut last = Value::Null;
     eventually(WAIT, || {
         let v = get(p, kind, ns, name)?;
@@ -111,7 +120,14 @@ impl Reply {
 
 /// `method https://host:port/path` over HTTP/1.1 to 127.0.0.1, trusting `ca`; `None` when
 /// the handshake or the exchange fails.
-fn https(port: u16, host: &str, method: &str, path: &str, headers: &[(&str, &str)], ca: &Path) -> Option<Reply> {
+fn https(
+    port: u16,
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    ca: &Path,
+) -> Option<Reply> {
     let mut cmd = std::process::Command::new("curl");
     cmd.args(["-sS", "-i", "--http1.1", "--max-time", "20", "-X", method])
         .arg("--cacert")
@@ -121,7 +137,10 @@ fn https(port: u16, host: &str, method: &str, path: &str, headers: &[(&str, &str
     for (n, v) in headers {
         cmd.args(["-H", &format!("{n}: {v}")]);
     }
-    let out = cmd.arg(format!("https://{host}:{port}{path}")).output().ok()?;
+    let out = cmd
+        .arg(format!("https://{host}:{port}{path}"))
+        .output()
+        .ok()?;
     if !out.status.success() {
         return None;
     }
@@ -222,9 +241,7 @@ apiVersion: v1\nkind: Secret\nmetadata: {{name: backend-ca, namespace: {ns}}}\ns
             indented(&backend_ca.pem, 4),
         ))
         .unwrap();
-    p.cluster
-        .apply(&fixture("shop.ingress.yaml", &ns))
-        .unwrap();
+    p.cluster.apply(&fixture("shop.ingress.yaml", &ns)).unwrap();
 
     // The guide's steps: a GatewayClass `nginx` of Sluice's, the CA as a ConfigMap, then
     // ingress2gateway's output unchanged.
@@ -235,20 +252,22 @@ apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: backend-ca, namespace: {ns}}}
             indented(&backend_ca.pem, 4),
         ))
         .unwrap();
-    p.cluster
-        .apply(&fixture("shop.gateway.yaml", &ns))
-        .unwrap();
+    p.cluster.apply(&fixture("shop.gateway.yaml", &ns)).unwrap();
 
     // Status: every object accepted, every reference resolved, no rule left out.
     wait_object(&p, "gateway", &ns, "nginx", |g| {
         let c = &g["status"]["conditions"];
         is_true(c, "Accepted")
             && is_true(c, "Programmed")
-            && g["status"]["listeners"]
-                .as_array()
-                .is_some_and(|ls| ls.len() == 3 && ls.iter().all(|l| is_true(&l["conditions"], "ResolvedRefs")))
+            && g["status"]["listeners"].as_array().is_some_and(|ls| {
+                ls.len() == 3 && ls.iter().all(|l| is_true(&l["conditions"], "ResolvedRefs"))
+            })
     });
-    for route in ["api-api-example-com", "web-web-example-com", "web-web-example-com-http"] {
+    for route in [
+        "api-api-example-com",
+        "web-web-example-com",
+        "web-web-example-com-http",
+    ] {
         let r = wait_object(&p, "httproute", &ns, route, |r| {
             r["status"]["parents"].as_array().is_some_and(|ps| {
                 ps.iter().any(|e| {
@@ -279,32 +298,54 @@ apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: backend-ca, namespace: {ns}}}
         })
     });
 
-    let http = eventually(WAIT, || gateway_port(&p, &ns, "nginx", 80)).expect("port 80 of the Gateway");
-    let tls = eventually(WAIT, || gateway_port(&p, &ns, "nginx", 443)).expect("port 443 of the Gateway");
+    let http =
+        eventually(WAIT, || gateway_port(&p, &ns, "nginx", 80)).expect("port 80 of the Gateway");
+    let tls =
+        eventually(WAIT, || gateway_port(&p, &ns, "nginx", 443)).expect("port 443 of the Gateway");
     let at = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
 
     // The Ingresses of class nginx stay ingress-nginx's: Sluice's own port does not serve them.
-    assert_eq!(http_get(p.http, "web.example.com", "/").unwrap().status, 404);
+    assert_eq!(
+        http_get(p.http, "web.example.com", "/").unwrap().status,
+        404
+    );
 
     // ssl-redirect: plain HTTP to the TLS host is a 308 to https.
     let r = eventually(WAIT, || {
-        http_get(at(http), "web.example.com", "/cart?x=1").ok().filter(|r| r.status == 308)
+        http_get(at(http), "web.example.com", "/cart?x=1")
+            .ok()
+            .filter(|r| r.status == 308)
     })
     .expect("port 80 redirects web.example.com");
-    assert_eq!(r.header("location"), Some("https://web.example.com/cart?x=1"), "{r:?}");
+    assert_eq!(
+        r.header("location"),
+        Some("https://web.example.com/cart?x=1"),
+        "{r:?}"
+    );
 
     // TLS with the Ingress's certificate; upstream-vhost is the Host the backend sees.
-    let get = |path: &str, headers: &[(&str, &str)]| https(tls, "web.example.com", "GET", path, headers, &web_ca_file);
-    let r = eventually(WAIT, || get("/hello", &[]).filter(|r| r.status == 200)).expect("https://web.example.com/hello");
+    let get = |path: &str, headers: &[(&str, &str)]| {
+        https(tls, "web.example.com", "GET", path, headers, &web_ca_file)
+    };
+    let r = eventually(WAIT, || get("/hello", &[]).filter(|r| r.status == 200))
+        .expect("https://web.example.com/hello");
     assert_eq!(r.header("x-echo-server"), Some("e2e-echo"), "{r:?}");
     let echoed: Value = serde_json::from_str(&r.body).unwrap();
     assert_eq!(echoed["headers"]["host"], "web.internal", "{echoed:#}");
 
     // canary-by-header: `always` → the canary, `never` or none → the main backend.
-    for (value, server) in [(Some("always"), "e2e-canary"), (Some("never"), "e2e-echo"), (None, "e2e-echo")] {
+    for (value, server) in [
+        (Some("always"), "e2e-canary"),
+        (Some("never"), "e2e-echo"),
+        (None, "e2e-echo"),
+    ] {
         let headers: Vec<(&str, &str)> = value.map(|v| ("X-Canary", v)).into_iter().collect();
         let r = get("/c", &headers).unwrap();
-        assert_eq!((r.status, r.header("x-echo-server")), (200, Some(server)), "X-Canary {value:?}: {r:?}");
+        assert_eq!(
+            (r.status, r.header("x-echo-server")),
+            (200, Some(server)),
+            "X-Canary {value:?}: {r:?}"
+        );
     }
 
     // enable-cors + cors-*: the preflight is the dataplane's, with the configured values.
@@ -325,8 +366,15 @@ apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: backend-ca, namespace: {ns}}}
     };
     let r = preflight("https://app.example.com");
     assert_eq!(r.status, 200, "{r:?}");
-    assert_eq!(r.header("x-echo-server"), None, "the backend answered the preflight: {r:?}");
-    assert_eq!(r.header("access-control-allow-origin"), Some("https://app.example.com"));
+    assert_eq!(
+        r.header("x-echo-server"),
+        None,
+        "the backend answered the preflight: {r:?}"
+    );
+    assert_eq!(
+        r.header("access-control-allow-origin"),
+        Some("https://app.example.com")
+    );
     assert_eq!(r.header("access-control-allow-methods"), Some("GET, PUT"));
     assert_eq!(r.header("access-control-allow-credentials"), Some("true"));
     assert_eq!(r.header("access-control-max-age"), Some("600"));
@@ -338,12 +386,21 @@ apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: backend-ca, namespace: {ns}}}
     let r = get("/delay/15000", &[]).expect("an answer before curl's 20 s");
     let took = started.elapsed();
     assert_eq!(r.status, 504, "{r:?}");
-    assert!(took >= Duration::from_secs(9) && took < Duration::from_secs(14), "{took:?}");
+    assert!(
+        took >= Duration::from_secs(9) && took < Duration::from_secs(14),
+        "{took:?}"
+    );
 
     // backend-protocol HTTPS + proxy-ssl-*: TLS to the backend, verified (it speaks only TLS).
     let r = eventually(WAIT, || {
-        http_get_with(at(http), "api.example.com", "/", &[]).ok().filter(|r| r.status == 200)
+        http_get_with(at(http), "api.example.com", "/", &[])
+            .ok()
+            .filter(|r| r.status == 200)
     })
     .expect("api.example.com through the BackendTLSPolicy");
-    assert!(r.body.contains("s_server"), "the TLS backend answered: {:?}", r.body);
+    assert!(
+        r.body.contains("s_server"),
+        "the TLS backend answered: {:?}",
+        r.body
+    );
 }
