@@ -264,7 +264,7 @@ fn start(
             write(
                 &conf,
                 &format!(
-                    "global\n    nbthread 1\n    maxconn 20000\n\
+                    "global\n    nbthread 1\n    maxconn 4000\n\
                      defaults\n    mode tcp\n    timeout connect 5s\n    timeout client 60s\n    timeout server 60s\n\
                      frontend f\n    bind 127.0.0.1:{port}\n    default_backend b\n\
                      backend b\n    server origin 127.0.0.1:{o}\n"
