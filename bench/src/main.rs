@@ -110,7 +110,11 @@ enum Cmd {
         sluice_args: Vec<String>,
         /// nginx's stream module (Debian: libnginx-mod-stream, installed by
         /// scripts/install/bench-deps.sh).
-        #[arg(long, value_name = "PATH", default_value = "/usr/lib/nginx/modules/ngx_stream_module.so")]
+        #[arg(
+            long,
+            value_name = "PATH",
+            default_value = "/usr/lib/nginx/modules/ngx_stream_module.so"
+        )]
         nginx_stream_module: PathBuf,
     },
     /// HTTPS side by side with nginx (same certificate): keep-alive requests and new TLS

@@ -174,7 +174,10 @@ fn throughput(addr: SocketAddr, connections: usize, d: Duration) -> (u64, u64) {
     for t in threads {
         let _ = t.join();
     }
-    (bytes.load(Ordering::Relaxed), errors.load(Ordering::Relaxed))
+    (
+        bytes.load(Ordering::Relaxed),
+        errors.load(Ordering::Relaxed),
+    )
 }
 
 /// Connect case: connections completed through `addr` in `d`, and errors.
