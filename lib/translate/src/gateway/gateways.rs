@@ -312,14 +312,15 @@ fn listener_sets(
         ls.listeners = statuses;
         let any_usable = infos.iter().any(|l| l.usable);
         let accepted = listeners_accepted(&ls.listeners);
-        let set_ok = accepted.status == ConditionStatus::True;
+        // Unlike a Gateway, a set none of whose listeners can serve (e.g. each one's
+        // certificate is refused) is not accepted: `Accepted` and `Programmed` False,
+        // `ListenersNotValid` (conformance `ListenerSetReferenceGrant`).
+        let set_ok = accepted.status == ConditionStatus::True && any_usable;
         ls.conditions = if set_ok {
-            let programmed = if any_usable {
-                cond(PROGRAMMED, true, reason::PROGRAMMED, "Programmed")
-            } else {
-                cond(PROGRAMMED, false, reason::INVALID, "no listener can serve")
-            };
-            vec![accepted, programmed]
+            vec![
+                accepted,
+                cond(PROGRAMMED, true, reason::PROGRAMMED, "Programmed"),
+            ]
         } else {
             let m = "no listener is valid";
             vec![
@@ -608,5 +609,36 @@ stringData:
         let gw = &after.status.gateway.gateways[0];
         assert_eq!(gw.certificates, ["team-a/ListenerSet/app/https"]);
         assert_eq!(gw.attached_listener_sets, Some(1));
+    }
+
+    /// A set none of whose listeners can serve (its only certificate is missing, or refused
+    /// for want of a ReferenceGrant) is not accepted and not attached; once the listener can
+    /// serve, it is.
+    #[test]
+    fn a_listener_set_with_no_listener_that_can_serve_is_not_accepted() {
+        let set_conditions = |t: &crate::Translation| -> Vec<String> {
+            t.status.gateway.listener_sets[0]
+                .conditions
+                .iter()
+                .map(|c| format!("{} {:?} {}", c.type_, c.status, c.reason))
+                .collect()
+        };
+        let before = translate(SETUP);
+        assert_eq!(
+            set_conditions(&before),
+            [
+                "Accepted False ListenersNotValid",
+                "Programmed False ListenersNotValid"
+            ]
+        );
+        assert_eq!(
+            before.status.gateway.gateways[0].attached_listener_sets,
+            Some(0)
+        );
+        let after = translate(&format!("{SETUP}---\n{SECRET}"));
+        assert_eq!(
+            set_conditions(&after),
+            ["Accepted True Accepted", "Programmed True Programmed"]
+        );
     }
 }
