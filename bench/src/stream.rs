@@ -440,6 +440,7 @@ pub fn run(opts: &StreamOptions) -> Result<String, BenchError> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
