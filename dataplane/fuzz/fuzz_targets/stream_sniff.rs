@@ -84,6 +84,17 @@ fn ppp_source_v2(h: &ppp::v2::Header<'_>) -> Option<SocketAddr> {
     }
 }
 
+/// The would-be v1 line (up to its first `\n`, or the v1 bound) is ASCII: ppp 2.3's v1
+/// parser panics on a multi-byte character (slicing inside it), so it is consulted only then;
+/// the dataplane refuses any other byte.
+fn v1_line_is_ascii(stream: &[u8]) -> bool {
+    stream
+        .iter()
+        .take(MAX_V1 + 1)
+        .take_while(|&&b| b != b'\n')
+        .all(u8::is_ascii)
+}
+
 fn ppp_source_v1(h: &ppp::v1::Header<'_>) -> Option<SocketAddr> {
     match h.addresses {
         ppp::v1::Addresses::Tcp4(a) => {
@@ -158,7 +169,8 @@ fn proxy_header(stream: &[u8], step: usize) {
                 Err(e) => panic!("refused a v2 header ppp accepts: {e:?}"),
             }
         }
-    } else if let Ok(theirs) = ppp::v1::Header::try_from(stream)
+    } else if v1_line_is_ascii(stream)
+        && let Ok(theirs) = ppp::v1::Header::try_from(stream)
         && theirs.header.ends_with("\r\n")
     {
         match &got {

@@ -148,6 +148,11 @@ fn parse(header: &[u8]) -> Result<Option<SocketAddr>, ProxyHeaderError> {
         };
     }
     use ppp::v1;
+    // NB: ASCII, not merely UTF-8: ppp 2.3's v1 parser slices the line at byte offsets and
+    // panics inside a multi-byte character (found by the stream_sniff fuzz target).
+    if !header.is_ascii() {
+        return Err(invalid("not ASCII".into()));
+    }
     let text = std::str::from_utf8(header).map_err(|_| invalid("not ASCII".into()))?;
     let h = v1::Header::try_from(text).map_err(|e| invalid(e.to_string()))?;
     match h.addresses {
@@ -272,6 +277,16 @@ mod tests {
             read(b"PROXY TCP4 1.2").await.unwrap_err(),
             ProxyHeaderError::Closed
         );
+        // Valid UTF-8 but not ASCII: refused, not a panic inside the v1 parser.
+        for line in [
+            "PROXY TCP 1.1\u{5c7}/&\r\n14",
+            "PROXY TCP4 1.2.3.4 5.6.7.\u{e9} 1 2\r\n",
+        ] {
+            assert!(matches!(
+                read(line.as_bytes()).await.unwrap_err(),
+                ProxyHeaderError::Invalid(_)
+            ));
+        }
     }
 
     #[tokio::test]
