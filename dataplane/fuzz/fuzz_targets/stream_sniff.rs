@@ -84,15 +84,16 @@ fn ppp_source_v2(h: &ppp::v2::Header<'_>) -> Option<SocketAddr> {
     }
 }
 
-/// The would-be v1 line (up to its first `\n`, or the v1 bound) is ASCII: ppp 2.3's v1
-/// parser panics on a multi-byte character (slicing inside it), so it is consulted only then;
-/// the dataplane refuses any other byte.
-fn v1_line_is_ascii(stream: &[u8]) -> bool {
-    stream
-        .iter()
-        .take(MAX_V1 + 1)
-        .take_while(|&&b| b != b'\n')
-        .all(u8::is_ascii)
+/// The would-be v1 line (up to its first CRLF, or the v1 bound) is printable ASCII: ppp 2.3's
+/// v1 parser panics on a multi-byte character (slicing inside it) and frames at the first CR,
+/// so it is consulted only then; the dataplane refuses any other byte.
+fn v1_line_is_printable(stream: &[u8]) -> bool {
+    let window = &stream[..stream.len().min(MAX_V1 + 2)];
+    let end = window
+        .windows(2)
+        .position(|w| w == b"\r\n")
+        .unwrap_or(window.len());
+    window[..end].iter().all(|b| (0x20..0x7f).contains(b))
 }
 
 fn ppp_source_v1(h: &ppp::v1::Header<'_>) -> Option<SocketAddr> {
@@ -169,7 +170,7 @@ fn proxy_header(stream: &[u8], step: usize) {
                 Err(e) => panic!("refused a v2 header ppp accepts: {e:?}"),
             }
         }
-    } else if v1_line_is_ascii(stream)
+    } else if v1_line_is_printable(stream)
         && let Ok(theirs) = ppp::v1::Header::try_from(stream)
         && theirs.header.ends_with("\r\n")
     {
