@@ -226,6 +226,11 @@ cmd_suite() {
         --organization=sluice --project=sluice --url=https://github.com/sluice-proxy/sluice
         --version="v$(sluice_version)" --contact=@sluice-maintainers
         --report-output="$report"
+        # GatewayStaticAddresses: a free address of the node's Service range becomes the
+        # Gateway Service's clusterIP; one outside it is refused by the API server (never
+        # routed: no packet is sent to either).
+        --usable-address="${SLUICE_CONFORMANCE_USABLE_ADDRESS:-10.97.0.200}"
+        --unusable-address="${SLUICE_CONFORMANCE_UNUSABLE_ADDRESS:-10.98.0.200}"
     )
     s="$(skips)"
     [ -z "$s" ] || args+=(--skip-tests="$s")

@@ -96,21 +96,50 @@ pub fn gateway_status(
         .conditions
         .iter()
         .any(|c| c.type_ == gw::ACCEPTED && c.status == ConditionStatus::True);
+    let mut conditions = programmed::gateway_conditions(&want.conditions, &fleet);
+    if let Some(m) = missing_static_address(&want.static_addresses, addresses) {
+        for c in conditions.iter_mut().filter(|c| c.type_ == gw::PROGRAMMED) {
+            *c = Desired {
+                type_: gw::PROGRAMMED.into(),
+                status: "False",
+                reason: gw::reason::ADDRESS_NOT_USABLE.into(),
+                message: super::truncate(m.clone()),
+            };
+        }
+    }
     sluice_crds::gateway::GatewayStatus {
         addresses: if accepted {
             addresses.to_vec()
         } else {
             Vec::new()
         },
-        conditions: conditions_to_write(
-            &programmed::gateway_conditions(&want.conditions, &fleet),
-            want.generation,
-            old,
-            now,
-        ),
+        conditions: conditions_to_write(&conditions, want.generation, old, now),
         listeners,
         attached_listener_sets: want.attached_listener_sets,
     }
+}
+
+/// Why a Gateway is not `Programmed` for its addresses: a static address (`spec.addresses`)
+/// its Service does not have (yet: the API server refused it, or a load balancer has not
+/// assigned it).
+fn missing_static_address(wanted: &[String], published: &[GatewayStatusAddress]) -> Option<String> {
+    let same =
+        |a: &str, b: &str| match (a.parse::<std::net::IpAddr>(), b.parse::<std::net::IpAddr>()) {
+            (Ok(a), Ok(b)) => a == b,
+            _ => a == b,
+        };
+    let missing: Vec<&str> = wanted
+        .iter()
+        .filter(|w| !published.iter().any(|p| same(w, &p.value)))
+        .map(String::as_str)
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "spec.addresses {}: not an address of the Gateway's Service (the API server \
+             refused it, or the load balancer has not assigned it; see the controller's log)",
+            missing.join(", ")
+        )
+    })
 }
 
 /// `listeners[]` of a Gateway or ListenerSet: translation's, with `Programmed=True` replaced
@@ -758,6 +787,25 @@ impl Family for GatewayApi {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    /// A Gateway with static addresses is Programmed only once its Service has each of
+    /// them (compared as IPs, so `fd00::c9` and `fd00:0::c9` are one).
+    #[test]
+    fn static_addresses_must_be_the_services() {
+        let a = |v: &str| GatewayStatusAddress {
+            type_: Some("IPAddress".into()),
+            value: v.into(),
+        };
+        let want = vec!["10.96.0.200".to_owned(), "fd00::c9".to_owned()];
+        assert_eq!(missing_static_address(&[], &[a("10.0.0.1")]), None);
+        assert_eq!(
+            missing_static_address(&want, &[a("10.96.0.200"), a("fd00:0::c9")]),
+            None
+        );
+        let m = missing_static_address(&want, &[a("10.96.0.17")]).unwrap();
+        assert!(m.contains("10.96.0.200, fd00::c9"), "{m}");
+        assert!(missing_static_address(&want, &[]).is_some());
+    }
     use crate::fleet::Counted;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
     use sluice_crds::gateway::ParentReference;
@@ -810,6 +858,9 @@ mod tests {
             routes: vec!["ns/r/httproute-r0-m0".into()],
             certificates: vec![],
             attached_listener_sets: None,
+            static_addresses: vec![],
+            infrastructure_labels: BTreeMap::new(),
+            infrastructure_annotations: BTreeMap::new(),
         }
     }
 
@@ -844,6 +895,30 @@ mod tests {
             gateway_status(&g, 7, &dp(Some(9)), &[], Some(&done), t1),
             done
         );
+    }
+
+    /// A Gateway with a static address is `Programmed` only once its Service has it, even
+    /// when the dataplanes serve its version; `status.addresses` are the Service's.
+    #[test]
+    fn a_static_address_gates_programmed() {
+        let t0 = Timestamp::from_second(1_700_000_000).unwrap();
+        let mut g = gateway(true);
+        g.static_addresses = vec!["10.96.0.200".into()];
+        let addr = |v: &str| GatewayStatusAddress {
+            type_: Some("IPAddress".into()),
+            value: v.into(),
+        };
+        let other = gateway_status(&g, 7, &dp(Some(7)), &[addr("10.96.0.17")], None, t0);
+        let p = cond(&other.conditions, gw::PROGRAMMED);
+        assert_eq!(
+            (p.status.as_str(), p.reason.as_str()),
+            ("False", "AddressNotUsable")
+        );
+        assert!(p.message.contains("10.96.0.200"), "{}", p.message);
+        let done = gateway_status(&g, 7, &dp(Some(7)), &[addr("10.96.0.200")], None, t0);
+        let p = cond(&done.conditions, gw::PROGRAMMED);
+        assert_eq!(p.status, "True");
+        assert_eq!(done.addresses, vec![addr("10.96.0.200")]);
     }
 
     /// A ListenerSet is programmed when its Gateway's version is served (its listeners are

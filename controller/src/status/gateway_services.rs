@@ -115,10 +115,85 @@ pub fn port_kind(l: &sluice_proto::v1::Listener) -> &'static str {
     }
 }
 
+/// What a Gateway asks of its Service beyond ports: `spec.infrastructure` labels and
+/// annotations, and `spec.addresses` static IPs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GatewayInfra {
+    /// Labels added to the Service (Sluice's own win on a clash).
+    pub labels: BTreeMap<String, String>,
+    /// Annotations added to the Service (Sluice's own win on a clash).
+    pub annotations: BTreeMap<String, String>,
+    /// Static IPs (at most one per family, as translation checked).
+    pub addresses: Vec<String>,
+    /// Its addresses cannot be honoured (translation said `AddressNotUsable`): no Service,
+    /// rather than one on an address the user did not ask for.
+    pub unusable: bool,
+}
+
+/// Each accepted Gateway's [`GatewayInfra`], from translation's report.
+pub fn infra_of(
+    report: &sluice_translate::gateway::GatewayStatusReport,
+) -> BTreeMap<(String, String), GatewayInfra> {
+    use sluice_translate::gateway::{PROGRAMMED, reason};
+    report
+        .gateways
+        .iter()
+        .map(|g| {
+            let unusable = g
+                .conditions
+                .iter()
+                .any(|c| c.type_ == PROGRAMMED && c.reason == reason::ADDRESS_NOT_USABLE);
+            (
+                (g.namespace.clone(), g.name.clone()),
+                GatewayInfra {
+                    labels: g.infrastructure_labels.clone(),
+                    annotations: g.infrastructure_annotations.clone(),
+                    addresses: g.static_addresses.clone(),
+                    unusable,
+                },
+            )
+        })
+        .collect()
+}
+
+/// Label the Gateway API recommends on what serves a Gateway: the Gateway's name.
+pub const GATEWAY_NAME_LABEL: &str = "gateway.networking.k8s.io/gateway-name";
+
+/// Sets the static `addresses` on a Service of `type_`: a ClusterIP Service's
+/// `clusterIPs` (one per family), a LoadBalancer's `loadBalancerIP` (the first; the load
+/// balancer implementation must honour it, as MetalLB and most clouds' do), a NodePort's
+/// `externalIPs`.
+fn set_addresses(spec: &mut ServiceSpec, type_: &str, addresses: &[String]) {
+    if addresses.is_empty() {
+        return;
+    }
+    match type_ {
+        "LoadBalancer" => spec.load_balancer_ip = addresses.first().cloned(),
+        "NodePort" => spec.external_ips = Some(addresses.to_vec()),
+        _ => {
+            spec.cluster_ip = addresses.first().cloned();
+            spec.cluster_ips = Some(addresses.to_vec());
+            if addresses.len() > 1 {
+                spec.ip_family_policy = Some("RequireDualStack".into());
+                spec.ip_families = Some(
+                    addresses
+                        .iter()
+                        .map(|a| if a.contains(':') { "IPv6" } else { "IPv4" }.to_owned())
+                        .collect(),
+                );
+            }
+        }
+    }
+}
+
 /// The Services `listeners` (id `<ns>/<gateway>/<port>` or `<ns>/<gateway>/<port>/udp`,
 /// dataplane port, [`port_kind`]) ask for. Port names are `<kind>-<port>`; UDP ports have
 /// protocol `UDP` (a Service mixing TCP and UDP needs Kubernetes 1.26 for `LoadBalancer`).
-pub fn desired(listeners: &[(String, u16, &'static str)], cfg: &GatewayServices) -> Vec<Service> {
+pub fn desired(
+    listeners: &[(String, u16, &'static str)],
+    cfg: &GatewayServices,
+    infra: &BTreeMap<(String, String), GatewayInfra>,
+) -> Vec<Service> {
     let mut by_gateway: BTreeMap<(String, String), Vec<ServicePort>> = BTreeMap::new();
     for (id, target, kind) in listeners {
         let udp = *kind == "udp";
@@ -145,9 +220,11 @@ pub fn desired(listeners: &[(String, u16, &'static str)], cfg: &GatewayServices)
                 ..Default::default()
             });
     }
+    let none = GatewayInfra::default();
     let mut names = BTreeSet::new();
     by_gateway
         .into_iter()
+        .filter(|(key, _)| !infra.get(key).is_some_and(|i| i.unusable))
         .filter(|(key, _)| {
             // NB: two Gateways with one Service name take a SHA-256 collision; should it
             // happen, the first (by namespace/name) keeps the Service rather than both
@@ -158,27 +235,35 @@ pub fn desired(listeners: &[(String, u16, &'static str)], cfg: &GatewayServices)
             }
             fresh
         })
-        .map(|((ns, name), ports)| Service {
-            metadata: ObjectMeta {
-                name: Some(service_name(&ns, &name)),
-                namespace: Some(cfg.namespace.clone()),
-                labels: Some(BTreeMap::from([(
-                    "app.kubernetes.io/managed-by".to_owned(),
-                    MANAGED_BY.to_owned(),
-                )])),
-                annotations: Some(BTreeMap::from([(
-                    GATEWAY_ANNOTATION.to_owned(),
-                    format!("{ns}/{name}"),
-                )])),
-                ..Default::default()
-            },
-            spec: Some(ServiceSpec {
+        .map(|((ns, name), ports)| {
+            let i = infra.get(&(ns.clone(), name.clone())).unwrap_or(&none);
+            let mut labels = i.labels.clone();
+            labels.insert("app.kubernetes.io/managed-by".into(), MANAGED_BY.into());
+            // NB: a label value holds at most 63 characters; a longer Gateway name is in
+            // the annotation only.
+            if name.len() <= 63 {
+                labels.insert(GATEWAY_NAME_LABEL.into(), name.clone());
+            }
+            let mut annotations = i.annotations.clone();
+            annotations.insert(GATEWAY_ANNOTATION.into(), format!("{ns}/{name}"));
+            let mut spec = ServiceSpec {
                 type_: Some(cfg.type_.clone()),
                 selector: Some(cfg.selector.clone()),
                 ports: Some(ports),
                 ..Default::default()
-            }),
-            ..Default::default()
+            };
+            set_addresses(&mut spec, &cfg.type_, &i.addresses);
+            Service {
+                metadata: ObjectMeta {
+                    name: Some(service_name(&ns, &name)),
+                    namespace: Some(cfg.namespace.clone()),
+                    labels: Some(labels),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                },
+                spec: Some(spec),
+                ..Default::default()
+            }
         })
         .collect()
 }
@@ -198,11 +283,12 @@ pub enum Write {
 pub fn desired_writes(
     listeners: &[(String, u16, &'static str)],
     cfg: &GatewayServices,
+    infra: &BTreeMap<(String, String), GatewayInfra>,
     existing: &[String],
 ) -> Vec<(Key, Write)> {
     let mut keep = BTreeSet::new();
     let mut out = Vec::new();
-    for svc in desired(listeners, cfg) {
+    for svc in desired(listeners, cfg, infra) {
         let name = svc.metadata.name.clone().unwrap_or_default();
         // NB: a `Service` always serializes; `Null` would only mean a write every pass.
         let mut body = serde_json::to_value(&svc).unwrap_or_default();
@@ -244,7 +330,13 @@ impl Family for GatewayServices {
             .into_iter()
             .filter_map(|s| s.metadata.name)
             .collect();
-        Ok(desired_writes(&rebuilt.gateway.listeners, self, &existing))
+        let infra = infra_of(&rebuilt.gateway.report);
+        Ok(desired_writes(
+            &rebuilt.gateway.listeners,
+            self,
+            &infra,
+            &existing,
+        ))
     }
 
     async fn apply(&self, ctx: &Context, key: &Key, w: &Write) -> Result<(), kube::Error> {
@@ -253,7 +345,19 @@ impl Family for GatewayServices {
         match w {
             Write::Apply(body) => {
                 let params = PatchParams::apply(FIELD_MANAGER).force();
-                api.patch(name, &params, &Patch::Apply(body)).await?;
+                match api.patch(name, &params, &Patch::Apply(body)).await {
+                    Ok(_) => {}
+                    // A new static address: `clusterIP` cannot change in place, so the
+                    // Service is made again (its Gateway was asked to move address).
+                    Err(kube::Error::Api(e))
+                        if e.code == 422 && e.message.contains("immutable") =>
+                    {
+                        tracing::info!(service = %name, "Gateway Service re-created: its static address changed");
+                        api.delete(name, &DeleteParams::default()).await?;
+                        api.patch(name, &params, &Patch::Apply(body)).await?;
+                    }
+                    Err(e) => return Err(e),
+                }
                 tracing::info!(service = %name, namespace = %self.namespace, "Gateway Service written");
             }
             Write::Delete => match api.delete(name, &DeleteParams::default()).await {
@@ -335,6 +439,7 @@ mod tests {
                 (format!("{ns48}/gx643100/80"), 20002, "http"),
             ],
             &cfg(),
+            &BTreeMap::new(),
         );
         let names: BTreeSet<_> = want.iter().map(|s| s.metadata.name.clone()).collect();
         assert_eq!(names.len(), 2, "{names:?}");
@@ -349,6 +454,7 @@ mod tests {
                 ("other/api/8080".into(), 20003, "http"),
             ],
             &cfg(),
+            &BTreeMap::new(),
         );
         assert_eq!(want.len(), 2);
         let web = want
@@ -391,6 +497,7 @@ mod tests {
                 ("default/dns/853".into(), 20003, "tls"),
             ],
             &cfg(),
+            &BTreeMap::new(),
         );
         assert_eq!(want.len(), 1, "one Service for the Gateway");
         let ports: Vec<(String, i32, String, Option<IntOrString>)> = want[0]
@@ -428,6 +535,106 @@ mod tests {
         );
     }
 
+    /// `spec.infrastructure` labels and annotations reach the Gateway's Service beside
+    /// Sluice's own (which win a clash); static addresses become its `clusterIPs` (a
+    /// LoadBalancer's `loadBalancerIP`, a NodePort's `externalIPs`); a Gateway whose
+    /// addresses cannot be used gets no Service.
+    #[test]
+    fn infrastructure_and_static_addresses_reach_the_service() {
+        let key = |n: &str| ("infra".to_owned(), n.to_owned());
+        let infra = BTreeMap::from([
+            (
+                key("static"),
+                GatewayInfra {
+                    labels: BTreeMap::from([
+                        ("key2".into(), "value2".into()),
+                        ("app.kubernetes.io/managed-by".into(), "someone-else".into()),
+                    ]),
+                    annotations: BTreeMap::from([
+                        ("key1".into(), "value1".into()),
+                        (GATEWAY_ANNOTATION.into(), "x/y".into()),
+                    ]),
+                    addresses: vec!["10.96.0.200".into()],
+                    unusable: false,
+                },
+            ),
+            (
+                key("dual"),
+                GatewayInfra {
+                    addresses: vec!["10.96.0.201".into(), "fd00::c9".into()],
+                    ..Default::default()
+                },
+            ),
+            (
+                key("unusable"),
+                GatewayInfra {
+                    unusable: true,
+                    ..Default::default()
+                },
+            ),
+        ]);
+        let listeners = [
+            ("infra/static/8080".into(), 20001, "http"),
+            ("infra/dual/8081".into(), 20002, "http"),
+            ("infra/unusable/8082".into(), 20003, "http"),
+        ];
+        let by_name = |svcs: &[Service], n: &str| {
+            svcs.iter()
+                .find(|s| s.metadata.name.as_deref() == Some(&service_name("infra", n)))
+                .cloned()
+        };
+        let want = desired(&listeners, &cfg(), &infra);
+        assert_eq!(want.len(), 2, "no Service for the unusable one");
+        assert!(by_name(&want, "unusable").is_none());
+        let s = by_name(&want, "static").unwrap();
+        let labels = s.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels["key2"], "value2");
+        assert_eq!(labels["app.kubernetes.io/managed-by"], MANAGED_BY);
+        assert_eq!(labels[GATEWAY_NAME_LABEL], "static");
+        let ann = s.metadata.annotations.as_ref().unwrap();
+        assert_eq!(ann["key1"], "value1");
+        assert_eq!(ann[GATEWAY_ANNOTATION], "infra/static");
+        let spec = s.spec.as_ref().unwrap();
+        assert_eq!(spec.cluster_ip.as_deref(), Some("10.96.0.200"));
+        assert_eq!(spec.cluster_ips, Some(vec!["10.96.0.200".to_owned()]));
+        assert_eq!(spec.ip_family_policy, None);
+        let d = by_name(&want, "dual").unwrap();
+        let spec = d.spec.as_ref().unwrap();
+        assert_eq!(
+            spec.cluster_ips,
+            Some(vec!["10.96.0.201".to_owned(), "fd00::c9".to_owned()])
+        );
+        assert_eq!(spec.ip_family_policy.as_deref(), Some("RequireDualStack"));
+        assert_eq!(
+            spec.ip_families,
+            Some(vec!["IPv4".to_owned(), "IPv6".to_owned()])
+        );
+        // Other Service types.
+        for (type_, check) in [
+            ("LoadBalancer", "loadBalancerIP"),
+            ("NodePort", "externalIPs"),
+        ] {
+            let c = GatewayServices {
+                type_: type_.into(),
+                ..cfg()
+            };
+            let s = by_name(&desired(&listeners, &c, &infra), "static").unwrap();
+            let spec = s.spec.unwrap();
+            assert_eq!(spec.cluster_ip, None, "{type_}");
+            match check {
+                "loadBalancerIP" => {
+                    assert_eq!(spec.load_balancer_ip.as_deref(), Some("10.96.0.200"))
+                }
+                _ => assert_eq!(spec.external_ips, Some(vec!["10.96.0.200".to_owned()])),
+            }
+        }
+        // Without infrastructure or addresses nothing is set beyond ports.
+        let plain = by_name(&desired(&listeners, &cfg(), &BTreeMap::new()), "static").unwrap();
+        let spec = plain.spec.unwrap();
+        assert_eq!((spec.cluster_ip, spec.cluster_ips), (None, None));
+        assert_eq!(plain.metadata.labels.unwrap().len(), 2);
+    }
+
     #[test]
     fn selectors_must_name_labels() {
         assert!(parse_selector("").is_err());
@@ -442,6 +649,7 @@ mod tests {
         let writes = desired_writes(
             &[("default/web/80".into(), 20001, "http")],
             &cfg(),
+            &BTreeMap::new(),
             &[web.clone(), gone.clone()],
         );
         let keys: Vec<(&str, &str)> = writes

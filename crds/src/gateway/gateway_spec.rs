@@ -30,7 +30,8 @@ pub struct GatewaySpec {
         skip_serializing_if = "Vec::is_empty"
     )]
     pub listeners: Vec<Listener>,
-    /// Requested addresses; Sluice assigns none itself (the dataplane Service does).
+    /// Requested addresses: static IPs for the Gateway's own Service, or `IPAddress`
+    /// without a value (any address).
     #[serde(
         default,
         deserialize_with = "null_default",
@@ -44,6 +45,25 @@ pub struct GatewaySpec {
     /// Which ListenerSets may add listeners to this Gateway; default: none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_listeners: Option<AllowedListeners>,
+    /// Labels and annotations for what the Gateway is served by (its Service), and a
+    /// reference to implementation parameters (Sluice takes none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub infrastructure: Option<GatewayInfrastructure>,
+}
+
+/// `GatewayInfrastructure`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayInfrastructure {
+    /// Labels for the resources serving the Gateway.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Annotations for the resources serving the Gateway.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
+    /// `LocalParametersReference` (group, kind, name) to implementation parameters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters_ref: Option<serde_json::Value>,
 }
 
 /// `AllowedListeners`.

@@ -365,19 +365,31 @@ fn gateway(
         routes: Vec::new(),
         certificates: Vec::new(),
         attached_listener_sets: None,
+        static_addresses: Vec::new(),
+        infrastructure_labels: BTreeMap::new(),
+        infrastructure_annotations: BTreeMap::new(),
     };
+    let own_services = inputs.gopts.listener_ports.is_some();
+    let spec_ok = spec_refusal(gw, own_services).is_none();
     let g = GatewayRef {
         gw,
         ns,
         name,
         age,
         // NB: a Gateway that cannot be accepted serves no certificate (nor claims hosts).
-        serve: class_ok && gw.spec.addresses.is_empty(),
+        serve: class_ok && spec_ok,
     };
     let mut infos = listeners_of(&g, inputs, served, &mut st);
     let any_usable = infos.iter().any(|l| l.usable);
-    let (accepted, programmed) = conditions(gw, class_ok, &st.listeners, any_usable);
+    let (accepted, programmed) = conditions(gw, class_ok, own_services, &st.listeners, any_usable);
     let ok = accepted.status == ConditionStatus::True;
+    if ok {
+        st.static_addresses = static_addresses(gw).unwrap_or_default();
+        if let Some(infra) = &gw.spec.infrastructure {
+            st.infrastructure_labels = infra.labels.clone();
+            st.infrastructure_annotations = infra.annotations.clone();
+        }
+    }
     if !ok {
         not_accepted(&mut infos, &mut st);
         let prefix = format!("{ns}/{name}/");
@@ -419,10 +431,89 @@ fn not_accepted(infos: &mut [ListenerInfo], st: &mut GatewayStatus) {
     }
 }
 
+/// Why a Gateway's spec cannot be accepted as a whole (reason, message), if it cannot:
+/// `spec.infrastructure.parametersRef` (Sluice takes no parameters) or an address Sluice
+/// cannot give (a type other than `IPAddress`, or static IPs without per-Gateway Services).
+fn spec_refusal(gw: &Gateway, own_services: bool) -> Option<(&'static str, String)> {
+    if let Some(p) = gw
+        .spec
+        .infrastructure
+        .as_ref()
+        .and_then(|i| i.parameters_ref.as_ref())
+    {
+        let field = |k: &str| p.get(k).and_then(|v| v.as_str()).unwrap_or_default();
+        return Some((
+            reason::INVALID_PARAMETERS,
+            format!(
+                "spec.infrastructure.parametersRef: Sluice takes no Gateway parameters \
+                 ({}.{} {:?} is not a kind it reads)",
+                field("kind"),
+                field("group"),
+                field("name")
+            ),
+        ));
+    }
+    for (i, a) in gw.spec.addresses.iter().enumerate() {
+        let type_ = a.type_.as_deref().unwrap_or("IPAddress");
+        if type_ != "IPAddress" {
+            return Some((
+                reason::UNSUPPORTED_ADDRESS,
+                format!(
+                    "spec.addresses[{i}].type {type_:?}: Sluice gives a Gateway IP addresses \
+                     only (its Service's)"
+                ),
+            ));
+        }
+        match a.value.as_deref().filter(|v| !v.is_empty()) {
+            None => {}
+            Some(v) if v.parse::<std::net::IpAddr>().is_err() => {
+                return Some((
+                    reason::UNSUPPORTED_ADDRESS,
+                    format!("spec.addresses[{i}].value {v:?}: not an IP address"),
+                ));
+            }
+            Some(v) if !own_services => {
+                return Some((
+                    reason::UNSUPPORTED_ADDRESS,
+                    format!(
+                        "spec.addresses[{i}].value {v}: a static address needs the Gateway's \
+                         own Service (chart value controller.gatewayServices.enabled); every \
+                         Gateway now shares the dataplane Service's address"
+                    ),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    None
+}
+
+/// The static IPs of `spec.addresses` (values, normalised), if a Service can carry them:
+/// at most one per family (`clusterIPs`, and one `loadBalancerIP` on a load balancer).
+fn static_addresses(gw: &Gateway) -> Result<Vec<String>, String> {
+    let ips: Vec<std::net::IpAddr> = gw
+        .spec
+        .addresses
+        .iter()
+        .filter_map(|a| a.value.as_deref()?.parse().ok())
+        .collect();
+    let v4 = ips.iter().filter(|ip| ip.is_ipv4()).count();
+    let v6 = ips.len() - v4;
+    if v4 > 1 || v6 > 1 {
+        let all: Vec<String> = ips.iter().map(ToString::to_string).collect();
+        return Err(format!(
+            "spec.addresses {}: a Service takes at most one IPv4 and one IPv6 address",
+            all.join(", ")
+        ));
+    }
+    Ok(ips.iter().map(ToString::to_string).collect())
+}
+
 /// A Gateway's `Accepted` and `Programmed`.
 fn conditions(
     gw: &Gateway,
     class_ok: bool,
+    own_services: bool,
     listeners: &[ListenerStatus],
     any_usable: bool,
 ) -> (Condition, Condition) {
@@ -436,11 +527,17 @@ fn conditions(
             cond(PROGRAMMED, false, reason::INVALID, m),
         );
     }
-    if !gw.spec.addresses.is_empty() {
-        let m = "spec.addresses: Sluice does not assign addresses (the dataplane Service has them)";
+    if let Some((r, m)) = spec_refusal(gw, own_services) {
         return (
-            cond(ACCEPTED, false, reason::UNSUPPORTED_ADDRESS, m),
+            cond(ACCEPTED, false, r, m.clone()),
             cond(PROGRAMMED, false, reason::INVALID, m),
+        );
+    }
+    let accepted = listeners_accepted(listeners);
+    if let Err(m) = static_addresses(gw) {
+        return (
+            accepted,
+            cond(PROGRAMMED, false, reason::ADDRESS_NOT_USABLE, m),
         );
     }
     let programmed = if any_usable {
@@ -448,7 +545,7 @@ fn conditions(
     } else {
         cond(PROGRAMMED, false, reason::INVALID, "no listener can serve")
     };
-    (listeners_accepted(listeners), programmed)
+    (accepted, programmed)
 }
 
 /// `Accepted` of a Gateway (or ListenerSet) by its listeners: accepted when some listener

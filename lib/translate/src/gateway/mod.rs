@@ -166,6 +166,7 @@ const SUPPORTED_FEATURES: &[&str] = &[
     "GRPCRoute",
     "GRPCRouteNamedRouteRule",
     "Gateway",
+    "GatewayAddressEmpty",
     "GatewayBackendClientCertificate",
     "HTTPRoute",
     "HTTPRoute303RedirectStatusCode",
@@ -193,13 +194,15 @@ const SUPPORTED_FEATURES: &[&str] = &[
 ];
 
 /// Features that need each Gateway on ports of its own (`GatewayOptions::listener_ports`):
-/// a listener on any port, per-port TLS settings, Layer 4 listeners.
+/// a listener on any port, per-port TLS settings, Layer 4 listeners, static addresses (its
+/// own Service's).
 const PER_GATEWAY_FEATURES: &[&str] = &[
     "GatewayFrontendClientCertificateValidation",
     "GatewayFrontendClientCertificateValidationInsecureFallback",
     "GatewayHTTPListenerIsolation",
     "GatewayHTTPSListenerDetectMisdirectedRequests",
     "GatewayPort8080",
+    "GatewayStaticAddresses",
     "HTTPRouteDestinationPortMatching",
     "HTTPRouteParentRefPort",
     "ListenerSet",

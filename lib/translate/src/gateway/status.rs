@@ -11,6 +11,8 @@
 //! ACKed a snapshot containing [`GatewayStatus::routes`] / [`GatewayStatus::certificates`];
 //! until then it writes `Programmed=False` with reason `Pending`.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 use sluice_crds::gateway::{ParentReference, RouteGroupKind};
 
@@ -45,6 +47,8 @@ pub mod reason {
     pub const LISTENERS_NOT_VALID: &str = "ListenersNotValid";
     /// Gateway `Accepted` = False: `spec.addresses` cannot be honoured.
     pub const UNSUPPORTED_ADDRESS: &str = "UnsupportedAddress";
+    /// Gateway `Programmed` = False: a requested address cannot be used (yet).
+    pub const ADDRESS_NOT_USABLE: &str = "AddressNotUsable";
     /// Listener `Accepted` = False: the dataplane fleet does not serve this port for this
     /// protocol.
     pub const PORT_UNAVAILABLE: &str = "PortUnavailable";
@@ -150,6 +154,16 @@ pub struct GatewayStatus {
     /// its `allowedListeners` admits none and none is attached.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attached_listener_sets: Option<i32>,
+    /// `spec.addresses` with a value, as IPs (at most one per family) for the Gateway's
+    /// own Service; its `Programmed` waits until that Service has them.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub static_addresses: Vec<String>,
+    /// `spec.infrastructure.labels`, for the Gateway's own Service.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub infrastructure_labels: BTreeMap<String, String>,
+    /// `spec.infrastructure.annotations`, for the Gateway's own Service.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub infrastructure_annotations: BTreeMap<String, String>,
 }
 
 /// Status of a ListenerSet whose parent is a Gateway of one of Sluice's classes.
