@@ -742,6 +742,134 @@ spec:
     assert_eq!(r.header("x-gateway"), Some("one"));
 }
 
+/// `spec.addresses` and `spec.infrastructure` with per-Gateway Services: a static address
+/// becomes the Gateway Service's ClusterIP and the Gateway's only status address; a new one
+/// re-creates the Service on it; one the API server refuses (outside the Service range)
+/// leaves the Service on the old address and the Gateway `Programmed=False`,
+/// `AddressNotUsable`; infrastructure labels and annotations are on the Service; a
+/// `parametersRef` is `Accepted=False`, `InvalidParameters`.
+#[test]
+fn static_addresses_and_infrastructure_reach_the_gateway_service() {
+    let p = Pipeline::start_with_gateway_api(&[
+        "--gateway-service-namespace",
+        "{namespace}",
+        "--gateway-service-selector",
+        "app.kubernetes.io/component=dataplane",
+        "--gateway-service-type",
+        "ClusterIP",
+        "--gateway-listener-ports",
+        "18500-18999",
+    ])
+    .unwrap();
+    let ns = p.namespace.clone();
+    // NB: the lowest 256 addresses of the test cluster's 10.96.0.0/16 are the band the API
+    // server keeps for static ClusterIPs; a test in another namespace may use 10.96.0.1-20.
+    let gateway = |address: &str| {
+        format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: sluice}}
+spec: {{controllerName: {CONTROLLER}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: fixed, namespace: {ns}}}
+spec:
+  gatewayClassName: sluice
+  addresses: [{{type: IPAddress, value: "{address}"}}]
+  infrastructure:
+    labels: {{team: payments}}
+    annotations: {{example.com/lb-class: internal}}
+  listeners: [{{name: http, protocol: HTTP, port: 80}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: r, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: fixed}}]
+  hostnames: [fixed.e2e]
+  rules: [{{backendRefs: [{{name: echo, port: 80}}]}}]
+"#
+        )
+    };
+    let service = || -> Option<Value> {
+        gateway_services(&p, &ns).into_iter().find(|s| {
+            s["metadata"]["annotations"]["gateway.sluice.dev/gateway"] == format!("{ns}/fixed")
+        })
+    };
+    let settled = |address: &'static str| {
+        let svc = eventually(WAIT, || {
+            service().filter(|s| s["spec"]["clusterIP"] == address)
+        })
+        .unwrap_or_else(|| panic!("no Service on {address}: {:#?}", service()));
+        wait_object(&p, "gateway", Some(&ns), "fixed", address, |g| {
+            g["status"]["addresses"].as_array().is_some_and(|a| {
+                a.len() == 1 && a[0]["value"] == address && a[0]["type"] == "IPAddress"
+            }) && cond(&g["status"]["conditions"], "Programmed")
+                .is_some_and(|(s, _, _)| s == "True")
+        });
+        svc
+    };
+
+    p.cluster.apply(&gateway("10.96.0.213")).unwrap();
+    let svc = settled("10.96.0.213");
+    assert_eq!(svc["metadata"]["labels"]["team"], "payments", "{svc:#}");
+    assert_eq!(
+        svc["metadata"]["labels"]["gateway.networking.k8s.io/gateway-name"], "fixed",
+        "{svc:#}"
+    );
+    assert_eq!(
+        svc["metadata"]["annotations"]["example.com/lb-class"], "internal",
+        "{svc:#}"
+    );
+    let port = target_of(&[svc.clone()], &format!("{ns}/fixed"), 80).unwrap();
+    let at = SocketAddr::from(([127, 0, 0, 1], port));
+    wait_http(at, "fixed.e2e", "/", 200);
+
+    // A new address: the Service is made again on it.
+    p.cluster.apply(&gateway("10.96.0.214")).unwrap();
+    let moved = settled("10.96.0.214");
+    assert_ne!(moved["metadata"]["uid"], svc["metadata"]["uid"]);
+
+    // An address the API server refuses: the Service stays where it was, the Gateway says why.
+    p.cluster.apply(&gateway("10.99.0.1")).unwrap();
+    let g = wait_object(&p, "gateway", Some(&ns), "fixed", "AddressNotUsable", |g| {
+        cond(&g["status"]["conditions"], "Programmed")
+            .is_some_and(|(s, r, _)| s == "False" && r == "AddressNotUsable")
+    });
+    let kept = service().unwrap();
+    assert_eq!(kept["spec"]["clusterIP"], "10.96.0.214", "{kept:#}");
+    assert_eq!(kept["metadata"]["uid"], moved["metadata"]["uid"]);
+    assert_eq!(g["status"]["addresses"][0]["value"], "10.96.0.214", "{g:#}");
+    wait_http(at, "fixed.e2e", "/", 200);
+
+    // parametersRef: Sluice takes none.
+    p.cluster
+        .apply(&format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: with-parameters, namespace: {ns}}}
+spec:
+  gatewayClassName: sluice
+  infrastructure:
+    parametersRef: {{group: invalid.io, kind: InvalidParameters, name: invalid}}
+  listeners: [{{name: http, protocol: HTTP, port: 81}}]
+"#
+        ))
+        .unwrap();
+    wait_object(
+        &p,
+        "gateway",
+        Some(&ns),
+        "with-parameters",
+        "InvalidParameters",
+        |g| {
+            cond(&g["status"]["conditions"], "Accepted")
+                .is_some_and(|(s, r, _)| s == "False" && r == "InvalidParameters")
+        },
+    );
+}
+
 /// `curl` over TLS to `127.0.0.1:port` with `sni` as the URL's host (its SNI), trusting
 /// `ca`, with `host` as the `Host` header (`:authority` over HTTP/2), with a client
 /// certificate when `identity` names one (cert, key files); the HTTP status, or `None` when

@@ -189,7 +189,8 @@ cmd_up() {
     fi
     helm_ install sluice "$ROOT/charts/sluice" --namespace "$NS" --create-namespace \
         --set image.repository="$REPO" --set image.tag="$tag" --set image.pullPolicy=Never \
-        --set controller.gatewayAPIChannel="$CHANNEL" >/dev/null
+        --set controller.gatewayAPIChannel="$CHANNEL" \
+        --set controller.gatewayServices.type=ClusterIP >/dev/null
     printf '%s\n' "apiVersion: gateway.networking.k8s.io/v1" "kind: GatewayClass" \
         "metadata: {name: $CLASS}" "spec: {controllerName: sluice.dev/gateway-controller}" |
         kube apply -f - >/dev/null

@@ -22,7 +22,7 @@ use k8s_openapi::api::core::v1::{Service, ServicePort, ServiceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::Api;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde::Serialize;
 
 use super::writer::{Family, Key};
@@ -349,9 +349,26 @@ impl Family for GatewayServices {
                     Ok(_) => {}
                     // A new static address: `clusterIP` cannot change in place, so the
                     // Service is made again (its Gateway was asked to move address).
+                    // (1.34 says "spec.clusterIPs[0]: Invalid value: ...: may not change
+                    // once set"; older releases "field is immutable".)
                     Err(kube::Error::Api(e))
-                        if e.code == 422 && e.message.contains("immutable") =>
+                        if e.code == 422
+                            && e.message.contains("spec.clusterIP")
+                            && (e.message.contains("may not change")
+                                || e.message.contains("immutable")) =>
                     {
+                        // NB: the new address is tried first (a dry-run create under a
+                        // generated name), so an address the API server refuses leaves the
+                        // Service, and its Gateway, on the old one.
+                        let mut probe: Service = serde_json::from_value(body.clone())
+                            .map_err(kube::Error::SerdeError)?;
+                        probe.metadata.name = None;
+                        probe.metadata.generate_name = Some("gw-probe-".into());
+                        let dry = PostParams {
+                            dry_run: true,
+                            ..Default::default()
+                        };
+                        api.create(&dry, &probe).await?;
                         tracing::info!(service = %name, "Gateway Service re-created: its static address changed");
                         api.delete(name, &DeleteParams::default()).await?;
                         api.patch(name, &params, &Patch::Apply(body)).await?;
