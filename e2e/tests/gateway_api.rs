@@ -822,7 +822,7 @@ spec:
         svc["metadata"]["annotations"]["example.com/lb-class"], "internal",
         "{svc:#}"
     );
-    let port = target_of(&[svc.clone()], &format!("{ns}/fixed"), 80).unwrap();
+    let port = target_of(std::slice::from_ref(&svc), &format!("{ns}/fixed"), 80).unwrap();
     let at = SocketAddr::from(([127, 0, 0, 1], port));
     wait_http(at, "fixed.e2e", "/", 200);
 
