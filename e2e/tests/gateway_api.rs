@@ -870,6 +870,98 @@ spec:
     );
 }
 
+/// The Gateway annotation `gateway.sluice.dev/proxy-protocol: "true"` (with
+/// `…-trusted`) makes that Gateway's own port require a PROXY header whose address the
+/// upstream sees in X-Forwarded-For; a connection without one gets no answer; another
+/// Gateway's port is untouched; a bad value is `Accepted=False`, `InvalidParameters`.
+#[test]
+fn a_gateway_annotation_turns_on_the_proxy_protocol_for_its_ports() {
+    use std::io::{Read as _, Write as _};
+    let p = Pipeline::start_with_gateway_api(&[
+        "--gateway-service-namespace",
+        "{namespace}",
+        "--gateway-service-selector",
+        "app.kubernetes.io/component=dataplane",
+        "--gateway-service-type",
+        "ClusterIP",
+        "--gateway-listener-ports",
+        "18000-18499",
+    ])
+    .unwrap();
+    let ns = p.namespace.clone();
+    let gateway = |name: &str, annotations: &str| {
+        format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata:
+  name: {name}
+  namespace: {ns}
+  annotations: {{{annotations}}}
+spec:
+  gatewayClassName: sluice
+  listeners: [{{name: http, protocol: HTTP, port: 80}}]
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: {name}, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: {name}}}]
+  hostnames: [pp.e2e]
+  rules: [{{backendRefs: [{{name: echo, port: 80}}]}}]
+"#
+        )
+    };
+    p.cluster
+        .apply(&format!(
+            "apiVersion: gateway.networking.k8s.io/v1\nkind: GatewayClass\nmetadata: {{name: sluice}}\nspec: {{controllerName: {CONTROLLER}}}\n---\n{}---\n{}---\n{}",
+            gateway(
+                "behind-lb",
+                r#"gateway.sluice.dev/proxy-protocol: "true", gateway.sluice.dev/proxy-protocol-trusted: "127.0.0.0/8""#
+            ),
+            gateway("direct", ""),
+            gateway("bad", r#"gateway.sluice.dev/proxy-protocol: "yes""#),
+        ))
+        .unwrap();
+    let (lb, direct) = eventually(WAIT, || {
+        let s = gateway_services(&p, &ns);
+        Some((
+            target_of(&s, &format!("{ns}/behind-lb"), 80)?,
+            target_of(&s, &format!("{ns}/direct"), 80)?,
+        ))
+    })
+    .unwrap_or_else(|| panic!("no Gateway Services: {:#?}", gateway_services(&p, &ns)));
+    let at = |port: u16| SocketAddr::from(([127, 0, 0, 1], port));
+    let raw_get = |port: u16, header: &[u8]| -> String {
+        let Ok(mut c) = std::net::TcpStream::connect(at(port)) else {
+            return String::new();
+        };
+        let _ = c.set_read_timeout(Some(WAIT));
+        let mut out = header.to_vec();
+        out.extend_from_slice(b"GET / HTTP/1.1\r\nhost: pp.e2e\r\nconnection: close\r\n\r\n");
+        let _ = c.write_all(&out);
+        let mut answer = Vec::new();
+        let _ = c.read_to_end(&mut answer);
+        String::from_utf8_lossy(&answer).into_owned()
+    };
+    let header = format!("PROXY TCP4 203.0.113.7 127.0.0.1 40000 {lb}\r\n");
+    let answer = eventually(WAIT, || {
+        Some(raw_get(lb, header.as_bytes())).filter(|a| a.starts_with("HTTP/1.1 200"))
+    })
+    .unwrap_or_else(|| panic!("behind-lb not served: {}", raw_get(lb, header.as_bytes())));
+    assert!(
+        answer.contains(r#""x-forwarded-for":"203.0.113.7""#),
+        "{answer}"
+    );
+    assert_eq!(raw_get(lb, b""), "", "no header: closed without an answer");
+    // The other Gateway's port takes plain HTTP, and a PROXY line there is not a request.
+    assert!(raw_get(direct, b"").starts_with("HTTP/1.1 200"));
+    assert!(raw_get(direct, header.as_bytes()).starts_with("HTTP/1.1 400"));
+    wait_object(&p, "gateway", Some(&ns), "bad", "InvalidParameters", |g| {
+        cond(&g["status"]["conditions"], "Accepted")
+            .is_some_and(|(s, r, _)| s == "False" && r == "InvalidParameters")
+    });
+}
+
 /// `curl` over TLS to `127.0.0.1:port` with `sni` as the URL's host (its SNI), trusting
 /// `ca`, with `host` as the `Host` header (`:authority` over HTTP/2), with a client
 /// certificate when `identity` names one (cert, key files); the HTTP status, or `None` when

@@ -222,6 +222,10 @@ struct Listener<'a> {
     sections: &'a [sluice_proto::v1::ListenerSection],
     #[serde(skip_serializing_if = "Option::is_none")]
     client_validation: Option<ClientValidation>,
+    /// Peers trusted to send the PROXY header it requires (empty: any); left out when it
+    /// requires none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    proxy_protocol_from: Option<&'a [String]>,
 }
 
 /// A port's frontend client-certificate validation, the CA bundle counted, not shown.
@@ -299,6 +303,9 @@ fn gateway_view<'a>(
                     ca_certificates: v.ca_pem.matches("-----BEGIN CERTIFICATE-----").count(),
                     insecure_fallback: v.insecure_fallback,
                 }),
+                proxy_protocol_from: l
+                    .accept_proxy_protocol
+                    .then_some(l.proxy_protocol_trusted.as_slice()),
             })
             .collect(),
         gateway: &t.status.gateway,

@@ -431,6 +431,53 @@ fn not_accepted(infos: &mut [ListenerInfo], st: &mut GatewayStatus) {
     }
 }
 
+/// Gateway annotation: `"true"` makes every TCP port of the Gateway (per-Gateway ports)
+/// require a PROXY protocol v1/v2 header, whose address is the client's.
+pub const PROXY_PROTOCOL_ANNOTATION: &str = "gateway.sluice.dev/proxy-protocol";
+/// Gateway annotation: comma-separated IPs or CIDRs allowed to send that header (default:
+/// any peer); a connection from another peer is closed.
+pub const PROXY_PROTOCOL_TRUSTED_ANNOTATION: &str = "gateway.sluice.dev/proxy-protocol-trusted";
+
+/// The Gateway's PROXY protocol setting from its annotations: `Some(trusted peers)` when on
+/// (empty: any peer), `None` when off; `Err` names the annotation and what is wrong.
+pub(super) fn proxy_protocol(gw: &Gateway) -> Result<Option<Vec<String>>, String> {
+    let get = |k: &str| {
+        gw.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(k))
+            .map(String::as_str)
+    };
+    let trusted = get(PROXY_PROTOCOL_TRUSTED_ANNOTATION);
+    match get(PROXY_PROTOCOL_ANNOTATION).map(str::trim) {
+        None | Some("false") => {
+            if trusted.is_some() {
+                return Err(format!(
+                    "metadata.annotations[{PROXY_PROTOCOL_TRUSTED_ANNOTATION}]: set without \
+                     {PROXY_PROTOCOL_ANNOTATION}: \"true\""
+                ));
+            }
+            Ok(None)
+        }
+        Some("true") => trusted
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(|t| {
+                crate::validate::remote_addr(t).map_err(|e| {
+                    format!("metadata.annotations[{PROXY_PROTOCOL_TRUSTED_ANNOTATION}]: {e}")
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Some),
+        Some(other) => Err(format!(
+            "metadata.annotations[{PROXY_PROTOCOL_ANNOTATION}] {other:?}: expected \"true\" \
+             or \"false\""
+        )),
+    }
+}
+
 /// Why a Gateway's spec cannot be accepted as a whole (reason, message), if it cannot:
 /// `spec.infrastructure.parametersRef` (Sluice takes no parameters) or an address Sluice
 /// cannot give (a type other than `IPAddress`, or static IPs without per-Gateway Services).
@@ -452,6 +499,21 @@ fn spec_refusal(gw: &Gateway, own_services: bool) -> Option<(&'static str, Strin
                 field("name")
             ),
         ));
+    }
+    match proxy_protocol(gw) {
+        Err(m) => return Some((reason::INVALID_PARAMETERS, m)),
+        Ok(Some(_)) if !own_services => {
+            return Some((
+                reason::INVALID_PARAMETERS,
+                format!(
+                    "metadata.annotations[{PROXY_PROTOCOL_ANNOTATION}]: a Gateway's own PROXY \
+                     protocol setting needs its own ports (chart value \
+                     controller.gatewayServices.enabled); on the shared ports the dataplane's \
+                     --proxy-protocol applies"
+                ),
+            ));
+        }
+        Ok(_) => {}
     }
     for (i, a) in gw.spec.addresses.iter().enumerate() {
         let type_ = a.type_.as_deref().unwrap_or("IPAddress");

@@ -41,6 +41,9 @@ pub(super) struct PortBuild {
     claimed: BTreeMap<String, String>,
     /// Frontend client-certificate validation of its HTTPS listeners.
     client_validation: Option<v1::FrontendValidation>,
+    /// The Gateway's PROXY protocol setting ([`super::gateways::proxy_protocol`]): peers
+    /// trusted to send the header (empty: any), `None` when off.
+    proxy_protocol: Option<Vec<String>>,
 }
 
 /// A listener as routes see it.
@@ -322,6 +325,10 @@ fn listener(
         port.protocol = listener_protocol(&l.protocol) as i32;
         if validation.is_some() {
             port.client_validation = validation;
+        }
+        // NB: a UDP port takes no PROXY header (the dataplane refuses one there).
+        if port.protocol != v1::ListenerProtocol::Udp as i32 {
+            port.proxy_protocol = super::gateways::proxy_protocol(g.gw).ok().flatten();
         }
     }
     let mut cert_ok = true;
@@ -765,6 +772,8 @@ pub(super) fn allocate_ports(
             tls_certificates: certificates,
             default_certificate: p.default_certificate,
             client_validation: p.client_validation,
+            accept_proxy_protocol: p.proxy_protocol.is_some(),
+            proxy_protocol_trusted: p.proxy_protocol.unwrap_or_default(),
             ..Default::default()
         });
     }
