@@ -9,7 +9,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 /// A server answering every connection with `answer` (after reading the request head),
-/// then, when `trickle`, one more byte every 200 ms until the client goes away.
+/// then, when `trickle`, one more byte every 200 ms until the client goes away. Without
+/// `trickle` it then shuts its side and reads to the end: closing with request bytes
+/// unread would reset the connection, and the client could see the reset before the
+/// answer (a flake CI saw: "Connection reset by peer").
 fn serve(answer: Vec<u8>, trickle: bool) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
@@ -18,12 +21,21 @@ fn serve(answer: Vec<u8>, trickle: bool) -> SocketAddr {
             let Ok(mut conn) = conn else { return };
             let answer = answer.clone();
             std::thread::spawn(move || {
-                let mut head = [0u8; 4096];
-                let _ = conn.read(&mut head);
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
                 if conn.write_all(&answer).is_err() {
                     return;
                 }
                 if !trickle {
+                    let _ = conn.shutdown(std::net::Shutdown::Write);
+                    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+                    while matches!(conn.read(&mut buf), Ok(n) if n > 0) {}
                     return;
                 }
                 loop {
