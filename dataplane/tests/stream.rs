@@ -501,6 +501,10 @@ async fn udp_sessions_round_trip_and_split_by_weight() {
     // A DNS query for example.com, type A.
     let query: &[u8] =
         b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07example\x03com\x00\x00\x01\x00\x01";
+    // NB: every client socket stays open to the end: a dropped one's port may be given to
+    // the next client, which then lands in the same session (and upstream): a CI flake
+    // saw (12, 8).
+    let mut clients = Vec::new();
     for _ in 0..10 {
         let c = UdpSocket::bind("127.0.0.1:0").await.unwrap();
         c.connect(at(port)).await.unwrap();
@@ -513,6 +517,7 @@ async fn udp_sessions_round_trip_and_split_by_weight() {
                 .unwrap();
             assert_eq!(&buf[..n], query);
         }
+        clients.push(c);
     }
     assert_eq!((a.received(), b.received()), (10, 10));
     assert_eq!(metric_in(&store, "sluice_udp_sessions", &[]), 10.0);
