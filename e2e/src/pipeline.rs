@@ -175,6 +175,24 @@ impl Pipeline {
         Self::start_inner(controller_args, 1, 0, true)
     }
 
+    /// Like [`Pipeline::start_with_gateway_api`], with one ClusterIP Service per Gateway in
+    /// the test's namespace (selecting the dataplane) and per-Gateway dataplane ports from
+    /// `ports` (`FIRST-LAST`). Give each test its own range below both the tests' port
+    /// picker (21000-32767) and the kernel's ephemeral range (32768-60999): a port from
+    /// either may be held by another test's socket.
+    pub fn start_with_gateway_services(ports: &str) -> Result<Pipeline, Error> {
+        Self::start_with_gateway_api(&[
+            "--gateway-service-namespace",
+            "{namespace}",
+            "--gateway-service-selector",
+            "app.kubernetes.io/component=dataplane",
+            "--gateway-service-type",
+            "ClusterIP",
+            "--gateway-listener-ports",
+            ports,
+        ])
+    }
+
     /// Like [`Pipeline::start_replicated`] with `dataplanes` dataplanes
     /// (`sluice-dataplane-0`, ...) in [`Pipeline::fleet`] instead of the one
     /// [`Pipeline::dataplane`] (`None` here; [`Pipeline::http`] is the first fleet

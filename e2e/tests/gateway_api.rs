@@ -623,19 +623,7 @@ fn target_of(services: &[Value], gateway: &str, port: i64) -> Option<u16> {
 /// use any port (8080), and a Gateway that goes takes its Service and ports with it.
 #[test]
 fn each_gateway_gets_its_own_service_address_and_ports() {
-    let p = Pipeline::start_with_gateway_api(&[
-        "--gateway-service-namespace",
-        "{namespace}",
-        "--gateway-service-selector",
-        "app.kubernetes.io/component=dataplane",
-        "--gateway-service-type",
-        "ClusterIP",
-        // NB: below both the tests' port picker (21000-32767) and the kernel's ephemeral
-        // range (32768-60999): a port from either may be held by another test's socket.
-        "--gateway-listener-ports",
-        "20000-20499",
-    ])
-    .unwrap();
+    let p = Pipeline::start_with_gateway_services("20000-20499").unwrap();
     let ns = p.namespace.clone();
     let gateway = |name: &str, port: u16| {
         format!(
@@ -750,17 +738,7 @@ spec:
 /// `parametersRef` is `Accepted=False`, `InvalidParameters`.
 #[test]
 fn static_addresses_and_infrastructure_reach_the_gateway_service() {
-    let p = Pipeline::start_with_gateway_api(&[
-        "--gateway-service-namespace",
-        "{namespace}",
-        "--gateway-service-selector",
-        "app.kubernetes.io/component=dataplane",
-        "--gateway-service-type",
-        "ClusterIP",
-        "--gateway-listener-ports",
-        "18500-18999",
-    ])
-    .unwrap();
+    let p = Pipeline::start_with_gateway_services("18500-18999").unwrap();
     let ns = p.namespace.clone();
     // NB: the lowest 256 addresses of the test cluster's 10.96.0.0/16 are the band the API
     // server keeps for static ClusterIPs; a test in another namespace may use 10.96.0.1-20.
@@ -877,17 +855,7 @@ spec:
 #[test]
 fn a_gateway_annotation_turns_on_the_proxy_protocol_for_its_ports() {
     use std::io::{Read as _, Write as _};
-    let p = Pipeline::start_with_gateway_api(&[
-        "--gateway-service-namespace",
-        "{namespace}",
-        "--gateway-service-selector",
-        "app.kubernetes.io/component=dataplane",
-        "--gateway-service-type",
-        "ClusterIP",
-        "--gateway-listener-ports",
-        "18000-18499",
-    ])
-    .unwrap();
+    let p = Pipeline::start_with_gateway_services("18000-18499").unwrap();
     let ns = p.namespace.clone();
     let gateway = |name: &str, annotations: &str| {
         format!(
@@ -1013,17 +981,7 @@ fn indented(text: &str, by: usize) -> String {
 #[test]
 fn a_validating_gateway_listener_refuses_clients_without_a_certificate_and_misdirected_hosts() {
     use sluice_testkit::pki::Ca;
-    let p = Pipeline::start_with_gateway_api(&[
-        "--gateway-service-namespace",
-        "{namespace}",
-        "--gateway-service-selector",
-        "app.kubernetes.io/component=dataplane",
-        "--gateway-service-type",
-        "ClusterIP",
-        "--gateway-listener-ports",
-        "20500-20999",
-    ])
-    .unwrap();
+    let p = Pipeline::start_with_gateway_services("20500-20999").unwrap();
     let ns = p.namespace.clone();
     let dir = p.cluster.dir().join("frontend-certs");
     std::fs::create_dir_all(&dir).unwrap();
@@ -1450,19 +1408,7 @@ fn listener_cond(listeners: &Value, name: &str, ty: &str) -> Option<(String, Str
 #[test]
 fn a_listener_set_route_is_served_on_its_gateway_and_an_unadmitted_set_is_refused() {
     use sluice_testkit::pki::Ca;
-    let p = Pipeline::start_with_gateway_api(&[
-        "--gateway-service-namespace",
-        "{namespace}",
-        "--gateway-service-selector",
-        "app.kubernetes.io/component=dataplane",
-        "--gateway-service-type",
-        "ClusterIP",
-        // NB: below the tests' port picker and the kernel's ephemeral range, and no other
-        // test's range.
-        "--gateway-listener-ports",
-        "19000-19499",
-    ])
-    .unwrap();
+    let p = Pipeline::start_with_gateway_services("19000-19499").unwrap();
     let ns = p.namespace.clone();
     let other = p.cluster.create_namespace("outside").unwrap();
     let route = |ns: &str, name: &str, set: &str, backend: &str| {

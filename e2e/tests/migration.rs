@@ -190,18 +190,7 @@ ports: [{{name: p, port: {target}}}]
 
 #[test]
 fn ingress2gateway_output_for_ingress_nginx_annotations_is_served() {
-    let p = Pipeline::start_with_gateway_api(&[
-        "--gateway-service-namespace",
-        "{namespace}",
-        "--gateway-service-selector",
-        "app.kubernetes.io/component=dataplane",
-        "--gateway-service-type",
-        "ClusterIP",
-        // NB: below the tests' port picker (21000+) and the kernel's ephemeral range.
-        "--gateway-listener-ports",
-        "19500-19999",
-    ])
-    .unwrap();
+    let p = Pipeline::start_with_gateway_services("19500-19999").unwrap();
     let ns = p.namespace.clone();
     let dir = p.cluster.dir().join("migration");
     std::fs::create_dir_all(&dir).unwrap();
