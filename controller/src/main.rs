@@ -16,6 +16,7 @@ use sluice_controller::leader::{self, LeaseConfig};
 use sluice_controller::metrics::Metrics;
 use sluice_controller::rebuild::{Debounce, TlsSettings};
 use sluice_controller::status::Publish;
+use sluice_controller::status::gateway_services::Placement;
 use sluice_controller::tls::{self, TlsFiles};
 use sluice_controller::watch::Scope;
 use sluice_process::{LogFormat, init_logs, shutdown_signal};
@@ -143,6 +144,12 @@ struct Args {
     /// Type of the Gateway Services.
     #[arg(long, value_name = "TYPE", default_value = "ClusterIP", value_parser = ["ClusterIP", "NodePort", "LoadBalancer"])]
     gateway_service_type: String,
+    /// Where each Gateway's Service lives: `dataplane` (the dataplanes' namespace, selecting
+    /// their pods) or `gateway` (the Gateway's own namespace, owned by the Gateway, its
+    /// EndpointSlices mirrored from a headless Service in the dataplanes' namespace; needs
+    /// write access to Services and EndpointSlices in every namespace).
+    #[arg(long, value_name = "WHERE", default_value = "dataplane", value_parser = ["dataplane", "gateway"])]
+    gateway_service_placement: String,
     /// The dataplane ports Gateway ports are given from (`FIRST-LAST`), with
     /// `--gateway-service-namespace`. Keep them clear of the dataplanes' other ports.
     #[arg(long, value_name = "FIRST-LAST", default_value = "20000-29999", value_parser = port_range)]
@@ -291,6 +298,8 @@ async fn main() -> anyhow::Result<()> {
                 .as_ref()
                 .map(|_| args.gateway_listener_ports.clone()),
             experimental_channel: args.gateway_api_channel == GatewayApiChannel::Experimental,
+            services_in_gateway_namespace: args.gateway_service_namespace.is_some()
+                && args.gateway_service_placement == "gateway",
         },
         gateway_services: match (
             &args.gateway_service_namespace,
@@ -300,6 +309,11 @@ async fn main() -> anyhow::Result<()> {
                 namespace: namespace.clone(),
                 selector: selector.clone(),
                 type_: args.gateway_service_type.clone(),
+                placement: if args.gateway_service_placement == "gateway" {
+                    Placement::Gateway
+                } else {
+                    Placement::Dataplane
+                },
             }),
             _ => None,
         },

@@ -140,16 +140,25 @@ impl Cluster {
         release: &str,
         namespace: &str,
     ) -> Result<PathBuf, Error> {
-        let rbac = render_release(
-            release,
-            namespace,
-            &[
-                "--show-only",
-                "templates/rbac.yaml",
-                "--show-only",
-                "templates/serviceaccounts.yaml",
-            ],
-        )?;
+        self.chart_controller_kubeconfig_with(release, namespace, &[])
+    }
+
+    /// Like [`Cluster::chart_controller_kubeconfig_for`], the RBAC rendered with more helm
+    /// flags (`--set` values that change the controller's rights).
+    pub fn chart_controller_kubeconfig_with(
+        &self,
+        release: &str,
+        namespace: &str,
+        values: &[&str],
+    ) -> Result<PathBuf, Error> {
+        let mut args = vec![
+            "--show-only",
+            "templates/rbac.yaml",
+            "--show-only",
+            "templates/serviceaccounts.yaml",
+        ];
+        args.extend_from_slice(values);
+        let rbac = render_release(release, namespace, &args)?;
         self.apply(&rbac)?;
         let fullname = if release.contains("sluice") {
             release.to_owned()

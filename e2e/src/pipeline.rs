@@ -181,7 +181,12 @@ impl Pipeline {
     /// picker (21000-32767) and the kernel's ephemeral range (32768-60999): a port from
     /// either may be held by another test's socket.
     pub fn start_with_gateway_services(ports: &str) -> Result<Pipeline, Error> {
-        Self::start_with_gateway_api(&[
+        Self::start_with_gateway_services_and(ports, &[])
+    }
+
+    /// Like [`Pipeline::start_with_gateway_services`], with more controller flags.
+    pub fn start_with_gateway_services_and(ports: &str, extra: &[&str]) -> Result<Pipeline, Error> {
+        let mut args = vec![
             "--gateway-service-namespace",
             "{namespace}",
             "--gateway-service-selector",
@@ -190,7 +195,9 @@ impl Pipeline {
             "ClusterIP",
             "--gateway-listener-ports",
             ports,
-        ])
+        ];
+        args.extend_from_slice(extra);
+        Self::start_with_gateway_api(&args)
     }
 
     /// Like [`Pipeline::start_replicated`] with `dataplanes` dataplanes
@@ -256,13 +263,27 @@ ports: [{{name: http, port: 8080}}]
         ))?;
         // NB: the controller runs with exactly the chart's RBAC, so a right missing from
         // charts/sluice/templates/rbac.yaml fails these tests.
-        let controller_kubeconfig = cluster.chart_controller_kubeconfig(&namespace)?;
         let default_lease = format!("{RELEASE}-controller");
         // `{namespace}` in a flag stands for the pipeline's namespace (the release's).
         let substituted: Vec<String> = controller_args
             .iter()
             .map(|a| a.replace("{namespace}", &namespace))
             .collect();
+        // NB: Gateway Services in the Gateways' namespaces take the chart's wider rights,
+        // rendered for a release of this pipeline's own (its ClusterRole is not the one the
+        // other pipelines share).
+        let placed = substituted
+            .windows(2)
+            .any(|w| w[0] == "--gateway-service-placement" && w[1] == "gateway");
+        let controller_kubeconfig = if placed {
+            cluster.chart_controller_kubeconfig_with(
+                &namespace,
+                &namespace,
+                &["--set", "controller.gatewayServices.placement=gateway"],
+            )?
+        } else {
+            cluster.chart_controller_kubeconfig(&namespace)?
+        };
         let mut controller_args: Vec<&str> = substituted.iter().map(String::as_str).collect();
         if !controller_args.contains(&"--leader-elect") {
             controller_args.extend([

@@ -960,3 +960,62 @@ fn plugin_metadata_reaches_the_dataplane_as_a_secret_file() {
     );
     assert!(text.contains("authorization: Bearer t0ken"), "{text}");
 }
+
+/// The Gateway Services' placement: by default the controller may write Services in the
+/// release namespace only (a Role); `placement=gateway` passes the flag and adds, to the
+/// ClusterRole, exactly the writes of Services and EndpointSlices it needs in the Gateways'
+/// namespaces.
+#[test]
+fn gateway_service_placement_reaches_the_controller_and_widens_rbac_only_when_asked() {
+    let cluster_role = |extra: &[&str]| -> (String, String) {
+        let all = render_chart("ns", extra).unwrap();
+        let role = all
+            .split("\n---\n")
+            .find(|d| {
+                d.contains("\nkind: ClusterRole\n") && d.contains("name: sluice-controller\n")
+            })
+            .unwrap_or_else(|| panic!("no ClusterRole sluice-controller in {all}"))
+            .to_owned();
+        (all, role)
+    };
+    let writes = ["verbs: [create, patch, delete]"];
+    let (all, role) = cluster_role(&[]);
+    assert!(
+        all.contains("- --gateway-service-placement=dataplane\n"),
+        "{all}"
+    );
+    for w in writes {
+        assert!(!role.contains(w), "default ClusterRole writes: {role}");
+    }
+    let (all, role) = cluster_role(&["--set", "controller.gatewayServices.placement=gateway"]);
+    assert!(
+        all.contains("- --gateway-service-placement=gateway\n"),
+        "{all}"
+    );
+    for want in [
+        "  - apiGroups: [\"\"]\n    resources: [services]\n    verbs: [create, patch, delete]",
+        "  - apiGroups: [discovery.k8s.io]\n    resources: [endpointslices]\n    verbs: [create, patch, delete]",
+    ] {
+        assert!(role.contains(want), "{want} missing: {role}");
+    }
+    // Gateway Services off: no placement, no grant.
+    let (all, role) = cluster_role(&[
+        "--set",
+        "controller.gatewayServices.placement=gateway",
+        "--set",
+        "controller.gatewayServices.enabled=false",
+    ]);
+    assert!(!all.contains("--gateway-service-placement"), "{all}");
+    assert!(!role.contains("verbs: [create, patch, delete]"), "{role}");
+    // Any other value is refused by the schema.
+    let out = helm(&[
+        "template",
+        "s",
+        chart_dir().to_str().unwrap(),
+        "--set",
+        "controller.gatewayServices.placement=everywhere",
+    ])
+    .unwrap();
+    assert!(!out.success, "{}", out.stdout);
+    assert!(out.stderr.contains("placement"), "{}", out.stderr);
+}

@@ -848,6 +848,214 @@ spec:
     );
 }
 
+/// `--gateway-service-placement=gateway`: a Gateway's Service lives in the Gateway's own
+/// namespace, owned by the Gateway, with its `spec.infrastructure` labels and annotations
+/// and the `gateway-name` label (where the Gateway API's conformance looks); it has no
+/// selector: its EndpointSlice mirrors the one Kubernetes keeps for a headless backing
+/// Service in the dataplanes' namespace (written here by the test, as the test cluster has
+/// no kube-controller-manager), following its endpoints' readiness; the Gateway's address
+/// is that Service's. Deleting the Gateway removes all three.
+#[test]
+fn gateway_placement_puts_the_service_beside_the_gateway_with_mirrored_endpoints() {
+    let p = Pipeline::start_with_gateway_services_and(
+        "17500-17999",
+        &[
+            "--gateway-service-placement",
+            "gateway",
+            "--gateway-controller-name",
+            "sluice.dev/placement-e2e",
+        ],
+    )
+    .unwrap();
+    let ns = p.namespace.clone();
+    let apps = p.cluster.create_namespace("apps").unwrap();
+    p.cluster
+        .apply(&format!(
+            r#"apiVersion: gateway.networking.k8s.io/v1
+kind: GatewayClass
+metadata: {{name: sluice-placement}}
+spec: {{controllerName: sluice.dev/placement-e2e}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: Gateway
+metadata: {{name: web, namespace: {apps}}}
+spec:
+  gatewayClassName: sluice-placement
+  infrastructure:
+    labels: {{team: payments}}
+    annotations: {{example.com/lb-class: internal}}
+  listeners:
+  - {{name: http, protocol: HTTP, port: 80, allowedRoutes: {{namespaces: {{from: All}}}}}}
+---
+apiVersion: gateway.networking.k8s.io/v1
+kind: HTTPRoute
+metadata: {{name: r, namespace: {ns}}}
+spec:
+  parentRefs: [{{name: web, namespace: {apps}}}]
+  hostnames: [placed.e2e]
+  rules: [{{backendRefs: [{{name: echo, port: 80}}]}}]
+"#
+        ))
+        .unwrap();
+    let list = |kind: &str, ns: &str, selector: &str| -> Vec<Value> {
+        let out = p
+            .cluster
+            .kubectl(&["get", kind, "-n", ns, "-l", selector, "-o", "json"])
+            .unwrap();
+        let v: Value = serde_json::from_str(&out.stdout).unwrap_or(Value::Null);
+        v["items"].as_array().cloned().unwrap_or_default()
+    };
+    let face = eventually(WAIT, || {
+        list(
+            "services",
+            &apps,
+            "gateway.networking.k8s.io/gateway-name=web",
+        )
+        .into_iter()
+        .next()
+    })
+    .unwrap_or_else(|| panic!("no Service in {apps}"));
+    let gw = get(&p, "gateway", Some(&apps), "web").unwrap();
+    assert_eq!(face["metadata"]["labels"]["team"], "payments", "{face:#}");
+    assert_eq!(
+        face["metadata"]["annotations"]["example.com/lb-class"], "internal",
+        "{face:#}"
+    );
+    assert_eq!(
+        face["metadata"]["ownerReferences"][0]["uid"], gw["metadata"]["uid"],
+        "{face:#}"
+    );
+    assert_eq!(face["spec"]["selector"], Value::Null, "{face:#}");
+    let face_name = face["metadata"]["name"].as_str().unwrap().to_owned();
+    let port = face["spec"]["ports"][0].clone();
+    assert_eq!(
+        (port["name"].as_str(), port["port"].as_i64()),
+        (Some("http-80"), Some(80))
+    );
+    let target = port["targetPort"].as_i64().unwrap();
+
+    // The backing Service selects the dataplanes, headless.
+    let backing = list(
+        "services",
+        &ns,
+        "gateway.networking.k8s.io/gateway-name=web",
+    )
+    .into_iter()
+    .find(|s| s["metadata"]["annotations"]["gateway.sluice.dev/gateway"] == format!("{apps}/web"))
+    .unwrap_or_else(|| panic!("no backing Service in {ns}"));
+    assert_eq!(backing["spec"]["clusterIP"], "None", "{backing:#}");
+    assert_eq!(
+        backing["spec"]["selector"]["app.kubernetes.io/component"], "dataplane",
+        "{backing:#}"
+    );
+    let backing_name = backing["metadata"]["name"].as_str().unwrap().to_owned();
+
+    // The route is served on the Gateway's own dataplane port.
+    let at = SocketAddr::from(([127, 0, 0, 1], u16::try_from(target).unwrap()));
+    wait_http(at, "placed.e2e", "/", 200);
+
+    // Kubernetes' slice of the backing Service (two dataplane pods, one not ready yet) is
+    // mirrored into the Gateway's namespace.
+    let backing_slice = |second_ready: bool| {
+        format!(
+            r#"apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: {backing_name}-abcde
+  namespace: {ns}
+  labels:
+    kubernetes.io/service-name: {backing_name}
+    endpointslice.kubernetes.io/managed-by: endpointslice-controller.k8s.io
+addressType: IPv4
+ports: [{{name: http-80, port: {target}, protocol: TCP}}]
+endpoints:
+- addresses: ["10.244.0.7"]
+  conditions: {{ready: true}}
+  nodeName: node-a
+- addresses: ["10.244.0.8"]
+  conditions: {{ready: {second_ready}}}
+  nodeName: node-b
+"#
+        )
+    };
+    p.cluster.apply(&backing_slice(false)).unwrap();
+    let mirrored = |want: &dyn Fn(&Value) -> bool| {
+        let mut last = Vec::new();
+        eventually(WAIT, || {
+            last = list(
+                "endpointslices",
+                &apps,
+                &format!("kubernetes.io/service-name={face_name}"),
+            );
+            last.iter().find(|s| want(s)).cloned()
+        })
+        .unwrap_or_else(|| panic!("no mirrored slice as wanted; last: {last:#?}"))
+    };
+    let ready = |s: &Value| -> Vec<(String, bool)> {
+        s["endpoints"]
+            .as_array()
+            .map(|e| {
+                e.iter()
+                    .map(|e| {
+                        (
+                            e["addresses"][0].as_str().unwrap_or_default().to_owned(),
+                            e["conditions"]["ready"].as_bool().unwrap_or(false),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let s = mirrored(&|s| ready(s).len() == 2);
+    assert_eq!(
+        ready(&s),
+        vec![("10.244.0.7".into(), true), ("10.244.0.8".into(), false)]
+    );
+    assert_eq!(s["ports"][0]["name"], "http-80", "{s:#}");
+    assert_eq!(s["ports"][0]["port"], target, "{s:#}");
+    assert_eq!(s["endpoints"][1]["nodeName"], "node-b", "{s:#}");
+    assert_eq!(
+        s["metadata"]["labels"]["endpointslice.kubernetes.io/managed-by"], "gateway.sluice.dev",
+        "{s:#}"
+    );
+    // The second pod becomes ready: the mirror follows.
+    p.cluster.apply(&backing_slice(true)).unwrap();
+    mirrored(&|s| ready(s) == vec![("10.244.0.7".into(), true), ("10.244.0.8".into(), true)]);
+
+    // The Gateway's address is its Service's.
+    let ip = face["spec"]["clusterIP"].as_str().unwrap().to_owned();
+    wait_object(
+        &p,
+        "gateway",
+        Some(&apps),
+        "web",
+        "the Service's address",
+        |g| g["status"]["addresses"][0]["value"] == ip.as_str(),
+    );
+
+    // The Gateway goes: its Service, slice and backing Service go too.
+    p.cluster
+        .kubectl_ok(&["delete", "gateway", "web", "-n", &apps])
+        .unwrap();
+    eventually(WAIT, || {
+        (list(
+            "services",
+            &apps,
+            "app.kubernetes.io/managed-by=sluice-gateway",
+        )
+        .is_empty()
+            && list(
+                "endpointslices",
+                &apps,
+                "endpointslice.kubernetes.io/managed-by=gateway.sluice.dev",
+            )
+            .is_empty()
+            && get(&p, "service", Some(&ns), &backing_name).is_none())
+        .then_some(())
+    })
+    .unwrap_or_else(|| panic!("Gateway objects left behind"));
+}
+
 /// The Gateway annotation `gateway.sluice.dev/proxy-protocol: "true"` (with
 /// `…-trusted`) makes that Gateway's own port require a PROXY header whose address the
 /// upstream sees in X-Forwarded-For; a connection without one gets no answer; another

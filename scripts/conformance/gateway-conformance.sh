@@ -34,7 +34,10 @@
 # Sluice runs from debug binaries ($CARGO_TARGET_DIR/debug) in a dev image, with the chart's
 # default values plus the image reference: the dataplane Service's address (type
 # LoadBalancer without a load balancer: its ClusterIP) is what Gateways publish, and the
-# suite, on this host, reaches it through kube-proxy as an in-cluster client would.
+# suite, on this host, reaches it through kube-proxy as an in-cluster client would. Each
+# Gateway's Service is in the Gateway's namespace (controller.gatewayServices.placement=
+# gateway), where GatewayInfrastructure's test looks for it: every request of the suite
+# goes through those Services and the EndpointSlices the controller mirrors for them.
 # Tests listed in conformance/skipped-tests.txt are skipped (each with its reason there).
 # Needs root (the real node).
 set -euo pipefail
@@ -190,7 +193,8 @@ cmd_up() {
     helm_ install sluice "$ROOT/charts/sluice" --namespace "$NS" --create-namespace \
         --set image.repository="$REPO" --set image.tag="$tag" --set image.pullPolicy=Never \
         --set controller.gatewayAPIChannel="$CHANNEL" \
-        --set controller.gatewayServices.type=ClusterIP >/dev/null
+        --set controller.gatewayServices.type=ClusterIP \
+        --set controller.gatewayServices.placement=gateway >/dev/null
     printf '%s\n' "apiVersion: gateway.networking.k8s.io/v1" "kind: GatewayClass" \
         "metadata: {name: $CLASS}" "spec: {controllerName: sluice.dev/gateway-controller}" |
         kube apply -f - >/dev/null

@@ -725,7 +725,7 @@ impl GatewayApi {
             for g in &report.gateways {
                 let svc = super::gateway_services::service_name(&g.namespace, &g.name);
                 let p = Publish::Service {
-                    namespace: cfg.namespace.clone(),
+                    namespace: cfg.service_namespace(&g.namespace).to_owned(),
                     name: svc,
                 };
                 let a = published(&ctx.client, &p, &ctx.stores).await;

@@ -99,6 +99,12 @@ pub trait Family: Send + Sync + 'static {
 
     /// Counts a write that landed (its family's metric).
     fn count(&self, metrics: &Metrics);
+
+    /// A change the family must see beyond the rebuild output (a counter bumped on each),
+    /// started once when the loop starts; `None` (default): none.
+    fn wakeups(&self, _ctx: &Context) -> Option<watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// The retry schedule of every family: after a failed pass, the next comes after
@@ -201,6 +207,7 @@ pub async fn run<F: Family>(family: F, ctx: Context) {
     } else {
         None
     };
+    let mut wakeups = family.wakeups(&ctx);
     let mut written = Written::default();
     let mut resync = tokio::time::interval(RESYNC_INTERVAL);
     resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -211,6 +218,7 @@ pub async fn run<F: Family>(family: F, ctx: Context) {
             () = retry.due() => {},
             r = rebuilt.changed() => if r.is_err() { return },
             r = changed(&mut fleet) => if r.is_err() { return },
+            r = changed(&mut wakeups) => if r.is_err() { wakeups = None },
             r = leader.changed() => {
                 if r.is_err() { return }
                 written.clear();
@@ -221,6 +229,9 @@ pub async fn run<F: Family>(family: F, ctx: Context) {
         // NB: mark every input seen, or `changed()` would fire again at once.
         if let Some(f) = &mut fleet {
             f.borrow_and_update();
+        }
+        if let Some(w) = &mut wakeups {
+            w.borrow_and_update();
         }
         let out = rebuilt.borrow_and_update().clone();
         if !*leader.borrow_and_update() {

@@ -144,6 +144,10 @@ pub struct GatewayOptions {
     /// The Gateway API CRDs installed are the experimental channel's: features whose fields
     /// only that channel has (HTTPRoute `retry`) are claimed too. Default false.
     pub experimental_channel: bool,
+    /// Each Gateway's Service is in the Gateway's own namespace (the controller's
+    /// `--gateway-service-placement=gateway`), where its `spec.infrastructure` labels and
+    /// annotations are found: `GatewayInfrastructure` is claimed. Default false.
+    pub services_in_gateway_namespace: bool,
 }
 
 impl Default for GatewayOptions {
@@ -154,6 +158,7 @@ impl Default for GatewayOptions {
             https_port: 443,
             listener_ports: None,
             experimental_channel: false,
+            services_in_gateway_namespace: false,
         }
     }
 }
@@ -226,6 +231,9 @@ fn supported_features(gopts: &GatewayOptions) -> Vec<String> {
     let mut out: Vec<String> = SUPPORTED_FEATURES.iter().map(|s| (*s).to_owned()).collect();
     if gopts.listener_ports.is_some() {
         out.extend(PER_GATEWAY_FEATURES.iter().map(|s| (*s).to_owned()));
+    }
+    if gopts.listener_ports.is_some() && gopts.services_in_gateway_namespace {
+        out.push("GatewayInfrastructure".to_owned());
     }
     if gopts.experimental_channel {
         out.extend(
@@ -386,5 +394,17 @@ mod tests {
         sorted.sort();
         sorted.dedup();
         assert_eq!(sorted, experimental, "sorted, each once");
+        // Infrastructure metadata is where the Gateway API looks only with the Services in
+        // the Gateways' namespaces.
+        assert!(!experimental.contains(&"GatewayInfrastructure".to_owned()));
+        let own = supported_features(&GatewayOptions {
+            listener_ports: Some(20000..=29999),
+            services_in_gateway_namespace: true,
+            ..GatewayOptions::default()
+        });
+        assert!(own.contains(&"GatewayInfrastructure".to_owned()));
+        let mut sorted = own.clone();
+        sorted.sort();
+        assert_eq!(sorted, own, "sorted");
     }
 }
