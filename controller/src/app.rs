@@ -63,6 +63,8 @@ pub struct Settings {
     /// The fleet-wide stream ports ApisixRoute `spec.stream` rules may use
     /// (`--stream-ports`); empty: none.
     pub stream_ports: Vec<sluice_translate::StreamPort>,
+    /// Ingress classes served in ingress-nginx's place (`--ingress-nginx-class`).
+    pub nginx_classes: Vec<String>,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -102,7 +104,8 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
         .with_tls(settings.tls.clone())
         .with_gateway(settings.gateway.clone())
         .with_cross_namespace_refs(settings.cross_namespace_refs)
-        .with_stream_ports(settings.stream_ports.clone());
+        .with_stream_ports(settings.stream_ports.clone())
+        .with_nginx_classes(settings.nginx_classes.clone());
     let (leader_tx, leader_rx) = watch::channel(settings.lease.is_none());
     metrics.leader.set(i64::from(settings.lease.is_none()));
     let ctx = Context {

@@ -165,8 +165,30 @@ fn all<K: Clone>(list: &[Arc<K>]) -> Vec<K> {
 /// The state translation sees: our objects only, every Service, EndpointSlice, Secret and Pod,
 /// and every Gateway API object (see the module doc).
 pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
+    assemble_with(inputs, class, &[])
+}
+
+/// Like [`assemble`], with the Ingresses of `nginx_classes` too (served in ingress-nginx's
+/// place, `--ingress-nginx-class`).
+pub fn assemble_with(inputs: &Inputs, class: &str, nginx_classes: &[String]) -> ClusterState {
     let filter = ClassFilter::new(class, &inputs.ingress_classes);
     let f = &filter;
+    let nginx = |o: &Ingress| {
+        let spec = o
+            .spec
+            .as_ref()
+            .and_then(|s| s.ingress_class_name.as_deref())
+            .filter(|c| !c.is_empty());
+        let legacy = o
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
+            .map(String::as_str)
+            .filter(|c| !c.is_empty());
+        spec.or(legacy)
+            .is_some_and(|c| nginx_classes.iter().any(|n| n == c))
+    };
     ClusterState {
         apisix_routes: owned(&inputs.apisix_routes, |o| {
             f.selects(o.spec.ingress_class_name.as_deref())
@@ -190,7 +212,7 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
         endpoint_slices: all(&inputs.endpoint_slices),
         secrets: all(&inputs.secrets),
         pods: all(&inputs.pods),
-        ingresses: owned(&inputs.ingresses, |o| f.selects_ingress(o)),
+        ingresses: owned(&inputs.ingresses, |o| f.selects_ingress(o) || nginx(o)),
         ingress_classes: owned(&inputs.ingress_classes, |o| {
             o.meta().name.as_deref() == Some(class)
         }),

@@ -46,6 +46,12 @@ struct Args {
     /// `apisix` makes manifests written for the APISIX ingress controller work unchanged.
     #[arg(long, value_name = "NAME", default_value = DEFAULT_INGRESS_CLASS)]
     ingress_class: String,
+    /// Also serve the Ingresses of these classes (comma-separated or repeated), in
+    /// ingress-nginx's place: their `nginx.ingress.kubernetes.io/*` annotations are honoured
+    /// with ingress-nginx's behaviour, snippets refused (docs/ingress-nginx.md). Run beside
+    /// the old controller and take over class by class. Default: none.
+    #[arg(long, value_name = "NAME", value_delimiter = ',')]
+    ingress_nginx_class: Vec<String>,
     /// gRPC listener the dataplanes dial for snapshots.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:18000")]
     grpc_listen: SocketAddr,
@@ -323,6 +329,7 @@ async fn main() -> anyhow::Result<()> {
             CrossNamespaceRefs::RequireGrant
         },
         stream_ports: args.stream_ports.clone(),
+        nginx_classes: args.ingress_nginx_class.clone(),
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);
     let hub = Arc::clone(&running.hub);

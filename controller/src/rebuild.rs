@@ -34,7 +34,7 @@ use sluice_translate::status::{ConditionStatus, IngressStatus};
 use sluice_translate::{CrossNamespaceRefs, ObjectKind, ObjectStatus, Options, translate};
 use tokio::sync::watch;
 
-use crate::cluster::{Inputs, assemble};
+use crate::cluster::{Inputs, assemble_with};
 use crate::grpc::{Hub, Published};
 use crate::metrics::Metrics;
 
@@ -195,6 +195,7 @@ pub struct Rebuilder {
     gateway_since: HashMap<(String, String), (String, u64)>,
     cross_namespace_refs: CrossNamespaceRefs,
     stream_ports: Vec<sluice_translate::StreamPort>,
+    nginx_classes: Vec<String>,
 }
 
 impl Rebuilder {
@@ -215,6 +216,7 @@ impl Rebuilder {
             gateway_since: HashMap::new(),
             cross_namespace_refs: CrossNamespaceRefs::default(),
             stream_ports: Vec::new(),
+            nginx_classes: Vec::new(),
         }
     }
 
@@ -233,6 +235,13 @@ impl Rebuilder {
 
     /// Serves ApisixRoute `spec.stream` rules on these ports (`--stream-ports`) from the next
     /// rebuild on.
+    /// Serves the Ingresses of these classes in ingress-nginx's place, with its annotations
+    /// (`--ingress-nginx-class`).
+    pub fn with_nginx_classes(mut self, classes: Vec<String>) -> Self {
+        self.nginx_classes = classes;
+        self
+    }
+
     pub fn with_stream_ports(mut self, ports: Vec<sluice_translate::StreamPort>) -> Self {
         self.stream_ports = ports;
         self
@@ -257,7 +266,7 @@ impl Rebuilder {
     /// Rebuilds from `inputs` now.
     pub fn rebuild(&mut self, inputs: &Inputs) -> Outcome {
         let started = Instant::now();
-        let state = assemble(inputs, &self.ingress_class);
+        let state = assemble_with(inputs, &self.ingress_class, &self.nginx_classes);
         // NB: `assemble` already kept only our class, so translate everything it got.
         // NB: certificate validity is checked against the time of the rebuild; `run`
         // rebuilds again at `certificates_change_at`.
@@ -268,6 +277,7 @@ impl Rebuilder {
             gateway: self.gateway.clone(),
             cross_namespace_refs: self.cross_namespace_refs,
             stream_ports: self.stream_ports.clone(),
+            nginx_classes: self.nginx_classes.clone(),
             ..Options::default()
         };
         let translation = translate(&state, &opts);

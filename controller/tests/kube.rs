@@ -65,6 +65,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
         gateway_services: None,
         cross_namespace_refs: Default::default(),
         stream_ports: Vec::new(),
+        nginx_classes: Vec::new(),
     }
 }
 

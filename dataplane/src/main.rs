@@ -47,6 +47,16 @@ struct Args {
     /// refused. In controller mode the controller declares them. Default: none.
     #[arg(long, value_name = "PROTO:PORT,...", default_value = "", requires = "standalone", value_parser = sluice_translate::parse_stream_ports)]
     stream_ports: StreamPorts,
+    /// Standalone: serve Ingresses of these classes (comma-separated or repeated) as
+    /// ingress-nginx would, honouring their `nginx.ingress.kubernetes.io/*` annotations
+    /// (docs/ingress-nginx.md). Default: none.
+    #[arg(
+        long,
+        value_name = "NAME",
+        value_delimiter = ',',
+        requires = "standalone"
+    )]
+    ingress_nginx_class: Vec<String>,
     /// Controller mode: the gRPC URL of sluice-controller, e.g.
     /// `https://sluice-controller.sluice.svc:18000`. Needs --tls-cert, --tls-key and
     /// --tls-ca, or --insecure for a controller on localhost. Several controller replicas
@@ -356,6 +366,7 @@ fn main() -> anyhow::Result<()> {
         default_certificate: args.default_ssl_certificate.clone(),
         fallback_sni: args.fallback_sni.clone(),
         stream_ports: args.stream_ports.clone(),
+        nginx_classes: args.ingress_nginx_class.clone(),
         ..Default::default()
     };
     let mut recheck_at = None;

@@ -1019,3 +1019,30 @@ fn gateway_service_placement_reaches_the_controller_and_widens_rbac_only_when_as
     assert!(!out.success, "{}", out.stdout);
     assert!(out.stderr.contains("placement"), "{}", out.stderr);
 }
+
+/// `ingressClass.nginxClasses` reaches the controller as `--ingress-nginx-class`, only when
+/// set; a class name that is not a DNS subdomain is refused by the schema.
+#[test]
+fn nginx_classes_reach_the_controller_only_when_set() {
+    let all = render_chart("ns", &[]).unwrap();
+    assert!(!all.contains("--ingress-nginx-class"), "{all}");
+    let all = render_chart(
+        "ns",
+        &["--set", "ingressClass.nginxClasses={nginx,nginx-internal}"],
+    )
+    .unwrap();
+    assert!(
+        all.contains("- --ingress-nginx-class=nginx,nginx-internal\n"),
+        "{all}"
+    );
+    let out = helm(&[
+        "template",
+        "s",
+        chart_dir().to_str().unwrap(),
+        "--set",
+        "ingressClass.nginxClasses={Not_A_Class}",
+    ])
+    .unwrap();
+    assert!(!out.success, "{}", out.stdout);
+    assert!(out.stderr.contains("nginxClasses"), "{}", out.stderr);
+}

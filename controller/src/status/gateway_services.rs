@@ -392,7 +392,11 @@ pub fn desired(
                 &ports,
                 &seen.backing_slices,
                 &cfg.namespace,
-                (&labels, &annotations, &owner),
+                SliceMeta {
+                    labels: &labels,
+                    annotations: &annotations,
+                    owner: &owner,
+                },
             ));
         }
         let mut svc_labels = i.labels.clone();
@@ -415,6 +419,13 @@ pub fn desired(
     out
 }
 
+/// What every mirrored EndpointSlice of a Gateway carries besides its own labels.
+struct SliceMeta<'a> {
+    labels: &'a BTreeMap<String, String>,
+    annotations: &'a BTreeMap<String, String>,
+    owner: &'a Option<Vec<OwnerReference>>,
+}
+
 /// The EndpointSlices of Service `svc` in namespace `ns` (one per address family, named
 /// `<svc>-ipv4` and `<svc>-ipv6`): the endpoints of the slices Kubernetes keeps for the
 /// backing Service `backing` in `backing_ns` (each address once, sorted, so an unchanged
@@ -427,12 +438,13 @@ fn mirror(
     ports: &[ServicePort],
     slices: &[EndpointSlice],
     backing_ns: &str,
-    (labels, annotations, owner): (
-        &BTreeMap<String, String>,
-        &BTreeMap<String, String>,
-        &Option<Vec<OwnerReference>>,
-    ),
+    meta: SliceMeta<'_>,
 ) -> Vec<EndpointSlice> {
+    let SliceMeta {
+        labels,
+        annotations,
+        owner,
+    } = meta;
     let mut by_family: BTreeMap<&str, BTreeMap<String, Endpoint>> = BTreeMap::new();
     for s in slices.iter().filter(|s| {
         s.metadata.namespace.as_deref() == Some(backing_ns)

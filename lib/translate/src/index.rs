@@ -41,6 +41,8 @@ pub(crate) struct Index<'a> {
     pub(crate) grants: &'a [ReferenceGrant],
     /// Which cross-namespace references of the APISIX kinds are honoured.
     pub(crate) cross_namespace_refs: CrossNamespaceRefs,
+    /// Ingress classes whose ingress-nginx annotations are honoured.
+    pub(crate) nginx_classes: Vec<String>,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -153,6 +155,7 @@ impl<'a> Index<'a> {
             pod_labels,
             grants: &state.reference_grants,
             cross_namespace_refs: opts.cross_namespace_refs,
+            nginx_classes: opts.nginx_classes.clone(),
         }
     }
 }

@@ -97,7 +97,7 @@ pub mod files;
 pub mod gateway;
 pub mod golden;
 mod index;
-mod ingress;
+pub(crate) mod ingress;
 mod json;
 mod options;
 mod problems;
@@ -110,6 +110,7 @@ mod validate;
 
 pub use builder::Translation;
 pub use index::SERVICE_NAME_LABEL;
+pub use ingress::nginx;
 pub use options::{Options, STREAM_PORTS_FLAG, StreamPort, StreamPortProtocol, parse_stream_ports};
 pub use refs::CrossNamespaceRefs;
 pub use state::{ClusterState, DocumentError, LoadFileError, LoadReport, YamlError};

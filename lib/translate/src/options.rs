@@ -31,6 +31,11 @@ pub struct Options {
     /// `dataplane.stream.ports`); each becomes a `Snapshot.listeners` entry
     /// `stream/<protocol>/<port>`. Empty (the default): every stream rule is refused.
     pub stream_ports: Vec<StreamPort>,
+    /// Ingress classes served in ingress-nginx's place (`--ingress-nginx-class`): their
+    /// Ingresses are ours too, and their `nginx.ingress.kubernetes.io/*` annotations are
+    /// honoured with ingress-nginx's behaviour (see `ingress::nginx`). Empty (the default):
+    /// none.
+    pub nginx_classes: Vec<String>,
 }
 
 /// The flag that declares [`Options::stream_ports`].

@@ -145,6 +145,7 @@ fn checked_like_apisix_tls(
         // is the Gateway's, not an ApisixTls's.
         grants: &[],
         cross_namespace_refs: crate::refs::CrossNamespaceRefs::Allow,
+        nginx_classes: Vec::new(),
     };
     let tls_opts = Options {
         now: inputs.opts.now,

@@ -33,6 +33,24 @@ use crate::tls::Unresolved;
 use crate::upstream::{self, BackendRef, UpstreamObject};
 use crate::{Index, Options, validate};
 
+pub mod nginx;
+
+/// The class an Ingress names (`spec.ingressClassName`, else the legacy annotation).
+pub(crate) fn class_of(ing: &Ingress) -> Option<&str> {
+    ing.spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+        .filter(|c| !c.is_empty())
+        .or_else(|| {
+            ing.metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
+                .map(String::as_str)
+                .filter(|c| !c.is_empty())
+        })
+}
+
 /// Prefix of the APISIX Ingress annotations.
 const ANNOTATION_PREFIX: &str = "k8s.apisix.apache.org/";
 /// Legacy class annotation, still honoured.
@@ -77,6 +95,12 @@ pub(crate) fn selected(ing: &Ingress, classes: &[IngressClass], opts: &Options) 
     if spec_class == Some(want) || legacy == Some(want) {
         return true;
     }
+    if spec_class
+        .or(legacy)
+        .is_some_and(|c| opts.nginx_classes.iter().any(|n| n == c))
+    {
+        return true;
+    }
     if spec_class.is_some() || legacy.is_some() {
         return false;
     }
@@ -97,6 +121,8 @@ struct Settings {
     timeout: Option<v1::Timeouts>,
     /// Plugins from annotations (`forward-auth`, `redirect`), sorted by name.
     plugins: Vec<v1::Plugin>,
+    /// ingress-nginx's annotations, on an Ingress of a class served in its place.
+    nginx: Option<nginx::Nginx>,
 }
 
 /// `redirect` plugin from `http-to-https`, else `http-redirect` with `http-redirect-code`,
@@ -406,7 +432,22 @@ pub(crate) fn translate_object(
     problems: &mut Problems,
 ) -> RouteOutput {
     let mut out = RouteOutput::default();
-    let settings = settings(ing, problems);
+    let mut settings = settings(ing, problems);
+    if class_of(ing).is_some_and(|c| idx.nginx_classes.iter().any(|n| n == c)) {
+        let tls_hosts: Vec<String> = ing
+            .spec
+            .iter()
+            .flat_map(|s| s.tls.iter().flatten())
+            .flat_map(|t| t.hosts.iter().flatten().cloned())
+            .collect();
+        let n = nginx::settings(ing, problems);
+        if let Some(t) = upstream::timeouts(n.timeouts) {
+            settings.timeout = Some(t);
+        }
+        settings.plugins.extend(n.plugins.iter().cloned());
+        settings.plugins.sort_by(|a, b| a.name.cmp(&b.name));
+        settings.nginx = Some(nginx::Nginx { tls_hosts, ..n });
+    }
     let ctx = Ctx { ns, idx, aus };
     let Some(spec) = ing.spec.as_ref() else {
         problems.error("spec", "required");
@@ -422,13 +463,19 @@ pub(crate) fn translate_object(
     if let Some(b) = &spec.default_backend
         && let Some((backend, up)) = ctx.backend(b, "spec.defaultBackend", problems)
     {
-        out.routes.push(routes.route(
+        let route = routes.route(
             format!("{ns}/{name}/ingress-default"),
             i32::MIN,
             Vec::new(),
             vec!["/*".to_owned()],
             backend,
-        ));
+        );
+        // NB: ingress-nginx's default backend takes no path regex or rewrite of its own.
+        let n = routes.settings.nginx.as_ref();
+        if let Some(code) = n.and_then(|n| n.ssl_redirect_for(None)) {
+            out.routes.push(nginx::ssl_redirect_route(&route, code));
+        }
+        out.routes.push(route);
         out.upstreams.push(up);
     }
     out
@@ -463,6 +510,100 @@ impl Routes {
         }
     }
 
+    /// `route` as ingress-nginx's annotations make it: regular-expression paths, the
+    /// rewrite, and before it the redirect of plain HTTP to HTTPS (a route of its own,
+    /// `<id>-ssl-redirect`, matching `scheme == http`). Without ingress-nginx's annotations,
+    /// `route` alone.
+    fn with_nginx(
+        &self,
+        mut route: v1::Route,
+        raw_path: &str,
+        host: Option<&str>,
+        field: &str,
+        problems: &mut Problems,
+    ) -> Vec<v1::Route> {
+        let Some(n) = &self.settings.nginx else {
+            return vec![route];
+        };
+        let mut rewrite = serde_json::Map::new();
+        if n.regex {
+            match nginx::regex_path(raw_path) {
+                Ok((anchored, _literal)) => {
+                    // NB: `/*` and the expression: the regex is case-insensitive, a literal
+                    // prefix path would not be. Longer paths first, as ingress-nginx orders
+                    // its locations.
+                    route.paths = vec!["/*".to_owned()];
+                    route.exprs.push(v1::Expr {
+                        scope: v1::ExprScope::Path.into(),
+                        op: v1::ExprOp::RegexMatchCaseInsensitive.into(),
+                        value: anchored,
+                        ..Default::default()
+                    });
+                    route.priority = i32::try_from(raw_path.len()).unwrap_or(i32::MAX / 4);
+                }
+                Err(e) => {
+                    problems.error(field, e);
+                    return Vec::new();
+                }
+            }
+            if let Some(target) = &n.rewrite_target
+                && let serde_json::Value::Object(o) = nginx::rewrite_config(raw_path, target, n)
+            {
+                rewrite = o;
+            }
+        }
+        if rewrite.is_empty() {
+            nginx::extra_rewrite(&mut rewrite, n);
+        }
+        if !rewrite.is_empty() {
+            let conf = serde_json::Value::Object(rewrite);
+            match sluice_plugin_config::validate("proxy-rewrite", &conf) {
+                Ok(()) => {
+                    route.plugins.push(v1::Plugin {
+                        name: "proxy-rewrite".into(),
+                        config_json: crate::json::canonical(&conf),
+                    });
+                    route.plugins.sort_by(|a, b| a.name.cmp(&b.name));
+                }
+                Err(e) => {
+                    problems.error(
+                        format!("metadata.annotations[\"{}rewrite-target\"]", nginx::PREFIX),
+                        e.to_string(),
+                    );
+                    return Vec::new();
+                }
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(code) = n.ssl_redirect_for(host) {
+            out.push(nginx::ssl_redirect_route(&route, code));
+        }
+        out.push(route);
+        out
+    }
+
+    /// The `app-root` route of a rule's host: `/` answered with a 302 to the app root.
+    fn app_root(&self, id: String, hosts: Vec<String>, backend: v1::Backend) -> Option<v1::Route> {
+        let root = self.settings.nginx.as_ref()?.app_root.as_ref()?;
+        Some(v1::Route {
+            id,
+            source: self.source.clone(),
+            // NB: ingress-nginx answers it in the server block, before any location.
+            priority: i32::MAX / 2,
+            hosts,
+            paths: vec!["/".to_owned()],
+            backends: vec![backend],
+            plugins: vec![v1::Plugin {
+                name: "redirect".into(),
+                config_json: crate::json::canonical(&serde_json::json!({
+                    "uri": format!("$scheme://$http_host{}", root.replace('$', "$$")),
+                    "ret_code": 302,
+                })),
+            }],
+            ..Default::default()
+        })
+    }
+
     /// The routes of `spec.rules[i]`: one per path.
     fn rule(
         &self,
@@ -485,13 +626,20 @@ impl Routes {
         let Some(http) = &rule.http else {
             return;
         };
+        let regex = self.settings.nginx.as_ref().is_some_and(|n| n.regex);
+        let mut first_backend = None;
         for (j, p) in http.paths.iter().enumerate() {
             let pf = format!("{rf}.http.paths[{j}]");
-            let paths = match paths(p.path.as_deref(), &p.path_type) {
-                Ok(paths) => Some(paths),
-                Err((f, e)) => {
-                    problems.error(format!("{pf}.{f}"), e);
-                    None
+            let paths = if regex {
+                // NB: the path is a regular expression, checked by `with_nginx`.
+                Some(Vec::new())
+            } else {
+                match paths(p.path.as_deref(), &p.path_type) {
+                    Ok(paths) => Some(paths),
+                    Err((f, e)) => {
+                        problems.error(format!("{pf}.{f}"), e);
+                        None
+                    }
                 }
             };
             let backend = ctx.backend(&p.backend, &format!("{pf}.backend"), problems);
@@ -505,10 +653,23 @@ impl Routes {
                     0
                 };
                 let id = format!("{ns}/{name}/ingress-r{i}-p{j}");
-                out.routes
-                    .push(self.route(id, priority, hosts.clone(), paths, backend));
+                first_backend.get_or_insert_with(|| backend.clone());
+                let route = self.route(id, priority, hosts.clone(), paths, backend);
+                let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
+                out.routes.extend(self.with_nginx(
+                    route,
+                    raw,
+                    hosts.first().map(String::as_str),
+                    &format!("{pf}.path"),
+                    problems,
+                ));
                 out.upstreams.push(up);
             }
+        }
+        if let Some(b) = first_backend
+            && let Some(r) = self.app_root(format!("{ns}/{name}/ingress-r{i}-app-root"), hosts, b)
+        {
+            out.routes.push(r);
         }
     }
 }

@@ -1,0 +1,673 @@
+//! Ingresses written for ingress-nginx (class `nginx`, served in its place with
+//! `Options::nginx_classes`), translated as the controller and standalone mode translate
+//! them and served by the dataplane against a real origin: one case per annotation, each
+//! checked against ingress-nginx's documented answer (its annotations.md and template), and
+//! each failing without that annotation's support (the request would reach the origin
+//! unchanged, or the Ingress would be served whole).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::net::SocketAddr;
+
+use bytes::Bytes;
+use common::*;
+use http::{Request, StatusCode};
+use http_body_util::Full;
+use sluice_translate::{ClusterState, Options, translate};
+
+/// The origin's Service `app` (ClusterIP loopback, its one endpoint `addr`).
+fn service(addr: SocketAddr) -> String {
+    let port = addr.port();
+    format!(
+        "
+apiVersion: v1
+kind: Service
+metadata: {{name: app, namespace: default}}
+spec: {{clusterIP: 127.0.0.1, ports: [{{port: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: app-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: app}}
+addressType: IPv4
+ports: [{{port: {port}}}]
+endpoints:
+  - addresses: [127.0.0.1]
+"
+    )
+}
+
+/// An Ingress of class `nginx` for `host`, one `path` (ImplementationSpecific) to `app`,
+/// with `annotations` (`key: value` lines, without the `nginx.ingress.kubernetes.io/`
+/// prefix).
+fn ingress(name: &str, host: &str, path: &str, annotations: &[(&str, &str)], port: u16) -> String {
+    let mut a = String::new();
+    for (k, v) in annotations {
+        a.push_str(&format!(
+            "\n    nginx.ingress.kubernetes.io/{k}: {}",
+            serde_json::to_string(v).unwrap()
+        ));
+    }
+    format!(
+        "
+---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: {name}
+  namespace: default
+  annotations:{a}
+    note.example.com/owner: team-a
+spec:
+  ingressClassName: nginx
+  rules:
+    - host: {host}
+      http:
+        paths:
+          - path: {path:?}
+            pathType: ImplementationSpecific
+            backend: {{service: {{name: app, port: {{number: {port}}}}}}}
+"
+    )
+}
+
+struct Served {
+    dp: Dataplane,
+    /// The `Accepted` message of each Ingress, by name.
+    accepted: Vec<(String, String, String)>,
+    _origin: EchoServer,
+}
+
+/// The dataplane serving the translation of the Ingresses `make(port)` returns, beside
+/// the origin.
+async fn serve(make: impl Fn(u16) -> String) -> Served {
+    let origin = EchoServer::start("app", any()).await.unwrap();
+    let yaml = format!("{}{}", service(origin.addr), make(origin.addr.port()));
+    let mut state = ClusterState::new();
+    state.load_yaml("test.yaml", &yaml).unwrap();
+    let opts = Options {
+        nginx_classes: vec!["nginx".into()],
+        ..Options::default()
+    };
+    let t = translate(&state, &opts);
+    let accepted = t
+        .ingresses
+        .iter()
+        .map(|o| {
+            let c = o.conditions.iter().find(|c| c.type_ == "Accepted").unwrap();
+            (o.name.clone(), format!("{:?}", c.status), c.message.clone())
+        })
+        .collect();
+    let dp = dataplane().await;
+    dp.store.apply(t.snapshot, vec![]).unwrap();
+    Served {
+        dp,
+        accepted,
+        _origin: origin,
+    }
+}
+
+impl Served {
+    fn accepted(&self, name: &str) -> (String, String) {
+        let (_, s, m) = self
+            .accepted
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .unwrap_or_else(|| panic!("no status of {name}: {:?}", self.accepted));
+        (s.clone(), m.clone())
+    }
+
+    async fn req(
+        &self,
+        method: &str,
+        host: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: usize,
+    ) -> Resp {
+        let mut b = Request::builder()
+            .method(method)
+            .uri(path)
+            .header("host", host);
+        for (k, v) in headers {
+            b = b.header(*k, *v);
+        }
+        send(
+            self.dp.addr,
+            b.body(Full::new(Bytes::from(vec![b'x'; body]))).unwrap(),
+        )
+        .await
+    }
+
+    async fn get(&self, host: &str, path: &str) -> Resp {
+        self.req("GET", host, path, &[], 0).await
+    }
+}
+
+fn upstream(r: &Resp) -> serde_json::Value {
+    assert!(
+        from_origin(r),
+        "not from the origin: {} {:?}",
+        r.status,
+        r.body
+    );
+    serde_json::from_slice(&r.body).unwrap()
+}
+
+/// `rewrite-target` with capture groups (ingress-nginx's documented example): the path is a
+/// case-insensitive regex anchored at the start, the whole path is replaced by the target
+/// with `$2`, the query string is kept; `x-forwarded-prefix` goes with the rewrite.
+#[tokio::test]
+async fn rewrite_target_with_capture_groups() {
+    let s = serve(|port| {
+        ingress(
+            "rewrite",
+            "rewrite.example.com",
+            "/something(/|$)(.*)",
+            &[
+                ("rewrite-target", "/$2"),
+                ("x-forwarded-prefix", "/something"),
+            ],
+            port,
+        )
+    })
+    .await;
+    for (path, want, query) in [
+        ("/something", "/", None),
+        ("/something/", "/", None),
+        ("/something/new", "/new", None),
+        ("/SomeThing/new/deeper?x=1", "/new/deeper", Some("x=1")),
+    ] {
+        let r = s.get("rewrite.example.com", path).await;
+        assert_eq!(r.status, StatusCode::OK, "{path}");
+        let u = upstream(&r);
+        assert_eq!(u["path"], want, "{path}");
+        assert_eq!(u["query"].as_str(), query, "{path}");
+        assert_eq!(u["headers"]["x-forwarded-prefix"], "/something", "{path}");
+    }
+    // Anchored at the start: a path that only contains the regex is not this route's.
+    assert_eq!(
+        s.get("rewrite.example.com", "/x/something/new")
+            .await
+            .status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// `use-regex` alone: regex paths, no rewrite.
+#[tokio::test]
+async fn use_regex_matches_case_insensitively_without_rewriting() {
+    let s = serve(|port| {
+        ingress(
+            "re",
+            "re.example.com",
+            "/api/v[0-9]+/",
+            &[("use-regex", "true")],
+            port,
+        )
+    })
+    .await;
+    let r = s.get("re.example.com", "/API/V2/users").await;
+    assert_eq!(upstream(&r)["path"], "/API/V2/users");
+    assert_eq!(
+        s.get("re.example.com", "/api/vx/users").await.status,
+        StatusCode::NOT_FOUND
+    );
+    // A path Rust's regex cannot run (look-behind) rejects the Ingress, naming the path.
+    let bad = serve(|port| {
+        ingress(
+            "bad",
+            "bad.example.com",
+            "/(?<=a)b",
+            &[("use-regex", "true")],
+            port,
+        )
+    })
+    .await;
+    let (status, msg) = bad.accepted("bad");
+    assert_eq!(status, "False", "{msg}");
+    assert!(msg.contains("spec.rules[0].http.paths[0].path"), "{msg}");
+}
+
+/// `app-root`: only `/` is answered with a 302 to the app root; other paths are proxied.
+#[tokio::test]
+async fn app_root_redirects_the_root_only() {
+    let s = serve(|port| {
+        ingress(
+            "root",
+            "approot.example.com",
+            "/",
+            &[("app-root", "/app1")],
+            port,
+        )
+    })
+    .await;
+    let r = s.get("approot.example.com", "/").await;
+    assert_eq!(r.status, StatusCode::FOUND);
+    assert_eq!(h(&r, "location"), Some("http://approot.example.com/app1"));
+    assert_eq!(
+        upstream(&s.get("approot.example.com", "/app1").await)["path"],
+        "/app1"
+    );
+}
+
+/// `permanent-redirect` (301, or `-code`), `temporal-redirect` (302) which wins over it, and
+/// out-of-range codes falling back to the default, as ingress-nginx's parser does.
+#[tokio::test]
+async fn permanent_and_temporal_redirects_with_codes() {
+    let s = serve(|port| {
+        [
+            ingress(
+                "p",
+                "p.example.com",
+                "/",
+                &[("permanent-redirect", "https://www.example.org/new")],
+                port,
+            ),
+            ingress(
+                "p308",
+                "p308.example.com",
+                "/",
+                &[
+                    ("permanent-redirect", "https://www.example.org/"),
+                    ("permanent-redirect-code", "308"),
+                ],
+                port,
+            ),
+            ingress(
+                "pbad",
+                "pbad.example.com",
+                "/",
+                &[
+                    ("permanent-redirect", "https://www.example.org/"),
+                    ("permanent-redirect-code", "200"),
+                ],
+                port,
+            ),
+            ingress(
+                "t",
+                "t.example.com",
+                "/",
+                &[
+                    ("temporal-redirect", "https://www.example.org/tmp"),
+                    ("permanent-redirect", "https://www.example.org/perm"),
+                ],
+                port,
+            ),
+            ingress(
+                "t308",
+                "t308.example.com",
+                "/",
+                &[
+                    ("temporal-redirect", "https://www.example.org/tmp"),
+                    ("temporal-redirect-code", "308"),
+                ],
+                port,
+            ),
+        ]
+        .concat()
+    })
+    .await;
+    for (host, code, location) in [
+        ("p.example.com", 301, "https://www.example.org/new"),
+        ("p308.example.com", 308, "https://www.example.org/"),
+        ("pbad.example.com", 301, "https://www.example.org/"),
+        ("t.example.com", 302, "https://www.example.org/tmp"),
+        // 308 is outside temporal-redirect-code's 300-307: the default 302.
+        ("t308.example.com", 302, "https://www.example.org/tmp"),
+    ] {
+        let r = s.get(host, "/any/path").await;
+        assert_eq!(r.status.as_u16(), code, "{host}");
+        assert_eq!(h(&r, "location"), Some(location), "{host}");
+        assert!(!from_origin(&r), "{host}");
+    }
+}
+
+/// `force-ssl-redirect`: plain HTTP gets 308 to `https://<host><uri>` (method and body kept),
+/// except ACME HTTP-01 challenges; `ssl-redirect: "false"` with TLS does not redirect.
+#[tokio::test]
+async fn ssl_redirects_send_308_except_acme_challenges() {
+    let s = serve(|port| {
+        ingress(
+            "force",
+            "force.example.com",
+            "/",
+            &[("force-ssl-redirect", "true")],
+            port,
+        )
+    })
+    .await;
+    for method in ["GET", "POST"] {
+        let r = s.req(method, "force.example.com", "/a/b?c=d", &[], 0).await;
+        assert_eq!(r.status, StatusCode::PERMANENT_REDIRECT, "{method}");
+        assert_eq!(
+            h(&r, "location"),
+            Some("https://force.example.com/a/b?c=d"),
+            "{method}"
+        );
+    }
+    let r = s
+        .get("force.example.com", "/.well-known/acme-challenge/token")
+        .await;
+    assert_eq!(upstream(&r)["path"], "/.well-known/acme-challenge/token");
+    let off = serve(|port| {
+        ingress(
+            "off",
+            "off.example.com",
+            "/",
+            &[("force-ssl-redirect", "false")],
+            port,
+        )
+    })
+    .await;
+    assert_eq!(off.get("off.example.com", "/").await.status, StatusCode::OK);
+}
+
+/// `proxy-body-size`: 413 above the limit (nginx sizes), `0` no limit, and ingress-nginx's
+/// default of 1m without the annotation.
+#[tokio::test]
+async fn proxy_body_size_with_nginx_units_and_the_1m_default() {
+    let s = serve(|port| {
+        [
+            ingress(
+                "small",
+                "small.example.com",
+                "/",
+                &[("proxy-body-size", "1k")],
+                port,
+            ),
+            ingress(
+                "none",
+                "none.example.com",
+                "/",
+                &[("proxy-body-size", "0")],
+                port,
+            ),
+            ingress("default", "default.example.com", "/", &[], port),
+        ]
+        .concat()
+    })
+    .await;
+    for (host, size, want) in [
+        ("small.example.com", 1024, 200),
+        ("small.example.com", 1025, 413),
+        ("none.example.com", 3 << 20, 200),
+        ("default.example.com", 1 << 20, 200),
+        ("default.example.com", (1 << 20) + 1, 413),
+    ] {
+        let r = s.req("POST", host, "/upload", &[], size).await;
+        assert_eq!(r.status.as_u16(), want, "{host} {size}");
+    }
+}
+
+/// `enable-cors` with ingress-nginx's defaults, and `cors-allow-origin` lists (the matching
+/// origin echoed, with credentials; `*.` wildcards one label; others get no CORS headers).
+#[tokio::test]
+async fn cors_defaults_and_origin_lists() {
+    let s = serve(|port| {
+        [
+            ingress(
+                "any",
+                "any.example.com",
+                "/",
+                &[("enable-cors", "true")],
+                port,
+            ),
+            ingress(
+                "list",
+                "list.example.com",
+                "/",
+                &[
+                    ("enable-cors", "true"),
+                    (
+                        "cors-allow-origin",
+                        "https://app.example.com, https://*.example.net",
+                    ),
+                    ("cors-allow-methods", "GET, POST"),
+                    ("cors-max-age", "600"),
+                ],
+                port,
+            ),
+        ]
+        .concat()
+    })
+    .await;
+    assert_eq!(s.accepted("list").0, "True", "{:?}", s.accepted("list"));
+    let pre = [
+        ("origin", "https://app.example.com"),
+        ("access-control-request-method", "GET"),
+    ];
+    let r = s.req("OPTIONS", "any.example.com", "/x", &pre, 0).await;
+    assert!(!from_origin(&r), "the preflight reached the origin");
+    assert_eq!(h(&r, "access-control-allow-origin"), Some("*"));
+    assert_eq!(
+        h(&r, "access-control-allow-methods"),
+        Some("GET,PUT,POST,DELETE,PATCH,OPTIONS")
+    );
+    assert_eq!(h(&r, "access-control-max-age"), Some("1728000"));
+    let r = s.req("GET", "any.example.com", "/x", &pre[..1], 0).await;
+    assert!(from_origin(&r));
+    assert_eq!(h(&r, "access-control-allow-origin"), Some("*"));
+
+    for (origin, allowed) in [
+        ("https://app.example.com", true),
+        ("https://a.example.net", true),
+        ("https://a.b.example.net", false),
+        ("https://evil.example.com", false),
+    ] {
+        let r = s
+            .req("GET", "list.example.com", "/x", &[("origin", origin)], 0)
+            .await;
+        assert!(from_origin(&r), "{origin}: {} {:?}", r.status, r.body);
+        let got = h(&r, "access-control-allow-origin");
+        if allowed {
+            assert_eq!(got, Some(origin), "{origin}");
+            assert_eq!(
+                h(&r, "access-control-allow-credentials"),
+                Some("true"),
+                "{origin}"
+            );
+        } else {
+            assert_eq!(got, None, "{origin}");
+        }
+    }
+    let r = s
+        .req(
+            "OPTIONS",
+            "list.example.com",
+            "/x",
+            &[
+                ("origin", "https://app.example.com"),
+                ("access-control-request-method", "POST"),
+            ],
+            0,
+        )
+        .await;
+    assert_eq!(h(&r, "access-control-allow-methods"), Some("GET,POST"));
+    assert_eq!(h(&r, "access-control-max-age"), Some("600"));
+}
+
+/// `whitelist-source-range` and `denylist-source-range`: 403 for the other (or listed)
+/// client addresses; a bad CIDR rejects the Ingress naming the annotation.
+#[tokio::test]
+async fn source_ranges_answer_403() {
+    let s = serve(|port| {
+        [
+            ingress(
+                "in",
+                "in.example.com",
+                "/",
+                &[("whitelist-source-range", "10.0.0.0/8, 127.0.0.1/32")],
+                port,
+            ),
+            ingress(
+                "out",
+                "out.example.com",
+                "/",
+                &[("whitelist-source-range", "10.0.0.0/8")],
+                port,
+            ),
+            ingress(
+                "deny",
+                "deny.example.com",
+                "/",
+                &[("denylist-source-range", "127.0.0.0/8")],
+                port,
+            ),
+            ingress(
+                "bad",
+                "bad.example.com",
+                "/",
+                &[("whitelist-source-range", "10.0.0.0/33")],
+                port,
+            ),
+        ]
+        .concat()
+    })
+    .await;
+    assert_eq!(s.get("in.example.com", "/").await.status, StatusCode::OK);
+    assert_eq!(
+        s.get("out.example.com", "/").await.status,
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        s.get("deny.example.com", "/").await.status,
+        StatusCode::FORBIDDEN
+    );
+    let (status, msg) = s.accepted("bad");
+    assert_eq!(status, "False", "{msg}");
+    assert!(
+        msg.contains("nginx.ingress.kubernetes.io/whitelist-source-range"),
+        "{msg}"
+    );
+    // Fail closed: the rejected Ingress serves nothing.
+    assert_eq!(
+        s.get("bad.example.com", "/").await.status,
+        StatusCode::NOT_FOUND
+    );
+}
+
+/// `upstream-vhost`: the Host the origin sees.
+#[tokio::test]
+async fn upstream_vhost_sets_the_upstream_host() {
+    let s = serve(|port| {
+        ingress(
+            "vhost",
+            "vhost.example.com",
+            "/",
+            &[("upstream-vhost", "internal.svc.local")],
+            port,
+        )
+    })
+    .await;
+    let u = upstream(&s.get("vhost.example.com", "/").await);
+    assert_eq!(u["headers"]["host"], "internal.svc.local");
+}
+
+/// `limit-rps` with `limit-burst-multiplier`: burst = limit × multiplier requests pass at
+/// once, the rest get 503 (limit-req-status-code).
+#[tokio::test]
+async fn limit_rps_answers_503_beyond_the_burst() {
+    let s = serve(|port| {
+        ingress(
+            "rps",
+            "rps.example.com",
+            "/",
+            &[("limit-rps", "1"), ("limit-burst-multiplier", "2")],
+            port,
+        )
+    })
+    .await;
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        codes.push(s.get("rps.example.com", "/").await.status.as_u16());
+    }
+    // 1 r/s with a burst of 2: the first three pass, within any realistic test speed.
+    assert_eq!(&codes[..3], &[200, 200, 200], "{codes:?}");
+    assert!(codes.contains(&503), "{codes:?}");
+}
+
+/// Snippets are refused: the Ingress is not served and its status names the annotation;
+/// an access-control annotation not served yet is refused the same way; unknown and ignored
+/// annotations are named in the message of an Ingress still served.
+#[tokio::test]
+async fn snippets_and_unserved_access_control_are_refused_others_named() {
+    let s = serve(|port| {
+        [
+            ingress(
+                "snippet",
+                "snippet.example.com",
+                "/",
+                &[("configuration-snippet", "more_set_headers \"X: y\";")],
+                port,
+            ),
+            ingress(
+                "auth",
+                "auth.example.com",
+                "/",
+                &[("auth-url", "http://auth.example.com/check")],
+                port,
+            ),
+            ingress(
+                "other",
+                "other.example.com",
+                "/",
+                &[("proxy-buffering", "on"), ("no-such-thing", "1")],
+                port,
+            ),
+        ]
+        .concat()
+    })
+    .await;
+    for (name, annotation) in [("snippet", "configuration-snippet"), ("auth", "auth-url")] {
+        let (status, msg) = s.accepted(name);
+        assert_eq!(status, "False", "{name}: {msg}");
+        assert!(
+            msg.contains(&format!("nginx.ingress.kubernetes.io/{annotation}")),
+            "{msg}"
+        );
+        assert_eq!(
+            s.get(&format!("{name}.example.com"), "/").await.status,
+            StatusCode::NOT_FOUND
+        );
+    }
+    let (status, msg) = s.accepted("other");
+    assert_eq!(status, "True", "{msg}");
+    assert!(
+        msg.contains("nginx.ingress.kubernetes.io/proxy-buffering"),
+        "{msg}"
+    );
+    assert!(
+        msg.contains("nginx.ingress.kubernetes.io/no-such-thing"),
+        "{msg}"
+    );
+    assert_eq!(s.get("other.example.com", "/").await.status, StatusCode::OK);
+}
+
+/// Without the class in `nginx_classes`, an Ingress of class `nginx` is not served.
+#[tokio::test]
+async fn only_the_named_classes_are_served_as_ingress_nginx() {
+    let origin = EchoServer::start("app", any()).await.unwrap();
+    let yaml = format!(
+        "{}{}",
+        service(origin.addr),
+        ingress(
+            "plain",
+            "plain.example.com",
+            "/",
+            &[("app-root", "/app1")],
+            origin.addr.port()
+        )
+    );
+    let mut state = ClusterState::new();
+    state.load_yaml("test.yaml", &yaml).unwrap();
+    let opts = Options {
+        ingress_class: Some("apisix".into()),
+        ..Options::default()
+    };
+    let t = translate(&state, &opts);
+    assert!(t.snapshot.routes.is_empty(), "{:?}", t.snapshot.routes);
+}
