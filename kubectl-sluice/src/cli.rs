@@ -74,6 +74,14 @@ Examples:
   kubectl sluice diff -f new/ --against old/
   kubectl sluice diff -f new/ --against http://127.0.0.1:9090";
 
+const MIGRATE_EXAMPLES: &str = "\
+Examples:
+  kubectl get ingress -A -o yaml | kubectl sluice migrate -f -
+  kubectl sluice migrate -f ingresses/ --class nginx,nginx-internal -o json
+
+Exit codes: 0 every Ingress would be served, 1 one would be refused (its annotations
+say why), 2 usage or unreadable input.";
+
 const STATUS_EXAMPLES: &str = "\
 Examples:
   kubectl sluice status
@@ -218,6 +226,28 @@ pub enum Command {
         /// Longest the whole read of an --against URL may take (`30s`, `2m`, or seconds).
         #[arg(long, value_name = "DURATION", default_value = "30s", value_parser = duration)]
         request_timeout: Duration,
+    },
+    /// What Sluice does with Ingresses written for ingress-nginx: per Ingress and per
+    /// `nginx.ingress.kubernetes.io/*` annotation, served as is, served differently (how),
+    /// refused (why) or ignored. Exit 1 when an Ingress would not be served.
+    #[command(after_help = MIGRATE_EXAMPLES)]
+    Migrate {
+        /// Ingress YAML: a file, a directory of them (recursive), or `-` for stdin (e.g.
+        /// `kubectl get ingress -A -o yaml`). Repeatable.
+        #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-", value_hint = ValueHint::AnyPath, required = true)]
+        files: Vec<String>,
+        /// The classes to take over (comma-separated or repeated), as the chart's
+        /// `ingressClass.nginxClasses`.
+        #[arg(
+            long = "class",
+            value_name = "NAME",
+            value_delimiter = ',',
+            default_value = "nginx"
+        )]
+        classes: Vec<String>,
+        /// Output format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Format::Text)]
+        output: Format,
     },
     /// Every dataplane (its controller replica, the snapshot version and hash it serves,
     /// ACK/NACK with reasons) and every object not Accepted or not Programmed, read from

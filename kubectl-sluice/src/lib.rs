@@ -20,6 +20,7 @@ pub mod completion;
 pub mod diff;
 pub mod explain;
 pub mod explain_stream;
+pub mod migrate;
 pub mod offline;
 pub mod status;
 pub mod synthetic;

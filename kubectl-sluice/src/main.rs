@@ -188,6 +188,16 @@ fn run(cli: Cli) -> Result<i32, anyhow::Error> {
             print(&report, output, || report.render_text());
             Ok(report.exit_code())
         }
+        Command::Migrate {
+            files,
+            classes,
+            output,
+        } => {
+            let loaded = offline::load_sources(&files)?;
+            let report = sluice_kubectl::migrate::migrate(&loaded, &classes);
+            print(&report, output, || report.render_text());
+            Ok(report.exit_code())
+        }
         Command::Completion { shell } => {
             print!("{}", completion::generate(&Cli::command(), shell));
             Ok(0)

@@ -66,7 +66,7 @@ impl Support {
 }
 
 const SNIPPET: Support = Support::Refused(
-    "a snippet is raw nginx configuration; Sluice runs no text configuration (the IngressNightmare class of hole). Move what it does to an annotation, a plugin of an ApisixPluginConfig, or a Gateway API filter",
+    "a snippet is raw nginx configuration, and Sluice runs no text configuration (the IngressNightmare class of hole). Move what it does to an annotation, a plugin of an ApisixPluginConfig, or a Gateway API filter",
 );
 const NOT_YET_ACCESS: Support = Support::Refused(
     "access control not served yet: serving the Ingress without it would expose more than written",
@@ -82,6 +82,7 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
     ("affinity-canary-behavior", NOT_YET_ROUTING),
     ("affinity-mode", NOT_YET_ROUTING),
     ("app-root", Support::Same),
+    ("auth-always-set-cookie", NOT_YET_ACCESS),
     ("auth-cache-duration", NOT_YET_ACCESS),
     ("auth-cache-key", NOT_YET_ACCESS),
     ("auth-keepalive", NOT_YET_ACCESS),
@@ -158,12 +159,15 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
             "a preflight (any OPTIONS request from an allowed origin) is answered 200 with an empty body, where ingress-nginx answers 204",
         ),
     ),
+    ("enable-global-auth", NOT_YET_ACCESS),
+    ("enable-modsecurity", NOT_YET_ACCESS),
     (
         "enable-opentelemetry",
         Support::Ignored(
             "tracing is the opentelemetry plugin (ApisixGlobalRule or ApisixPluginConfig)",
         ),
     ),
+    ("enable-owasp-core-rules", NOT_YET_ACCESS),
     (
         "enable-rewrite-log",
         Support::Ignored("nginx debug logging; no equivalent"),
@@ -233,6 +237,10 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
         "proxy-buffers-number",
         Support::Ignored("Sluice streams responses; there is no buffer to size"),
     ),
+    (
+        "proxy-busy-buffers-size",
+        Support::Ignored("Sluice streams responses; there is no buffer to size"),
+    ),
     ("proxy-connect-timeout", Support::Same),
     ("proxy-cookie-domain", NOT_YET_ROUTING),
     ("proxy-cookie-path", NOT_YET_ROUTING),
@@ -295,6 +303,8 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
     ("temporal-redirect", Support::Same),
     ("temporal-redirect-code", Support::Same),
     ("upstream-hash-by", NOT_YET_ROUTING),
+    ("upstream-hash-by-subset", NOT_YET_ROUTING),
+    ("upstream-hash-by-subset-size", NOT_YET_ROUTING),
     ("upstream-vhost", Support::Same),
     (
         "use-regex",
