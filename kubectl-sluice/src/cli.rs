@@ -45,10 +45,12 @@ Examples:
   kubectl sluice diff -f new/ --against old/
   kubectl sluice diff -f new/ --against http://127.0.0.1:9090
   kubectl sluice status -A
+  kubectl get ingress -A -o yaml | kubectl sluice migrate -f -
   source <(kubectl sluice completion bash)
 
-Exit codes: 0 ok, 1 rejected objects (validate), differences (diff) or objects not
-Accepted/Programmed (status), 2 usage, unreadable input or unreachable cluster.";
+Exit codes: 0 ok, 1 rejected objects (validate), differences (diff), objects not
+Accepted/Programmed (status) or Ingresses Sluice would refuse (migrate), 2 usage,
+unreadable input or unreachable cluster.";
 
 const VALIDATE_EXAMPLES: &str = "\
 Examples:
