@@ -671,3 +671,109 @@ async fn only_the_named_classes_are_served_as_ingress_nginx() {
     let t = translate(&state, &opts);
     assert!(t.snapshot.routes.is_empty(), "{:?}", t.snapshot.routes);
 }
+
+/// A canary Ingress beside its main Ingress (same host and path), as ingress-nginx's
+/// canary documentation: `canary-by-header` (`always` to the canary, `never` to the main
+/// backend, before anything else), then `canary-by-cookie`, then `canary-weight` of the
+/// rest. A canary without a main Ingress serves nothing and says so.
+#[tokio::test]
+async fn canary_by_header_cookie_and_weight_in_precedence() {
+    let canary = EchoServer::start("canary", any()).await.unwrap();
+    let canary_port = canary.addr.port();
+    let canary_svc = format!(
+        "
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: app-canary, namespace: default}}
+spec: {{clusterIP: 127.0.0.1, ports: [{{port: {canary_port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: app-canary-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: app-canary}}
+addressType: IPv4
+ports: [{{port: {canary_port}}}]
+endpoints:
+  - addresses: [127.0.0.1]
+"
+    );
+    let s = serve(|port| {
+        let canary_ing = ingress(
+            "web-canary",
+            "canary.example.com",
+            "/",
+            &[
+                ("canary", "true"),
+                ("canary-by-header", "X-Canary"),
+                ("canary-by-cookie", "canary"),
+                ("canary-weight", "30"),
+                ("proxy-body-size", "1k"),
+            ],
+            port,
+        )
+        .replace(
+            &format!("number: {port}"),
+            &format!("number: {canary_port}"),
+        )
+        .replace("name: app, port", "name: app-canary, port");
+        let orphan = ingress(
+            "orphan-canary",
+            "nobody.example.com",
+            "/",
+            &[("canary", "true"), ("canary-weight", "50")],
+            port,
+        );
+        format!(
+            "{canary_svc}{}{canary_ing}{orphan}",
+            ingress("web", "canary.example.com", "/", &[], port)
+        )
+    })
+    .await;
+    let server = |r: &Resp| upstream(r)["server"].as_str().unwrap().to_owned();
+    let with = |headers: Vec<(&'static str, &'static str)>| {
+        let s = &s;
+        async move { s.req("GET", "canary.example.com", "/x", &headers, 0).await }
+    };
+    assert_eq!(server(&with(vec![("x-canary", "always")]).await), "canary");
+    // `never` wins over the cookie.
+    assert_eq!(
+        server(&with(vec![("x-canary", "never"), ("cookie", "canary=always")]).await),
+        "app"
+    );
+    assert_eq!(
+        server(&with(vec![("cookie", "canary=always")]).await),
+        "canary"
+    );
+    // Another header value falls through to the cookie, and `never` there to the main one.
+    assert_eq!(
+        server(&with(vec![("x-canary", "maybe"), ("cookie", "canary=never")]).await),
+        "app"
+    );
+    // The rest: 30% to the canary.
+    let mut to_canary = 0;
+    for _ in 0..200 {
+        if server(&with(vec![]).await) == "canary" {
+            to_canary += 1;
+        }
+    }
+    assert!(
+        (30..=90).contains(&to_canary),
+        "{to_canary} of 200 went to the canary"
+    );
+    let (status, msg) = s.accepted("web-canary");
+    assert_eq!(status, "True", "{msg}");
+    assert!(
+        msg.contains("proxy-body-size"),
+        "the ignored annotation is named: {msg}"
+    );
+    let (status, msg) = s.accepted("orphan-canary");
+    assert_eq!(status, "True", "{msg}");
+    assert!(msg.contains("nothing goes to it"), "{msg}");
+    assert_eq!(
+        s.get("nobody.example.com", "/").await.status,
+        StatusCode::NOT_FOUND
+    );
+}

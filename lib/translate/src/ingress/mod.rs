@@ -322,6 +322,8 @@ struct Ctx<'c, 'a> {
     ns: &'c str,
     idx: &'c Index<'a>,
     aus: &'c BTreeMap<(&'a str, &'a str), Result<UpstreamObject, ()>>,
+    /// The canaries of ingress-nginx's class, for the main Ingresses.
+    canaries: &'c [nginx::Canary],
 }
 
 impl Ctx<'_, '_> {
@@ -387,9 +389,48 @@ pub(crate) fn translate(
     mut tls: BTreeMap<(String, String), Vec<Unresolved>>,
     out: &mut Builder,
 ) {
+    // ingress-nginx's canaries first: their backends join the routes of the main Ingresses
+    // with the same host and path.
+    let mut canaries = Vec::new();
+    let mut canary_status = BTreeMap::new();
     for (&(ns, name), ing) in &idx.ingresses {
+        if !is_nginx(ing, idx) || !nginx::is_canary(ing) {
+            continue;
+        }
         let mut problems = Problems::default();
-        let translated = translate_object(ing, ns, name, idx, aus, &mut problems);
+        let found = canary_object(ing, ns, name, idx, aus, &mut problems);
+        if problems.is_valid() {
+            canaries.extend(found);
+        }
+        canary_status.insert((ns, name), problems);
+    }
+    for (&(ns, name), ing) in &idx.ingresses {
+        if let Some(mut problems) = canary_status.remove(&(ns, name)) {
+            let mine: Vec<&nginx::Canary> = canaries
+                .iter()
+                .filter(|c| c.ingress == (ns.to_owned(), name.to_owned()))
+                .collect();
+            if problems.is_valid() && !mine.iter().any(|c| c.used.get()) {
+                problems.notes.push(
+                    "canary: no Ingress of the class serves the same host and path, so nothing goes to it"
+                        .into(),
+                );
+            }
+            let mut conditions = vec![problems.accepted()];
+            if problems.is_valid() {
+                conditions.push(problems.resolved_refs());
+            }
+            out.ingresses.push(IngressStatus {
+                namespace: ns.to_owned(),
+                name: name.to_owned(),
+                generation: ing.metadata.generation,
+                conditions,
+                routes: Vec::new(),
+            });
+            continue;
+        }
+        let mut problems = Problems::default();
+        let translated = translate_object(ing, ns, name, idx, aus, &canaries, &mut problems);
         if let Some(list) = tls.remove(&(ns.to_owned(), name.to_owned())) {
             for (reason, field, message) in list {
                 problems.unresolved(reason, field, message);
@@ -429,11 +470,12 @@ pub(crate) fn translate_object(
     name: &str,
     idx: &Index<'_>,
     aus: &BTreeMap<(&str, &str), Result<UpstreamObject, ()>>,
+    canaries: &[nginx::Canary],
     problems: &mut Problems,
 ) -> RouteOutput {
     let mut out = RouteOutput::default();
     let mut settings = settings(ing, problems);
-    if class_of(ing).is_some_and(|c| idx.nginx_classes.iter().any(|n| n == c)) {
+    if is_nginx(ing, idx) {
         let tls_hosts: Vec<String> = ing
             .spec
             .iter()
@@ -448,7 +490,12 @@ pub(crate) fn translate_object(
         settings.plugins.sort_by(|a, b| a.name.cmp(&b.name));
         settings.nginx = Some(nginx::Nginx { tls_hosts, ..n });
     }
-    let ctx = Ctx { ns, idx, aus };
+    let ctx = Ctx {
+        ns,
+        idx,
+        aus,
+        canaries,
+    };
     let Some(spec) = ing.spec.as_ref() else {
         problems.error("spec", "required");
         return out;
@@ -477,6 +524,61 @@ pub(crate) fn translate_object(
         }
         out.routes.push(route);
         out.upstreams.push(up);
+    }
+    out
+}
+
+/// Whether `ing` is of a class served in ingress-nginx's place.
+fn is_nginx(ing: &Ingress, idx: &Index<'_>) -> bool {
+    class_of(ing).is_some_and(|c| idx.nginx_classes.iter().any(|n| n == c))
+}
+
+/// The canary entries of an ingress-nginx canary Ingress: one per host and path, with its
+/// backend and rules.
+fn canary_object(
+    ing: &Ingress,
+    ns: &str,
+    name: &str,
+    idx: &Index<'_>,
+    aus: &BTreeMap<(&str, &str), Result<UpstreamObject, ()>>,
+    problems: &mut Problems,
+) -> Vec<nginx::Canary> {
+    let Some(rules) = nginx::canary_rules(ing, problems) else {
+        return Vec::new();
+    };
+    let ctx = Ctx {
+        ns,
+        idx,
+        aus,
+        canaries: &[],
+    };
+    let mut out = Vec::new();
+    for (i, rule) in ing
+        .spec
+        .iter()
+        .flat_map(|s| s.rules.iter().flatten())
+        .enumerate()
+    {
+        let host = rule.host.clone().filter(|h| !h.is_empty());
+        for (j, p) in rule.http.iter().flat_map(|h| &h.paths).enumerate() {
+            let field = format!("spec.rules[{i}].http.paths[{j}].backend");
+            if let Some((mut backend, upstream)) = ctx.backend(&p.backend, &field, problems) {
+                backend.weight = 0;
+                out.push(nginx::Canary {
+                    ingress: (ns.to_owned(), name.to_owned()),
+                    host: host.clone(),
+                    path: p
+                        .path
+                        .clone()
+                        .filter(|p| !p.is_empty())
+                        .unwrap_or_else(|| "/".into()),
+                    backend,
+                    upstream,
+                    rules: rules.clone(),
+                    used: std::cell::Cell::new(false),
+                });
+            }
+        }
     }
     out
 }
@@ -539,7 +641,10 @@ impl Routes {
                         value: anchored,
                         ..Default::default()
                     });
-                    route.priority = i32::try_from(raw_path.len()).unwrap_or(i32::MAX / 4);
+                    // NB: ×16 leaves room for the canary (+2, +4) and redirect (+8) routes
+                    // of one path below the next longer path.
+                    route.priority =
+                        i32::try_from(raw_path.len().min(1 << 20) * 16).unwrap_or(i32::MAX / 4);
                 }
                 Err(e) => {
                     problems.error(field, e);
@@ -656,13 +761,18 @@ impl Routes {
                 first_backend.get_or_insert_with(|| backend.clone());
                 let route = self.route(id, priority, hosts.clone(), paths, backend);
                 let raw = p.path.as_deref().filter(|p| !p.is_empty()).unwrap_or("/");
-                out.routes.extend(self.with_nginx(
-                    route,
-                    raw,
-                    hosts.first().map(String::as_str),
-                    &format!("{pf}.path"),
-                    problems,
-                ));
+                let host = hosts.first().map(String::as_str);
+                let routes = self.with_nginx(route, raw, host, &format!("{pf}.path"), problems);
+                for c in ctx
+                    .canaries
+                    .iter()
+                    .filter(|c| c.host.as_deref() == host && c.path == raw)
+                {
+                    c.used.set(true);
+                    out.upstreams.push(c.upstream.clone());
+                }
+                out.routes
+                    .extend(nginx::with_canaries(routes, host, raw, ctx.canaries));
                 out.upstreams.push(up);
             }
         }

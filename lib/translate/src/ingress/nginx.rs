@@ -108,13 +108,13 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
     ("auth-type", NOT_YET_ACCESS),
     ("auth-url", NOT_YET_ACCESS),
     ("backend-protocol", NOT_YET_ROUTING),
-    ("canary", NOT_YET_ROUTING),
-    ("canary-by-cookie", NOT_YET_ROUTING),
-    ("canary-by-header", NOT_YET_ROUTING),
-    ("canary-by-header-pattern", NOT_YET_ROUTING),
-    ("canary-by-header-value", NOT_YET_ROUTING),
-    ("canary-weight", NOT_YET_ROUTING),
-    ("canary-weight-total", NOT_YET_ROUTING),
+    ("canary", Support::Same),
+    ("canary-by-cookie", Support::Same),
+    ("canary-by-header", Support::Same),
+    ("canary-by-header-pattern", Support::Same),
+    ("canary-by-header-value", Support::Same),
+    ("canary-weight", Support::Same),
+    ("canary-weight-total", Support::Same),
     (
         "client-body-buffer-size",
         Support::Ignored("Sluice streams request bodies; there is no buffer to size"),
@@ -438,6 +438,11 @@ pub(crate) fn settings(ing: &Ingress, problems: &mut Problems) -> Nginx {
             None => unknown.push(format!("{PREFIX}{name}")),
         }
     }
+    if !is_canary(ing) && annotations.keys().any(|n| n.starts_with("canary-")) {
+        problems.notes.push(format!(
+            "{PREFIX}canary-* without {PREFIX}canary: \"true\" does nothing (ingress-nginx calls it an invalid configuration)"
+        ));
+    }
     let flag = |n: &str, problems: &mut Problems| -> Option<bool> {
         let v = get(n)?;
         let b = boolean(v);
@@ -760,13 +765,228 @@ pub(crate) fn regex_path(path: &str) -> Result<(String, String), String> {
     Ok((anchored, literal))
 }
 
+/// An ingress-nginx canary Ingress's backend for one host and path: the main Ingress with
+/// the same host and path sends it the requests its rules pick.
+#[derive(Debug, Clone)]
+pub(crate) struct Canary {
+    /// The canary Ingress (namespace, name).
+    pub ingress: (String, String),
+    /// Its rule's host.
+    pub host: Option<String>,
+    /// Its path as written.
+    pub path: String,
+    /// Its backend.
+    pub backend: v1::Backend,
+    /// The backend's upstream.
+    pub upstream: v1::Upstream,
+    /// Which requests go to it.
+    pub rules: CanaryRules,
+    /// Whether a main Ingress took it.
+    pub used: std::cell::Cell<bool>,
+}
+
+/// `canary-*`: which requests a canary gets, in ingress-nginx's order (header, then
+/// cookie, then weight).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CanaryRules {
+    /// `canary-by-header`.
+    pub header: Option<String>,
+    /// `canary-by-header-value`: the header must equal it (then `always`/`never` mean
+    /// nothing).
+    pub header_value: Option<String>,
+    /// `canary-by-header-pattern` (without a value): the header must match it.
+    pub header_pattern: Option<String>,
+    /// `canary-by-cookie`.
+    pub cookie: Option<String>,
+    /// `canary-weight` out of `total`.
+    pub weight: u32,
+    /// `canary-weight-total` (at least 100, as ingress-nginx's balancer reads it).
+    pub total: u32,
+}
+
+/// Whether `ing` is a canary (`canary: "true"`).
+pub(crate) fn is_canary(ing: &Ingress) -> bool {
+    ing.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(&format!("{PREFIX}canary")))
+        .and_then(|v| boolean(v))
+        .unwrap_or(false)
+}
+
+/// The rules of a canary Ingress. ingress-nginx ignores its other annotations (they are
+/// named in the message); a snippet is still refused.
+pub(crate) fn canary_rules(ing: &Ingress, problems: &mut Problems) -> Option<CanaryRules> {
+    let annotations: BTreeMap<&str, &str> = ing
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?, v.as_str())))
+        .collect();
+    let get = |n: &str| annotations.get(n).copied().filter(|v| !v.trim().is_empty());
+    let mut ignored = Vec::new();
+    for &name in annotations.keys() {
+        if name.ends_with("-snippet") {
+            problems.error(field(name), SNIPPET.why());
+        } else if !name.starts_with("canary") {
+            ignored.push(format!("{PREFIX}{name}"));
+        }
+    }
+    if !ignored.is_empty() {
+        problems.notes.push(format!(
+            "on a canary, ingress-nginx ignores (and so does Sluice): {}",
+            ignored.join(", ")
+        ));
+    }
+    let number = |n: &str, default: u32, problems: &mut Problems| -> u32 {
+        match get(n) {
+            None => default,
+            Some(v) => v.trim().parse::<u32>().unwrap_or_else(|_| {
+                problems.error(field(n), format!("{v:?} must be a whole number"));
+                default
+            }),
+        }
+    };
+    let total = number("canary-weight-total", 100, problems).max(100);
+    let weight = number("canary-weight", 0, problems);
+    if weight > total {
+        problems.error(
+            field("canary-weight"),
+            format!("{weight} is above canary-weight-total {total}"),
+        );
+    }
+    let header_pattern = get("canary-by-header-pattern").map(str::to_owned);
+    if let Some(p) = &header_pattern
+        && let Err(e) = regex::RegexBuilder::new(p).size_limit(1 << 20).build()
+    {
+        problems.error(field("canary-by-header-pattern"), format!("{p:?}: {e}"));
+    }
+    Some(CanaryRules {
+        header: get("canary-by-header").map(str::to_owned),
+        header_value: get("canary-by-header-value").map(str::to_owned),
+        header_pattern,
+        cookie: get("canary-by-cookie").map(str::to_owned),
+        weight: weight.min(total),
+        total,
+    })
+}
+
+/// `routes` (of one host and path of a main Ingress) with the canary of that host and path,
+/// if any: routes of their own (priority +4) for `canary-by-header` (`always`, the value or
+/// the pattern to the canary; `never` to the main backend), then (+2) for
+/// `canary-by-cookie` (`always` / `never`), and the weighted split on the route itself.
+/// The HTTPS redirect route stays above them all.
+pub(crate) fn with_canaries(
+    routes: Vec<v1::Route>,
+    host: Option<&str>,
+    path: &str,
+    canaries: &[Canary],
+) -> Vec<v1::Route> {
+    // NB: one canary per host and path, as ingress-nginx: the first by namespace and name.
+    let Some(c) = canaries
+        .iter()
+        .find(|c| c.host.as_deref() == host && c.path == path)
+    else {
+        return routes;
+    };
+    let r = &c.rules;
+    let mut out = Vec::new();
+    for route in routes {
+        if route.id.ends_with("-ssl-redirect") {
+            out.push(route);
+            continue;
+        }
+        let main = route.backends.first().cloned();
+        let variant = |suffix: &str, offset: i32, expr: v1::Expr, to_canary: bool| {
+            let mut v = route.clone();
+            v.id = format!("{}-{suffix}", route.id);
+            v.priority = route.priority.saturating_add(offset);
+            v.exprs.push(expr);
+            let mut b = if to_canary {
+                c.backend.clone()
+            } else {
+                main.clone().unwrap_or_else(|| c.backend.clone())
+            };
+            b.weight = 1;
+            v.backends = vec![b];
+            v
+        };
+        let expr = |scope: v1::ExprScope, name: &str, op: v1::ExprOp, value: &str| v1::Expr {
+            scope: scope.into(),
+            name: name.to_owned(),
+            op: op.into(),
+            value: value.to_owned(),
+            ..Default::default()
+        };
+        if let Some(h) = &r.header {
+            let h = h.to_ascii_lowercase();
+            match (&r.header_value, &r.header_pattern) {
+                (Some(v), _) => out.push(variant(
+                    "canary-header",
+                    4,
+                    expr(v1::ExprScope::Header, &h, v1::ExprOp::Equal, v),
+                    true,
+                )),
+                (None, Some(p)) => out.push(variant(
+                    "canary-header",
+                    4,
+                    expr(v1::ExprScope::Header, &h, v1::ExprOp::RegexMatch, p),
+                    true,
+                )),
+                (None, None) => {
+                    out.push(variant(
+                        "canary-header",
+                        4,
+                        expr(v1::ExprScope::Header, &h, v1::ExprOp::Equal, "always"),
+                        true,
+                    ));
+                    out.push(variant(
+                        "canary-header-never",
+                        4,
+                        expr(v1::ExprScope::Header, &h, v1::ExprOp::Equal, "never"),
+                        false,
+                    ));
+                }
+            }
+        }
+        if let Some(k) = &r.cookie {
+            out.push(variant(
+                "canary-cookie",
+                2,
+                expr(v1::ExprScope::Cookie, k, v1::ExprOp::Equal, "always"),
+                true,
+            ));
+            out.push(variant(
+                "canary-cookie-never",
+                2,
+                expr(v1::ExprScope::Cookie, k, v1::ExprOp::Equal, "never"),
+                false,
+            ));
+        }
+        let mut base = route;
+        if r.weight > 0 {
+            let mut canary = c.backend.clone();
+            canary.weight = r.weight;
+            base.backends.retain(|_| r.weight < r.total);
+            for b in &mut base.backends {
+                b.weight = r.total - r.weight;
+            }
+            base.backends.push(canary);
+        }
+        out.push(base);
+    }
+    out
+}
+
 /// The route that redirects plain-HTTP requests `route` would serve to HTTPS with `code`
 /// (`<id>-ssl-redirect`, one above `route`'s priority, matching `scheme == http`), as
 /// ingress-nginx's `return 308 https://$host$request_uri`.
 pub(crate) fn ssl_redirect_route(route: &v1::Route, code: u16) -> v1::Route {
     let mut twin = route.clone();
     twin.id = format!("{}-ssl-redirect", route.id);
-    twin.priority = route.priority.saturating_add(1);
+    // NB: above the route's canary variants (+2, +4): ingress-nginx redirects first.
+    twin.priority = route.priority.saturating_add(8);
     twin.exprs.push(v1::Expr {
         scope: v1::ExprScope::Variable.into(),
         name: "scheme".into(),
