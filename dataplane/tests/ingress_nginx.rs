@@ -777,3 +777,152 @@ endpoints:
         StatusCode::NOT_FOUND
     );
 }
+
+/// A TLS origin (certificate `cert`) answering JSON with the SNI the client sent.
+async fn tls_origin(cert: &sluice_testkit::pki::Cert) -> SocketAddr {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain: Vec<CertificateDer<'static>> =
+        CertificateDer::pem_slice_iter(cert.chain_pem.as_bytes())
+            .collect::<Result<_, _>>()
+            .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(cert.key_pem.as_bytes()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let sni = tls.get_ref().1.server_name().map(str::to_owned);
+                let service =
+                    hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                        let body =
+                            serde_json::json!({"path": req.uri().path(), "sni": sni, "tls": true});
+                        async move {
+                            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                                Bytes::from(body.to_string()),
+                            )))
+                        }
+                    });
+                let _ = hyper_util::server::conn::auto::Builder::new(
+                    hyper_util::rt::TokioExecutor::new(),
+                )
+                .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                .await;
+            });
+        }
+    });
+    addr
+}
+
+/// `backend-protocol: HTTPS` with `proxy-ssl-secret` (its `ca.crt`) and `proxy-ssl-name`:
+/// TLS to the backend, its certificate verified for that name (a wrong name, or no CA,
+/// is a 502, never plain text); `proxy-ssl-verify: "off"` and a Secret of another namespace
+/// are refused.
+#[tokio::test]
+async fn backend_https_with_verification_against_the_secrets_ca() {
+    use base64::Engine as _;
+    let ca = sluice_testkit::pki::Ca::new("backend CA");
+    let origin = tls_origin(&ca.leaf(&["backend.internal"])).await;
+    let ca_b64 = base64::engine::general_purpose::STANDARD.encode(&ca.pem);
+    let port = origin.port();
+    let secret = format!(
+        "
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: backend-ca, namespace: default}}
+data: {{ca.crt: {ca_b64}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: tlsapp, namespace: default}}
+spec: {{clusterIP: 127.0.0.1, ports: [{{port: {port}}}]}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: tlsapp-1
+  namespace: default
+  labels: {{kubernetes.io/service-name: tlsapp}}
+addressType: IPv4
+ports: [{{port: {port}}}]
+endpoints:
+  - addresses: [127.0.0.1]
+"
+    );
+    let s = serve(|_| {
+        let https = |name: &str, host: &str, extra: &[(&str, &str)]| {
+            let mut a = vec![("backend-protocol", "HTTPS")];
+            a.extend_from_slice(extra);
+            ingress(name, host, "/", &a, port).replace("name: app, port", "name: tlsapp, port")
+        };
+        format!(
+            "{secret}{}{}{}{}{}",
+            https(
+                "good",
+                "good.example.com",
+                &[
+                    ("proxy-ssl-secret", "default/backend-ca"),
+                    ("proxy-ssl-verify", "on"),
+                    ("proxy-ssl-name", "backend.internal")
+                ]
+            ),
+            https(
+                "wrong-name",
+                "wrong.example.com",
+                &[
+                    ("proxy-ssl-secret", "default/backend-ca"),
+                    ("proxy-ssl-name", "other.internal")
+                ]
+            ),
+            https(
+                "no-ca",
+                "noca.example.com",
+                &[("proxy-ssl-name", "backend.internal")]
+            ),
+            https("off", "off.example.com", &[("proxy-ssl-verify", "off")]),
+            https(
+                "elsewhere",
+                "elsewhere.example.com",
+                &[("proxy-ssl-secret", "other/backend-ca")]
+            ),
+        )
+    })
+    .await;
+    let r = s.get("good.example.com", "/x").await;
+    assert_eq!(r.status, StatusCode::OK, "{:?}", r.body);
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    assert_eq!(v["sni"], "backend.internal");
+    assert_eq!(v["tls"], true);
+    for host in ["wrong.example.com", "noca.example.com"] {
+        assert_eq!(
+            s.get(host, "/x").await.status,
+            StatusCode::BAD_GATEWAY,
+            "{host}"
+        );
+    }
+    for (name, annotation) in [
+        ("off", "proxy-ssl-verify"),
+        ("elsewhere", "proxy-ssl-secret"),
+    ] {
+        let (status, msg) = s.accepted(name);
+        assert_eq!(status, "False", "{name}: {msg}");
+        assert!(
+            msg.contains(&format!("nginx.ingress.kubernetes.io/{annotation}")),
+            "{msg}"
+        );
+    }
+}

@@ -324,6 +324,9 @@ struct Ctx<'c, 'a> {
     aus: &'c BTreeMap<(&'a str, &'a str), Result<UpstreamObject, ()>>,
     /// The canaries of ingress-nginx's class, for the main Ingresses.
     canaries: &'c [nginx::Canary],
+    /// ingress-nginx's `backend-protocol` and `proxy-ssl-*`: the upstream of every backend
+    /// becomes this variant of it.
+    upstream: Option<nginx::UpstreamVariant>,
 }
 
 impl Ctx<'_, '_> {
@@ -368,7 +371,10 @@ impl Ctx<'_, '_> {
             field,
             field_names: ("service.name", "service.port"),
         };
-        let up = upstream::service_upstream(&r, self.idx, self.aus, problems)?;
+        let mut up = upstream::service_upstream(&r, self.idx, self.aus, problems)?;
+        if let Some(v) = &self.upstream {
+            v.apply(&mut up);
+        }
         Some((
             v1::Backend {
                 upstream_id: up.id.clone(),
@@ -490,11 +496,16 @@ pub(crate) fn translate_object(
         settings.plugins.sort_by(|a, b| a.name.cmp(&b.name));
         settings.nginx = Some(nginx::Nginx { tls_hosts, ..n });
     }
+    let upstream_variant = settings
+        .nginx
+        .as_ref()
+        .and_then(|n| n.upstream_variant(ns, idx, problems));
     let ctx = Ctx {
         ns,
         idx,
         aus,
         canaries,
+        upstream: upstream_variant,
     };
     let Some(spec) = ing.spec.as_ref() else {
         problems.error("spec", "required");
@@ -551,6 +562,7 @@ fn canary_object(
         idx,
         aus,
         canaries: &[],
+        upstream: None,
     };
     let mut out = Vec::new();
     for (i, rule) in ing

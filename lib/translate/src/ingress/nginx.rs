@@ -107,7 +107,12 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
     ("auth-tls-verify-depth", NOT_YET_ACCESS),
     ("auth-type", NOT_YET_ACCESS),
     ("auth-url", NOT_YET_ACCESS),
-    ("backend-protocol", NOT_YET_ROUTING),
+    (
+        "backend-protocol",
+        Support::Differently(
+            "HTTPS and GRPCS always verify the backend's certificate (against proxy-ssl-secret's ca.crt, else the system roots), where ingress-nginx verifies only with proxy-ssl-verify: on; H2C and GRPC speak HTTP/2 without TLS; AUTO_HTTP and FCGI are refused",
+        ),
+    ),
     ("canary", Support::Same),
     ("canary-by-cookie", Support::Same),
     ("canary-by-header", Support::Same),
@@ -263,13 +268,35 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
         Support::Ignored("Sluice streams request bodies without buffering them"),
     ),
     ("proxy-send-timeout", Support::Same),
-    ("proxy-ssl-ciphers", NOT_YET_ACCESS),
-    ("proxy-ssl-name", NOT_YET_ACCESS),
-    ("proxy-ssl-protocols", NOT_YET_ACCESS),
-    ("proxy-ssl-secret", NOT_YET_ACCESS),
-    ("proxy-ssl-server-name", NOT_YET_ACCESS),
-    ("proxy-ssl-verify", NOT_YET_ACCESS),
-    ("proxy-ssl-verify-depth", NOT_YET_ACCESS),
+    (
+        "proxy-ssl-ciphers",
+        Support::Ignored("TLS to backends uses rustls' safe defaults"),
+    ),
+    ("proxy-ssl-name", Support::Same),
+    (
+        "proxy-ssl-protocols",
+        Support::Ignored("TLS to backends uses rustls' safe defaults (TLS 1.2 and 1.3)"),
+    ),
+    (
+        "proxy-ssl-secret",
+        Support::Differently(
+            "the Secret must be in the Ingress's namespace (another namespace is refused rather than read across tenants)",
+        ),
+    ),
+    (
+        "proxy-ssl-server-name",
+        Support::Differently("SNI is always sent: proxy-ssl-name, else the endpoint's host"),
+    ),
+    (
+        "proxy-ssl-verify",
+        Support::Differently(
+            "the certificate is always verified: `off` is refused rather than served less safely than Sluice serves every backend",
+        ),
+    ),
+    (
+        "proxy-ssl-verify-depth",
+        Support::Ignored("rustls verifies the whole chain, whatever its depth"),
+    ),
     ("rewrite-target", Support::Same),
     ("satisfy", NOT_YET_ACCESS),
     ("server-alias", NOT_YET_ROUTING),
@@ -350,6 +377,31 @@ pub(crate) struct Nginx {
     pub rewrite_host: Option<String>,
     /// `x-forwarded-prefix` value.
     pub forwarded_prefix: Option<String>,
+    /// `backend-protocol`, upper-cased (`HTTP` when unset).
+    pub backend_protocol: String,
+    /// `proxy-ssl-secret` (namespace, name).
+    pub proxy_ssl_secret: Option<(String, String)>,
+    /// `proxy-ssl-name`.
+    pub proxy_ssl_name: Option<String>,
+}
+
+/// How an Ingress's upstreams differ from the Services' plain ones (`backend-protocol`,
+/// `proxy-ssl-*`): a variant of each upstream, under an id of its own.
+#[derive(Debug, Clone)]
+pub(crate) struct UpstreamVariant {
+    scheme: v1::Scheme,
+    tls: Option<v1::UpstreamTls>,
+    /// Appended to the upstream id: tells the variants of one Service port apart.
+    suffix: String,
+}
+
+impl UpstreamVariant {
+    /// Makes `up` this variant.
+    pub(crate) fn apply(&self, up: &mut v1::Upstream) {
+        up.scheme = self.scheme.into();
+        up.tls = self.tls.clone();
+        up.id = format!("{}{}", up.id, self.suffix);
+    }
 }
 
 fn field(name: &str) -> String {
@@ -409,6 +461,71 @@ fn cidrs(v: &str) -> Result<Vec<String>, String> {
 }
 
 impl Nginx {
+    /// The upstream variant `backend-protocol` and `proxy-ssl-*` ask for; `None` for plain
+    /// HTTP without them. The Secret must be in `ns`.
+    pub(crate) fn upstream_variant(
+        &self,
+        ns: &str,
+        idx: &crate::Index<'_>,
+        problems: &mut Problems,
+    ) -> Option<UpstreamVariant> {
+        let scheme = match self.backend_protocol.as_str() {
+            "HTTP" => v1::Scheme::Http,
+            "HTTPS" => v1::Scheme::Https,
+            "GRPC" | "H2C" => v1::Scheme::Grpc,
+            "GRPCS" => v1::Scheme::Grpcs,
+            other => {
+                problems.error(
+                    field("backend-protocol"),
+                    format!("{other:?} is not served (HTTP, HTTPS, GRPC, GRPCS or H2C)"),
+                );
+                return None;
+            }
+        };
+        let tls_scheme = matches!(scheme, v1::Scheme::Https | v1::Scheme::Grpcs);
+        let mut tls = None;
+        if let Some((sns, name)) = &self.proxy_ssl_secret {
+            if sns != ns {
+                problems.error(
+                    field("proxy-ssl-secret"),
+                    format!("{sns}/{name}: the Secret must be in the Ingress's namespace {ns}"),
+                );
+                return None;
+            }
+            match crate::upstream::settings::tls_from_secret(idx, sns, name) {
+                Ok(t) => tls = Some(t),
+                Err(e) => {
+                    problems.error(field("proxy-ssl-secret"), e);
+                    return None;
+                }
+            }
+        }
+        if let Some(n) = &self.proxy_ssl_name {
+            tls.get_or_insert_with(v1::UpstreamTls::default).sni = n.clone();
+        }
+        if tls.is_some() && !tls_scheme {
+            problems.notes.push(format!(
+                "{PREFIX}proxy-ssl-* has no effect without backend-protocol HTTPS or GRPCS"
+            ));
+            tls = None;
+        }
+        if scheme == v1::Scheme::Http && tls.is_none() {
+            return None;
+        }
+        let mut suffix = format!("#nginx-{}", self.backend_protocol.to_ascii_lowercase());
+        if let Some((sns, name)) = &self.proxy_ssl_secret {
+            suffix.push_str(&format!("-{sns}/{name}"));
+        }
+        if let Some(n) = &self.proxy_ssl_name {
+            suffix.push_str(&format!("-{n}"));
+        }
+        Some(UpstreamVariant {
+            scheme,
+            tls,
+            suffix,
+        })
+    }
+
     /// The status plain-HTTP requests for `host` (`None`: the default backend) are
     /// redirected to HTTPS with, if they are: ingress-nginx's `http-redirect-code`, 308.
     pub fn ssl_redirect_for(&self, host: Option<&str>) -> Option<u16> {
@@ -605,6 +722,34 @@ pub(crate) fn settings(ing: &Ingress, problems: &mut Problems) -> Nginx {
         }
     }
 
+    out.backend_protocol = get("backend-protocol")
+        .map(|v| v.trim().to_ascii_uppercase())
+        .unwrap_or_else(|| "HTTP".into());
+    if let Some(v) = get("proxy-ssl-secret") {
+        match v.split_once('/') {
+            Some((ns, name)) if !ns.is_empty() && !name.is_empty() => {
+                out.proxy_ssl_secret = Some((ns.to_owned(), name.to_owned()));
+            }
+            _ => problems.error(
+                field("proxy-ssl-secret"),
+                format!("{v:?} must be namespace/name"),
+            ),
+        }
+    }
+    if let Some(v) = get("proxy-ssl-verify") {
+        if v.trim() != "on" {
+            problems.error(
+                field("proxy-ssl-verify"),
+                format!("{v:?}: Sluice always verifies backend certificates (use proxy-ssl-secret with the CA in ca.crt)"),
+            );
+        }
+    }
+    if let Some(v) = get("proxy-ssl-name") {
+        match crate::validate::host(v.trim()) {
+            Ok(()) => out.proxy_ssl_name = Some(v.trim().to_owned()),
+            Err(e) => problems.error(field("proxy-ssl-name"), e),
+        }
+    }
     if !ignored.is_empty() {
         problems.notes.push(format!(
             "ingress-nginx annotations ignored: {}",
