@@ -926,3 +926,135 @@ endpoints:
         );
     }
 }
+
+/// `auth-type: basic` with an htpasswd Secret (`auth-file`, key `auth`; or `auth-map`)
+/// and `auth-realm`, as ingress-nginx's basic-auth example: 401 with
+/// `WWW-Authenticate: Basic realm="…"` without or with wrong credentials, 200 with the
+/// right ones (hashes made by `openssl passwd -apr1`, libxcrypt's bcrypt and
+/// `openssl dgst -sha1`; a password with a space kept as sent), the `Authorization`
+/// header not passed upstream; a missing Secret refuses the Ingress.
+#[tokio::test]
+async fn basic_auth_with_an_htpasswd_secret_and_realm() {
+    use base64::Engine as _;
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let file = b64(
+        "# users\nfoo:$apr1$sAlt1234$nQULF6mfiJyz.vfg0uuey/\nbar:$2b$04$D7AJplNtkKv2MF48vP6TRe1B1bbA.KGiyW.OmPJnugdVQVT3LK6.e\nsam:{SHA}O/MvdjOwOQpt8I9HBSVZugThPMw=\n",
+    );
+    let map_hash = b64("$apr1$X9y8Z7w6$UWjuC/PJEOsa3hhkB7eiA/");
+    let secrets = format!(
+        "
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: basic-auth, namespace: default}}
+data: {{auth: {file}}}
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: basic-map, namespace: default}}
+data: {{mapuser: {map_hash}}}
+"
+    );
+    let s = serve(|port| {
+        format!(
+            "{secrets}{}{}{}",
+            ingress(
+                "file",
+                "file.example.com",
+                "/",
+                &[
+                    ("auth-type", "basic"),
+                    ("auth-secret", "basic-auth"),
+                    ("auth-realm", "Authentication Required - foo")
+                ],
+                port
+            ),
+            ingress(
+                "map",
+                "map.example.com",
+                "/",
+                &[
+                    ("auth-type", "basic"),
+                    ("auth-secret", "default/basic-map"),
+                    ("auth-secret-type", "auth-map")
+                ],
+                port
+            ),
+            ingress(
+                "missing",
+                "missing.example.com",
+                "/",
+                &[("auth-type", "basic"), ("auth-secret", "nope")],
+                port
+            ),
+        )
+    })
+    .await;
+    let basic = |u: &str, p: &str| format!("Basic {}", b64(&format!("{u}:{p}")));
+    let realm = "Basic realm=\"Authentication Required - foo\"";
+    let r = s.get("file.example.com", "/").await;
+    assert_eq!(r.status, StatusCode::UNAUTHORIZED);
+    assert_eq!(h(&r, "www-authenticate"), Some(realm));
+    for (u, p) in [
+        ("foo", "twowords"),
+        ("foo", "wrong"),
+        ("nobody", "two words"),
+    ] {
+        let auth = basic(u, p);
+        let r = s
+            .req(
+                "GET",
+                "file.example.com",
+                "/",
+                &[("authorization", &auth)],
+                0,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::UNAUTHORIZED, "{u}:{p}");
+        assert_eq!(h(&r, "www-authenticate"), Some(realm), "{u}:{p}");
+    }
+    for (u, p) in [
+        ("foo", "two words"),
+        ("bar", "bcrypt-pw"),
+        ("sam", "sha-pw"),
+    ] {
+        let auth = basic(u, p);
+        let r = s
+            .req(
+                "GET",
+                "file.example.com",
+                "/",
+                &[("authorization", &auth)],
+                0,
+            )
+            .await;
+        assert_eq!(r.status, StatusCode::OK, "{u}:{p}");
+        assert!(
+            upstream(&r)["headers"].get("authorization").is_none(),
+            "{u}: credentials passed upstream"
+        );
+    }
+    let auth = basic("mapuser", "s3cret");
+    let r = s
+        .req(
+            "GET",
+            "map.example.com",
+            "/",
+            &[("authorization", &auth)],
+            0,
+        )
+        .await;
+    assert_eq!(r.status, StatusCode::OK);
+    let r = s.get("map.example.com", "/").await;
+    assert_eq!(h(&r, "www-authenticate"), Some("Basic realm=\"\""));
+    let (status, msg) = s.accepted("missing");
+    assert_eq!(status, "False", "{msg}");
+    assert!(
+        msg.contains("nginx.ingress.kubernetes.io/auth-secret"),
+        "{msg}"
+    );
+    assert_eq!(
+        s.get("missing.example.com", "/").await.status,
+        StatusCode::NOT_FOUND
+    );
+}

@@ -500,6 +500,14 @@ pub(crate) fn translate_object(
         .nginx
         .as_ref()
         .and_then(|n| n.upstream_variant(ns, idx, problems));
+    if let Some(p) = settings
+        .nginx
+        .as_ref()
+        .and_then(|n| n.basic_auth_plugin(ns, idx, problems))
+    {
+        settings.plugins.push(p);
+        settings.plugins.sort_by(|a, b| a.name.cmp(&b.name));
+    }
     let ctx = Ctx {
         ns,
         idx,

@@ -91,11 +91,16 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
     ("auth-keepalive-timeout", NOT_YET_ACCESS),
     ("auth-method", NOT_YET_ACCESS),
     ("auth-proxy-set-headers", NOT_YET_ACCESS),
-    ("auth-realm", NOT_YET_ACCESS),
+    ("auth-realm", Support::Same),
     ("auth-request-redirect", NOT_YET_ACCESS),
     ("auth-response-headers", NOT_YET_ACCESS),
-    ("auth-secret", NOT_YET_ACCESS),
-    ("auth-secret-type", NOT_YET_ACCESS),
+    (
+        "auth-secret",
+        Support::Differently(
+            "the Secret must be in the Ingress's namespace; a missing Secret refuses the Ingress, where ingress-nginx answers 503",
+        ),
+    ),
+    ("auth-secret-type", Support::Same),
     ("auth-signin", NOT_YET_ACCESS),
     ("auth-signin-redirect-param", NOT_YET_ACCESS),
     ("auth-snippet", SNIPPET),
@@ -105,7 +110,12 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
     ("auth-tls-secret", NOT_YET_ACCESS),
     ("auth-tls-verify-client", NOT_YET_ACCESS),
     ("auth-tls-verify-depth", NOT_YET_ACCESS),
-    ("auth-type", NOT_YET_ACCESS),
+    (
+        "auth-type",
+        Support::Differently(
+            "basic only (digest needs a third-party nginx module and is refused); every 401 carries the challenge",
+        ),
+    ),
     ("auth-url", NOT_YET_ACCESS),
     (
         "backend-protocol",
@@ -383,6 +393,20 @@ pub(crate) struct Nginx {
     pub proxy_ssl_secret: Option<(String, String)>,
     /// `proxy-ssl-name`.
     pub proxy_ssl_name: Option<String>,
+    /// `auth-type: basic`.
+    pub basic_auth: Option<BasicAuth>,
+}
+
+/// `auth-type: basic` with `auth-secret`, `auth-secret-type` and `auth-realm`.
+#[derive(Debug, Clone)]
+pub(crate) struct BasicAuth {
+    /// `auth-secret`: `name` or `namespace/name`.
+    secret: String,
+    /// `auth-secret-type: auth-map` (each key a user, its value the hash); else
+    /// `auth-file` (key `auth`, htpasswd lines).
+    map: bool,
+    /// `auth-realm`.
+    realm: String,
 }
 
 /// How an Ingress's upstreams differ from the Services' plain ones (`backend-protocol`,
@@ -461,6 +485,79 @@ fn cidrs(v: &str) -> Result<Vec<String>, String> {
 }
 
 impl Nginx {
+    /// The `basic-auth` plugin of `auth-type: basic`: the Secret's htpasswd users (from
+    /// `ns`), the realm, and the `Authorization` header not sent upstream (ingress-nginx
+    /// clears it). A Secret that is missing, in another namespace, or holds no user
+    /// refuses the Ingress (ingress-nginx would answer 503 for it: nobody gets in either
+    /// way).
+    pub(crate) fn basic_auth_plugin(
+        &self,
+        ns: &str,
+        idx: &crate::Index<'_>,
+        problems: &mut Problems,
+    ) -> Option<v1::Plugin> {
+        let b = self.basic_auth.as_ref()?;
+        let (sns, name) = b.secret.split_once('/').unwrap_or((ns, b.secret.as_str()));
+        if sns != ns {
+            problems.error(
+                field("auth-secret"),
+                format!("{sns}/{name}: the Secret must be in the Ingress's namespace {ns}"),
+            );
+            return None;
+        }
+        let Some(secret) = idx.secrets.get(&(sns, name)) else {
+            problems.error(
+                field("auth-secret"),
+                format!("Secret {sns}/{name} not found"),
+            );
+            return None;
+        };
+        let data = secret.data.clone().unwrap_or_default();
+        let text = |v: &k8s_openapi::ByteString| String::from_utf8_lossy(&v.0).into_owned();
+        let mut users = Vec::new();
+        if b.map {
+            for (user, hash) in &data {
+                users.push(json!({"username": user, "hash": text(hash).trim()}));
+            }
+        } else {
+            let Some(file) = data.get("auth") else {
+                problems.error(
+                    field("auth-secret"),
+                    format!("Secret {sns}/{name} has no key \"auth\" (an htpasswd file)"),
+                );
+                return None;
+            };
+            for line in text(file).lines().map(str::trim) {
+                if line.is_empty() || line.starts_with('#') {
+                    continue;
+                }
+                match line.split_once(':') {
+                    Some((user, hash)) => users.push(json!({"username": user, "hash": hash})),
+                    None => {
+                        problems.error(
+                            field("auth-secret"),
+                            format!("Secret {sns}/{name}: a line of \"auth\" is not user:hash"),
+                        );
+                        return None;
+                    }
+                }
+            }
+        }
+        if users.is_empty() {
+            problems.error(
+                field("auth-secret"),
+                format!("Secret {sns}/{name} holds no user"),
+            );
+            return None;
+        }
+        plugin(
+            "basic-auth",
+            &json!({"htpasswd": users, "realm": b.realm, "hide_credentials": true}),
+            problems,
+            "auth-secret",
+        )
+    }
+
     /// The upstream variant `backend-protocol` and `proxy-ssl-*` ask for; `None` for plain
     /// HTTP without them. The Secret must be in `ns`.
     pub(crate) fn upstream_variant(
@@ -736,13 +833,43 @@ pub(crate) fn settings(ing: &Ingress, problems: &mut Problems) -> Nginx {
             ),
         }
     }
-    if let Some(v) = get("proxy-ssl-verify") {
-        if v.trim() != "on" {
-            problems.error(
-                field("proxy-ssl-verify"),
-                format!("{v:?}: Sluice always verifies backend certificates (use proxy-ssl-secret with the CA in ca.crt)"),
-            );
+    if let Some(v) = get("proxy-ssl-verify")
+        && v.trim() != "on"
+    {
+        problems.error(
+            field("proxy-ssl-verify"),
+            format!("{v:?}: Sluice always verifies backend certificates (use proxy-ssl-secret with the CA in ca.crt)"),
+        );
+    }
+    match get("auth-type").map(str::trim) {
+        None => {}
+        Some("basic") => {
+            let secret = get("auth-secret").map(str::trim).filter(|v| !v.is_empty());
+            match secret {
+                None => problems.error(field("auth-secret"), "required with auth-type basic"),
+                Some(v) => {
+                    out.basic_auth = Some(BasicAuth {
+                        secret: v.to_owned(),
+                        map: match get("auth-secret-type").map(str::trim) {
+                            None | Some("auth-file") => false,
+                            Some("auth-map") => true,
+                            Some(other) => {
+                                problems.error(
+                                    field("auth-secret-type"),
+                                    format!("{other:?} must be auth-file or auth-map"),
+                                );
+                                false
+                            }
+                        },
+                        realm: get("auth-realm").unwrap_or_default().to_owned(),
+                    });
+                }
+            }
         }
+        Some(other) => problems.error(
+            field("auth-type"),
+            format!("{other:?} is not served (basic is; digest needs nginx's third-party module)"),
+        ),
     }
     if let Some(v) = get("proxy-ssl-name") {
         match crate::validate::host(v.trim()) {
