@@ -1,5 +1,6 @@
 //! YAML as a user could apply it, through the translate function: per-document errors or a
-//! snapshot with conditions; never a panic.
+//! snapshot with conditions; never a panic. Ingresses of class `nginx` go through
+//! ingress-nginx's annotations too.
 #![no_main]
 
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
@@ -10,5 +11,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     if state.load_yaml("fuzz.yaml", text).is_err() {
         return;
     }
-    let _ = sluice_translate::translate(&state, &sluice_translate::Options::default());
+    let opts = sluice_translate::Options {
+        nginx_classes: vec!["nginx".into()],
+        ..sluice_translate::Options::default()
+    };
+    let _ = sluice_translate::translate(&state, &opts);
 });
