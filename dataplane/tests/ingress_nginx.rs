@@ -608,7 +608,7 @@ async fn snippets_and_unserved_access_control_are_refused_others_named() {
                 "auth",
                 "auth.example.com",
                 "/",
-                &[("auth-url", "http://auth.example.com/check")],
+                &[("auth-tls-secret", "default/client-ca")],
                 port,
             ),
             ingress(
@@ -622,7 +622,10 @@ async fn snippets_and_unserved_access_control_are_refused_others_named() {
         .concat()
     })
     .await;
-    for (name, annotation) in [("snippet", "configuration-snippet"), ("auth", "auth-url")] {
+    for (name, annotation) in [
+        ("snippet", "configuration-snippet"),
+        ("auth", "auth-tls-secret"),
+    ] {
         let (status, msg) = s.accepted(name);
         assert_eq!(status, "False", "{name}: {msg}");
         assert!(
@@ -1057,4 +1060,84 @@ data: {{mapuser: {map_hash}}}
         s.get("missing.example.com", "/").await.status,
         StatusCode::NOT_FOUND
     );
+}
+
+/// `auth-url`: each request is first asked of the auth service (here an echo server whose
+/// `/status/NNN` path answers NNN): 2xx lets it through to the backend, a 401 goes back to
+/// the client, an unreachable service is a 500 (nginx's answer); `auth-signin` is refused.
+#[tokio::test]
+async fn auth_url_asks_the_service_first() {
+    let auth = EchoServer::start("auth", any()).await.unwrap();
+    let closed = closed_port();
+    let s = serve(|port| {
+        let a = auth.addr;
+        [
+            ingress(
+                "allow",
+                "allow.example.com",
+                "/",
+                &[("auth-url", &format!("http://{a}/status/200"))],
+                port,
+            ),
+            ingress(
+                "deny",
+                "deny.example.com",
+                "/",
+                &[("auth-url", &format!("http://{a}/status/401"))],
+                port,
+            ),
+            ingress(
+                "down",
+                "down.example.com",
+                "/",
+                &[("auth-url", &format!("http://{closed}/"))],
+                port,
+            ),
+            ingress(
+                "signin",
+                "signin.example.com",
+                "/",
+                &[
+                    ("auth-url", &format!("http://{a}/status/401")),
+                    ("auth-signin", "https://login.example.com/start"),
+                ],
+                port,
+            ),
+            ingress(
+                "vars",
+                "vars.example.com",
+                "/",
+                &[("auth-url", "https://$host/oauth2/auth")],
+                port,
+            ),
+        ]
+        .concat()
+    })
+    .await;
+    let r = s
+        .req(
+            "GET",
+            "allow.example.com",
+            "/x",
+            &[("cookie", "session=abc")],
+            0,
+        )
+        .await;
+    assert_eq!(upstream(&r)["server"], "app");
+    assert_eq!(
+        s.get("deny.example.com", "/x").await.status,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        s.get("down.example.com", "/x").await.status,
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    for (name, annotation) in [("signin", "auth-signin"), ("vars", "auth-url")] {
+        let (status, msg) = s.accepted(name);
+        assert_eq!(status, "False", "{name}: {msg}");
+        assert!(
+            msg.contains(&format!("nginx.ingress.kubernetes.io/{annotation}")),
+            "{msg}"
+        );
+    }
 }

@@ -1241,3 +1241,186 @@ fn a_seccomp_profile_that_refuses_io_uring_makes_the_dataplane_batch_with_send()
     assert!(default.iter().all(|m| !m.ends_with("=none")), "{default:?}");
     assert_no_failures("two rollouts changing the seccomp profile", &report);
 }
+
+/// An app whose Ingresses were written for ingress-nginx, taken over by a `helm upgrade`
+/// with `ingressClass.nginxClasses={nginx}` on the real node (real pods, kube-proxy), with
+/// the answers ingress-nginx gives: a rewrite with capture groups, CORS, a body-size limit
+/// (413), a canary by weight beside its main Ingress (both Deployments answer), basic
+/// authentication from an htpasswd Secret, a source range (403), a permanent redirect
+/// (301). The release goes back to its values afterwards.
+#[test]
+fn an_ingress_nginx_app_is_taken_over_with_ingress_nginx_answers() {
+    use base64::Engine as _;
+    let _one = serial();
+    let node = node();
+    let cluster = &node.cluster;
+    let revision = helm_revision(cluster);
+    helm_upgrade(cluster, &["ingressClass.nginxClasses={nginx}"]);
+    wait(Duration::from_secs(180), "the release Ready again", || {
+        release_ready(cluster).then_some(())
+    })
+    .unwrap_or_else(|| panic!("the release did not come back:\n{}", describe(cluster)));
+
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    // `openssl passwd -apr1 -salt sAlt1234 'two words'`
+    let htpasswd = b64("foo:$apr1$sAlt1234$nQULF6mfiJyz.vfg0uuey/\n");
+    let ing = |name: &str, host: &str, path: &str, svc: &str, annotations: &[(&str, &str)]| {
+        let mut a = String::new();
+        for (k, v) in annotations {
+            a.push_str(&format!(
+                "\n    nginx.ingress.kubernetes.io/{k}: {}",
+                serde_json::to_string(v).unwrap()
+            ));
+        }
+        format!(
+            "---
+apiVersion: networking.k8s.io/v1
+kind: Ingress
+metadata:
+  name: {name}
+  namespace: {APPS}
+  annotations:{a}
+    example.com/owner: shop
+spec:
+  ingressClassName: nginx
+  rules:
+  - host: {host}
+    http:
+      paths:
+      - path: {path:?}
+        pathType: ImplementationSpecific
+        backend: {{service: {{name: {svc}, port: {{number: 80}}}}}}
+"
+        )
+    };
+    let manifest = format!(
+        "apiVersion: apps/v1
+kind: Deployment
+metadata: {{name: echo-canary, namespace: {APPS}}}
+spec:
+  replicas: 1
+  selector: {{matchLabels: {{app: echo-canary}}}}
+  template:
+    metadata: {{labels: {{app: echo-canary}}}}
+    spec:
+      securityContext: {{runAsNonRoot: true, runAsUser: 65532, seccompProfile: {{type: RuntimeDefault}}}}
+      containers:
+      - name: echo
+        image: {ECHO_IMAGE}
+        imagePullPolicy: Never
+        args: [\"--listen\", \"0.0.0.0:8080\", \"--name\", \"$(POD_NAME)\"]
+        env: [{{name: POD_NAME, valueFrom: {{fieldRef: {{fieldPath: metadata.name}}}}}}]
+        readinessProbe: {{httpGet: {{path: /, port: 8080}}, periodSeconds: 1}}
+        resources: {{requests: {{cpu: 10m, memory: 16Mi}}}}
+        securityContext: {{allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: {{drop: [ALL]}}}}
+---
+apiVersion: v1
+kind: Service
+metadata: {{name: echo-canary, namespace: {APPS}}}
+spec:
+  selector: {{app: echo-canary}}
+  ports: [{{port: 80, targetPort: 8080}}]
+---
+apiVersion: v1
+kind: Secret
+metadata: {{name: basic-auth, namespace: {APPS}}}
+data: {{auth: {htpasswd}}}
+{}{}{}{}{}",
+        ing("shop", "shop.nginx.example", "/api(/|$)(.*)", "echo", &[("rewrite-target", "/$2"), ("enable-cors", "true"), ("proxy-body-size", "1k")]),
+        ing("shop-canary", "shop.nginx.example", "/api(/|$)(.*)", "echo-canary", &[("canary", "true"), ("canary-weight", "50")]),
+        ing("private", "private.nginx.example", "/", "echo", &[("auth-type", "basic"), ("auth-secret", "basic-auth"), ("auth-realm", "Shop staff")]),
+        ing("office", "office.nginx.example", "/", "echo", &[("whitelist-source-range", "192.0.2.0/24")]),
+        ing("old", "old.nginx.example", "/", "echo", &[("permanent-redirect", "https://shop.example.com/")]),
+    );
+    cluster.apply(&manifest).unwrap();
+    let svc = node.service;
+    let r = wait(Duration::from_secs(120), "the shop Ingress served", || {
+        http_get(svc, "shop.nginx.example", "/api/items/7?x=1")
+            .ok()
+            .filter(|r| r.status == 200)
+    })
+    .unwrap_or_else(|| panic!("the shop Ingress was never served:\n{}", describe(cluster)));
+    let echo: Value = serde_json::from_str(&r.body).unwrap();
+    assert_eq!(echo["path"], "/items/7", "{}", r.body);
+    assert_eq!(echo["query"], "x=1", "{}", r.body);
+    // The canary by weight: both Deployments answer the same host and path.
+    let mut servers = std::collections::BTreeSet::new();
+    wait(
+        Duration::from_secs(60),
+        "the canary and the main pods both answering",
+        || {
+            let r = sluice_e2e::http_get_with(
+                svc,
+                "shop.nginx.example",
+                "/api/x",
+                &[("origin", "https://app.example.com")],
+            )
+            .ok()?;
+            let v: Value = serde_json::from_str(&r.body).ok()?;
+            let name = v["server"].as_str()?.to_owned();
+            servers.insert(if name.starts_with("echo-canary") {
+                "canary"
+            } else {
+                "main"
+            });
+            assert_eq!(
+                r.header("access-control-allow-origin"),
+                Some("*"),
+                "{}",
+                r.body
+            );
+            (servers.len() == 2).then_some(())
+        },
+    )
+    .unwrap_or_else(|| panic!("only {servers:?} answered"));
+    let big = vec![b'x'; 2048];
+    let r = sluice_e2e::http_request(svc, "POST", "shop.nginx.example", "/api/upload", &[], &big)
+        .unwrap();
+    assert_eq!(r.status, 413);
+    // Basic authentication.
+    let r = http_get(svc, "private.nginx.example", "/").unwrap();
+    assert_eq!(r.status, 401);
+    assert_eq!(
+        r.header("www-authenticate"),
+        Some("Basic realm=\"Shop staff\"")
+    );
+    let good = format!("Basic {}", b64("foo:two words"));
+    let r = sluice_e2e::http_get_with(
+        svc,
+        "private.nginx.example",
+        "/",
+        &[("authorization", &good)],
+    )
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    // The client (this host, through kube-proxy) is not in 192.0.2.0/24.
+    assert_eq!(
+        http_get(svc, "office.nginx.example", "/").unwrap().status,
+        403
+    );
+    let r = http_get(svc, "old.nginx.example", "/any").unwrap();
+    assert_eq!(r.status, 301);
+    assert_eq!(r.header("location"), Some("https://shop.example.com/"));
+
+    for obj in [
+        "ingress/shop",
+        "ingress/shop-canary",
+        "ingress/private",
+        "ingress/office",
+        "ingress/old",
+        "deployment/echo-canary",
+        "service/echo-canary",
+        "secret/basic-auth",
+    ] {
+        cluster
+            .kubectl_ok(&["-n", APPS, "delete", obj, "--wait=false"])
+            .unwrap();
+    }
+    helm_rollback(cluster, &revision);
+    wait(
+        Duration::from_secs(180),
+        "the release back as it was",
+        || release_ready(cluster).then_some(()),
+    )
+    .unwrap_or_else(|| panic!("the release did not come back:\n{}", describe(cluster)));
+}

@@ -89,11 +89,14 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
     ("auth-keepalive-requests", NOT_YET_ACCESS),
     ("auth-keepalive-share-vars", NOT_YET_ACCESS),
     ("auth-keepalive-timeout", NOT_YET_ACCESS),
-    ("auth-method", NOT_YET_ACCESS),
+    (
+        "auth-method",
+        Support::Differently("GET or POST only (others are refused)"),
+    ),
     ("auth-proxy-set-headers", NOT_YET_ACCESS),
     ("auth-realm", Support::Same),
     ("auth-request-redirect", NOT_YET_ACCESS),
-    ("auth-response-headers", NOT_YET_ACCESS),
+    ("auth-response-headers", Support::Same),
     (
         "auth-secret",
         Support::Differently(
@@ -101,7 +104,12 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
         ),
     ),
     ("auth-secret-type", Support::Same),
-    ("auth-signin", NOT_YET_ACCESS),
+    (
+        "auth-signin",
+        Support::Refused(
+            "the redirect to a sign-in page on 401 is not served yet: without it a browser would get 401 where it should be sent to log in",
+        ),
+    ),
     ("auth-signin-redirect-param", NOT_YET_ACCESS),
     ("auth-snippet", SNIPPET),
     ("auth-tls-error-page", NOT_YET_ACCESS),
@@ -116,7 +124,12 @@ pub const ANNOTATIONS: &[(&str, Support)] = &[
             "basic only (digest needs a third-party nginx module and is refused); every 401 carries the challenge",
         ),
     ),
-    ("auth-url", NOT_YET_ACCESS),
+    (
+        "auth-url",
+        Support::Differently(
+            "the auth service gets the client's Authorization, Cookie, Proxy-Authorization, User-Agent, Accept, Accept-Language and X-Requested-With headers with X-Forwarded-Proto/-Method/-Host/-Uri/-For, not every client header and X-Original-URL; any denying answer (not only 401 and 403) is passed to the client; a URL with nginx variables is refused",
+        ),
+    ),
     (
         "backend-protocol",
         Support::Differently(
@@ -841,6 +854,9 @@ pub(crate) fn settings(ing: &Ingress, problems: &mut Problems) -> Nginx {
             format!("{v:?}: Sluice always verifies backend certificates (use proxy-ssl-secret with the CA in ca.crt)"),
         );
     }
+    if let Some(url) = get("auth-url").map(str::trim) {
+        external_auth(url, &get, problems, &mut out);
+    }
     match get("auth-type").map(str::trim) {
         None => {}
         Some("basic") => {
@@ -891,6 +907,60 @@ pub(crate) fn settings(ing: &Ingress, problems: &mut Problems) -> Nginx {
     }
     out.plugins.sort_by(|a, b| a.name.cmp(&b.name));
     out
+}
+
+/// `auth-url` (with `auth-method`, `auth-response-headers`): the `forward-auth` plugin.
+/// ingress-nginx's `auth_request` sends every client header; Sluice sends the ones that
+/// carry a session or credentials (`Authorization`, `Cookie`, ...) besides its
+/// `X-Forwarded-*` ones, and passes a denial's status, body, `WWW-Authenticate` and
+/// `Set-Cookie` to the client; an unreachable service is a 500, as nginx answers.
+fn external_auth<'a>(
+    url: &str,
+    get: &impl Fn(&str) -> Option<&'a str>,
+    problems: &mut Problems,
+    out: &mut Nginx,
+) {
+    if url.contains('$') {
+        problems.error(
+            field("auth-url"),
+            format!(
+                "{url:?}: nginx variables in the URL are not served (write the service's address)"
+            ),
+        );
+        return;
+    }
+    let method = match get("auth-method").map(|m| m.trim().to_ascii_uppercase()) {
+        None => "GET".to_owned(),
+        Some(m) if m == "GET" || m == "POST" => m,
+        Some(m) => {
+            problems.error(
+                field("auth-method"),
+                format!("{m:?}: GET or POST are served"),
+            );
+            return;
+        }
+    };
+    let upstream_headers: Vec<String> = get("auth-response-headers")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_owned)
+        .collect();
+    out.plugins.extend(plugin(
+        "forward-auth",
+        &json!({
+            "uri": url,
+            "request_method": method,
+            "request_headers": ["Authorization", "Cookie", "Proxy-Authorization", "User-Agent", "Accept", "Accept-Language", "X-Requested-With"],
+            "upstream_headers": upstream_headers,
+            "client_headers": ["WWW-Authenticate", "Set-Cookie", "Location"],
+            "timeout": 60_000,
+            "status_on_error": 500,
+        }),
+        problems,
+        "auth-url",
+    ));
 }
 
 /// `limit-rps` / `limit-rpm` with `limit-burst-multiplier` (default 5): ingress-nginx's
