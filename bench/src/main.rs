@@ -28,8 +28,11 @@ enum Cmd {
     Proxy {
         /// 1 = pure proxy; 2 = limit-count + prometheus on the route; 3 = a Gateway API
         /// HTTPRoute with request and backend-request timeouts and a retry policy; 4 = the
-        /// same HTTPRoute without them.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=4))]
+        /// same HTTPRoute without them; 5 = an Ingress written for ingress-nginx (class
+        /// `nginx`, with `--sluice-arg=--ingress-nginx-class=nginx`) with CORS, a body-size
+        /// limit, a source range and an upstream Host; 6 = the ApisixRoute with the same
+        /// plugins and timeouts.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=6))]
         scenario: u8,
         /// Length of the measured wrk run (`10s`, `1m`; wrk rounds up to whole seconds).
         #[arg(long, default_value = "10s", value_parser = parse_duration)]
@@ -81,7 +84,7 @@ enum Cmd {
         /// The baseline (`--baseline-bin`, which may be the same binary) serves this
         /// scenario's configuration instead of `--scenario`'s: e.g. `--scenario 3
         /// --baseline-scenario 4` is the cost of timeouts and retries on one route.
-        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=4), requires = "baseline_bin")]
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u8).range(1..=6), requires = "baseline_bin")]
         baseline_scenario: Option<u8>,
         /// Every request on a new connection: wrk sends `Connection: close` and reconnects
         /// (connection churn, e.g. side by side with `--baseline-bin`); recorded in the

@@ -407,6 +407,10 @@ fn scenario_title(s: u8) -> &'static str {
     match s {
         1 => "pure proxy",
         2 => "limit-count + prometheus",
+        3 => "HTTPRoute with timeouts and a retry policy",
+        4 => "HTTPRoute without them",
+        5 => "ingress-nginx Ingress with annotations",
+        6 => "the equivalent ApisixRoute",
         _ => "unknown scenario",
     }
 }

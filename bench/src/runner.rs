@@ -499,9 +499,9 @@ pub fn run_proxy_bench(opts: &ProxyOptions) -> Result<(BenchResult, Written), Be
         .into_iter()
         .flatten()
     {
-        if !matches!(s, 1..=4) {
+        if !matches!(s, 1..=6) {
             return Err(BenchError::Usage(format!(
-                "unknown scenario {s}; use 1, 2, 3 or 4"
+                "unknown scenario {s}; use 1 to 6"
             )));
         }
     }

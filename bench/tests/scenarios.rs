@@ -176,3 +176,50 @@ fn scenario3_is_scenario4_plus_timeouts_and_a_retry_policy() {
             .is_none_or(|t| t.request_ms == 0 && t.attempt_ms == 0)
     );
 }
+
+/// Scenarios 5 and 6: the ingress-nginx Ingress (translated with class `nginx` served in
+/// ingress-nginx's place) and the hand-written ApisixRoute become the same route: the same
+/// paths, timeouts and plugins with the same configurations. So `--scenario 5
+/// --baseline-scenario 6` measures the annotation path against the plugin chain itself.
+#[test]
+fn scenario5_ingress_nginx_translates_to_scenario6s_apisix_route() {
+    let route = |scenario: u8| {
+        let manifest = manifest_dir();
+        let path = scenario_config(manifest.parent().unwrap(), scenario);
+        let mut state = sluice_translate::ClusterState::new();
+        state
+            .load_yaml("scenario", &std::fs::read_to_string(path).unwrap())
+            .unwrap();
+        let opts = sluice_translate::Options {
+            nginx_classes: vec!["nginx".into()],
+            ..sluice_translate::Options::default()
+        };
+        let t = sluice_translate::translate(&state, &opts);
+        assert_eq!(t.snapshot.routes.len(), 1, "scenario {scenario}");
+        t.snapshot.routes[0].clone()
+    };
+    let (r5, r6) = (route(5), route(6));
+    assert_eq!(r5.paths, r6.paths);
+    assert_eq!(r5.timeout, r6.timeout);
+    let mut plugins: Vec<Vec<(String, Value)>> = [&r5, &r6]
+        .iter()
+        .map(|r| {
+            let mut p: Vec<(String, Value)> = r
+                .plugins
+                .iter()
+                .map(|p| {
+                    (
+                        p.name.clone(),
+                        serde_json::from_str(&p.config_json).unwrap(),
+                    )
+                })
+                .collect();
+            p.sort_by(|a, b| a.0.cmp(&b.0));
+            p
+        })
+        .collect();
+    let p6 = plugins.pop().unwrap();
+    let p5 = plugins.pop().unwrap();
+    assert_eq!(p5, p6);
+    assert_eq!(p5.len(), 4, "{p5:?}");
+}
