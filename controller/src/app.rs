@@ -65,6 +65,8 @@ pub struct Settings {
     pub stream_ports: Vec<sluice_translate::StreamPort>,
     /// Ingress classes served in ingress-nginx's place (`--ingress-nginx-class`).
     pub nginx_classes: Vec<String>,
+    /// ingress-nginx's ConfigMap settings for them (`--ingress-nginx-config`).
+    pub nginx_config: std::collections::BTreeMap<String, String>,
 }
 
 /// A running controller; its tasks stop when it is dropped.
@@ -105,7 +107,10 @@ pub fn start(client: Client, settings: Settings, metrics: Metrics) -> Running {
         .with_gateway(settings.gateway.clone())
         .with_cross_namespace_refs(settings.cross_namespace_refs)
         .with_stream_ports(settings.stream_ports.clone())
-        .with_nginx_classes(settings.nginx_classes.clone());
+        .with_nginx_classes(
+            settings.nginx_classes.clone(),
+            settings.nginx_config.clone(),
+        );
     let (leader_tx, leader_rx) = watch::channel(settings.lease.is_none());
     metrics.leader.set(i64::from(settings.lease.is_none()));
     let ctx = Context {

@@ -52,6 +52,13 @@ struct Args {
     /// the old controller and take over class by class. Default: none.
     #[arg(long, value_name = "NAME", value_delimiter = ',')]
     ingress_nginx_class: Vec<String>,
+    /// A setting of ingress-nginx's ConfigMap for those classes (repeatable): `ssl-redirect`,
+    /// `force-ssl-redirect`, `http-redirect-code`, `proxy-body-size`, `proxy-*-timeout`,
+    /// `whitelist-source-range`, `denylist-source-range`, `limit-req-status-code`, `hsts*`,
+    /// `use-forwarded-headers`, `enable-real-ip`, `proxy-real-ip-cidr`,
+    /// `forwarded-for-header` (docs/ingress-nginx.md).
+    #[arg(long, value_name = "KEY=VALUE", value_parser = sluice_translate::nginx::parse_config)]
+    ingress_nginx_config: Vec<(String, String)>,
     /// gRPC listener the dataplanes dial for snapshots.
     #[arg(long, value_name = "ADDR", default_value = "0.0.0.0:18000")]
     grpc_listen: SocketAddr,
@@ -330,6 +337,7 @@ async fn main() -> anyhow::Result<()> {
         },
         stream_ports: args.stream_ports.clone(),
         nginx_classes: args.ingress_nginx_class.clone(),
+        nginx_config: args.ingress_nginx_config.iter().cloned().collect(),
     };
     let running = app::start(client.clone(), settings, Metrics::new()?);
     let hub = Arc::clone(&running.hub);

@@ -196,6 +196,7 @@ pub struct Rebuilder {
     cross_namespace_refs: CrossNamespaceRefs,
     stream_ports: Vec<sluice_translate::StreamPort>,
     nginx_classes: Vec<String>,
+    nginx_config: std::collections::BTreeMap<String, String>,
 }
 
 impl Rebuilder {
@@ -217,6 +218,7 @@ impl Rebuilder {
             cross_namespace_refs: CrossNamespaceRefs::default(),
             stream_ports: Vec::new(),
             nginx_classes: Vec::new(),
+            nginx_config: Default::default(),
         }
     }
 
@@ -237,8 +239,13 @@ impl Rebuilder {
     /// rebuild on.
     /// Serves the Ingresses of these classes in ingress-nginx's place, with its annotations
     /// (`--ingress-nginx-class`).
-    pub fn with_nginx_classes(mut self, classes: Vec<String>) -> Self {
+    pub fn with_nginx_classes(
+        mut self,
+        classes: Vec<String>,
+        config: std::collections::BTreeMap<String, String>,
+    ) -> Self {
         self.nginx_classes = classes;
+        self.nginx_config = config;
         self
     }
 
@@ -278,6 +285,7 @@ impl Rebuilder {
             cross_namespace_refs: self.cross_namespace_refs,
             stream_ports: self.stream_ports.clone(),
             nginx_classes: self.nginx_classes.clone(),
+            nginx_config: self.nginx_config.clone(),
             ..Options::default()
         };
         let translation = translate(&state, &opts);

@@ -66,6 +66,7 @@ fn settings(ns: &str, lease: Option<LeaseConfig>) -> Settings {
         cross_namespace_refs: Default::default(),
         stream_ports: Vec::new(),
         nginx_classes: Vec::new(),
+        nginx_config: Default::default(),
     }
 }
 

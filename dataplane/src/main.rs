@@ -57,6 +57,10 @@ struct Args {
         requires = "standalone"
     )]
     ingress_nginx_class: Vec<String>,
+    /// Standalone: a setting of ingress-nginx's ConfigMap for those classes (repeatable;
+    /// see the controller's flag of the same name).
+    #[arg(long, value_name = "KEY=VALUE", requires = "standalone", value_parser = sluice_translate::nginx::parse_config)]
+    ingress_nginx_config: Vec<(String, String)>,
     /// Controller mode: the gRPC URL of sluice-controller, e.g.
     /// `https://sluice-controller.sluice.svc:18000`. Needs --tls-cert, --tls-key and
     /// --tls-ca, or --insecure for a controller on localhost. Several controller replicas
@@ -367,6 +371,7 @@ fn main() -> anyhow::Result<()> {
         fallback_sni: args.fallback_sni.clone(),
         stream_ports: args.stream_ports.clone(),
         nginx_classes: args.ingress_nginx_class.clone(),
+        nginx_config: args.ingress_nginx_config.iter().cloned().collect(),
         ..Default::default()
     };
     let mut recheck_at = None;

@@ -84,12 +84,21 @@ struct Served {
 /// The dataplane serving the translation of the Ingresses `make(port)` returns, beside
 /// the origin.
 async fn serve(make: impl Fn(u16) -> String) -> Served {
+    serve_with(make, &[]).await
+}
+
+/// Like [`serve`], with settings of ingress-nginx's ConfigMap.
+async fn serve_with(make: impl Fn(u16) -> String, config: &[(&str, &str)]) -> Served {
     let origin = EchoServer::start("app", any()).await.unwrap();
     let yaml = format!("{}{}", service(origin.addr), make(origin.addr.port()));
     let mut state = ClusterState::new();
     state.load_yaml("test.yaml", &yaml).unwrap();
     let opts = Options {
         nginx_classes: vec!["nginx".into()],
+        nginx_config: config
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect(),
         ..Options::default()
     };
     let t = translate(&state, &opts);
@@ -1140,4 +1149,143 @@ async fn auth_url_asks_the_service_first() {
             "{msg}"
         );
     }
+}
+
+/// Settings of ingress-nginx's ConfigMap: the defaults of the annotations of the same names
+/// (an annotation still overrides them), the redirect code, the limit status, and
+/// `use-forwarded-headers` (the client address from X-Forwarded-For, which the source range
+/// then sees); a key Sluice does not take, or a bad value, is refused naming the key.
+#[tokio::test]
+async fn configmap_settings_are_the_defaults_of_the_class() {
+    let s = serve_with(
+        |port| {
+            [
+                ingress("plain", "plain.example.com", "/", &[], port),
+                ingress(
+                    "own",
+                    "own.example.com",
+                    "/",
+                    &[
+                        ("proxy-body-size", "8k"),
+                        ("whitelist-source-range", "127.0.0.1/32"),
+                        ("force-ssl-redirect", "false"),
+                    ],
+                    port,
+                ),
+                ingress(
+                    "rps",
+                    "rps.example.com",
+                    "/",
+                    &[
+                        ("limit-rps", "1"),
+                        ("limit-burst-multiplier", "1"),
+                        ("force-ssl-redirect", "false"),
+                    ],
+                    port,
+                ),
+            ]
+            .concat()
+        },
+        &[
+            ("proxy-body-size", "1k"),
+            ("force-ssl-redirect", "true"),
+            ("http-redirect-code", "301"),
+            ("whitelist-source-range", "10.0.0.0/8"),
+            ("use-forwarded-headers", "true"),
+            ("limit-req-status-code", "429"),
+        ],
+    )
+    .await;
+    // force-ssl-redirect from the ConfigMap, with its code.
+    let r = s.get("plain.example.com", "/a").await;
+    assert_eq!(r.status, StatusCode::MOVED_PERMANENTLY);
+    assert_eq!(h(&r, "location"), Some("https://plain.example.com/a"));
+    // The annotations of the same names win; the ConfigMap's source range and the
+    // forwarded client address.
+    let xff = [("x-forwarded-for", "10.1.2.3")];
+    assert_eq!(
+        s.req("POST", "own.example.com", "/", &[], 4096)
+            .await
+            .status,
+        StatusCode::OK
+    );
+    assert_eq!(
+        s.req("POST", "own.example.com", "/", &[], 9000)
+            .await
+            .status,
+        StatusCode::PAYLOAD_TOO_LARGE
+    );
+    assert_eq!(s.get("own.example.com", "/").await.status, StatusCode::OK);
+    assert_eq!(
+        s.req("GET", "own.example.com", "/", &xff, 0).await.status,
+        StatusCode::FORBIDDEN
+    );
+    // rps.example.com: the ConfigMap's range admits 10.1.2.3 only; over the limit, the
+    // ConfigMap's status.
+    let mut codes = Vec::new();
+    for _ in 0..6 {
+        codes.push(
+            s.req("GET", "rps.example.com", "/", &xff, 0)
+                .await
+                .status
+                .as_u16(),
+        );
+    }
+    assert!(codes.contains(&429), "{codes:?}");
+    assert!(codes.iter().all(|c| *c == 200 || *c == 429), "{codes:?}");
+    assert_eq!(
+        s.get("rps.example.com", "/").await.status,
+        StatusCode::FORBIDDEN
+    );
+
+    assert!(sluice_translate::nginx::check_config("hsts", "maybe").is_err());
+    let e = sluice_translate::nginx::check_config("allow-snippet-annotations", "true").unwrap_err();
+    assert!(e.starts_with("allow-snippet-annotations: "), "{e}");
+    assert!(sluice_translate::nginx::parse_config("proxy-body-size=10m").is_ok());
+}
+
+/// `hsts` (on by default, as ingress-nginx): HTTPS answers for a host with TLS carry
+/// Strict-Transport-Security; a host without TLS gets none.
+#[test]
+fn hsts_goes_on_the_https_answers_of_hosts_with_tls() {
+    let yaml = format!(
+        "{}{}{}",
+        service("127.0.0.1:8080".parse().unwrap()),
+        ingress("tls", "tls.example.com", "/", &[], 8080).replace(
+            "  rules:",
+            "  tls: [{hosts: [tls.example.com], secretName: tls-cert}]\n  rules:"
+        ),
+        ingress("plain", "plain.example.com", "/", &[], 8080),
+    );
+    let mut state = ClusterState::new();
+    state.load_yaml("test.yaml", &yaml).unwrap();
+    let run = |config: &[(&str, &str)]| {
+        let opts = Options {
+            nginx_classes: vec!["nginx".into()],
+            nginx_config: config
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..Options::default()
+        };
+        translate(&state, &opts).snapshot.routes
+    };
+    let hsts = |routes: &[sluice_proto::v1::Route], host: &str| {
+        routes
+            .iter()
+            .filter(|r| r.hosts.iter().any(|h| h == host) && !r.id.ends_with("-ssl-redirect"))
+            .flat_map(|r| r.plugins.iter())
+            .find(|p| p.name == "response-rewrite")
+            .map(|p| p.config_json.clone())
+    };
+    let routes = run(&[]);
+    let conf = hsts(&routes, "tls.example.com").expect("HSTS on the TLS host");
+    assert!(
+        conf.contains("max-age=31536000; includeSubDomains"),
+        "{conf}"
+    );
+    assert!(conf.contains("https"), "{conf}");
+    assert_eq!(hsts(&routes, "plain.example.com"), None);
+    let routes = run(&[("hsts", "false")]);
+    assert_eq!(hsts(&routes, "tls.example.com"), None);
 }

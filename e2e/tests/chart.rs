@@ -1045,4 +1045,41 @@ fn nginx_classes_reach_the_controller_only_when_set() {
     .unwrap();
     assert!(!out.success, "{}", out.stdout);
     assert!(out.stderr.contains("nginxClasses"), "{}", out.stderr);
+    // ingress-nginx's ConfigMap settings, each its own flag; a key Sluice does not take is
+    // refused by the schema.
+    let all = render_chart(
+        "ns",
+        &[
+            "--set",
+            "ingressClass.nginxConfig.ssl-redirect=false",
+            "--set-string",
+            "ingressClass.nginxConfig.whitelist-source-range=10.0.0.0/8\\,192.168.0.0/16",
+        ],
+    )
+    .unwrap();
+    assert!(
+        all.contains("- \"--ingress-nginx-config=ssl-redirect=false\"\n"),
+        "{all}"
+    );
+    assert!(
+        all.contains(
+            "- \"--ingress-nginx-config=whitelist-source-range=10.0.0.0/8,192.168.0.0/16\"\n"
+        ),
+        "{all}"
+    );
+    let out = helm(&[
+        "template",
+        "s",
+        chart_dir().to_str().unwrap(),
+        "--set",
+        "ingressClass.nginxConfig.allow-snippet-annotations=true",
+    ])
+    .unwrap();
+    assert!(!out.success, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains("invalid propertyName 'allow-snippet-annotations'"),
+        "{}",
+        out.stderr
+    );
 }

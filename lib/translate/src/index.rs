@@ -43,6 +43,8 @@ pub(crate) struct Index<'a> {
     pub(crate) cross_namespace_refs: CrossNamespaceRefs,
     /// Ingress classes whose ingress-nginx annotations are honoured.
     pub(crate) nginx_classes: Vec<String>,
+    /// ingress-nginx's ConfigMap settings for those classes.
+    pub(crate) nginx_config: std::collections::BTreeMap<String, String>,
 }
 
 /// (namespace, name) of an object; the namespace defaults to `default`.
@@ -156,6 +158,7 @@ impl<'a> Index<'a> {
             grants: &state.reference_grants,
             cross_namespace_refs: opts.cross_namespace_refs,
             nginx_classes: opts.nginx_classes.clone(),
+            nginx_config: opts.nginx_config.clone(),
         }
     }
 }

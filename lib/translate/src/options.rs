@@ -36,6 +36,10 @@ pub struct Options {
     /// honoured with ingress-nginx's behaviour (see `ingress::nginx`). Empty (the default):
     /// none.
     pub nginx_classes: Vec<String>,
+    /// ingress-nginx's ConfigMap settings for those classes (`--ingress-nginx-config
+    /// KEY=VALUE`; keys of `ingress::nginx::CONFIG_KEYS`, checked with
+    /// `ingress::nginx::check_config`). Unset keys take ingress-nginx's defaults.
+    pub nginx_config: std::collections::BTreeMap<String, String>,
 }
 
 /// The flag that declares [`Options::stream_ports`].

@@ -146,6 +146,7 @@ fn checked_like_apisix_tls(
         grants: &[],
         cross_namespace_refs: crate::refs::CrossNamespaceRefs::Allow,
         nginx_classes: Vec::new(),
+        nginx_config: Default::default(),
     };
     let tls_opts = Options {
         now: inputs.opts.now,

@@ -488,7 +488,7 @@ pub(crate) fn translate_object(
             .flat_map(|s| s.tls.iter().flatten())
             .flat_map(|t| t.hosts.iter().flatten().cloned())
             .collect();
-        let n = nginx::settings(ing, problems);
+        let n = nginx::settings(ing, &idx.nginx_config, problems);
         if let Some(t) = upstream::timeouts(n.timeouts) {
             settings.timeout = Some(t);
         }
@@ -647,6 +647,11 @@ impl Routes {
         let Some(n) = &self.settings.nginx else {
             return vec![route];
         };
+        let extra = n.host_plugins(host);
+        if !extra.is_empty() {
+            route.plugins.extend(extra);
+            route.plugins.sort_by(|a, b| a.name.cmp(&b.name));
+        }
         let mut rewrite = serde_json::Map::new();
         if n.regex {
             match nginx::regex_path(raw_path) {

@@ -375,6 +375,107 @@ pub fn support(name: &str) -> Option<Support> {
         .map(|i| ANNOTATIONS[i].1)
 }
 
+/// The keys of ingress-nginx's ConfigMap Sluice honours (`--ingress-nginx-config KEY=VALUE`,
+/// the chart's `ingressClass.nginxConfig`), with ingress-nginx's defaults: the defaults
+/// of the annotations of the same names, and settings of every route of the class.
+pub const CONFIG_KEYS: &[(&str, &str)] = &[
+    ("denylist-source-range", ""),
+    ("enable-real-ip", "false"),
+    ("force-ssl-redirect", "false"),
+    ("forwarded-for-header", "X-Forwarded-For"),
+    ("hsts", "true"),
+    ("hsts-include-subdomains", "true"),
+    ("hsts-max-age", "31536000"),
+    ("hsts-preload", "false"),
+    ("http-redirect-code", "308"),
+    ("limit-req-status-code", "503"),
+    ("proxy-body-size", "1m"),
+    ("proxy-connect-timeout", "5"),
+    ("proxy-read-timeout", "60"),
+    ("proxy-real-ip-cidr", "0.0.0.0/0"),
+    ("proxy-send-timeout", "60"),
+    ("ssl-redirect", "true"),
+    ("use-forwarded-headers", "false"),
+    ("whitelist-source-range", ""),
+];
+
+/// Checks a ConfigMap setting: a key of [`CONFIG_KEYS`] with a value ingress-nginx would
+/// take. The error names the key and why.
+pub fn check_config(key: &str, value: &str) -> Result<(), String> {
+    if !CONFIG_KEYS.iter().any(|(k, _)| *k == key) {
+        let known: Vec<&str> = CONFIG_KEYS.iter().map(|(k, _)| *k).collect();
+        return Err(format!(
+            "{key}: not a setting Sluice takes from ingress-nginx's ConfigMap (it takes {})",
+            known.join(", ")
+        ));
+    }
+    let bad = |why: &str| Err(format!("{key}: {value:?} {why}"));
+    match key {
+        "enable-real-ip"
+        | "force-ssl-redirect"
+        | "hsts"
+        | "hsts-include-subdomains"
+        | "hsts-preload"
+        | "ssl-redirect"
+        | "use-forwarded-headers" => {
+            if boolean(value).is_none() {
+                return bad("must be true or false");
+            }
+        }
+        "hsts-max-age" | "proxy-connect-timeout" | "proxy-read-timeout" | "proxy-send-timeout" => {
+            if value.trim().parse::<u64>().is_err() {
+                return bad("must be whole seconds");
+            }
+        }
+        "http-redirect-code" => {
+            if !matches!(value.trim(), "301" | "302" | "307" | "308") {
+                return bad("must be 301, 302, 307 or 308");
+            }
+        }
+        "limit-req-status-code" => {
+            if !value
+                .trim()
+                .parse::<u16>()
+                .is_ok_and(|c| (400..=599).contains(&c))
+            {
+                return bad("must be a status from 400 to 599");
+            }
+        }
+        "proxy-body-size" => {
+            if size(value).is_none() {
+                return bad("must be a size such as 8m, 512k or 1024");
+            }
+        }
+        "forwarded-for-header" => {
+            if http::HeaderName::from_bytes(value.trim().as_bytes()).is_err() {
+                return bad("must be a header name");
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// Parses one `--ingress-nginx-config KEY=VALUE` and checks it ([`check_config`]).
+pub fn parse_config(raw: &str) -> Result<(String, String), String> {
+    let (k, v) = raw
+        .split_once('=')
+        .ok_or_else(|| format!("{raw:?}: expected KEY=VALUE"))?;
+    let (k, v) = (k.trim(), v.trim());
+    check_config(k, v)?;
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// The value of ConfigMap setting `key`: `config`'s, else ingress-nginx's default.
+fn config<'c>(config: &'c BTreeMap<String, String>, key: &str) -> &'c str {
+    config.get(key).map(String::as_str).unwrap_or_else(|| {
+        CONFIG_KEYS
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map_or("", |(_, v)| *v)
+    })
+}
+
 /// What the annotations of one Ingress ask of each of its routes.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct Nginx {
@@ -408,6 +509,10 @@ pub(crate) struct Nginx {
     pub proxy_ssl_name: Option<String>,
     /// `auth-type: basic`.
     pub basic_auth: Option<BasicAuth>,
+    /// The ConfigMap's `http-redirect-code` (308).
+    pub redirect_code: u16,
+    /// The `Strict-Transport-Security` value of the ConfigMap's `hsts*`, when on.
+    pub hsts: Option<String>,
 }
 
 /// `auth-type: basic` with `auth-secret`, `auth-secret-type` and `auth-realm`.
@@ -640,12 +745,32 @@ impl Nginx {
     /// redirected to HTTPS with, if they are: ingress-nginx's `http-redirect-code`, 308.
     pub fn ssl_redirect_for(&self, host: Option<&str>) -> Option<u16> {
         let tls = host.is_some_and(|h| self.tls_hosts.iter().any(|t| t == h));
-        (self.force_ssl_redirect || (self.ssl_redirect && tls)).then_some(308)
+        (self.force_ssl_redirect || (self.ssl_redirect && tls)).then_some(self.redirect_code)
+    }
+
+    /// The plugins of a route for `host` beside the Ingress-wide ones: HSTS on HTTPS
+    /// answers for a host with TLS (ingress-nginx's `hsts`, on by default).
+    pub(crate) fn host_plugins(&self, host: Option<&str>) -> Vec<v1::Plugin> {
+        let tls = host.is_some_and(|h| self.tls_hosts.iter().any(|t| t == h));
+        match (&self.hsts, tls) {
+            (Some(value), true) => vec![v1::Plugin {
+                name: "response-rewrite".into(),
+                config_json: crate::json::canonical(&json!({
+                    "headers": {"set": {"Strict-Transport-Security": value}},
+                    "vars": [["scheme", "==", "https"]],
+                })),
+            }],
+            _ => Vec::new(),
+        }
     }
 }
 
 /// The ingress-nginx annotations of `ing` (`tls_hosts` is left empty for the caller).
-pub(crate) fn settings(ing: &Ingress, problems: &mut Problems) -> Nginx {
+pub(crate) fn settings(
+    ing: &Ingress,
+    global: &BTreeMap<String, String>,
+    problems: &mut Problems,
+) -> Nginx {
     let annotations: BTreeMap<&str, &str> = ing
         .metadata
         .annotations
@@ -653,7 +778,17 @@ pub(crate) fn settings(ing: &Ingress, problems: &mut Problems) -> Nginx {
         .flatten()
         .filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?, v.as_str())))
         .collect();
-    let get = |n: &str| annotations.get(n).copied();
+    // NB: an annotation of a ConfigMap key's name overrides it; otherwise the ConfigMap's
+    // value (or ingress-nginx's default) stands.
+    let get = |n: &str| {
+        annotations.get(n).copied().or_else(|| {
+            CONFIG_KEYS
+                .iter()
+                .any(|(k, _)| *k == n)
+                .then(|| config(global, n))
+                .filter(|v| !v.is_empty())
+        })
+    };
     let mut out = Nginx::default();
     let mut ignored = Vec::new();
     let mut unknown = Vec::new();
@@ -696,6 +831,38 @@ pub(crate) fn settings(ing: &Ingress, problems: &mut Problems) -> Nginx {
     // Redirects.
     out.force_ssl_redirect = flag("force-ssl-redirect", problems).unwrap_or(false);
     out.ssl_redirect = flag("ssl-redirect", problems).unwrap_or(true);
+    out.redirect_code = config(global, "http-redirect-code")
+        .trim()
+        .parse()
+        .unwrap_or(308);
+    let on = |k: &str| boolean(config(global, k)).unwrap_or(false);
+    if on("hsts") {
+        let mut v = format!("max-age={}", config(global, "hsts-max-age").trim());
+        if on("hsts-include-subdomains") {
+            v.push_str("; includeSubDomains");
+        }
+        if on("hsts-preload") {
+            v.push_str("; preload");
+        }
+        out.hsts = Some(v);
+    }
+    if on("use-forwarded-headers") || on("enable-real-ip") {
+        let header = config(global, "forwarded-for-header")
+            .trim()
+            .to_ascii_lowercase()
+            .replace('-', "_");
+        let trusted: Vec<&str> = config(global, "proxy-real-ip-cidr")
+            .split(',')
+            .map(str::trim)
+            .filter(|c| !c.is_empty())
+            .collect();
+        out.plugins.extend(plugin(
+            "real-ip",
+            &json!({"source": format!("http_{header}"), "trusted_addresses": trusted, "recursive": true}),
+            problems,
+            "use-forwarded-headers",
+        ));
+    }
     // NB: as ingress-nginx, a code out of range falls back to the default (permanent:
     // 300-308, else 301; temporal: 300-307, else 302), and temporal wins over permanent.
     let code = |n: &str, range: std::ops::RangeInclusive<u16>, default: u16| -> u16 {
@@ -1028,7 +1195,9 @@ fn rate_limits<'a>(
             "rate": rate,
             "burst": per_unit * multiplier,
             "key": "remote_addr",
-            "rejected_code": 503,
+            "rejected_code": get("limit-req-status-code")
+                .and_then(|c| c.trim().parse::<u16>().ok())
+                .unwrap_or(503),
             "nodelay": true,
         }),
         problems,
