@@ -409,49 +409,33 @@ pub fn check_config(key: &str, value: &str) -> Result<(), String> {
             known.join(", ")
         ));
     }
-    let bad = |why: &str| Err(format!("{key}: {value:?} {why}"));
-    match key {
+    let v = value.trim();
+    let why = match key {
         "enable-real-ip"
         | "force-ssl-redirect"
         | "hsts"
         | "hsts-include-subdomains"
         | "hsts-preload"
         | "ssl-redirect"
-        | "use-forwarded-headers" => {
-            if boolean(value).is_none() {
-                return bad("must be true or false");
-            }
-        }
+        | "use-forwarded-headers" => boolean(v).is_none().then_some("must be true or false"),
         "hsts-max-age" | "proxy-connect-timeout" | "proxy-read-timeout" | "proxy-send-timeout" => {
-            if value.trim().parse::<u64>().is_err() {
-                return bad("must be whole seconds");
-            }
+            v.parse::<u64>().is_err().then_some("must be whole seconds")
         }
         "http-redirect-code" => {
-            if !matches!(value.trim(), "301" | "302" | "307" | "308") {
-                return bad("must be 301, 302, 307 or 308");
-            }
+            (!matches!(v, "301" | "302" | "307" | "308")).then_some("must be 301, 302, 307 or 308")
         }
-        "limit-req-status-code" => {
-            if !value
-                .trim()
-                .parse::<u16>()
-                .is_ok_and(|c| (400..=599).contains(&c))
-            {
-                return bad("must be a status from 400 to 599");
-            }
-        }
-        "proxy-body-size" => {
-            if size(value).is_none() {
-                return bad("must be a size such as 8m, 512k or 1024");
-            }
-        }
-        "forwarded-for-header" => {
-            if http::HeaderName::from_bytes(value.trim().as_bytes()).is_err() {
-                return bad("must be a header name");
-            }
-        }
-        _ => {}
+        "limit-req-status-code" => (!v.parse::<u16>().is_ok_and(|c| (400..=599).contains(&c)))
+            .then_some("must be a status from 400 to 599"),
+        "proxy-body-size" => size(v)
+            .is_none()
+            .then_some("must be a size such as 8m, 512k or 1024"),
+        "forwarded-for-header" => http::HeaderName::from_bytes(v.as_bytes())
+            .is_err()
+            .then_some("must be a header name"),
+        _ => None,
+    };
+    if let Some(why) = why {
+        return Err(format!("{key}: {value:?} {why}"));
     }
     Ok(())
 }
