@@ -133,12 +133,18 @@ impl ClassFilter {
 
     /// Whether an Ingress is ours (`spec.ingressClassName`, else the legacy annotation).
     pub fn selects_ingress(&self, ingress: &Ingress) -> bool {
-        let spec_class = ingress
-            .spec
-            .as_ref()
-            .and_then(|s| s.ingress_class_name.as_deref())
-            .filter(|c| !c.is_empty());
-        let annotation = || {
+        self.selects(ingress_class(ingress))
+    }
+}
+
+/// The class an Ingress names: `spec.ingressClassName`, else the legacy annotation.
+fn ingress_class(ingress: &Ingress) -> Option<&str> {
+    ingress
+        .spec
+        .as_ref()
+        .and_then(|s| s.ingress_class_name.as_deref())
+        .filter(|c| !c.is_empty())
+        .or_else(|| {
             ingress
                 .metadata
                 .annotations
@@ -146,9 +152,7 @@ impl ClassFilter {
                 .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
                 .map(String::as_str)
                 .filter(|c| !c.is_empty())
-        };
-        self.selects(spec_class.or_else(annotation))
-    }
+        })
 }
 
 fn owned<K: Clone>(list: &[Arc<K>], keep: impl Fn(&K) -> bool) -> Vec<K> {
@@ -173,22 +177,8 @@ pub fn assemble(inputs: &Inputs, class: &str) -> ClusterState {
 pub fn assemble_with(inputs: &Inputs, class: &str, nginx_classes: &[String]) -> ClusterState {
     let filter = ClassFilter::new(class, &inputs.ingress_classes);
     let f = &filter;
-    let nginx = |o: &Ingress| {
-        let spec = o
-            .spec
-            .as_ref()
-            .and_then(|s| s.ingress_class_name.as_deref())
-            .filter(|c| !c.is_empty());
-        let legacy = o
-            .metadata
-            .annotations
-            .as_ref()
-            .and_then(|a| a.get(LEGACY_CLASS_ANNOTATION))
-            .map(String::as_str)
-            .filter(|c| !c.is_empty());
-        spec.or(legacy)
-            .is_some_and(|c| nginx_classes.iter().any(|n| n == c))
-    };
+    let nginx =
+        |o: &Ingress| ingress_class(o).is_some_and(|c| nginx_classes.iter().any(|n| n == c));
     ClusterState {
         apisix_routes: owned(&inputs.apisix_routes, |o| {
             f.selects(o.spec.ingress_class_name.as_deref())

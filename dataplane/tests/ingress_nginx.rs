@@ -18,20 +18,24 @@ use sluice_translate::{ClusterState, Options, translate};
 
 /// The origin's Service `app` (ClusterIP loopback, its one endpoint `addr`).
 fn service(addr: SocketAddr) -> String {
-    let port = addr.port();
+    named_service("app", addr.port())
+}
+
+/// Service `name` (ClusterIP loopback) with its one endpoint at `127.0.0.1:port`.
+fn named_service(name: &str, port: u16) -> String {
     format!(
         "
 apiVersion: v1
 kind: Service
-metadata: {{name: app, namespace: default}}
+metadata: {{name: {name}, namespace: default}}
 spec: {{clusterIP: 127.0.0.1, ports: [{{port: {port}}}]}}
 ---
 apiVersion: discovery.k8s.io/v1
 kind: EndpointSlice
 metadata:
-  name: app-1
+  name: {name}-1
   namespace: default
-  labels: {{kubernetes.io/service-name: app}}
+  labels: {{kubernetes.io/service-name: {name}}}
 addressType: IPv4
 ports: [{{port: {port}}}]
 endpoints:
@@ -692,26 +696,7 @@ async fn only_the_named_classes_are_served_as_ingress_nginx() {
 async fn canary_by_header_cookie_and_weight_in_precedence() {
     let canary = EchoServer::start("canary", any()).await.unwrap();
     let canary_port = canary.addr.port();
-    let canary_svc = format!(
-        "
----
-apiVersion: v1
-kind: Service
-metadata: {{name: app-canary, namespace: default}}
-spec: {{clusterIP: 127.0.0.1, ports: [{{port: {canary_port}}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: app-canary-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: app-canary}}
-addressType: IPv4
-ports: [{{port: {canary_port}}}]
-endpoints:
-  - addresses: [127.0.0.1]
-"
-    );
+    let canary_svc = format!("\n---{}", named_service("app-canary", canary_port));
     let s = serve(|port| {
         let canary_ing = ingress(
             "web-canary",
@@ -857,24 +842,9 @@ apiVersion: v1
 kind: Secret
 metadata: {{name: backend-ca, namespace: default}}
 data: {{ca.crt: {ca_b64}}}
----
-apiVersion: v1
-kind: Service
-metadata: {{name: tlsapp, namespace: default}}
-spec: {{clusterIP: 127.0.0.1, ports: [{{port: {port}}}]}}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: tlsapp-1
-  namespace: default
-  labels: {{kubernetes.io/service-name: tlsapp}}
-addressType: IPv4
-ports: [{{port: {port}}}]
-endpoints:
-  - addresses: [127.0.0.1]
 "
     );
+    let secret = format!("{secret}---{}", named_service("tlsapp", port));
     let s = serve(|_| {
         let https = |name: &str, host: &str, extra: &[(&str, &str)]| {
             let mut a = vec![("backend-protocol", "HTTPS")];

@@ -755,13 +755,7 @@ pub(crate) fn settings(
     global: &BTreeMap<String, String>,
     problems: &mut Problems,
 ) -> Nginx {
-    let annotations: BTreeMap<&str, &str> = ing
-        .metadata
-        .annotations
-        .iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?, v.as_str())))
-        .collect();
+    let annotations = annotations_of(ing);
     // NB: an annotation of a ConfigMap key's name overrides it; otherwise the ConfigMap's
     // value (or ingress-nginx's default) stands.
     let get = |n: &str| {
@@ -1299,12 +1293,20 @@ pub(crate) struct CanaryRules {
     pub total: u32,
 }
 
-/// Whether `ing` is a canary (`canary: "true"`).
-pub(crate) fn is_canary(ing: &Ingress) -> bool {
+/// The ingress-nginx annotations of `ing`, by name without [`PREFIX`].
+fn annotations_of(ing: &Ingress) -> BTreeMap<&str, &str> {
     ing.metadata
         .annotations
-        .as_ref()
-        .and_then(|a| a.get(&format!("{PREFIX}canary")))
+        .iter()
+        .flatten()
+        .filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?, v.as_str())))
+        .collect()
+}
+
+/// Whether `ing` is a canary (`canary: "true"`).
+pub(crate) fn is_canary(ing: &Ingress) -> bool {
+    annotations_of(ing)
+        .get("canary")
         .and_then(|v| boolean(v))
         .unwrap_or(false)
 }
@@ -1312,13 +1314,7 @@ pub(crate) fn is_canary(ing: &Ingress) -> bool {
 /// The rules of a canary Ingress. ingress-nginx ignores its other annotations (they are
 /// named in the message); a snippet is still refused.
 pub(crate) fn canary_rules(ing: &Ingress, problems: &mut Problems) -> Option<CanaryRules> {
-    let annotations: BTreeMap<&str, &str> = ing
-        .metadata
-        .annotations
-        .iter()
-        .flatten()
-        .filter_map(|(k, v)| Some((k.strip_prefix(PREFIX)?, v.as_str())))
-        .collect();
+    let annotations = annotations_of(ing);
     let get = |n: &str| annotations.get(n).copied().filter(|v| !v.trim().is_empty());
     let mut ignored = Vec::new();
     for &name in annotations.keys() {
